@@ -1,0 +1,102 @@
+"""`gateway serve | demo | sim`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from gateway.config import POLICIES, ConfigError, GatewayConfig, build_config, load_file
+
+EPILOG = """\
+worker URL: grpc://HOST:PORT?model=NAME&runtime=sglang|vllm&role=regular|prefill|decode|encode
+            &bootstrap_port=N   (every query key optional: a missing model or runtime is
+            asked from the worker)
+"""
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway in front of a fleet of workers",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="main port (default 127.0.0.1:50051)")
+    p.add_argument(
+        "--worker", metavar="URL", action="append", default=[], help="a worker (repeatable)"
+    )
+    p.add_argument("--policy", choices=POLICIES, help="default policy (default round_robin)")
+    p.add_argument("--max-attempts", type=int, help="upstream attempts per request (default 3)")
+    p.add_argument("--log-format", choices=("console", "json"), help="log format (console)")
+    p.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), help="log level (info)"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    file_data = load_file(args.config) if args.config else None
+    return build_config(
+        file_data,
+        worker_urls=args.worker,
+        overrides={
+            "listen": args.listen,
+            "default_policy": args.policy,
+            "max_attempts": args.max_attempts,
+            "log_format": args.log_format,
+            "log_level": args.log_level,
+        },
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gateway.demo import add_demo_arguments
+    from gateway.sim import add_sim_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="A gRPC-native model gateway for SGLang and vLLM workers."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    add_demo_arguments(sub.add_parser("demo", help="run a simulated fleet behind the gateway"))
+    add_sim_arguments(sub.add_parser("sim", help="run one simulated SGLang or vLLM worker"))
+    return parser
+
+
+def _run(coro: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from gateway.logs import configure
+        from gateway.server import serve
+
+        try:
+            config = config_from_args(args)
+        except ConfigError as exc:
+            print(f"gateway: config error: {exc}", file=sys.stderr)
+            return 2
+        configure(config.log_format, config.log_level)
+        _run(serve(config))
+    elif args.command == "demo":
+        from gateway.demo import run_demo
+
+        _run(run_demo(args))
+    else:
+        from gateway.sim import run_sim
+
+        _run(run_sim(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Typed configuration: a YAML file and command-line flags, validated with clear errors.
+
+Every problem raises `ConfigError` with one line that names the bad value; the CLI
+prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+from gateway.roles import Role, Runtime
+
+POLICIES = ("round_robin", "random", "power_of_two", "least_inflight", "consistent_hash", "manual")
+WORKER_URL_KEYS = ("model", "runtime", "role", "bootstrap_port")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, told in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """One worker as configured; unknown `model`/`runtime` are discovered from the worker."""
+
+    host: str
+    port: int
+    model: str | None = None
+    runtime: Runtime | None = None
+    role: Role = Role.REGULAR
+    bootstrap_port: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"grpc://{self.address}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    policy: str = "round_robin"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    listen: str = "127.0.0.1:50051"
+    workers: tuple[WorkerSpec, ...] = ()
+    models: Mapping[str, ModelSettings] = field(default_factory=dict)
+    default_policy: str = "round_robin"
+    model_headers: tuple[str, ...] = ("x-model-id", "x-gateway-model-name")
+    routing_key_header: str = "x-routing-key"
+    target_worker_header: str = "x-target-worker"
+    max_attempts: int = 3
+    retry_after_ms: int = 1000
+    discovery_timeout_s: float = 5.0
+    max_message_bytes: int = 256 * 1024 * 1024
+    log_format: str = "console"
+    log_level: str = "info"
+
+    def policy_for(self, model: str) -> str:
+        settings = self.models.get(model)
+        return settings.policy if settings else self.default_policy
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} {text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _enum(kind: type[Runtime] | type[Role], value: str, what: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = "|".join(m.value for m in kind)
+        raise ConfigError(f"{what}: unknown value {value!r} (expected {allowed})") from None
+
+
+def _port(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not str(value).isdigit() or not 0 < int(value) <= 65535:
+        raise ConfigError(f"{what}: {value!r} is not a port number")
+    return int(value)
+
+
+def parse_worker_url(url: str) -> WorkerSpec:
+    """`grpc://HOST:PORT?model=M&runtime=sglang|vllm&role=...&bootstrap_port=N`."""
+    parts = urlsplit(url)
+    what = f"worker {url!r}"
+    if parts.scheme != "grpc":
+        raise ConfigError(f"{what}: scheme must be grpc://")
+    if parts.path not in ("", "/"):
+        raise ConfigError(f"{what}: unexpected path {parts.path!r}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    if not host or port is None:
+        raise ConfigError(f"{what}: needs HOST:PORT")
+    query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
+    unknown = sorted(set(query) - set(WORKER_URL_KEYS))
+    if unknown:
+        raise ConfigError(f"{what}: unknown key {unknown[0]!r} (known: {', '.join(WORKER_URL_KEYS)})")
+    return _worker_from_fields(host, port, {k: v[-1] for k, v in query.items()}, what)
+
+
+def _worker_from_fields(host: str, port: int, fields: Mapping[str, Any], what: str) -> WorkerSpec:
+    model = fields.get("model") or None
+    runtime = _enum(Runtime, str(fields["runtime"]), what) if fields.get("runtime") else None
+    role = _enum(Role, str(fields["role"]), what) if fields.get("role") else Role.REGULAR
+    bootstrap = fields.get("bootstrap_port")
+    return WorkerSpec(
+        host=host,
+        port=_port(port, what),
+        model=str(model) if model is not None else None,
+        runtime=runtime,
+        role=role,
+        bootstrap_port=_port(bootstrap, what) if bootstrap not in (None, "") else None,
+    )
+
+
+def _worker_from_yaml(entry: Any) -> WorkerSpec:
+    if isinstance(entry, str):
+        return parse_worker_url(entry)
+    if not isinstance(entry, dict) or "url" not in entry:
+        raise ConfigError(f"workers: entry {entry!r} needs a url")
+    spec = parse_worker_url(str(entry["url"]))
+    extra = {k: v for k, v in entry.items() if k != "url"}
+    unknown = sorted(set(extra) - set(WORKER_URL_KEYS))
+    if unknown:
+        raise ConfigError(f"worker {entry['url']!r}: unknown key {unknown[0]!r}")
+    merged = {
+        "model": spec.model,
+        "runtime": spec.runtime,
+        "role": spec.role,
+        "bootstrap_port": spec.bootstrap_port,
+    }
+    merged.update({k: v for k, v in extra.items() if v is not None})
+    return _worker_from_fields(spec.host, spec.port, merged, f"worker {entry['url']!r}")
+
+
+def _check_policy(policy: str, what: str) -> str:
+    if policy not in POLICIES:
+        raise ConfigError(f"{what}: unknown policy {policy!r} (expected {'|'.join(POLICIES)})")
+    return policy
+
+
+def load_file(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {path!r}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path!r}: not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r}: top level must be a mapping")
+    return data
+
+
+_SCALARS: dict[str, type] = {
+    "listen": str,
+    "default_policy": str,
+    "routing_key_header": str,
+    "target_worker_header": str,
+    "max_attempts": int,
+    "retry_after_ms": int,
+    "discovery_timeout_s": float,
+    "max_message_bytes": int,
+    "log_format": str,
+    "log_level": str,
+}
+
+
+def build_config(
+    file_data: Mapping[str, Any] | None = None,
+    *,
+    worker_urls: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+) -> GatewayConfig:
+    """Merge file, then flags (flags win), and validate everything."""
+    data = dict(file_data or {})
+    known = set(_SCALARS) | {"workers", "models", "model_headers"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"config: unknown key {unknown[0]!r}")
+    values: dict[str, Any] = {}
+    for key, kind in _SCALARS.items():
+        if key in data:
+            try:
+                values[key] = kind(data[key])
+            except (TypeError, ValueError):
+                raise ConfigError(f"config: {key} must be {kind.__name__}") from None
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    workers = [_worker_from_yaml(w) for w in data.get("workers") or []]
+    workers += [parse_worker_url(u) for u in worker_urls]
+    models_raw = data.get("models") or {}
+    if not isinstance(models_raw, dict):
+        raise ConfigError("config: models must be a mapping of model name to settings")
+    models: dict[str, ModelSettings] = {}
+    for name, settings in models_raw.items():
+        settings = settings or {}
+        policy = _check_policy(str(settings.get("policy", "round_robin")), f"model {name!r}")
+        models[str(name)] = ModelSettings(policy=policy)
+    if "model_headers" in data:
+        values["model_headers"] = tuple(str(h).lower() for h in data["model_headers"])
+    config = replace(GatewayConfig(), workers=tuple(workers), models=models, **values)
+    parse_address(config.listen, "listen address")
+    _check_policy(config.default_policy, "default_policy")
+    if config.log_format not in ("console", "json"):
+        raise ConfigError(f"log_format: {config.log_format!r} (expected console|json)")
+    if config.max_attempts < 1:
+        raise ConfigError("max_attempts must be at least 1")
+    seen: set[str] = set()
+    for spec in config.workers:
+        if spec.address in seen:
+            raise ConfigError(f"worker {spec.address} is listed twice")
+        seen.add(spec.address)
+    return config

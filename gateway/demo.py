@@ -1,0 +1,85 @@
+"""`gateway demo`: a simulated fleet behind the gateway, with grpcurl lines to paste."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from gateway.config import build_config
+from gateway.launch import Child, start_sim
+from gateway.logs import configure
+from gateway.server import Gateway
+
+SGLANG_MODEL = "llama-3-8b"
+VLLM_MODEL = "qwen-2.5-7b"
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default="127.0.0.1:50051", help="gateway address")
+    parser.add_argument("--token-ms", default="20", help="simulated delay per token (ms)")
+    parser.add_argument(
+        "--exit-after", type=float, default=None, help="stop by itself after this many seconds"
+    )
+    parser.add_argument("--log-level", default="info", help="gateway log level")
+
+
+def _fleet(token_ms: str) -> list[tuple[str, list[str]]]:
+    timing = ["--token-ms", token_ms, "--ttft-ms", "50"]
+    return [
+        ("sglang", ["--runtime", "sglang", "--model", SGLANG_MODEL, "--name", "sgl-a", *timing]),
+        ("sglang", ["--runtime", "sglang", "--model", SGLANG_MODEL, "--name", "sgl-b", *timing]),
+        ("vllm", ["--runtime", "vllm", "--model", VLLM_MODEL, "--name", "vllm-a", *timing]),
+    ]
+
+
+def instructions(address: str) -> str:
+    sgl = "sglang.grpc.scheduler.SglangScheduler"
+    vllm = "vllm.grpc.engine.VllmEngine"
+    gen = '\'{"request_id":"r1","tokenized":{"input_ids":[1,2,3]},"stream":true,'
+    return "\n".join(
+        [
+            f"Gateway ready on {address}. Try (Ctrl-C stops everything):",
+            f"  grpcurl -plaintext {address} list",
+            f"  grpcurl -plaintext {address} describe {sgl}",
+            f"  grpcurl -plaintext {address} grpc.health.v1.Health/Check",
+            f"  grpcurl -plaintext -H 'x-model-id: {SGLANG_MODEL}' -d "
+            + gen
+            + f'"sampling_params":{{"max_new_tokens":5}}}}\' {address} {sgl}/Generate',
+            f"  grpcurl -plaintext -H 'x-model-id: {VLLM_MODEL}' -d "
+            + '\'{"request_id":"r2","tokenized":{"input_ids":[1,2,3]},"stream":true,'
+            + f'"sampling_params":{{"max_tokens":5}}}}\' {address} {vllm}/Generate',
+            f"  grpcurl -plaintext -H 'x-model-id: {SGLANG_MODEL}' {address} {sgl}/GetLoads",
+            f"  grpcurl -plaintext -v -H 'x-model-id: no-such-model' -d '{{}}' "
+            f"{address} {sgl}/Generate   # a NOT_FOUND verdict",
+        ]
+    )
+
+
+async def run_demo(args: argparse.Namespace) -> None:
+    configure("console", args.log_level)
+    children: list[Child] = []
+    gateway: Gateway | None = None
+    try:
+        urls = []
+        for runtime, sim_args in _fleet(args.token_ms):
+            child = await asyncio.to_thread(start_sim, *sim_args)
+            children.append(child)
+            urls.append(f"grpc://{child.address}?runtime={runtime}")
+        gateway = Gateway(build_config(worker_urls=urls, overrides={"listen": args.listen}))
+        port = await gateway.start()
+        host = args.listen.rpartition(":")[0]
+        print(f"READY {host}:{port}", flush=True)
+        print(instructions(f"{host}:{port}"), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if args.exit_after is not None:
+            loop.call_later(args.exit_after, stop.set)
+        await stop.wait()
+    finally:
+        if gateway is not None:
+            await gateway.stop(grace=1.0)
+        for child in children:
+            child.stop()

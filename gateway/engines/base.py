@@ -1,0 +1,141 @@
+"""What every engine adapter answers: the RPC table and the few fields the gateway reads.
+
+The gateway relays request and response bytes untouched; an adapter decodes only
+what routing needs (request id, n, multimodal items) and builds the few replies the
+gateway answers itself (HealthCheck, Abort, merged fan-out answers).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
+
+from gateway.roles import Runtime
+
+
+class RpcKind(Enum):
+    """How the front treats one RPC of an engine service."""
+
+    GENERATE = "generate"  # placed per request, server-streaming, relayed
+    EMBED = "embed"  # placed per request, unary
+    ABORT = "abort"  # routed to the workers holding the request id
+    HEALTH_CHECK = "health_check"  # answered from the gateway's own state
+    FORWARD_ONE = "forward_one"  # fleet-wide facts: any one available worker answers
+    FAN_OUT = "fan_out"  # per-worker admin: every worker of the model, answers merged
+
+
+@dataclass(frozen=True, slots=True)
+class RpcSpec:
+    name: str
+    path: str  # "/package.Service/Method"
+    kind: RpcKind
+    server_streaming: bool
+    request_type: type[Message]
+    response_type: type[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateInfo:
+    """The fields of a Generate request that routing reads."""
+
+    request_id: str
+    n: int
+    multimodal: bool
+
+
+class EngineAdapter(ABC):
+    """One engine's protocol: everything that differs between SGLang and vLLM lives here."""
+
+    runtime: Runtime
+    service: ServiceDescriptor
+    kinds: Mapping[str, RpcKind]
+
+    def __init__(self) -> None:
+        self.service_name: str = self.service.full_name
+        self.rpcs: dict[str, RpcSpec] = {}
+        for method in self.service.methods:
+            self.rpcs[method.name] = RpcSpec(
+                name=method.name,
+                path=f"/{self.service_name}/{method.name}",
+                kind=self.kinds.get(method.name, RpcKind.FORWARD_ONE),
+                server_streaming=method.server_streaming,
+                request_type=message_factory.GetMessageClass(method.input_type),
+                response_type=message_factory.GetMessageClass(method.output_type),
+            )
+
+    def path(self, name: str) -> str:
+        return self.rpcs[name].path
+
+    @abstractmethod
+    def generate_info(self, raw: bytes) -> GenerateInfo:
+        """Decode a Generate request; raises google.protobuf.message.DecodeError."""
+
+    @abstractmethod
+    def abort_ids(self, raw: bytes) -> list[str]:
+        """The request ids an Abort names."""
+
+    @abstractmethod
+    def abort_request(self, request_ids: Sequence[str], raw: bytes) -> bytes:
+        """The Abort to forward to one worker for the ids it holds."""
+
+    @abstractmethod
+    def abort_reply(self, found: bool, message: str) -> bytes:
+        """The Abort answer the gateway gives when it decides itself."""
+
+    def health_check_reply(self, healthy: bool, message: str) -> bytes:
+        reply: Any = self.rpcs["HealthCheck"].response_type(healthy=healthy, message=message)
+        return bytes(reply.SerializeToString())
+
+    def served_model_name(self, model_info: bytes) -> str:
+        """The model a worker serves, from its GetModelInfo answer."""
+        info: Any = self.rpcs["GetModelInfo"].response_type.FromString(model_info)
+        return str(info.served_model_name or info.model_path)
+
+    def merge(self, name: str, parts: Sequence[bytes]) -> bytes:
+        """Merge the answers of a fan-out RPC, one per worker, in worker order."""
+        response_type = self.rpcs[name].response_type
+        replies: list[Any] = [response_type.FromString(p) for p in parts]
+        if name == "GetLoads":
+            return self.merge_loads(replies)
+        return merge_outcomes(response_type, replies)
+
+    def merge_loads(self, replies: Sequence[Any]) -> bytes:
+        """GetLoads: one SchedulerLoad entry per worker and rank, in worker order."""
+        merged: Any = replies[0].__class__()
+        for reply in replies:
+            merged.loads.extend(reply.loads)
+            merged.version = merged.version or reply.version
+            merged.timestamp = max(merged.timestamp, reply.timestamp)
+        merged.dp_rank_count = len(merged.loads)
+        return bytes(merged.SerializeToString())
+
+
+def merge_outcomes(response_type: type[Message], replies: Sequence[Any]) -> bytes:
+    """Merge `{success, message, ...}` answers: success only if every worker succeeded.
+
+    Repeated id lists (LoRA) keep the ids every worker reports: an adapter is usable
+    through the gateway only where every worker can serve it.
+    """
+    merged: Any = response_type()
+    fields = response_type.DESCRIPTOR.fields_by_name
+    if "success" in fields:
+        merged.success = all(r.success for r in replies)
+    if "message" in fields:
+        merged.message = "; ".join(r.message for r in replies if r.message)
+    if "loaded_lora_ids" in fields and replies:
+        common = set(replies[0].loaded_lora_ids).intersection(
+            *(r.loaded_lora_ids for r in replies[1:])
+        )
+        merged.loaded_lora_ids.extend(sorted(common))
+    if "loaded_adapters" in fields and replies:
+        seen = [{a.lora_id: a for a in r.loaded_adapters} for r in replies]
+        common_ids = set(seen[0]).intersection(*seen[1:])
+        merged.loaded_adapters.extend(seen[0][i] for i in sorted(common_ids))
+    return bytes(merged.SerializeToString())

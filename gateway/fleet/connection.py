@@ -1,0 +1,37 @@
+"""Connection watching: a worker whose channel leaves READY is unroutable at once."""
+
+from __future__ import annotations
+
+import grpc
+
+from gateway.fleet.registry import Registry
+from gateway.fleet.worker import Worker, WorkerStatus
+
+_CAUSES = {
+    grpc.ChannelConnectivity.IDLE: "connection closed",
+    grpc.ChannelConnectivity.CONNECTING: "connecting",
+    grpc.ChannelConnectivity.TRANSIENT_FAILURE: "connection failed",
+    grpc.ChannelConnectivity.SHUTDOWN: "channel shut down",
+}
+
+
+def status_for(state: grpc.ChannelConnectivity, current: WorkerStatus) -> WorkerStatus:
+    """READY routes; any other state does not. `pending` lasts until the first READY."""
+    if current is WorkerStatus.DRAINING:
+        return current
+    if state is grpc.ChannelConnectivity.READY:
+        return WorkerStatus.READY
+    return WorkerStatus.PENDING if current is WorkerStatus.PENDING else WorkerStatus.NOT_READY
+
+
+async def watch_connection(worker: Worker, registry: Registry) -> None:
+    """Follow the channel's state for the worker's lifetime, reconnecting whenever it idles."""
+    channel = worker.channel
+    state = channel.get_state(try_to_connect=True)
+    while True:
+        status = status_for(state, worker.status)
+        registry.set_status(worker, status, _CAUSES.get(state, "connected"))
+        if state is grpc.ChannelConnectivity.SHUTDOWN:
+            return
+        await channel.wait_for_state_change(state)
+        state = channel.get_state(try_to_connect=True)

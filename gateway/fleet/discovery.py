@@ -1,0 +1,59 @@
+"""Ask a worker what it is when the configuration does not say: its runtime and its model."""
+
+from __future__ import annotations
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2
+
+from gateway.engines import ADAPTERS, EngineAdapter
+from gateway.roles import Runtime
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+class DiscoveryError(Exception):
+    """The worker could not be asked, or answered as no known engine."""
+
+
+async def _speaks(channel: aio.Channel, adapter: EngineAdapter, timeout: float) -> bool:
+    """grpc.health knows the engine's service name; else an engine RPC is not UNIMPLEMENTED."""
+    check = channel.unary_unary(
+        HEALTH_CHECK,
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+    try:
+        await check(health_pb2.HealthCheckRequest(service=adapter.service_name), timeout=timeout)
+        return True
+    except aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.NOT_FOUND:
+            return False
+        if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+            raise DiscoveryError(f"health check failed: {exc.code().name}: {exc.details()}") from None
+    try:
+        await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=timeout)
+        return True
+    except aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
+
+
+async def detect_runtime(channel: aio.Channel, timeout: float) -> Runtime:
+    for runtime, adapter in ADAPTERS.items():
+        if await _speaks(channel, adapter, timeout):
+            return runtime
+    raise DiscoveryError("serves neither SglangScheduler nor VllmEngine")
+
+
+async def served_model(channel: aio.Channel, runtime: Runtime, timeout: float) -> str:
+    adapter = ADAPTERS[runtime]
+    try:
+        info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=timeout)
+    except aio.AioRpcError as exc:
+        raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
+    name = adapter.served_model_name(info)
+    if not name:
+        raise DiscoveryError("GetModelInfo names no model (served_model_name and model_path empty)")
+    return name

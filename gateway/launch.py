@@ -1,0 +1,83 @@
+"""Start gateway and simulator processes and wait for their `READY <port>` line.
+
+Shared by the demo, the end-to-end tests and the benchmark so that every one of them
+starts real processes the same way, and stops every process it started.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Child:
+    """A started process and the port it announced."""
+
+    process: subprocess.Popen[str]
+    port: int
+    args: tuple[str, ...]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def start(
+    args: Sequence[str],
+    *,
+    timeout: float = 20.0,
+    stderr: int | None = subprocess.DEVNULL,
+    env: dict[str, str] | None = None,
+) -> Child:
+    """Run `python -m gateway ARGS` and wait (bounded) for its READY line."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.1)
+        if ready:
+            line = process.stdout.readline()
+            if line.startswith("READY "):
+                port = int(line.split()[1].rpartition(":")[2])
+                return Child(process, port, tuple(args))
+            if not line and process.poll() is not None:
+                break
+        elif process.poll() is not None:
+            break
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"gateway {' '.join(args)} did not become ready (exit {process.returncode})")
+
+
+def start_sim(*args: str, **kwargs: object) -> Child:
+    return start(["sim", "--listen", "127.0.0.1:0", *args], **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,93 @@
+"""Placement verdicts: why a request cannot be placed, as data the front turns into a status.
+
+The table is the contract of DESIGN section 4: every reason has one gRPC code, one
+HTTP-equivalent status, one snake_case HTTP error code, and says whether retrying helps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+import grpc
+
+
+class Reason(Enum):
+    #                    gRPC code                           http  error code              retry  pushback
+    MODEL_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, 404, "model_not_found", False, False)
+    LEG_NOT_DEPLOYED = (grpc.StatusCode.NOT_FOUND, 404, "leg_not_deployed", False, False)
+    NO_COMPATIBLE_PAIR = (grpc.StatusCode.NOT_FOUND, 404, "no_compatible_pair", False, False)
+    WORKERS_UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, 503, "no_available_workers", True, True)
+    POLICY_DECLINED = (grpc.StatusCode.UNAVAILABLE, 503, "policy_declined", True, False)
+    WORKERS_OVERLOADED = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "workers_overloaded", True, True)
+    MODEL_REQUIRED = (grpc.StatusCode.INVALID_ARGUMENT, 400, "model_required", False, False)
+
+    def __init__(
+        self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
+    ) -> None:
+        self.code = code
+        self.http_status = http_status
+        self.error_code = error_code
+        self.retryable = retryable
+        self.pushback = push
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A placement failure: the reason, a sentence a person can act on, and its context."""
+
+    reason: Reason
+    message: str
+    model: str = ""
+    leg: str = ""
+    extra: Mapping[str, str] = field(default_factory=dict)
+    retry_after_ms: int = 0
+
+
+def model_required(models: list[str]) -> Verdict:
+    return Verdict(
+        Reason.MODEL_REQUIRED,
+        f"Several models are served here ({', '.join(models)}); "
+        "name one with the 'x-model-id' request metadata",
+    )
+
+
+def model_not_found(model: str, service: str, elsewhere: list[str]) -> Verdict:
+    if elsewhere:
+        where = " and ".join(elsewhere)
+        message = f"Model '{model}' is not served over {service}; it is served over {where}"
+    else:
+        message = f"Model '{model}' is not served by any worker"
+    return Verdict(Reason.MODEL_NOT_FOUND, message, model=model)
+
+
+def leg_not_deployed(model: str, leg: str) -> Verdict:
+    return Verdict(
+        Reason.LEG_NOT_DEPLOYED,
+        f"Model '{model}' has no {leg} workers registered",
+        model=model,
+        leg=leg,
+    )
+
+
+def workers_unavailable(model: str, leg: str, total: int, retry_after_ms: int) -> Verdict:
+    return Verdict(
+        Reason.WORKERS_UNAVAILABLE,
+        f"All {total} {leg} workers for model '{model}' are unavailable "
+        "(not connected, unhealthy or circuit breaker open)",
+        model=model,
+        leg=leg,
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def policy_declined(model: str, leg: str, policy: str, retry_after_ms: int) -> Verdict:
+    return Verdict(
+        Reason.POLICY_DECLINED,
+        f"The {policy} policy picked none of the available {leg} workers for model '{model}'",
+        model=model,
+        leg=leg,
+        extra={"policy": policy},
+        retry_after_ms=retry_after_ms,
+    )

@@ -1,0 +1,161 @@
+"""Dispatch: send one call to a placed worker, retry before the first message, relay.
+
+Before the client has seen a response message, a retryable upstream failure (no
+connection, UNAVAILABLE) is tried again on a different worker; any other status, and
+any failure after the first message, reaches the client unchanged with the worker's
+trailing metadata. The client's remaining deadline goes on every upstream call, and a
+client cancel cancels the upstream call at once (the `finally` below).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+
+from gateway.fleet.worker import Worker
+from gateway.placement.verdicts import Verdict
+from gateway.proxy.inflight import InflightTable
+from gateway.proxy.metadata import Metadata, clean
+from gateway.proxy.status import abort_with_verdict
+
+Context = aio.ServicerContext[bytes, bytes]
+Picker = Callable[[Collection[str]], Worker | Verdict]
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What the per-request log line and metrics report once a call has finished."""
+
+    rpc: str
+    service: str
+    model: str = ""
+    request_id: str = ""
+    workers: list[str] = field(default_factory=list)
+    code: str = "OK"
+    started: float = field(default_factory=time.perf_counter)
+    first_message_s: float | None = None
+    messages: int = 0
+
+
+class _RetryElsewhere(Exception):
+    """The upstream failed before any response reached the client, in a retryable way."""
+
+    def __init__(self, error: aio.AioRpcError) -> None:
+        self.error = error
+
+
+async def _pass_through(context: Context, error: aio.AioRpcError) -> None:
+    await context.abort(error.code(), error.details() or "", clean(error.trailing_metadata()))
+
+
+class Dispatcher:
+    def __init__(self, inflight: InflightTable, max_attempts: int) -> None:
+        self._inflight = inflight
+        self._max_attempts = max_attempts
+
+    async def forward(
+        self,
+        context: Context,
+        path: str,
+        request: bytes,
+        metadata: Metadata,
+        pick: Picker,
+        record: CallRecord,
+        *,
+        streaming: bool,
+    ) -> bytes | None:
+        """Place, call and relay with retries; returns the unary answer (None for streams)."""
+        tried: list[str] = []
+        failure: aio.AioRpcError | None = None
+        for _ in range(self._max_attempts):
+            placement = pick(tried)
+            if isinstance(placement, Verdict):
+                if failure is None:
+                    await abort_with_verdict(context, placement)
+                break  # nobody else to try: the last worker's own failure is the answer
+            tried.append(placement.id)
+            record.workers.append(placement.id)
+            try:
+                if streaming:
+                    await self._relay(context, placement, path, request, metadata, record)
+                    return None
+                return await self._unary(context, placement, path, request, metadata)
+            except _RetryElsewhere as retry:
+                failure = retry.error
+        assert failure is not None
+        await _pass_through(context, failure)
+        return None
+
+    async def _relay(
+        self,
+        context: Context,
+        worker: Worker,
+        path: str,
+        request: bytes,
+        metadata: Metadata,
+        record: CallRecord,
+    ) -> None:
+        call = worker.channel.unary_stream(path)(
+            request, metadata=metadata, timeout=context.time_remaining()
+        )
+        worker.inflight += 1
+        self._inflight.add(record.request_id, worker)
+        try:
+            headers = await call.initial_metadata()
+            if not call.done():
+                await context.send_initial_metadata(clean(headers))
+            read, write = call.read, context.write
+            try:
+                message = await read()
+                if message is not aio.EOF:
+                    record.first_message_s = time.perf_counter() - record.started
+                    count = 0
+                    while message is not aio.EOF:
+                        await write(message)
+                        count += 1
+                        message = await read()
+                    record.messages = count
+            except aio.AioRpcError as error:
+                if record.first_message_s is None and error.code() in RETRYABLE:
+                    raise _RetryElsewhere(error) from None
+                await _pass_through(context, error)
+            context.set_trailing_metadata(clean(await call.trailing_metadata()))
+        finally:
+            worker.inflight -= 1
+            self._inflight.discard(record.request_id, worker)
+            if not call.done():
+                call.cancel()
+
+    async def _unary(
+        self,
+        context: Context,
+        worker: Worker,
+        path: str,
+        request: bytes,
+        metadata: Metadata,
+    ) -> bytes:
+        call = worker.channel.unary_unary(path)(
+            request, metadata=metadata, timeout=context.time_remaining()
+        )
+        worker.inflight += 1
+        try:
+            try:
+                reply: bytes = await call
+            except aio.AioRpcError as error:
+                if error.code() in RETRYABLE:
+                    raise _RetryElsewhere(error) from None
+                await _pass_through(context, error)
+                raise
+            await context.send_initial_metadata(clean(await call.initial_metadata()))
+            context.set_trailing_metadata(clean(await call.trailing_metadata()))
+            return reply
+        finally:
+            worker.inflight -= 1
+            if not call.done():
+                call.cancel()

@@ -1,0 +1,75 @@
+"""Request metadata, read once: the routing hints and what may travel upstream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gateway.placement.policies import Hints
+
+# Hop-by-hop and transport keys that describe the client's connection, not the request.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "host",
+        "user-agent",
+        "content-type",
+    }
+)
+
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+
+def forwardable(key: str) -> bool:
+    return not (key in HOP_BY_HOP or key.startswith("grpc-") or key.startswith(":"))
+
+
+def clean(metadata: Iterable[tuple[str, str | bytes]] | None) -> Metadata:
+    """Metadata a peer may see: without hop-by-hop, pseudo and grpc-* keys."""
+    if not metadata:
+        return ()
+    return tuple((k, v) for k, v in metadata if forwardable(k))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    model: str | None
+    hints: Hints
+    forward: Metadata
+
+
+def read_request_meta(
+    metadata: Sequence[tuple[str, str | bytes]] | None,
+    model_headers: Sequence[str],
+    routing_key_header: str,
+    target_worker_header: str,
+) -> RequestMeta:
+    model: str | None = None
+    model_rank = len(model_headers)
+    routing_key: str | None = None
+    target: str | None = None
+    forward: list[tuple[str, str | bytes]] = []
+    for key, value in metadata or ():
+        if not forwardable(key):
+            continue
+        forward.append((key, value))
+        if isinstance(value, bytes):
+            continue
+        if key in model_headers:
+            rank = model_headers.index(key)
+            if rank < model_rank:
+                model, model_rank = value, rank
+        elif key == routing_key_header:
+            routing_key = value
+        elif key == target_worker_header:
+            target = value
+    return RequestMeta(
+        model=model or None,
+        hints=Hints(routing_key=routing_key, target_worker=target),
+        forward=tuple(forward),
+    )
