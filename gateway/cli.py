@@ -66,11 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(coro: object) -> None:
-    try:
+    import os
+
+    if os.environ.get("GATEWAY_LOOP") == "uvloop":
         import uvloop
 
         uvloop.run(coro)  # type: ignore[arg-type]
-    except ImportError:
+    else:
         asyncio.run(coro)  # type: ignore[arg-type]
 
 

@@ -108,7 +108,9 @@ def parse_worker_url(url: str) -> WorkerSpec:
     query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
     unknown = sorted(set(query) - set(WORKER_URL_KEYS))
     if unknown:
-        raise ConfigError(f"{what}: unknown key {unknown[0]!r} (known: {', '.join(WORKER_URL_KEYS)})")
+        raise ConfigError(
+            f"{what}: unknown key {unknown[0]!r} (known: {', '.join(WORKER_URL_KEYS)})"
+        )
     return _worker_from_fields(host, port, {k: v[-1] for k, v in query.items()}, what)
 
 
@@ -161,7 +163,9 @@ def load_file(path: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path!r}: not valid YAML ({exc.__class__.__name__})") from None
+        raise ConfigError(
+            f"config file {path!r}: not valid YAML ({exc.__class__.__name__})"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path!r}: top level must be a mapping")
     return data

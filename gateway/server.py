@@ -46,15 +46,19 @@ class Gateway:
     async def start(self) -> int:
         fronts = [
             EngineFront(
-                adapter, self.config, self.fleet.registry, self.placer, self.dispatcher, self.inflight
+                adapter,
+                self.config,
+                self.fleet.registry,
+                self.placer,
+                self.dispatcher,
+                self.inflight,
             )
             for adapter in ADAPTERS.values()
         ]
         self.server.add_generic_rpc_handlers(tuple(front.handler() for front in fronts))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            [a.service_name for a in ADAPTERS.values()]
-            + [HEALTH_SERVICE, reflection.SERVICE_NAME],
+            [a.service_name for a in ADAPTERS.values()] + [HEALTH_SERVICE, reflection.SERVICE_NAME],
             self.server,
         )
         self.port = self.server.add_insecure_port(self.config.listen)
@@ -63,7 +67,9 @@ class Gateway:
         await self.fleet.start(self.config.workers)
         await self.server.start()
         await set_serving(self.health, "", True)
-        log.info("serving", listen=self.config.listen, port=self.port, workers=len(self.fleet.registry))
+        log.info(
+            "serving", listen=self.config.listen, port=self.port, workers=len(self.fleet.registry)
+        )
         return self.port
 
     async def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:

@@ -16,7 +16,7 @@ class DiscoveryError(Exception):
     """The worker could not be asked, or answered as no known engine."""
 
 
-async def _speaks(channel: aio.Channel, adapter: EngineAdapter, timeout: float) -> bool:
+async def _speaks(channel: aio.Channel, adapter: EngineAdapter, call_timeout: float) -> bool:
     """grpc.health knows the engine's service name; else an engine RPC is not UNIMPLEMENTED."""
     check = channel.unary_unary(
         HEALTH_CHECK,
@@ -24,15 +24,19 @@ async def _speaks(channel: aio.Channel, adapter: EngineAdapter, timeout: float) 
         response_deserializer=health_pb2.HealthCheckResponse.FromString,
     )
     try:
-        await check(health_pb2.HealthCheckRequest(service=adapter.service_name), timeout=timeout)
+        await check(
+            health_pb2.HealthCheckRequest(service=adapter.service_name), timeout=call_timeout
+        )
         return True
     except aio.AioRpcError as exc:
         if exc.code() is grpc.StatusCode.NOT_FOUND:
             return False
         if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
-            raise DiscoveryError(f"health check failed: {exc.code().name}: {exc.details()}") from None
+            raise DiscoveryError(
+                f"health check failed: {exc.code().name}: {exc.details()}"
+            ) from None
     try:
-        await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=timeout)
+        await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
         return True
     except aio.AioRpcError as exc:
         if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
@@ -40,17 +44,17 @@ async def _speaks(channel: aio.Channel, adapter: EngineAdapter, timeout: float) 
         raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
 
 
-async def detect_runtime(channel: aio.Channel, timeout: float) -> Runtime:
+async def detect_runtime(channel: aio.Channel, call_timeout: float) -> Runtime:
     for runtime, adapter in ADAPTERS.items():
-        if await _speaks(channel, adapter, timeout):
+        if await _speaks(channel, adapter, call_timeout):
             return runtime
     raise DiscoveryError("serves neither SglangScheduler nor VllmEngine")
 
 
-async def served_model(channel: aio.Channel, runtime: Runtime, timeout: float) -> str:
+async def served_model(channel: aio.Channel, runtime: Runtime, call_timeout: float) -> str:
     adapter = ADAPTERS[runtime]
     try:
-        info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=timeout)
+        info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
     except aio.AioRpcError as exc:
         raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
     name = adapter.served_model_name(info)

@@ -14,7 +14,7 @@ import grpc
 
 
 class Reason(Enum):
-    #                    gRPC code                           http  error code              retry  pushback
+    # (gRPC code, HTTP status, HTTP error code, retryable, grpc-retry-pushback-ms)
     MODEL_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, 404, "model_not_found", False, False)
     LEG_NOT_DEPLOYED = (grpc.StatusCode.NOT_FOUND, 404, "leg_not_deployed", False, False)
     NO_COMPATIBLE_PAIR = (grpc.StatusCode.NOT_FOUND, 404, "no_compatible_pair", False, False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import grpc
 from grpc import aio
@@ -22,7 +23,7 @@ from gateway.proxy.inflight import InflightTable
 from gateway.proxy.metadata import Metadata, clean
 from gateway.proxy.status import abort_with_verdict
 
-Context = aio.ServicerContext[bytes, bytes]
+Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
 Picker = Callable[[Collection[str]], Worker | Verdict]
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})

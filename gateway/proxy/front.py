@@ -120,8 +120,8 @@ class EngineFront:
         if isinstance(resolved, Verdict):
             record.model = meta.model or ""
             await abort_with_verdict(context, resolved)
-        record.model = resolved  # type: ignore[assignment]
-        return resolved  # type: ignore[return-value]
+        record.model = resolved
+        return resolved
 
     async def _placed(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord

@@ -51,18 +51,16 @@ def verdict_trailers(verdict: Verdict) -> Trailers:
         trailers.append(("retry-after", str(max(1, math.ceil(verdict.retry_after_ms / 1000)))))
         if reason.pushback:
             trailers.append(("grpc-retry-pushback-ms", str(verdict.retry_after_ms)))
-    status = status_pb2.Status(
-        code=reason.code.value[0], message=verdict.message, details=details
-    )
+    status = status_pb2.Status(code=reason.code.value[0], message=verdict.message, details=details)
     trailers.append(("grpc-status-details-bin", status.SerializeToString()))
     return tuple(trailers)
 
 
-async def abort_with_verdict(context: aio.ServicerContext[bytes, bytes], verdict: Verdict) -> NoReturn:
+async def abort_with_verdict(context: aio.ServicerContext, verdict: Verdict) -> NoReturn:
     await context.abort(verdict.reason.code, verdict.message, verdict_trailers(verdict))
     raise AssertionError("unreachable: abort raises")
 
 
-async def abort_invalid(context: aio.ServicerContext[bytes, bytes], message: str) -> NoReturn:
+async def abort_invalid(context: aio.ServicerContext, message: str) -> NoReturn:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message, (("x-http-status", "400"),))
     raise AssertionError("unreachable: abort raises")

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Relay benchmark: the same load direct to a simulated worker and through the gateway.
+
+Not a test. One run starts a zero-delay simulated SGLang worker and a gateway in front of
+it (real processes on 127.0.0.1), drives C concurrent server-streaming Generate calls of
+N tokens each for D seconds, first direct (the limit), then through the gateway, and
+prints streamed messages/s, p50/p99 time to first message, the gateway's CPU seconds per
+1,000 relayed messages and the gateway/direct ratio.
+
+Clients: `--client python` (grpc.aio in this process; default) or `--client h2load`
+(nghttp2's load generator, one connection, C streams: far cheaper per message, so the
+worker and the gateway are what is measured; it reports no per-call time to first
+message and ignores grpc-status, so each call's message count is checked by bytes).
+
+    python scripts/bench.py --tokens 16 --concurrency 32 --duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from grpc import aio  # noqa: E402
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl  # noqa: E402
+
+from gateway.launch import Child, start, start_sim  # noqa: E402
+
+GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process, from /proc (no extra dependency)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def request_bytes(tokens: int) -> bytes:
+    return sgl.GenerateRequest(
+        request_id="bench",
+        tokenized=sgl.TokenizedInput(input_ids=list(range(1, 65))),
+        sampling_params=sgl.SamplingParams(max_new_tokens=tokens),
+        stream=True,
+    ).SerializeToString()
+
+
+@dataclass
+class Result:
+    label: str
+    calls: int
+    messages: int
+    seconds: float
+    ttfm: list[float]
+    failures: int
+    cpu: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+    def quantile(self, q: float) -> float:
+        if not self.ttfm:
+            return float("nan")
+        ordered = sorted(self.ttfm)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def python_client(address: str, args: argparse.Namespace, label: str) -> Result:
+    payload = request_bytes(args.tokens)
+    expected = args.tokens + 1
+    metadata = (("x-model-id", "bench"),)
+    calls = messages = failures = 0
+    ttfm: list[float] = []
+    async with aio.insecure_channel(address) as channel:
+        method = channel.unary_stream(GENERATE)
+        deadline = time.perf_counter() + args.duration
+
+        async def stream_loop() -> None:
+            nonlocal calls, messages, failures
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                count = 0
+                try:
+                    async for _ in method(payload, metadata=metadata, timeout=30):
+                        if count == 0:
+                            ttfm.append(time.perf_counter() - started)
+                        count += 1
+                except aio.AioRpcError:
+                    failures += 1
+                calls += 1
+                messages += count
+                if count != expected:
+                    failures += 1
+
+        await asyncio.gather(*(stream_loop() for _ in range(3)))  # warm-up connection
+        calls = messages = failures = 0
+        ttfm.clear()
+        deadline = time.perf_counter() + args.duration
+        began = time.perf_counter()
+        await asyncio.gather(*(stream_loop() for _ in range(args.concurrency)))
+        seconds = time.perf_counter() - began
+    return Result(label, calls, messages, seconds, ttfm, failures, {})
+
+
+def grpc_frame(payload: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(payload)) + payload
+
+
+def h2load_client(address: str, args: argparse.Namespace, label: str) -> Result:
+    binary = shutil.which("h2load")
+    if binary is None:
+        raise SystemExit("h2load not found (apt-get install nghttp2-client)")
+    with tempfile.NamedTemporaryFile(suffix=".bin") as body:
+        body.write(grpc_frame(request_bytes(args.tokens)))
+        body.flush()
+        command = [
+            binary,
+            f"http://{address}{GENERATE}",
+            "-c1",
+            f"-m{args.concurrency}",
+            f"-D{max(1, round(args.duration))}",
+            "-d",
+            body.name,
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "-H",
+            "x-model-id: bench",
+        ]
+        began = time.perf_counter()
+        out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+        seconds = time.perf_counter() - began
+    calls = ok = data = 0
+    for line in out.splitlines():
+        if line.startswith("requests:"):  # requests: N total, N started, N done, N succeeded, ...
+            parts = line.replace(",", "").split()
+            calls, ok = int(parts[1]), int(parts[7])
+        elif line.startswith("traffic:"):  # traffic: ... total, ... headers (...), X (BYTES) data
+            data = int(re.findall(r"\((\d+)\) data", line)[0])
+    if calls == 0:
+        raise SystemExit(f"h2load made no calls:\n{out}")
+    expected = args.tokens + 1
+    print(f"{label}: h2load {ok}/{calls} calls ok, {data / max(ok, 1):.1f} response bytes per call")
+    return Result(label, ok, ok * expected, min(seconds, args.duration), [], calls - ok, {})
+
+
+def run_one(address: str, args: argparse.Namespace, label: str, pids: dict[str, int]) -> Result:
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    if args.client == "h2load":
+        result = h2load_client(address, args, label)
+    else:
+        result = asyncio.run(python_client(address, args, label))
+    result.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    return result
+
+
+def report(direct: Result, via: Result) -> None:
+    print(f"\n{'':10} {'calls':>8} {'msgs/s':>10} {'p50 ttfm ms':>12} {'p99 ttfm ms':>12} {'fail':>5}")
+    for r in (direct, via):
+        print(
+            f"{r.label:10} {r.calls:8d} {r.rate:10.0f} {r.quantile(0.5):12.2f} "
+            f"{r.quantile(0.99):12.2f} {r.failures:5d}"
+        )
+    gw_cpu = via.cpu.get("gateway", 0.0)
+    per_k = gw_cpu / via.messages * 1000 if via.messages else float("nan")
+    print(f"\ngateway CPU: {gw_cpu:.2f} s for {via.messages} messages = {per_k:.3f} s per 1,000 "
+          f"relayed messages ({per_k * 1000:.0f} us/message)")
+    print(f"worker CPU direct {direct.cpu.get('worker', 0):.2f} s, via gateway {via.cpu.get('worker', 0):.2f} s")
+    print(f"ratio gateway/direct (messages/s): {via.rate / direct.rate:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per call (messages = tokens + 1)")
+    parser.add_argument("--concurrency", type=int, default=32, help="concurrent streams")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
+    parser.add_argument("--client", choices=("python", "h2load"), default="python")
+    parser.add_argument("--gateway-arg", action="append", default=[], help="extra `gateway serve` flag")
+    args = parser.parse_args()
+
+    children: list[Child] = []
+    try:
+        worker = start_sim("--runtime", "sglang", "--model", "bench")
+        children.append(worker)
+        gateway = start(
+            ["serve", "--listen", "127.0.0.1:0", "--log-level", "warning",
+             "--worker", f"grpc://{worker.address}?model=bench&runtime=sglang", *args.gateway_arg]
+        )
+        children.append(gateway)
+        pids = {"worker": worker.process.pid}
+        direct = run_one(worker.address, args, "direct", pids)
+        pids["gateway"] = gateway.process.pid
+        via = run_one(gateway.address, args, "gateway", pids)
+        print(f"client={args.client} tokens={args.tokens} concurrency={args.concurrency} "
+              f"duration={args.duration}s")
+        report(direct, via)
+    finally:
+        for child in reversed(children):
+            child.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Placement: model resolution and per-leg verdicts from a registry snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from gateway.config import WorkerSpec
+from gateway.fleet.registry import Registry
+from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.placement.placer import Placer
+from gateway.placement.policies import Hints
+from gateway.placement.verdicts import Reason, Verdict
+from gateway.roles import Role, Runtime
+
+
+def add(registry: Registry, port: int, model: str, runtime: Runtime, ready: bool = True) -> Worker:
+    channel: Any = None  # placement never touches the channel
+    worker = Worker(
+        spec=WorkerSpec("h", port, model, runtime), model=model, runtime=runtime, channel=channel
+    )
+    registry.add(worker)
+    registry.set_status(worker, WorkerStatus.READY if ready else WorkerStatus.NOT_READY, "test")
+    return worker
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry()
+
+
+def placer(registry: Registry, policy: str = "round_robin") -> Placer:
+    return Placer(registry, lambda model: policy, retry_after_ms=1500)
+
+
+def test_named_model_resolves(registry: Registry) -> None:
+    add(registry, 1, "m", Runtime.SGLANG)
+    assert placer(registry).resolve("m", Runtime.SGLANG) == "m"
+
+
+def test_single_model_is_the_default(registry: Registry) -> None:
+    add(registry, 1, "m", Runtime.SGLANG)
+    add(registry, 2, "v", Runtime.VLLM)
+    assert placer(registry).resolve(None, Runtime.SGLANG) == "m"
+    assert placer(registry).resolve(None, Runtime.VLLM) == "v"
+
+
+def test_several_models_and_none_named_is_model_required(registry: Registry) -> None:
+    add(registry, 1, "b", Runtime.SGLANG)
+    add(registry, 2, "a", Runtime.SGLANG)
+    verdict = placer(registry).resolve(None, Runtime.SGLANG)
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.MODEL_REQUIRED
+    assert verdict.reason.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "(a, b)" in verdict.message
+
+
+def test_model_on_the_other_protocol_says_where_it_is(registry: Registry) -> None:
+    add(registry, 1, "m", Runtime.SGLANG)
+    verdict = placer(registry).resolve("m", Runtime.VLLM)
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.MODEL_NOT_FOUND
+    assert verdict.message == (
+        "Model 'm' is not served over vllm.grpc.engine.VllmEngine; "
+        "it is served over sglang.grpc.scheduler.SglangScheduler"
+    )
+
+
+def test_all_workers_down_is_workers_unavailable_with_retry_delay(registry: Registry) -> None:
+    add(registry, 1, "m", Runtime.SGLANG, ready=False)
+    add(registry, 2, "m", Runtime.SGLANG, ready=False)
+    verdict = placer(registry).place("m", Runtime.SGLANG, Hints())
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.WORKERS_UNAVAILABLE
+    assert verdict.leg == "regular"
+    assert verdict.retry_after_ms == 1500
+    assert verdict.message == (
+        "All 2 regular workers for model 'm' are unavailable "
+        "(not connected, unhealthy or circuit breaker open)"
+    )
+
+
+def test_retry_never_returns_a_tried_worker(registry: Registry) -> None:
+    a = add(registry, 1, "m", Runtime.SGLANG)
+    b = add(registry, 2, "m", Runtime.SGLANG)
+    p = placer(registry)
+    assert p.place("m", Runtime.SGLANG, Hints(), exclude=[a.id]) is b
+    assert isinstance(p.place("m", Runtime.SGLANG, Hints(), exclude=[a.id, b.id]), Verdict)
+
+
+def test_policy_declined_names_the_policy(registry: Registry) -> None:
+    add(registry, 1, "m", Runtime.SGLANG)
+    verdict = placer(registry, "manual").place("m", Runtime.SGLANG, Hints(target_worker="h:9"))
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.POLICY_DECLINED
+    assert verdict.extra == {"policy": "manual"}
+
+
+def test_each_model_has_its_own_rotation(registry: Registry) -> None:
+    a1, a2 = add(registry, 1, "a", Runtime.SGLANG), add(registry, 2, "a", Runtime.SGLANG)
+    b1 = add(registry, 3, "b", Runtime.SGLANG)
+    p = placer(registry)
+    assert p.place("a", Runtime.SGLANG, Hints()) is a1
+    assert p.place("b", Runtime.SGLANG, Hints()) is b1
+    assert p.place("a", Runtime.SGLANG, Hints()) is a2
+
+
+def test_registry_drops_empty_branches_on_removal(registry: Registry) -> None:
+    w = add(registry, 1, "m", Runtime.SGLANG)
+    registry.remove(w)
+    assert registry.models() == []
+    assert registry.pool("m", Runtime.SGLANG, Role.REGULAR) == ()
