@@ -42,8 +42,12 @@ class Child:
         return self.process.returncode
 
     def kill(self) -> None:
-        self.process.kill()
+        """SIGKILL (a crash, as far as anyone else can tell) and reap."""
+        if self.process.poll() is None:
+            self.process.kill()
         self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
 
 
 def start(

@@ -1,0 +1,170 @@
+"""Command-line flags of the simulated worker and the process configuration they make."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import grpc
+
+from gateway.sim.behaviour import Behaviour, parse_status_code
+
+RUNTIMES = ("sglang", "vllm")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` too) so the name can use the bound port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def _listen(value: str) -> str:
+    split_listen(value)
+    return value
+
+
+def _non_negative(value: str) -> int:
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if parsed < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}")
+    return parsed
+
+
+def _positive(value: str) -> int:
+    parsed = _non_negative(value)
+    if parsed == 0:
+        raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return parsed
+
+
+def _millis(value: str) -> float:
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got {value!r}") from None
+    if not parsed >= 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative milliseconds, got {value!r}")
+    return parsed
+
+
+def _status(value: str) -> grpc.StatusCode:
+    try:
+        return parse_status_code(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulated worker's flags to ``parser`` (shared by ``gateway sim`` and
+    ``python -m gateway.sim``)."""
+    parser.add_argument(
+        "--listen",
+        type=_listen,
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="address to serve on; port 0 picks a free port (default: %(default)s)",
+    )
+    parser.add_argument("--runtime", choices=RUNTIMES, default="sglang", help="wire protocol")
+    parser.add_argument("--model", default="sim-model", help="served model name")
+    parser.add_argument("--model-path", default=None, help="model path (default: sim/<model>)")
+    parser.add_argument(
+        "--name", default=None, help="worker name for logs and headers (default: runtime@host:port)"
+    )
+    parser.add_argument(
+        "--tokens",
+        type=_non_negative,
+        default=16,
+        help="output tokens when the request sets no maximum (default: %(default)s)",
+    )
+    parser.add_argument("--ttft-ms", type=_millis, default=0.0, help="time to first token")
+    parser.add_argument("--token-ms", type=_millis, default=0.0, help="delay between tokens")
+    parser.add_argument(
+        "--fail-code",
+        type=_status,
+        default=None,
+        metavar="CODE",
+        help="fail Generate/Embed with this gRPC status (e.g. UNAVAILABLE)",
+    )
+    parser.add_argument(
+        "--fail-after",
+        type=_non_negative,
+        default=0,
+        metavar="K",
+        help="fail after K response messages (0: before any, as Trailers-Only)",
+    )
+    parser.add_argument(
+        "--exit-after",
+        type=_non_negative,
+        default=None,
+        metavar="K",
+        help="kill the process after K messages of a Generate stream",
+    )
+    parser.add_argument(
+        "--stall", action="store_true", help="accept Generate/Embed and never answer"
+    )
+    parser.add_argument(
+        "--not-serving", action="store_true", help="start with grpc.health NOT_SERVING"
+    )
+    parser.add_argument(
+        "--no-grpc-health",
+        dest="grpc_health",
+        action="store_false",
+        help="do not register grpc.health.v1",
+    )
+    parser.add_argument(
+        "--dp-ranks", type=_positive, default=1, help="DP ranks reported by GetLoads"
+    )
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything the simulated worker process needs, resolved from the flags."""
+
+    listen: str = "127.0.0.1:0"
+    runtime: str = "sglang"
+    model: str = "sim-model"
+    model_path: str = "sim/sim-model"
+    name: str | None = None
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    not_serving: bool = False
+    grpc_health: bool = True
+    dp_ranks: int = 1
+    log_level: str = "warning"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SimConfig:
+        """Build the config from parsed ``add_sim_arguments`` flags."""
+        return cls(
+            listen=args.listen,
+            runtime=args.runtime,
+            model=args.model,
+            model_path=args.model_path or f"sim/{args.model}",
+            name=args.name,
+            behaviour=Behaviour(
+                tokens=args.tokens,
+                ttft_ms=args.ttft_ms,
+                token_ms=args.token_ms,
+                fail_code=args.fail_code,
+                fail_after=args.fail_after,
+                exit_after=args.exit_after,
+                stall=args.stall,
+            ),
+            not_serving=args.not_serving,
+            grpc_health=args.grpc_health,
+            dp_ranks=args.dp_ranks,
+            log_level=args.log_level,
+        )
+
+    def worker_name(self, port: int) -> str:
+        """The name once the port is known: ``--name`` or ``<runtime>@<host>:<port>``."""
+        if self.name:
+            return self.name
+        host, _ = split_listen(self.listen)
+        return f"{self.runtime}@{host}:{port}"

@@ -1,0 +1,275 @@
+"""The simulated engine both wire protocols share: token generation, failure injection,
+request tracking and health.
+
+The two servicers only translate their protos to and from this; anything that decides
+*what* a worker does lives here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn, Protocol
+
+import grpc
+from grpc.aio import ServicerContext
+
+from gateway.sim.active import ActiveRequest, ActiveRequests
+from gateway.sim.behaviour import BadOverride, Behaviour, RequestView, read_request
+from gateway.sim.config import SimConfig
+
+log = logging.getLogger("gateway.sim")
+
+# Response headers and trailers the tests read.
+WORKER_HEADER = "x-sim-worker"
+DEADLINE_HEADER = "x-sim-deadline-ms"
+SEEN_METADATA_HEADER = "x-sim-seen-metadata"
+FAILURE_TRAILER = "x-sim-failure"
+FAILURE_DETAILS = "simulated failure"
+
+VOCAB_SIZE = 32000
+EMBEDDING_DIM = 8
+MAX_CONTEXT_LENGTH = 8192
+EOS_TOKEN_IDS = (2,)
+MAX_RUNNING_REQUESTS = 256
+MAX_TOTAL_NUM_TOKENS = 100_000
+
+# How long a dying worker waits for its last written messages to leave the socket.
+_EXIT_FLUSH_S = 0.05
+
+
+def output_tokens(input_ids: Sequence[int], count: int) -> list[int]:
+    """Deterministic output: token k is (sum(input_ids) + k) % VOCAB_SIZE."""
+    base = sum(input_ids)
+    return [(base + k) % VOCAB_SIZE for k in range(count)]
+
+
+def embedding_for(input_ids: Sequence[int]) -> list[float]:
+    """Deterministic embedding; multiples of 1/1024 so they survive float32 exactly."""
+    seed = sum(input_ids) + len(input_ids)
+    return [((seed * (j + 1) * 2_654_435_761) % 1024) / 1024.0 for j in range(EMBEDDING_DIM)]
+
+
+class Codec(Protocol):
+    """Builds one runtime's Generate responses; the engine decides what goes in them."""
+
+    def chunk(self, request_id: str, prompt_tokens: int, index: int) -> tuple[Any, Any]:
+        """A reusable response and its stream chunk, holding one token id.
+
+        The engine overwrites ``token_ids[0]`` and ``completion_tokens`` before each
+        write: gRPC serializes a message when it is written, so one object serves the
+        whole stream and the hot loop allocates nothing.
+        """
+        ...
+
+    def complete(
+        self,
+        request_id: str,
+        output_ids: list[int],
+        finish_reason: str,
+        prompt_tokens: int,
+        index: int,
+    ) -> Any:
+        """The final response of choice ``index``."""
+        ...
+
+
+class SimEngine:
+    """State and behaviour of one simulated worker."""
+
+    def __init__(self, name: str, config: SimConfig) -> None:
+        self.name = name
+        self.config = config
+        self.behaviour: Behaviour = config.behaviour
+        self.active = ActiveRequests()
+        self.healthy = not config.not_serving
+        self.started_at = time.time()
+        self._failure_trailer = ((FAILURE_TRAILER, name),)
+
+    # ----------------------------------------------------------------- per request
+
+    async def read(self, context: ServicerContext[Any, Any]) -> RequestView:
+        """This request's behaviour and metadata keys; INVALID_ARGUMENT on a bad override."""
+        try:
+            return read_request(self.behaviour, context.invocation_metadata() or ())
+        except BadOverride as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable") from exc
+
+    def headers(
+        self, context: ServicerContext[Any, Any], view: RequestView
+    ) -> tuple[tuple[str, str], ...]:
+        """Response headers telling a test which worker answered, what deadline it saw
+        and which metadata reached it."""
+        remaining = context.time_remaining()
+        deadline = "none" if remaining is None else str(int(remaining * 1000))
+        return (
+            (WORKER_HEADER, self.name),
+            (DEADLINE_HEADER, deadline),
+            (SEEN_METADATA_HEADER, view.seen_keys),
+        )
+
+    async def generate(
+        self,
+        context: ServicerContext[Any, Any],
+        codec: Codec,
+        request_id: str,
+        input_ids: Sequence[int],
+        n: int,
+        max_tokens: int | None,
+        stream: bool,
+    ) -> None:
+        """Serve one Generate call by writing its responses to ``context``."""
+        view = await self.read(context)
+        entry = self.active.add(request_id)
+        try:
+            await self._generate(context, codec, entry, view, input_ids, n, max_tokens, stream)
+        finally:
+            self.active.remove(entry)
+
+    async def _generate(
+        self,
+        context: ServicerContext[Any, Any],
+        codec: Codec,
+        entry: ActiveRequest,
+        view: RequestView,
+        input_ids: Sequence[int],
+        n: int,
+        max_tokens: int | None,
+        stream: bool,
+    ) -> None:
+        behaviour = view.behaviour
+        trigger = behaviour.trigger_at
+        if trigger == 0:
+            await self._trigger(context, behaviour, 0)
+        request_id = entry.request_id
+        prompt_tokens = len(input_ids)
+        choices = max(n, 1)
+        write = context.write
+        if behaviour.stall:
+            await entry.sleep(None)  # only an Abort gets past this; a cancel raises
+            await context.send_initial_metadata(self.headers(context, view))
+            for index in range(choices):
+                await write(codec.complete(request_id, [], "abort", prompt_tokens, index))
+            return
+
+        await context.send_initial_metadata(self.headers(context, view))
+        tokens = behaviour.tokens if max_tokens is None else max_tokens
+        output = output_tokens(input_ids, tokens)
+        produced = tokens
+        sent = 0
+        ttft = behaviour.ttft_ms / 1000.0
+        gap = behaviour.token_ms / 1000.0
+        if stream or ttft or gap:
+            chunks = (
+                [codec.chunk(request_id, prompt_tokens, i) for i in range(choices)]
+                if stream
+                else []
+            )
+            for k in range(tokens):
+                delay = ttft if k == 0 else gap
+                if delay:
+                    if await entry.sleep(delay):
+                        produced = k
+                        break
+                elif entry.aborted:
+                    produced = k
+                    break
+                if not stream:
+                    continue
+                token = output[k]
+                for message, chunk in chunks:
+                    chunk.token_ids[0] = token
+                    chunk.completion_tokens = k + 1
+                    await write(message)
+                    sent += 1
+                    if sent == trigger:
+                        await self._trigger(context, behaviour, sent)
+
+        reason = "abort" if entry.aborted else "length"
+        done = output if produced == tokens else output[:produced]
+        for index in range(choices):
+            await write(codec.complete(request_id, done, reason, prompt_tokens, index))
+            sent += 1
+            if sent == trigger:
+                await self._trigger(context, behaviour, sent)
+        if trigger > sent:
+            # A stream shorter than the trigger point still never ends OK.
+            await self._trigger(context, behaviour, sent)
+
+    async def embed(
+        self, context: ServicerContext[Any, Any], request_id: str, input_ids: Sequence[int]
+    ) -> list[float]:
+        """Serve one Embed call; returns the embedding, or fails/stalls as configured."""
+        view = await self.read(context)
+        behaviour = view.behaviour
+        entry = self.active.add(request_id)
+        try:
+            if behaviour.fail_code is not None and behaviour.fail_after == 0:
+                await self._fail(context, behaviour.fail_code)
+            if behaviour.stall:
+                await entry.sleep(None)
+                await context.abort(grpc.StatusCode.ABORTED, "aborted")
+            await context.send_initial_metadata(self.headers(context, view))
+            if behaviour.fail_code is not None:
+                # A unary call has no message to fail after: fail after the headers.
+                await self._fail(context, behaviour.fail_code)
+            if behaviour.ttft_ms and await entry.sleep(behaviour.ttft_ms / 1000.0):
+                await context.abort(grpc.StatusCode.ABORTED, "aborted")
+            return embedding_for(input_ids)
+        finally:
+            self.active.remove(entry)
+
+    async def _trigger(
+        self, context: ServicerContext[Any, Any], behaviour: Behaviour, sent: int
+    ) -> None:
+        """Fire whichever of exit/failure owns the trigger point (exit on a tie)."""
+        if behaviour.exit_after is not None and behaviour.exit_after == behaviour.trigger_at:
+            await self._exit(sent)
+        if behaviour.fail_code is not None:
+            await self._fail(context, behaviour.fail_code)
+
+    async def _fail(self, context: ServicerContext[Any, Any], code: grpc.StatusCode) -> NoReturn:
+        await context.abort(code, FAILURE_DETAILS, self._failure_trailer)
+        raise AssertionError("unreachable")
+
+    async def _exit(self, sent: int) -> NoReturn:
+        """Die like a crashed worker: no graceful shutdown, connections reset."""
+        if sent:
+            await asyncio.sleep(_EXIT_FLUSH_S)
+        log.warning("%s: simulated crash after %d messages", self.name, sent)
+        for handler in log.handlers:
+            handler.flush()
+        sys.stdout.flush()
+        os._exit(1)
+
+    # ------------------------------------------------------------------ reporting
+
+    def model_info_fields(self) -> dict[str, Any]:
+        """GetModelInfo fields named alike in both protos."""
+        return {
+            "model_path": self.config.model_path,
+            "tokenizer_path": self.config.model_path,
+            "served_model_name": self.config.model,
+            "is_generation": True,
+            "max_context_length": MAX_CONTEXT_LENGTH,
+            "vocab_size": VOCAB_SIZE,
+            "eos_token_ids": list(EOS_TOKEN_IDS),
+            "model_type": "sim",
+            "architectures": ["SimForCausalLM"],
+        }
+
+    def running_on(self, dp_rank: int) -> int:
+        """Requests running on a DP rank: the simulator puts them all on rank 0."""
+        return len(self.active) if dp_rank == 0 else 0
+
+    @staticmethod
+    def token_usage(running: int) -> float:
+        return min(running / MAX_RUNNING_REQUESTS, 1.0)
+
+    def uptime(self) -> float:
+        return time.time() - self.started_at

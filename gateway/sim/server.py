@@ -1,0 +1,145 @@
+"""Process wiring of the simulated worker: gRPC server, health, signals, READY line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
+
+from gateway.sim import sglang, vllm
+from gateway.sim.config import SimConfig
+from gateway.sim.engine import SimEngine
+
+log = logging.getLogger("gateway.sim")
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+SHUTDOWN_GRACE_S = 1.0
+SERVER_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+class HealthSwitch:
+    """Flips grpc.health and the engine's own HealthCheck together (SIGUSR1/SIGUSR2)."""
+
+    def __init__(
+        self,
+        engine: SimEngine,
+        health: health_aio.HealthServicer | None,
+        service_name: str,
+    ) -> None:
+        self._engine = engine
+        self._health = health
+        self._services = ("", service_name)
+
+    async def set(self, serving: bool) -> None:
+        self._engine.healthy = serving
+        if self._health is None:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in self._services:
+            await self._health.set(service, status)
+
+
+def _configure_logging(level: str) -> None:
+    """Log to stderr on our own logger, leaving the embedding CLI's logging alone."""
+    log.setLevel(level.upper())
+    if not any(getattr(h, "_sim", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s sim %(levelname)s %(message)s"))
+        handler._sim = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.propagate = False
+
+
+def _print_ready(port: int) -> None:
+    print(f"READY {port}", flush=True)
+
+
+async def serve(config: SimConfig, ready: Callable[[int], None] = _print_ready) -> None:
+    """Serve until SIGTERM/SIGINT (or cancellation), then stop with a 1 s grace."""
+    _configure_logging(config.log_level)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    try:
+        port = server.add_insecure_port(config.listen)
+    except RuntimeError as exc:
+        raise SystemExit(f"sim: cannot listen on {config.listen}: {exc}") from exc
+    if port == 0:
+        raise SystemExit(f"sim: cannot listen on {config.listen}")
+
+    engine = SimEngine(config.worker_name(port), config)
+    if config.runtime == "vllm":
+        vllm_grpc.add_VllmEngineServicer_to_server(vllm.VllmServicer(engine), server)
+        service_name = vllm.SERVICE_NAME
+    else:
+        sgl_grpc.add_SglangSchedulerServicer_to_server(sglang.SglangServicer(engine), server)
+        service_name = sglang.SERVICE_NAME
+
+    health: health_aio.HealthServicer | None = None
+    services = [service_name, reflection.SERVICE_NAME]
+    if config.grpc_health:
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        services.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+    # Reflection lets grpcurl talk to a sim worker in demos without .proto files.
+    reflection.enable_server_reflection(services, server)
+
+    switch = HealthSwitch(engine, health, service_name)
+    await switch.set(not config.not_serving)
+
+    stop = asyncio.Event()
+    pending: set[asyncio.Task[None]] = set()
+
+    def flip(serving: bool) -> None:
+        log.info("%s: health -> %s", engine.name, "SERVING" if serving else "NOT_SERVING")
+        task = asyncio.get_running_loop().create_task(switch.set(serving))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {
+        signal.SIGUSR1: lambda: flip(False),
+        signal.SIGUSR2: lambda: flip(True),
+        signal.SIGTERM: stop.set,
+        signal.SIGINT: stop.set,
+    }
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for signum, handler in handlers.items():
+        try:
+            loop.add_signal_handler(signum, handler)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError, ValueError):
+            log.warning("cannot handle %s here (not the main thread?)", signum.name)
+
+    await server.start()
+    try:
+        ready(port)
+        log.info("%s: serving %s on port %d", engine.name, service_name, port)
+        await stop.wait()
+        log.info("%s: stopping", engine.name)
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        if health is not None:
+            await health.enter_graceful_shutdown()
+        await server.stop(SHUTDOWN_GRACE_S)
+
+
+async def run_sim(args: argparse.Namespace) -> None:
+    """Entry point for ``gateway sim`` and ``python -m gateway.sim``."""
+    await serve(SimConfig.from_args(args))

@@ -1,0 +1,84 @@
+"""The simulated vLLM engine: ``vllm.grpc.engine.VllmEngine``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpc.aio import ServicerContext
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
+
+from gateway.sim.engine import MAX_RUNNING_REQUESTS
+from gateway.sim.shared import SharedRpcs
+
+SERVICE_NAME: str = vllm_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+
+
+class VllmCodec:
+    """vLLM Generate responses: no request id on the wire."""
+
+    def chunk(self, request_id: str, prompt_tokens: int, index: int) -> tuple[Any, Any]:
+        message = vllm_pb2.GenerateResponse()
+        chunk = message.chunk
+        chunk.token_ids.append(0)
+        chunk.prompt_tokens = prompt_tokens
+        chunk.index = index
+        return message, chunk
+
+    def complete(
+        self,
+        request_id: str,
+        output_ids: list[int],
+        finish_reason: str,
+        prompt_tokens: int,
+        index: int,
+    ) -> Any:
+        return vllm_pb2.GenerateResponse(
+            complete=vllm_pb2.GenerateComplete(
+                output_ids=output_ids,
+                finish_reason=finish_reason,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=len(output_ids),
+                index=index,
+            ),
+        )
+
+
+_CODEC = VllmCodec()
+
+
+class VllmServicer(SharedRpcs, vllm_grpc.VllmEngineServicer):  # type: ignore[misc]
+    """vLLM-only RPCs; the rest come from SharedRpcs or answer UNIMPLEMENTED."""
+
+    _pb = vllm_pb2
+
+    async def Generate(self, request: Any, context: ServicerContext[Any, Any]) -> None:
+        if request.WhichOneof("input") == "text":
+            # Text prompts have no tokenizer here: one "token" per UTF-8 byte.
+            input_ids: Any = list(request.text.encode())
+        else:
+            input_ids = request.tokenized.input_ids
+        params = request.sampling_params
+        await self._engine.generate(
+            context,
+            _CODEC,
+            request.request_id,
+            input_ids,
+            params.n,
+            params.max_tokens if params.HasField("max_tokens") else None,
+            request.stream,
+        )
+
+    async def Abort(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
+        self._engine.active.abort(request.request_ids)
+        return vllm_pb2.AbortResponse()
+
+    async def GetServerInfo(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
+        return vllm_pb2.GetServerInfoResponse(
+            active_requests=len(self._engine.active),
+            uptime_seconds=self._engine.uptime(),
+            server_type="vllm-grpc",
+            kv_role="",
+            data_parallel_size=self._engine.config.dp_ranks,
+            max_num_seqs=MAX_RUNNING_REQUESTS,
+        )

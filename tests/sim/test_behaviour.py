@@ -1,0 +1,128 @@
+"""Unit tests of the sim's knobs: flag parsing and per-request overrides."""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+import pytest
+
+from gateway.sim import SimConfig, add_sim_arguments
+from gateway.sim.active import ActiveRequests
+from gateway.sim.behaviour import BadOverride, Behaviour, read_request
+
+
+def parse(*argv: str) -> SimConfig:
+    parser = argparse.ArgumentParser()
+    add_sim_arguments(parser)
+    return SimConfig.from_args(parser.parse_args(argv))
+
+
+def test_defaults() -> None:
+    config = parse()
+    assert config.listen == "127.0.0.1:0"
+    assert (config.runtime, config.model, config.model_path) == (
+        "sglang",
+        "sim-model",
+        "sim/sim-model",
+    )
+    assert config.behaviour == Behaviour()
+    assert config.worker_name(4242) == "sglang@127.0.0.1:4242"
+    assert config.grpc_health and not config.not_serving and config.dp_ranks == 1
+
+
+def test_flags() -> None:
+    config = parse(
+        "--runtime=vllm",
+        "--listen=[::1]:0",
+        "--model=m",
+        "--tokens=3",
+        "--ttft-ms=1.5",
+        "--fail-code=unavailable",
+        "--fail-after=2",
+        "--exit-after=5",
+        "--stall",
+        "--no-grpc-health",
+        "--dp-ranks=4",
+    )
+    assert config.model_path == "sim/m"
+    assert config.worker_name(1) == "vllm@[::1]:1"
+    assert config.behaviour == Behaviour(
+        tokens=3,
+        ttft_ms=1.5,
+        fail_code=grpc.StatusCode.UNAVAILABLE,
+        fail_after=2,
+        exit_after=5,
+        stall=True,
+    )
+    assert not config.grpc_health and config.dp_ranks == 4
+
+
+@pytest.mark.parametrize(
+    "argv", [["--fail-code=OK"], ["--fail-code=NOPE"], ["--tokens=-1"], ["--listen=nohost"]]
+)
+def test_bad_flags(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(*argv)
+
+
+def test_no_overrides_keeps_base_object() -> None:
+    base = Behaviour()
+    view = read_request(base, [("user-agent", "x"), ("b", "1"), ("a", "2")])
+    assert view.behaviour is base
+    assert view.seen_keys == "a,b,user-agent"
+
+
+def test_overrides() -> None:
+    base = Behaviour(fail_code=grpc.StatusCode.INTERNAL, stall=True, exit_after=1)
+    view = read_request(
+        base,
+        [
+            ("x-sim-tokens", "7"),
+            ("x-sim-ttft-ms", "2.5"),
+            ("x-sim-token-ms", "1"),
+            ("x-sim-fail-code", "none"),
+            ("x-sim-stall", "0"),
+            ("x-sim-exit-after", "none"),
+            ("x-sim-unknown", "ignored"),
+        ],
+    )
+    assert view.behaviour == Behaviour(tokens=7, ttft_ms=2.5, token_ms=1.0)
+    failing = read_request(base, [("x-sim-fail-code", "unavailable"), ("x-sim-fail-after", "4")])
+    assert failing.behaviour.fail_code == grpc.StatusCode.UNAVAILABLE
+    assert failing.behaviour.trigger_at == 1  # the exit comes first
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("x-sim-tokens", "x"),
+        ("x-sim-tokens", "-2"),
+        ("x-sim-token-ms", "nan"),
+        ("x-sim-fail-code", "BOGUS"),
+        ("x-sim-stall", "maybe"),
+    ],
+)
+def test_bad_overrides(key: str, value: str) -> None:
+    with pytest.raises(BadOverride, match=key):
+        read_request(Behaviour(), [(key, value)])
+
+
+def test_trigger_at() -> None:
+    assert Behaviour().trigger_at == -1
+    assert Behaviour(fail_after=3).trigger_at == -1  # no code, no failure
+    assert Behaviour(fail_code=grpc.StatusCode.INTERNAL, fail_after=3).trigger_at == 3
+    assert Behaviour(exit_after=0).trigger_at == 0
+
+
+def test_active_requests_share_ids() -> None:
+    active = ActiveRequests()
+    first, second = active.add("r"), active.add("r")
+    assert len(active) == 2
+    assert active.abort(["r", "missing"]) == 2
+    assert first.aborted and second.aborted
+    active.remove(first)
+    active.remove(first)  # idempotent
+    active.remove(second)
+    assert len(active) == 0
+    assert active.abort(["r"]) == 0
