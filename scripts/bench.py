@@ -22,21 +22,17 @@ import asyncio
 import os
 import re
 import shutil
-import statistics
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from grpc import aio
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-from grpc import aio  # noqa: E402
-from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl  # noqa: E402
-
-from gateway.launch import Child, start, start_sim  # noqa: E402
+from gateway.launch import Child, start, start_sim
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -169,7 +165,9 @@ def run_one(address: str, args: argparse.Namespace, label: str, pids: dict[str, 
 
 
 def report(direct: Result, via: Result) -> None:
-    print(f"\n{'':10} {'calls':>8} {'msgs/s':>10} {'p50 ttfm ms':>12} {'p99 ttfm ms':>12} {'fail':>5}")
+    print(
+        f"\n{'':10} {'calls':>8} {'msgs/s':>10} {'p50 ttfm ms':>12} {'p99 ttfm ms':>12} {'fail':>5}"
+    )
     for r in (direct, via):
         print(
             f"{r.label:10} {r.calls:8d} {r.rate:10.0f} {r.quantile(0.5):12.2f} "
@@ -177,19 +175,28 @@ def report(direct: Result, via: Result) -> None:
         )
     gw_cpu = via.cpu.get("gateway", 0.0)
     per_k = gw_cpu / via.messages * 1000 if via.messages else float("nan")
-    print(f"\ngateway CPU: {gw_cpu:.2f} s for {via.messages} messages = {per_k:.3f} s per 1,000 "
-          f"relayed messages ({per_k * 1000:.0f} us/message)")
-    print(f"worker CPU direct {direct.cpu.get('worker', 0):.2f} s, via gateway {via.cpu.get('worker', 0):.2f} s")
+    print(
+        f"\ngateway CPU: {gw_cpu:.2f} s for {via.messages} messages = {per_k:.3f} s per 1,000 "
+        f"relayed messages ({per_k * 1000:.0f} us/message)"
+    )
+    worker_direct, worker_via = direct.cpu.get("worker", 0.0), via.cpu.get("worker", 0.0)
+    print(f"worker CPU direct {worker_direct:.2f} s, via gateway {worker_via:.2f} s")
     print(f"ratio gateway/direct (messages/s): {via.rate / direct.rate:.2f}x")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=16, help="tokens per call (messages = tokens + 1)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=16, help="tokens per call (messages = tokens + 1)"
+    )
     parser.add_argument("--concurrency", type=int, default=32, help="concurrent streams")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
     parser.add_argument("--client", choices=("python", "h2load"), default="python")
-    parser.add_argument("--gateway-arg", action="append", default=[], help="extra `gateway serve` flag")
+    parser.add_argument(
+        "--gateway-arg", action="append", default=[], help="extra `gateway serve` flag"
+    )
     args = parser.parse_args()
 
     children: list[Child] = []
@@ -197,16 +204,26 @@ def main() -> None:
         worker = start_sim("--runtime", "sglang", "--model", "bench")
         children.append(worker)
         gateway = start(
-            ["serve", "--listen", "127.0.0.1:0", "--log-level", "warning",
-             "--worker", f"grpc://{worker.address}?model=bench&runtime=sglang", *args.gateway_arg]
+            [
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-level",
+                "warning",
+                "--worker",
+                f"grpc://{worker.address}?model=bench&runtime=sglang",
+                *args.gateway_arg,
+            ]
         )
         children.append(gateway)
         pids = {"worker": worker.process.pid}
         direct = run_one(worker.address, args, "direct", pids)
         pids["gateway"] = gateway.process.pid
         via = run_one(gateway.address, args, "gateway", pids)
-        print(f"client={args.client} tokens={args.tokens} concurrency={args.concurrency} "
-              f"duration={args.duration}s")
+        print(
+            f"client={args.client} tokens={args.tokens} concurrency={args.concurrency} "
+            f"duration={args.duration}s"
+        )
         report(direct, via)
     finally:
         for child in reversed(children):

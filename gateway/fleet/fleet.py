@@ -35,7 +35,8 @@ class Fleet:
         self._last_status: dict[str, str] = {}
 
     async def start(self, specs: Iterable[WorkerSpec]) -> None:
-        """Register every worker; waits (bounded) for discovery so start-up routes at once."""
+        """Register every worker; waits (bounded) for discovery and a first connection
+        outcome, so requests that arrive right after start-up are routed, not refused."""
         pending = [self._spawn(self._join(spec)) for spec in specs]
         if pending:
             await asyncio.wait(pending, timeout=self._discovery_timeout_s)
@@ -80,7 +81,9 @@ class Fleet:
             runtime=runtime.value,
             role=spec.role.value,
         )
-        self._spawn(watch_connection(worker, self.registry))
+        settled = asyncio.Event()
+        self._spawn(watch_connection(worker, self.registry, settled))
+        await settled.wait()  # bounded by start()'s timeout
 
     def _log_status(self, worker: Worker) -> None:
         old = self._last_status.get(worker.id)

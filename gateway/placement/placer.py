@@ -101,7 +101,7 @@ class Placer:
         workers = self._registry.workers_of(model, runtime)
         available = [w for w in workers if w.available and w.id not in exclude]
         if not available:
-            return verdicts.workers_unavailable(model, "any", len(workers), self._retry_after_ms)
+            return verdicts.workers_unavailable(model, "", len(workers), self._retry_after_ms)
         rotation = self._any.setdefault((model, runtime), RoundRobin())
         chosen = rotation.pick(available, Hints())
         assert chosen is not None
@@ -112,7 +112,7 @@ class Placer:
         workers = self._registry.workers_of(model, runtime)
         available = [w for w in workers if w.available]
         if not available:
-            return verdicts.workers_unavailable(model, "any", len(workers), self._retry_after_ms)
+            return verdicts.workers_unavailable(model, "", len(workers), self._retry_after_ms)
         return available
 
     def servable(self, model: str, runtime: Runtime) -> bool:

@@ -72,9 +72,11 @@ def leg_not_deployed(model: str, leg: str) -> Verdict:
 
 
 def workers_unavailable(model: str, leg: str, total: int, retry_after_ms: int) -> Verdict:
+    """`leg` empty: the request needed any worker of the model (fleet-wide RPCs)."""
+    workers = f"{leg} workers" if leg else "workers"
     return Verdict(
         Reason.WORKERS_UNAVAILABLE,
-        f"All {total} {leg} workers for model '{model}' are unavailable "
+        f"All {total} {workers} for model '{model}' are unavailable "
         "(not connected, unhealthy or circuit breaker open)",
         model=model,
         leg=leg,

@@ -42,6 +42,7 @@ class CallRecord:
     started: float = field(default_factory=time.perf_counter)
     first_message_s: float | None = None
     messages: int = 0
+    headers_sent: bool = False  # once sent, a retry on another worker must not resend them
 
 
 class _RetryElsewhere(Exception):
@@ -109,19 +110,18 @@ class Dispatcher:
         self._inflight.add(record.request_id, worker)
         try:
             headers = await call.initial_metadata()
-            if not call.done():
+            if not (record.headers_sent or call.done()):
+                record.headers_sent = True
                 await context.send_initial_metadata(clean(headers))
             read, write = call.read, context.write
             try:
                 message = await read()
                 if message is not aio.EOF:
                     record.first_message_s = time.perf_counter() - record.started
-                    count = 0
                     while message is not aio.EOF:
                         await write(message)
-                        count += 1
+                        record.messages += 1
                         message = await read()
-                    record.messages = count
             except aio.AioRpcError as error:
                 if record.first_message_s is None and error.code() in RETRYABLE:
                     raise _RetryElsewhere(error) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.launch import Child
+from gateway.launch import Child, start, start_sim
 
 __all__ = ["sgl", "sgl_grpc", "vllm", "vllm_grpc"]
 
@@ -55,7 +56,7 @@ def vllm_generate(request_id: str = "r1", tokens: int = 4, stream: bool = True) 
     )
 
 
-def model_md(model: str, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+def model_md(model: str, *extra: tuple[str, str | bytes]) -> tuple[tuple[str, str | bytes], ...]:
     return (("x-model-id", model), *extra)
 
 
@@ -110,13 +111,23 @@ def write_config(directory: Path, data: dict[str, Any]) -> str:
     return str(path)
 
 
-def wait_for_events(log_path: Path, count: int, rpc: str | None = None) -> Sequence[dict[str, Any]]:
-    """The request events once at least `count` are logged (the log line follows the reply)."""
+def wait_for_events(
+    log_path: Path, count: int, rpc: str | None = None, request_id: str | None = None
+) -> Sequence[dict[str, Any]]:
+    """The request events once at least `count` are logged (the log line follows the reply).
+
+    `request_id` picks one request's events out of a log that several tests share.
+    """
+
+    def matching() -> list[dict[str, Any]]:
+        events = request_events(log_path, rpc)
+        return [e for e in events if request_id is None or e.get("request_id") == request_id]
+
     deadline = time.monotonic() + WAIT_S
-    events = request_events(log_path, rpc)
+    events = matching()
     while len(events) < count and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        events = request_events(log_path, rpc)
+        events = matching()
     assert len(events) >= count, f"expected {count} request events, got {events}"
     return events
 
@@ -221,3 +232,48 @@ def assert_verdict(
         assert "grpc-retry-pushback-ms" not in plain
     else:
         assert plain["grpc-retry-pushback-ms"] == str(pushback_ms)
+
+
+def closed_port() -> socket.socket:
+    """A bound, never-listening socket: connecting to its port is refused, and no other
+    process can take the port while the caller keeps the socket."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def dead_worker_url(sock: socket.socket, **query: str) -> str:
+    params = "&".join(f"{k}={v}" for k, v in query.items())
+    return f"grpc://127.0.0.1:{sock.getsockname()[1]}" + (f"?{params}" if params else "")
+
+
+class SharedProcesses:
+    """Processes a module-scoped fixture shares between tests (starting Python processes
+    is most of an end-to-end test's cost). Started like the `sim`/`gateway` fixtures do."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.children: list[Child] = []
+        self._log_dir = log_dir
+
+    def sim(self, *args: str) -> Child:
+        child = start_sim(*args)
+        self.children.append(child)
+        return child
+
+    def sims(self, *argsets: Sequence[str]) -> list[Child]:
+        return start_many(self.sim, *argsets)
+
+    def gateway(self, *args: str) -> Child:
+        log_path = self._log_dir / f"gateway-{len(self.children)}.log"
+        with open(log_path, "w") as log_file:
+            child = start(
+                ["serve", "--listen", "127.0.0.1:0", "--log-format", "json", *args],
+                stderr=log_file.fileno(),
+            )
+        child.log_path = log_path  # type: ignore[attr-defined]
+        self.children.append(child)
+        return child
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()

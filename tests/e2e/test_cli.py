@@ -1,0 +1,193 @@
+"""The command line: config errors, help, grpcurl against `gateway serve`, `gateway demo`."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from gateway.launch import Child, start
+from tests.conftest import Launcher, grpcurl
+from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, closed_port, dead_worker_url
+
+SERVICES = {
+    SGL_SERVICE,
+    VLLM_SERVICE,
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+}
+
+
+def run_gateway(*args: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def config_file(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_config_errors_exit_2_with_one_clear_line(tmp_path: Path) -> None:
+    """Each bad configuration: exit status 2, nothing on stdout, one line on stderr naming
+    the bad value. (The processes run in parallel: each is a Python start-up.)"""
+    policy = config_file(tmp_path, "policy.yaml", "models:\n  m:\n    policy: fastest\n")
+    broken = config_file(tmp_path, "broken.yaml", "listen: [1, 2\n")
+    typo = config_file(tmp_path, "typo.yaml", "wrokers: []\n")
+    cases: list[tuple[list[str], str]] = [
+        (
+            ["--worker", "http://127.0.0.1:5000?model=m"],
+            "worker 'http://127.0.0.1:5000?model=m': scheme must be grpc://",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000?role=boss"],
+            "worker 'grpc://127.0.0.1:5000?role=boss': unknown value 'boss' "
+            "(expected regular|prefill|decode|encode)",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000?runtime=tgi"],
+            "worker 'grpc://127.0.0.1:5000?runtime=tgi': unknown value 'tgi' "
+            "(expected sglang|vllm)",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000?modle=m"],
+            "worker 'grpc://127.0.0.1:5000?modle=m': unknown key 'modle' "
+            "(known: model, runtime, role, bootstrap_port)",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000", "--worker", "grpc://127.0.0.1:5000?model=m"],
+            "worker 127.0.0.1:5000 is listed twice",
+        ),
+        (
+            ["--config", "/nonexistent/gateway.yaml"],
+            "config file '/nonexistent/gateway.yaml': No such file or directory",
+        ),
+        (
+            ["--config", policy],
+            "model 'm': unknown policy 'fastest' "
+            "(expected round_robin|random|power_of_two|least_inflight|consistent_hash|manual)",
+        ),
+        (["--config", broken], f"config file '{broken}': not valid YAML (ParserError)"),
+        (["--config", typo], "config: unknown key 'wrokers'"),
+    ]
+    with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        results = list(
+            pool.map(lambda case: run_gateway("serve", "--listen", "127.0.0.1:0", *case[0]), cases)
+        )
+    for (args, message), result in zip(cases, results, strict=True):
+        assert result.returncode == 2, args
+        assert result.stdout == "", args
+        assert result.stderr.splitlines() == [f"gateway: config error: {message}"], args
+
+
+def test_help() -> None:
+    top = run_gateway("--help")
+    assert top.returncode == 0
+    assert top.stdout.startswith("usage: gateway ")
+    assert all(verb in top.stdout for verb in ("serve", "demo", "sim"))
+    serve = run_gateway("serve", "--help")
+    assert serve.returncode == 0
+    assert serve.stdout.startswith("usage: gateway serve ")
+    for flag in ("--config", "--listen", "--worker", "--policy", "--max-attempts"):
+        assert flag in serve.stdout
+    assert "grpc://HOST:PORT?model=NAME&runtime=sglang|vllm" in serve.stdout
+
+
+def test_grpcurl_list_describe_and_health(gateway: Launcher) -> None:
+    nobody = closed_port()
+    gw = gateway("--worker", dead_worker_url(nobody, model="m", runtime="sglang"))
+
+    listed = grpcurl("-plaintext", gw.address, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert set(listed.stdout.split()) >= SERVICES
+
+    described = grpcurl("-plaintext", gw.address, "describe", SGL_SERVICE)
+    assert described.returncode == 0, described.stderr
+    assert f"{SGL_SERVICE} is a service:" in described.stdout
+    assert "rpc Generate ( .sglang.grpc.scheduler.GenerateRequest ) returns ( stream" in (
+        described.stdout
+    )
+    message = grpcurl("-plaintext", gw.address, "describe", "vllm.grpc.engine.GenerateRequest")
+    assert message.returncode == 0, message.stderr
+    assert "vllm.grpc.engine.GenerateRequest is a message:" in message.stdout
+
+    health = grpcurl(
+        "-plaintext", "-d", '{"service":""}', gw.address, "grpc.health.v1.Health/Check"
+    )
+    assert health.returncode == 0, health.stderr
+    assert '"status": "SERVING"' in health.stdout
+
+
+def read_lines_until(child: Child, marker: str, within_s: float = 10.0) -> list[str]:
+    """stdout lines up to and including the first one containing `marker` (bounded wait).
+
+    The pipe is a buffered text stream (`select` cannot see what `readline` has already
+    buffered), so the blocking reads run in a thread that the caller waits for, bounded.
+    """
+    stdout = child.process.stdout
+    assert stdout is not None
+
+    def read() -> list[str]:
+        lines: list[str] = []
+        for line in stdout:
+            lines.append(line.rstrip("\n"))
+            if marker in line:
+                break
+        return lines
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        lines = pool.submit(read).result(timeout=within_s)
+    assert lines and marker in lines[-1], lines
+    return lines
+
+
+def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -> None:
+    demo = start(
+        ["demo", "--listen", "127.0.0.1:0", "--exit-after", "6", "--log-level", "warning"],
+        stderr=subprocess.DEVNULL,
+    )
+    processes.append(demo)
+    lines = read_lines_until(demo, "NOT_FOUND verdict")
+    commands = [shlex.split(line, comments=True) for line in lines if line.startswith("  grpcurl ")]
+    assert len(commands) == 7
+    results = [(argv, grpcurl(*argv[1:], timeout=5)) for argv in commands]
+
+    def result_for(*needles: str) -> subprocess.CompletedProcess[str]:
+        [found] = [r for argv, r in results if all(n in argv for n in needles)]
+        return found
+
+    listed = result_for("list")
+    assert listed.returncode == 0, listed.stderr
+    assert set(listed.stdout.split()) >= SERVICES
+    assert "rpc Generate" in result_for("describe").stdout
+    assert '"status": "SERVING"' in result_for("grpc.health.v1.Health/Check").stdout
+
+    sglang = result_for("x-model-id: llama-3-8b", f"{SGL_SERVICE}/Generate")
+    assert sglang.returncode == 0, sglang.stderr
+    assert sglang.stdout.count('"request_id": "r1"') == 6  # 5 tokens + complete
+    assert '"finish_reason": "length"' in sglang.stdout
+    vllm = result_for(f"{VLLM_SERVICE}/Generate")
+    assert vllm.returncode == 0, vllm.stderr
+    assert vllm.stdout.count('"chunk"') == 5
+    assert '"finish_reason": "length"' in vllm.stdout
+    loads = result_for(f"{SGL_SERVICE}/GetLoads")
+    assert loads.returncode == 0, loads.stderr
+    assert loads.stdout.count('"max_running_requests"') == 2  # one entry per SGLang worker
+
+    not_found = result_for("x-model-id: no-such-model")
+    assert not_found.returncode == 64 + grpc.StatusCode.NOT_FOUND.value[0]
+    assert "Code: NotFound" in not_found.stderr
+    assert "x-http-status: 404" in not_found.stdout
+    assert "Model 'no-such-model' is not served by any worker" in not_found.stderr
+
+    assert demo.process.wait(timeout=15) == 0

@@ -1,0 +1,464 @@
+"""The relay (DESIGN section 3): message counts, headers, metadata hygiene, deadlines,
+cancellation, mid-stream failures, bad input and large messages.
+
+After every cancel, deadline or failure the simulated worker is asked directly
+(GetLoads) that nothing stays running there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc import aio
+
+from gateway.launch import Child
+from tests.conftest import Launcher, worker_url
+from tests.e2e.helpers import (
+    SGL_SERVICE,
+    VLLM_SERVICE,
+    SharedProcesses,
+    channel,
+    collect,
+    model_md,
+    sgl,
+    sgl_generate,
+    sgl_grpc,
+    start_many,
+    trailers,
+    vllm,
+    vllm_generate,
+    vllm_grpc,
+    wait_for_events,
+    wait_health,
+    wait_idle,
+)
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    sglang: Child  # model "s", named sgl-0
+    vllm: Child  # model "v", named vllm-0
+    gateway: Child
+
+    @property
+    def log_path(self) -> Path:
+        return self.gateway.log_path  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One SGLang worker, one vLLM worker and a gateway, shared by the tests that leave
+    them as they found them (every test checks the workers are idle again)."""
+    shared = SharedProcesses(tmp_path_factory.mktemp("relay"))
+    try:
+        sgl_worker, vllm_worker = shared.sims(
+            ("--runtime", "sglang", "--model", "s", "--name", "sgl-0"),
+            ("--runtime", "vllm", "--model", "v", "--name", "vllm-0"),
+        )
+        gw = shared.gateway(
+            "--worker",
+            worker_url(sgl_worker, model="s", runtime="sglang"),
+            "--worker",
+            worker_url(vllm_worker, model="v", runtime="vllm"),
+        )
+        yield Fleet(sgl_worker, vllm_worker, gw)
+    finally:
+        shared.stop()
+
+
+@pytest.fixture
+async def ready(fleet: Fleet) -> Fleet:
+    await wait_health(fleet.gateway.address, "s")
+    await wait_health(fleet.gateway.address, "v", "vllm")
+    return fleet
+
+
+async def test_both_protocols_relay_exact_message_counts(ready: Fleet) -> None:
+    gw = ready.gateway
+    async with channel(gw.address) as ch:
+        sgl_stub = sgl_grpc.SglangSchedulerStub(ch)
+        vllm_stub = vllm_grpc.VllmEngineStub(ch)
+
+        call = sgl_stub.Generate(sgl_generate("s1", tokens=5), metadata=model_md("s"))
+        messages, error = await collect(call)
+        assert error is None
+        assert len(messages) == 6  # 5 chunks + complete
+        assert [m.chunk.token_ids[0] for m in messages[:5]] == [6, 7, 8, 9, 10]
+        assert all(m.request_id == "s1" for m in messages)
+        assert messages[-1].complete.finish_reason == "length"
+        assert list(messages[-1].complete.output_ids) == [6, 7, 8, 9, 10]
+        assert dict(await call.initial_metadata())["x-sim-worker"] == "sgl-0"
+
+        call = sgl_stub.Generate(sgl_generate("s2", tokens=5, stream=False), metadata=model_md("s"))
+        messages, error = await collect(call)
+        assert error is None
+        assert len(messages) == 1
+        assert list(messages[0].complete.output_ids) == [6, 7, 8, 9, 10]
+
+        call = sgl_stub.Generate(sgl_generate("s3", tokens=3, n=2), metadata=model_md("s"))
+        messages, error = await collect(call)
+        assert error is None
+        assert len(messages) == 2 * 3 + 2
+        completes = [m.complete.index for m in messages if m.HasField("complete")]
+        assert completes == [0, 1]
+
+        call = vllm_stub.Generate(vllm_generate("v1", tokens=7), metadata=model_md("v"))
+        messages, error = await collect(call)
+        assert error is None
+        assert len(messages) == 8
+        assert messages[-1].complete.finish_reason == "length"
+        assert messages[-1].complete.completion_tokens == 7
+        assert dict(await call.initial_metadata())["x-sim-worker"] == "vllm-0"
+
+        call = vllm_stub.Generate(
+            vllm_generate("v2", tokens=7, stream=False), metadata=model_md("v")
+        )
+        messages, error = await collect(call)
+        assert error is None
+        assert len(messages) == 1
+        assert messages[0].complete.completion_tokens == 7
+
+        # Embed is placed and relayed as a unary call, headers included.
+        embed = sgl_stub.Embed(
+            sgl.EmbedRequest(request_id="e1", tokenized=sgl.TokenizedInput(input_ids=[1, 2])),
+            metadata=model_md("s"),
+        )
+        reply = await embed
+        assert reply.embedding_dim == 8
+        assert reply.prompt_tokens == 2
+        assert dict(await embed.initial_metadata())["x-sim-worker"] == "sgl-0"
+        vllm_reply = await vllm_stub.Embed(
+            vllm.EmbedRequest(request_id="e2", tokenized=vllm.TokenizedInput(input_ids=[1, 2])),
+            metadata=model_md("v"),
+        )
+        assert list(vllm_reply.embedding) == list(reply.embedding)
+
+    ids = ["s1", "s2", "s3", "v1", "v2"]
+    events = [wait_for_events(ready.log_path, 1, "Generate", i)[-1] for i in ids]
+    assert [e["messages"] for e in events] == [6, 1, 8, 8, 1]
+    assert all(e["code"] == "OK" and e["attempts"] == 1 for e in events)
+    assert [e["model"] for e in events] == ["s", "s", "s", "v", "v"]
+
+
+async def test_response_headers_are_relayed_before_the_first_message(ready: Fleet) -> None:
+    gw = ready.gateway
+    async with channel(gw.address) as ch:
+        started = time.monotonic()
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate(tokens=2), metadata=model_md("s", ("x-sim-ttft-ms", "1200"))
+        )
+        headers = await call.initial_metadata()
+        headers_s = time.monotonic() - started
+        messages, error = await collect(call)
+        first_s = time.monotonic() - started
+    assert dict(headers)["x-sim-worker"] == "sgl-0"
+    assert headers_s < 0.8, f"headers took {headers_s:.2f}s: held back until the first message"
+    assert first_s >= 1.1
+    assert error is None
+    assert len(messages) == 3
+
+
+async def test_metadata_hygiene(ready: Fleet) -> None:
+    gw = ready.gateway
+    sent = model_md(
+        "s",
+        ("x-app-key", "k1"),
+        ("traceparent", TRACEPARENT),
+        ("tracestate", "vendor=1"),
+        ("x-blob-bin", b"\x00\x01"),
+        # Keys a gateway must not forward (a direct call to the sim does deliver them).
+        ("grpc-custom", "1"),
+        ("connection", "close"),
+        ("keep-alive", "5"),
+        ("proxy-connection", "x"),
+        ("host", "example"),
+        ("upgrade", "h2c"),
+        ("transfer-encoding", "chunked"),
+    )
+    async with channel(gw.address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_generate(), metadata=sent)
+        _, error = await collect(call)
+        headers = dict(await call.initial_metadata())
+    assert error is None
+    seen = set(headers["x-sim-seen-metadata"].split(","))
+    # user-agent is the gateway's own channel's (every gRPC client sends one).
+    assert seen == {
+        "x-model-id",
+        "x-app-key",
+        "traceparent",
+        "tracestate",
+        "x-blob-bin",
+        "user-agent",
+    }
+    # The worker's headers reach the client; nothing of the worker's transport does.
+    assert not [k for k in headers if k.startswith("grpc-") or k in ("te", "content-type")]
+
+
+async def test_client_deadline_reaches_the_worker(ready: Fleet) -> None:
+    gw = ready.gateway
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        call = stub.Generate(sgl_generate(), metadata=model_md("s"), timeout=2.0)
+        _, error = await collect(call)
+        assert error is None
+        deadline_ms = int(dict(await call.initial_metadata())["x-sim-deadline-ms"])
+        assert 1000 <= deadline_ms <= 2000
+
+        # No client deadline: none upstream either.
+        call = stub.Generate(sgl_generate(), metadata=model_md("s"))
+        _, error = await collect(call)
+        assert error is None
+        assert dict(await call.initial_metadata())["x-sim-deadline-ms"] == "none"
+
+
+async def test_stalled_worker_ends_at_the_client_deadline(ready: Fleet) -> None:
+    worker, gw = ready.sglang, ready.gateway
+    async with channel(gw.address) as ch:
+        started = time.monotonic()
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate(), metadata=model_md("s", ("x-sim-stall", "true")), timeout=1.0
+        )
+        messages, error = await collect(call)
+        elapsed = time.monotonic() - started
+    assert messages == []
+    assert error is not None
+    assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert elapsed < 2.5
+    assert await wait_idle(worker.address) == 0
+
+    # A cancel while the worker has not even sent its headers reaches it as well.
+    async with channel(gw.address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate(), metadata=model_md("s", ("x-sim-stall", "true"))
+        )
+        await asyncio.sleep(0.3)
+        assert await wait_idle(worker.address, within_s=0) == 1
+        call.cancel()
+        assert await wait_idle(worker.address) == 0
+
+        # The unary path (Embed) too.
+        started = time.monotonic()
+        with pytest.raises(aio.AioRpcError) as caught:
+            await sgl_grpc.SglangSchedulerStub(ch).Embed(
+                sgl.EmbedRequest(request_id="e-stall", tokenized=sgl.TokenizedInput(input_ids=[1])),
+                metadata=model_md("s", ("x-sim-stall", "true")),
+                timeout=0.5,
+            )
+        assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - started < 2.0
+        assert await wait_idle(worker.address) == 0
+
+
+async def test_concurrent_streams_are_relayed_independently(ready: Fleet) -> None:
+    async with channel(ready.gateway.address) as ch:
+        sgl_stub = sgl_grpc.SglangSchedulerStub(ch)
+        vllm_stub = vllm_grpc.VllmEngineStub(ch)
+        calls = [
+            sgl_stub.Generate(
+                sgl_generate(f"cc-{i}", tokens=i + 1),
+                metadata=model_md("s", ("x-sim-token-ms", "5")),
+            )
+            for i in range(12)
+        ] + [
+            vllm_stub.Generate(
+                vllm_generate(f"vc-{i}", tokens=i + 1),
+                metadata=model_md("v", ("x-sim-token-ms", "5")),
+            )
+            for i in range(12)
+        ]
+        results = await asyncio.wait_for(asyncio.gather(*(collect(c) for c in calls)), 20)
+    for i, (messages, error) in enumerate(results):
+        tokens = i % 12 + 1
+        assert error is None
+        assert len(messages) == tokens + 1
+        assert messages[-1].complete.completion_tokens == tokens
+        if i < 12:
+            assert {m.request_id for m in messages} == {f"cc-{i}"}
+    assert await wait_idle(ready.sglang.address) == 0
+    assert await wait_idle(ready.vllm.address, "vllm") == 0
+
+
+async def test_client_cancel_reaches_the_worker(ready: Fleet) -> None:
+    worker, gw = ready.sglang, ready.gateway
+    async with channel(gw.address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate("c1", tokens=100), metadata=model_md("s", ("x-sim-token-ms", "50"))
+        )
+        received = 0
+        async for _ in call:
+            received += 1
+            if received == 2:
+                break
+        assert await wait_idle(worker.address, within_s=0.1) == 1  # still generating
+        call.cancel()
+        assert await wait_idle(worker.address) == 0
+    [event] = wait_for_events(ready.log_path, 1, "Generate", "c1")
+    assert event["code"] == "CANCELLED"
+
+
+async def test_worker_dying_mid_stream_ends_the_stream_unavailable(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    worker = sim("--runtime", "sglang", "--model", "s")
+    gw = gateway("--worker", worker_url(worker, model="s", runtime="sglang"))
+    await wait_health(gw.address, "s")
+    async with channel(gw.address) as ch:
+        started = time.monotonic()
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate(tokens=10), metadata=model_md("s", ("x-sim-exit-after", "3")), timeout=10
+        )
+        messages, error = await collect(call)
+        elapsed = time.monotonic() - started
+    assert len(messages) == 3
+    assert error is not None
+    assert error.code() is grpc.StatusCode.UNAVAILABLE
+    assert elapsed < 3.0
+    [event] = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
+    assert event["code"] == "UNAVAILABLE"
+    assert event["attempts"] == 1  # after the first message there is no retry
+
+
+async def test_mid_stream_failure_passes_through_after_the_relayed_messages(ready: Fleet) -> None:
+    worker, gw = ready.sglang, ready.gateway
+    async with channel(gw.address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate("mid-1", tokens=10),
+            metadata=model_md("s", ("x-sim-fail-code", "INTERNAL"), ("x-sim-fail-after", "3")),
+        )
+        messages, error = await collect(call)
+        headers = dict(await call.initial_metadata())
+    assert len(messages) == 3
+    assert headers["x-sim-worker"] == "sgl-0"
+    assert error is not None
+    assert error.code() is grpc.StatusCode.INTERNAL
+    assert error.details() == "simulated failure"
+    assert trailers(error)["x-sim-failure"] == "sgl-0"
+    assert await wait_idle(worker.address) == 0
+    [event] = wait_for_events(ready.log_path, 1, "Generate", "mid-1")
+    assert (event["code"], event["attempts"]) == ("INTERNAL", 1)
+
+
+async def test_request_log_counts_messages_relayed_before_a_failure(ready: Fleet) -> None:
+    gw = ready.gateway
+    async with channel(gw.address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate("f1", tokens=10),
+            metadata=model_md("s", ("x-sim-fail-code", "DATA_LOSS"), ("x-sim-fail-after", "4")),
+        )
+        messages, error = await collect(call)
+    assert len(messages) == 4
+    assert error is not None
+    assert error.code() is grpc.StatusCode.DATA_LOSS
+    [event] = wait_for_events(ready.log_path, 1, "Generate", "f1")
+    assert event["code"] == "DATA_LOSS"
+    assert event["first_message_ms"] is not None
+    assert event["messages"] == 4  # what the client received, not 0
+
+
+async def test_undecodable_requests_are_invalid_argument(ready: Fleet) -> None:
+    gw = ready.gateway
+    garbage = b"\xff\xff\xff"
+    async with channel(gw.address) as ch:
+        for service in (SGL_SERVICE, VLLM_SERVICE):
+            _, error = await collect(ch.unary_stream(f"/{service}/Generate")(garbage))
+            assert error is not None
+            assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert error.details() == "Request bytes are not a valid GenerateRequest"
+            assert trailers(error)["x-http-status"] == "400"
+        with pytest.raises(aio.AioRpcError) as caught:
+            await ch.unary_unary(f"/{SGL_SERVICE}/Embed")(garbage)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == "Request bytes are not a valid Embed request"
+        with pytest.raises(aio.AioRpcError) as caught:
+            await ch.unary_unary(f"/{VLLM_SERVICE}/Abort")(garbage)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == "Request bytes are not a valid AbortRequest"
+
+        # The gateway is still there and serving.
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        messages, error = await collect(stub.Generate(sgl_generate(), metadata=model_md("s")))
+        assert error is None
+        assert len(messages) == 5
+        vstub = vllm_grpc.VllmEngineStub(ch)
+        messages, error = await collect(vstub.Generate(vllm_generate(), metadata=model_md("v")))
+        assert error is None
+        assert len(messages) == 5
+
+
+async def test_oversized_multimodal_request_passes_through(ready: Fleet) -> None:
+    worker, gw = ready.sglang, ready.gateway
+    request = sgl_generate("mm1", tokens=3)
+    request.mm_inputs.image_data.append(bytes(range(256)) * (6 * 1024 * 4))  # 6 MiB
+    request.mm_inputs.modalities.append("image")
+    assert request.ByteSize() > 6 * 1024 * 1024
+    async with channel(gw.address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(request, metadata=model_md("s"))
+        messages, error = await asyncio.wait_for(collect(call), 10)
+    assert error is None, error
+    assert len(messages) == 4
+    assert messages[-1].complete.finish_reason == "length"
+    assert await wait_idle(worker.address) == 0
+
+
+async def test_gateway_in_flight_counts_return_to_zero(sim: Launcher, gateway: Launcher) -> None:
+    """least_inflight sends an idle fleet's calls round the workers in turn; a leaked
+    in-flight count would make it avoid that worker forever."""
+    a, b = start_many(
+        sim,
+        ("--runtime", "sglang", "--model", "s", "--name", "a"),
+        ("--runtime", "sglang", "--model", "s", "--name", "b"),
+    )
+    gw = gateway(
+        "--policy",
+        "least_inflight",
+        "--worker",
+        worker_url(a, model="s", runtime="sglang"),
+        "--worker",
+        worker_url(b, model="s", runtime="sglang"),
+    )
+    await wait_health(gw.address, "s")
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        for _ in range(2):  # twice, so that every kind of ending hits both workers
+            stalled = stub.Generate(
+                sgl_generate(), metadata=model_md("s", ("x-sim-stall", "1")), timeout=0.3
+            )
+            _, error = await collect(stalled)
+            assert error is not None
+            assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+            cancelled = stub.Generate(
+                sgl_generate(tokens=100), metadata=model_md("s", ("x-sim-token-ms", "50"))
+            )
+            await cancelled.__aiter__().__anext__()
+            cancelled.cancel()
+            assert await wait_idle(a.address) == 0
+            assert await wait_idle(b.address) == 0
+
+            for fail_after in ("0", "1"):
+                failing = model_md(
+                    "s", ("x-sim-fail-code", "INTERNAL"), ("x-sim-fail-after", fail_after)
+                )
+                _, error = await collect(stub.Generate(sgl_generate(), metadata=failing))
+                assert error is not None
+                assert error.code() is grpc.StatusCode.INTERNAL
+
+            _, error = await collect(ch.unary_stream(f"/{SGL_SERVICE}/Generate")(b"\xff\xff"))
+            assert error is not None
+            assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+        order = []
+        for i in range(4):
+            call = stub.Generate(sgl_generate(f"after-{i}", tokens=1), metadata=model_md("s"))
+            _, error = await collect(call)
+            assert error is None
+            order.append(dict(await call.initial_metadata())["x-sim-worker"])
+    assert order in (["a", "b"] * 2, ["b", "a"] * 2), order
