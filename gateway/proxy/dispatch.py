@@ -109,10 +109,13 @@ class Dispatcher:
         worker.inflight += 1
         self._inflight.add(record.request_id, worker)
         try:
-            headers = await call.initial_metadata()
-            if not (record.headers_sent or call.done()):
+            # A Trailers-Only failure also resolves initial_metadata, empty, sometimes before
+            # the call reports done; empty headers are left to go with the first message, so
+            # a retry can still relay the next worker's headers.
+            headers = clean(await call.initial_metadata())
+            if headers and not record.headers_sent:
                 record.headers_sent = True
-                await context.send_initial_metadata(clean(headers))
+                await context.send_initial_metadata(headers)
             read, write = call.read, context.write
             try:
                 message = await read()
