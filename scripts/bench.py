@@ -74,7 +74,9 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def python_client(address: str, args: argparse.Namespace, label: str) -> Result:
+async def python_client(
+    address: str, args: argparse.Namespace, label: str, pids: dict[str, int]
+) -> Result:
     payload = request_bytes(args.tokens)
     expected = args.tokens + 1
     metadata = (("x-model-id", "bench"),)
@@ -82,7 +84,7 @@ async def python_client(address: str, args: argparse.Namespace, label: str) -> R
     ttfm: list[float] = []
     async with aio.insecure_channel(address) as channel:
         method = channel.unary_stream(GENERATE)
-        deadline = time.perf_counter() + args.duration
+        deadline = time.perf_counter() + 0.5  # warm-up: connect, first calls
 
         async def stream_loop() -> None:
             nonlocal calls, messages, failures
@@ -104,11 +106,13 @@ async def python_client(address: str, args: argparse.Namespace, label: str) -> R
         await asyncio.gather(*(stream_loop() for _ in range(3)))  # warm-up connection
         calls = messages = failures = 0
         ttfm.clear()
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         deadline = time.perf_counter() + args.duration
         began = time.perf_counter()
         await asyncio.gather(*(stream_loop() for _ in range(args.concurrency)))
         seconds = time.perf_counter() - began
-    return Result(label, calls, messages, seconds, ttfm, failures, {})
+        cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    return Result(label, calls, messages, seconds, ttfm, failures, cpu)
 
 
 def grpc_frame(payload: bytes) -> bytes:
@@ -155,11 +159,10 @@ def h2load_client(address: str, args: argparse.Namespace, label: str) -> Result:
 
 
 def run_one(address: str, args: argparse.Namespace, label: str, pids: dict[str, int]) -> Result:
+    if args.client == "python":
+        return asyncio.run(python_client(address, args, label, pids))
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    if args.client == "h2load":
-        result = h2load_client(address, args, label)
-    else:
-        result = asyncio.run(python_client(address, args, label))
+    result = h2load_client(address, args, label)
     result.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     return result
 
