@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import grpc
 from grpc.aio import ServicerContext
@@ -54,8 +54,21 @@ def embedding_for(input_ids: Sequence[int]) -> list[float]:
     return [((seed * (j + 1) * 2_654_435_761) % 1024) / 1024.0 for j in range(EMBEDDING_DIM)]
 
 
-class Codec(Protocol):
-    """Builds one runtime's Generate responses; the engine decides what goes in them."""
+class Codec:
+    """Builds one runtime's Generate responses; the engine decides what goes in them.
+
+    Both protos shape `GenerateResponse{chunk | complete}` alike; SGLang's also carries
+    the request id on every message (`with_request_id`).
+    """
+
+    def __init__(self, pb: Any, with_request_id: bool) -> None:
+        self._pb = pb
+        self._with_request_id = with_request_id
+
+    def _response(self, request_id: str) -> Any:
+        if self._with_request_id:
+            return self._pb.GenerateResponse(request_id=request_id)
+        return self._pb.GenerateResponse()
 
     def chunk(self, request_id: str, prompt_tokens: int, index: int) -> tuple[Any, Any]:
         """A reusable response and its stream chunk, holding one token id.
@@ -64,7 +77,12 @@ class Codec(Protocol):
         write: gRPC serializes a message when it is written, so one object serves the
         whole stream and the hot loop allocates nothing.
         """
-        ...
+        message = self._response(request_id)
+        chunk = message.chunk
+        chunk.token_ids.append(0)
+        chunk.prompt_tokens = prompt_tokens
+        chunk.index = index
+        return message, chunk
 
     def complete(
         self,
@@ -75,7 +93,14 @@ class Codec(Protocol):
         index: int,
     ) -> Any:
         """The final response of choice ``index``."""
-        ...
+        message = self._response(request_id)
+        complete = message.complete
+        complete.output_ids.extend(output_ids)
+        complete.finish_reason = finish_reason
+        complete.prompt_tokens = prompt_tokens
+        complete.completion_tokens = len(output_ids)
+        complete.index = index
+        return message
 
 
 class SimEngine:

@@ -9,44 +9,13 @@ from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.sim.engine import MAX_TOTAL_NUM_TOKENS, SimEngine
+from gateway.sim.engine import MAX_TOTAL_NUM_TOKENS, Codec, SimEngine
 from gateway.sim.shared import SIM_VERSION, SharedRpcs
 
 SERVICE_NAME: str = sgl_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
 
 
-class SglangCodec:
-    """SGLang Generate responses: every message carries the request id."""
-
-    def chunk(self, request_id: str, prompt_tokens: int, index: int) -> tuple[Any, Any]:
-        message = sgl_pb2.GenerateResponse(request_id=request_id)
-        chunk = message.chunk
-        chunk.token_ids.append(0)
-        chunk.prompt_tokens = prompt_tokens
-        chunk.index = index
-        return message, chunk
-
-    def complete(
-        self,
-        request_id: str,
-        output_ids: list[int],
-        finish_reason: str,
-        prompt_tokens: int,
-        index: int,
-    ) -> Any:
-        return sgl_pb2.GenerateResponse(
-            request_id=request_id,
-            complete=sgl_pb2.GenerateComplete(
-                output_ids=output_ids,
-                finish_reason=finish_reason,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=len(output_ids),
-                index=index,
-            ),
-        )
-
-
-_CODEC = SglangCodec()
+_CODEC = Codec(sgl_pb2, with_request_id=True)
 
 
 class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ignore[misc]

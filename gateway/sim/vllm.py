@@ -8,43 +8,13 @@ from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.sim.engine import MAX_RUNNING_REQUESTS
+from gateway.sim.engine import MAX_RUNNING_REQUESTS, Codec
 from gateway.sim.shared import SharedRpcs
 
 SERVICE_NAME: str = vllm_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 
 
-class VllmCodec:
-    """vLLM Generate responses: no request id on the wire."""
-
-    def chunk(self, request_id: str, prompt_tokens: int, index: int) -> tuple[Any, Any]:
-        message = vllm_pb2.GenerateResponse()
-        chunk = message.chunk
-        chunk.token_ids.append(0)
-        chunk.prompt_tokens = prompt_tokens
-        chunk.index = index
-        return message, chunk
-
-    def complete(
-        self,
-        request_id: str,
-        output_ids: list[int],
-        finish_reason: str,
-        prompt_tokens: int,
-        index: int,
-    ) -> Any:
-        return vllm_pb2.GenerateResponse(
-            complete=vllm_pb2.GenerateComplete(
-                output_ids=output_ids,
-                finish_reason=finish_reason,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=len(output_ids),
-                index=index,
-            ),
-        )
-
-
-_CODEC = VllmCodec()
+_CODEC = Codec(vllm_pb2, with_request_id=False)
 
 
 class VllmServicer(SharedRpcs, vllm_grpc.VllmEngineServicer):  # type: ignore[misc]
