@@ -30,6 +30,28 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--policy", choices=POLICIES, help="default policy (default round_robin)")
     p.add_argument("--max-attempts", type=int, help="upstream attempts per request (default 3)")
+    p.add_argument(
+        "--probe-interval", type=float, metavar="S", help="worker probe interval (default 1 s)"
+    )
+    p.add_argument(
+        "--drain-delay",
+        type=float,
+        metavar="S",
+        help="on SIGTERM, seconds to keep serving while NOT_SERVING (default 5)",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        metavar="S",
+        help="then, seconds in-flight calls get to finish (default 30)",
+    )
+    p.add_argument("--admin-listen", metavar="HOST:PORT", help="admin port (127.0.0.1:50052)")
+    p.add_argument("--admin-token", metavar="TOKEN", help="bearer token the admin port requires")
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="Prometheus endpoint (127.0.0.1:9464; 'off' disables it)",
+    )
     p.add_argument("--log-format", choices=("console", "json"), help="log format (console)")
     p.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="log level (info)"
@@ -47,11 +69,18 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
             "max_attempts": args.max_attempts,
             "log_format": args.log_format,
             "log_level": args.log_level,
+            "probe.interval_s": args.probe_interval,
+            "drain.delay_s": args.drain_delay,
+            "drain.grace_s": args.shutdown_grace,
+            "admin.listen": args.admin_listen,
+            "admin.token": args.admin_token,
+            "metrics.listen": args.metrics_listen,
         },
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gateway.admin.client import add_workers_arguments
     from gateway.demo import add_demo_arguments
     from gateway.sim import add_sim_arguments
 
@@ -62,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     add_demo_arguments(sub.add_parser("demo", help="run a simulated fleet behind the gateway"))
     add_sim_arguments(sub.add_parser("sim", help="run one simulated SGLang or vLLM worker"))
+    add_workers_arguments(
+        sub.add_parser("workers", help="list, add, remove, drain or watch workers (admin API)")
+    )
     return parser
 
 
@@ -89,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         configure(config.log_format, config.log_level)
         _run(serve(config))
+    elif args.command == "workers":
+        from gateway.admin.client import run_workers
+
+        return run_workers(args)
     elif args.command == "demo":
         from gateway.demo import run_demo
 

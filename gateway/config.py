@@ -7,7 +7,7 @@ prints it and exits with status 2.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -46,7 +46,59 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
+    """Per-model routing and limits (limits apply per worker; None means no limit)."""
+
     policy: str = "round_robin"
+    max_inflight: int | None = None
+    max_waiting: int | None = None
+    max_token_usage: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    interval_s: float = 1.0
+    timeout_s: float = 1.0
+    success_threshold: int = 2
+    failure_threshold: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    failure_threshold: int = 5
+    cooldown_s: float = 5.0
+    success_threshold: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class LoadsConfig:
+    interval_s: float = 1.0
+    timeout_s: float = 1.0
+
+    @property
+    def stale_after_s(self) -> float:
+        """A load report older than this is not trusted (three missed polls)."""
+        return 3 * self.interval_s
+
+
+@dataclass(frozen=True, slots=True)
+class DrainConfig:
+    """SIGTERM: NOT_SERVING at once, serve `delay_s` more, then finish in-flight within
+    `grace_s`. `worker_timeout_s` bounds the drain of one worker removed by the admin API."""
+
+    delay_s: float = 5.0
+    grace_s: float = 30.0
+    worker_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    listen: str = "127.0.0.1:50052"
+    token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    listen: str | None = "127.0.0.1:9464"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +116,18 @@ class GatewayConfig:
     max_message_bytes: int = 256 * 1024 * 1024
     log_format: str = "console"
     log_level: str = "info"
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    loads: LoadsConfig = field(default_factory=LoadsConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def model(self, name: str) -> ModelSettings:
+        return self.models.get(name) or ModelSettings(policy=self.default_policy)
 
     def policy_for(self, model: str) -> str:
-        settings = self.models.get(model)
-        return settings.policy if settings else self.default_policy
+        return self.model(model).policy
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -171,6 +231,50 @@ def load_file(path: str) -> dict[str, Any]:
     return data
 
 
+SECTIONS: dict[str, type] = {
+    "probe": ProbeConfig,
+    "breaker": BreakerConfig,
+    "loads": LoadsConfig,
+    "drain": DrainConfig,
+    "admin": AdminConfig,
+    "metrics": MetricsConfig,
+}
+
+
+def _typed(value: Any, annotation: str, what: str) -> Any:
+    """Coerce one YAML value to the field's declared type (`int`, `float | None`, ...)."""
+    optional = annotation.endswith("| None")
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{what} must not be empty")
+    base = annotation.removesuffix(" | None")
+    kind = {"int": int, "float": float, "str": str}[base]
+    if isinstance(value, bool) or (kind is not str and isinstance(value, str)):
+        raise ConfigError(f"{what} must be a number, not {value!r}")
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be {base}, not {value!r}") from None
+    if kind is not str and number < 0:
+        raise ConfigError(f"{what} must not be negative")
+    return number
+
+
+def _section(cls: type[Any], data: Any, what: str, base: Any = None) -> Any:
+    """Build a settings dataclass from a YAML mapping, refusing unknown keys."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} must be a mapping")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{what}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+    values = {k: _typed(v, str(known[k].type), f"{what}.{k}") for k, v in data.items()}
+    return replace(base if base is not None else cls(), **values)
+
+
 _SCALARS: dict[str, type] = {
     "listen": str,
     "default_policy": str,
@@ -193,7 +297,7 @@ def build_config(
 ) -> GatewayConfig:
     """Merge file, then flags (flags win), and validate everything."""
     data = dict(file_data or {})
-    known = set(_SCALARS) | {"workers", "models", "model_headers"}
+    known = set(_SCALARS) | set(SECTIONS) | {"workers", "models", "model_headers"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"config: unknown key {unknown[0]!r}")
@@ -204,21 +308,49 @@ def build_config(
                 values[key] = kind(data[key])
             except (TypeError, ValueError):
                 raise ConfigError(f"config: {key} must be {kind.__name__}") from None
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for name, cls in SECTIONS.items():
+        values[name] = _section(cls, data.get(name), name)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, dot, field_name = key.partition(".")
+        if dot:
+            values[section] = _section(
+                SECTIONS[section], {field_name: value}, section, values[section]
+            )
+        else:
+            values[key] = value
     workers = [_worker_from_yaml(w) for w in data.get("workers") or []]
     workers += [parse_worker_url(u) for u in worker_urls]
     models_raw = data.get("models") or {}
     if not isinstance(models_raw, dict):
         raise ConfigError("config: models must be a mapping of model name to settings")
     models: dict[str, ModelSettings] = {}
+    default_policy = str(values.get("default_policy", "round_robin"))
     for name, settings in models_raw.items():
-        settings = settings or {}
-        policy = _check_policy(str(settings.get("policy", "round_robin")), f"model {name!r}")
-        models[str(name)] = ModelSettings(policy=policy)
+        what = f"model {name!r}"
+        model = _section(ModelSettings, settings, what, ModelSettings(policy=default_policy))
+        _check_policy(model.policy, what)
+        models[str(name)] = model
     if "model_headers" in data:
         values["model_headers"] = tuple(str(h).lower() for h in data["model_headers"])
     config = replace(GatewayConfig(), workers=tuple(workers), models=models, **values)
     parse_address(config.listen, "listen address")
+    parse_address(config.admin.listen, "admin listen address")
+    if config.metrics.listen == "off":
+        config = replace(config, metrics=MetricsConfig(listen=None))
+    if config.metrics.listen:
+        parse_address(config.metrics.listen, "metrics listen address")
+    for what, threshold in (
+        ("probe.success_threshold", config.probe.success_threshold),
+        ("probe.failure_threshold", config.probe.failure_threshold),
+        ("breaker.failure_threshold", config.breaker.failure_threshold),
+        ("breaker.success_threshold", config.breaker.success_threshold),
+    ):
+        if threshold < 1:
+            raise ConfigError(f"{what} must be at least 1")
+    if config.probe.interval_s <= 0 or config.loads.interval_s <= 0:
+        raise ConfigError("probe and load intervals must be positive")
     _check_policy(config.default_policy, "default_policy")
     if config.log_format not in ("console", "json"):
         raise ConfigError(f"log_format: {config.log_format!r} (expected console|json)")

@@ -17,6 +17,10 @@ VLLM_MODEL = "qwen-2.5-7b"
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:50051", help="gateway address")
+    parser.add_argument("--admin-listen", default="127.0.0.1:50052", help="admin address")
+    parser.add_argument(
+        "--metrics-listen", default="127.0.0.1:9464", help="Prometheus endpoint ('off': none)"
+    )
     parser.add_argument("--token-ms", default="20", help="simulated delay per token (ms)")
     parser.add_argument(
         "--exit-after", type=float, default=None, help="stop by itself after this many seconds"
@@ -33,7 +37,9 @@ def _fleet(token_ms: str) -> list[tuple[str, list[str]]]:
     ]
 
 
-def instructions(address: str) -> str:
+def instructions(address: str, ready_line: str) -> str:
+    extra = dict(w.split("=", 1) for w in ready_line.split()[2:])
+    admin, metrics = extra["admin"], extra.get("metrics")
     sgl = "sglang.grpc.scheduler.SglangScheduler"
     vllm = "vllm.grpc.engine.VllmEngine"
     gen = '\'{"request_id":"r1","tokenized":{"input_ids":[1,2,3]},"stream":true,'
@@ -52,7 +58,10 @@ def instructions(address: str) -> str:
             f"  grpcurl -plaintext -H 'x-model-id: {SGLANG_MODEL}' {address} {sgl}/GetLoads",
             f"  grpcurl -plaintext -v -H 'x-model-id: no-such-model' -d '{{}}' "
             f"{address} {sgl}/Generate   # a NOT_FOUND verdict",
+            f"  grpcurl -plaintext {address} grpc.health.v1.Health/List",
+            f"  gateway workers list --admin {admin}",
         ]
+        + ([f"  curl -s http://{metrics}/metrics | grep gateway_"] if metrics else [])
     )
 
 
@@ -66,11 +75,21 @@ async def run_demo(args: argparse.Namespace) -> None:
             child = await asyncio.to_thread(start_sim, *sim_args)
             children.append(child)
             urls.append(f"grpc://{child.address}?runtime={runtime}")
-        gateway = Gateway(build_config(worker_urls=urls, overrides={"listen": args.listen}))
+        config = build_config(
+            worker_urls=urls,
+            overrides={
+                "listen": args.listen,
+                "admin.listen": args.admin_listen,
+                "metrics.listen": args.metrics_listen,
+                "drain.delay_s": 0.0,
+                "drain.grace_s": 2.0,
+            },
+        )
+        gateway = Gateway(config)
         port = await gateway.start()
         host = args.listen.rpartition(":")[0]
-        print(f"READY {host}:{port}", flush=True)
-        print(instructions(f"{host}:{port}"), flush=True)
+        print(gateway.ready_line(), flush=True)
+        print(instructions(f"{host}:{port}", gateway.ready_line()), flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -80,6 +99,6 @@ async def run_demo(args: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         if gateway is not None:
-            await gateway.stop(grace=1.0)
+            await gateway.drain_and_stop()
         for child in children:
             child.stop()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -23,6 +23,11 @@ class Child:
     process: subprocess.Popen[str]
     port: int
     args: tuple[str, ...]
+    extra: dict[str, str] = field(default_factory=dict)  # `name=host:port` after the port
+
+    def port_of(self, name: str) -> int:
+        """The port announced as `name=host:port` (e.g. admin, metrics)."""
+        return int(self.extra[name].rpartition(":")[2])
 
     @property
     def address(self) -> str:
@@ -72,8 +77,10 @@ def start(
         if ready:
             line = process.stdout.readline()
             if line.startswith("READY "):
-                port = int(line.split()[1].rpartition(":")[2])
-                return Child(process, port, tuple(args))
+                words = line.split()
+                port = int(words[1].rpartition(":")[2])
+                extra = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+                return Child(process, port, tuple(args), extra)
             if not line and process.poll() is not None:
                 break
         elif process.poll() is not None:

@@ -1,20 +1,24 @@
-"""Assembles the gateway: fleet -> placement -> dispatch, fronted by the engine servicers."""
+"""Assembles the gateway: fleet -> placement -> dispatch, fronted by the engine servicers,
+plus its own health service, admin port and metrics endpoint; and the drain on SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
-import sys
+import time
 
 import structlog
 from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gateway.admin.service import start_admin_server
 from gateway.config import GatewayConfig
 from gateway.engines import ADAPTERS
 from gateway.fleet.fleet import Fleet
-from gateway.health import make_health_servicer, set_serving
+from gateway.fleet.registry import FleetEvent
+from gateway.health import HealthService, desired_statuses
+from gateway.metrics import Metrics
 from gateway.placement.placer import Placer
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import EngineFront
@@ -23,17 +27,24 @@ from gateway.proxy.inflight import InflightTable
 log = structlog.get_logger("gateway")
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
-SHUTDOWN_GRACE_S = 5.0
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.fleet = Fleet(config.max_message_bytes, config.discovery_timeout_s)
+        self.fleet = Fleet(config)
         self.inflight = InflightTable()
-        self.placer = Placer(self.fleet.registry, config.policy_for, config.retry_after_ms)
-        self.dispatcher = Dispatcher(self.inflight, config.max_attempts)
-        self.health = make_health_servicer()
+        self.placer = Placer(
+            self.fleet.registry,
+            config.model,
+            config.retry_after_ms,
+            config.loads.interval_s,
+            config.loads.stale_after_s,
+        )
+        self.dispatcher = Dispatcher(self.fleet, self.inflight, config.max_attempts)
+        self.metrics = Metrics(self.fleet.registry)
+        self.health = HealthService()
+        self.draining = False
         self.server = aio.server(
             options=[
                 ("grpc.max_send_message_length", config.max_message_bytes),
@@ -41,7 +52,8 @@ class Gateway:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        self.port = 0
+        self.admin_server: aio.Server | None = None
+        self.port = self.admin_port = self.metrics_port = 0
 
     async def start(self) -> int:
         fronts = [
@@ -52,6 +64,7 @@ class Gateway:
                 self.placer,
                 self.dispatcher,
                 self.inflight,
+                self.metrics.observe,
             )
             for adapter in ADAPTERS.values()
         ]
@@ -64,30 +77,69 @@ class Gateway:
         self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
+        self.fleet.registry.subscribe(self._on_fleet_event)
+        self._refresh_health()
         await self.fleet.start(self.config.workers)
+        self.admin_server, self.admin_port = await start_admin_server(self.fleet, self.config)
+        if self.config.metrics.listen:
+            self.metrics_port = self.metrics.serve(self.config.metrics.listen)
         await self.server.start()
-        await set_serving(self.health, "", True)
         log.info(
-            "serving", listen=self.config.listen, port=self.port, workers=len(self.fleet.registry)
+            "serving",
+            listen=self.config.listen,
+            port=self.port,
+            admin_port=self.admin_port,
+            metrics_port=self.metrics_port or None,
+            workers=len(self.fleet.registry),
         )
         return self.port
 
-    async def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
-        await set_serving(self.health, "", False)
-        await self.server.stop(grace)
+    def ready_line(self) -> str:
+        """`READY host:port admin=host:port [metrics=host:port]`: what scripts wait for."""
+        host = self.config.listen.rpartition(":")[0]
+        admin_host = self.config.admin.listen.rpartition(":")[0]
+        line = f"READY {host}:{self.port} admin={admin_host}:{self.admin_port}"
+        if self.metrics_port and self.config.metrics.listen:
+            line += f" metrics={self.config.metrics.listen.rpartition(':')[0]}:{self.metrics_port}"
+        return line
+
+    def _on_fleet_event(self, event: FleetEvent) -> None:
+        self._refresh_health()
+
+    def _refresh_health(self) -> None:
+        registry = self.fleet.registry
+        by_runtime = {rt: registry.models(rt) for rt in ADAPTERS if registry.models(rt)}
+        self.health.update(desired_statuses(self.draining, by_runtime, self.placer.servable))
+
+    async def drain_and_stop(self) -> None:
+        """SIGTERM: NOT_SERVING everywhere at once; keep serving for the drain delay so load
+        balancers notice; then refuse new calls and let in-flight ones finish in the grace."""
+        drain = self.config.drain
+        self.draining = True
+        self._refresh_health()
+        log.info("draining", delay_s=drain.delay_s, grace_s=drain.grace_s)
+        await asyncio.sleep(drain.delay_s)
+        started = time.monotonic()
+        log.info("stopping", in_flight=sum(w.inflight for w in self.fleet.registry))
+        await self.server.stop(drain.grace_s)
+        log.info("stopped", waited_s=round(time.monotonic() - started, 3))
+        await self.close()
+
+    async def close(self) -> None:
+        await self.server.stop(None)
+        if self.admin_server is not None:
+            await self.admin_server.stop(None)
+        self.metrics.close()
         await self.fleet.close()
 
 
 async def serve(config: GatewayConfig) -> None:
     gateway = Gateway(config)
-    port = await gateway.start()
-    host = config.listen.rpartition(":")[0]
-    print(f"READY {host}:{port}", flush=True)  # the line scripts and tests wait for
+    await gateway.start()
+    print(gateway.ready_line(), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("stopping")
-    await gateway.stop()
-    sys.stdout.flush()
+    await gateway.drain_and_stop()

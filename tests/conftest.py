@@ -47,7 +47,20 @@ def gateway(processes: list[Child], tmp_path_factory: pytest.TempPathFactory) ->
         log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - the child owns it for its lifetime
         child = start(
-            ["serve", "--listen", "127.0.0.1:0", "--log-format", "json", *args],
+            [
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--drain-delay",
+                "0",
+                "--log-format",
+                "json",
+                *args,
+            ],
             stderr=log_file.fileno(),
         )
         log_file.close()

@@ -93,6 +93,24 @@ class EngineAdapter(ABC):
         reply: Any = self.rpcs["HealthCheck"].response_type(healthy=healthy, message=message)
         return bytes(reply.SerializeToString())
 
+    def health_check_answer(self, raw: bytes) -> tuple[bool, str]:
+        reply: Any = self.rpcs["HealthCheck"].response_type.FromString(raw)
+        return bool(reply.healthy), str(reply.message)
+
+    def load_request(self) -> bytes:
+        request: Any = self.rpcs["GetLoads"].request_type(include=["core"])
+        return bytes(request.SerializeToString())
+
+    def load_figures(self, raw: bytes) -> tuple[int, int, float]:
+        """(running, waiting, KV token usage) over every DP rank: sums, and the worst usage."""
+        reply: Any = self.rpcs["GetLoads"].response_type.FromString(raw)
+        loads = list(reply.loads)
+        return (
+            sum(x.num_running_reqs for x in loads),
+            sum(x.num_waiting_reqs for x in loads),
+            max((x.token_usage for x in loads), default=0.0),
+        )
+
     def served_model_name(self, model_info: bytes) -> str:
         """The model a worker serves, from its GetModelInfo answer."""
         info: Any = self.rpcs["GetModelInfo"].response_type.FromString(model_info)

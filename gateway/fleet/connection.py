@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import grpc
 
 from gateway.fleet.registry import Registry
-from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.fleet.worker import Worker
 
 _CAUSES = {
     grpc.ChannelConnectivity.IDLE: "connection closed",
@@ -15,16 +16,6 @@ _CAUSES = {
     grpc.ChannelConnectivity.TRANSIENT_FAILURE: "connection failed",
     grpc.ChannelConnectivity.SHUTDOWN: "channel shut down",
 }
-
-
-def status_for(state: grpc.ChannelConnectivity, current: WorkerStatus) -> WorkerStatus:
-    """READY routes; any other state does not. `pending` lasts until the first READY."""
-    if current is WorkerStatus.DRAINING:
-        return current
-    if state is grpc.ChannelConnectivity.READY:
-        return WorkerStatus.READY
-    return WorkerStatus.PENDING if current is WorkerStatus.PENDING else WorkerStatus.NOT_READY
-
 
 SETTLED = frozenset(
     {
@@ -35,17 +26,29 @@ SETTLED = frozenset(
 )
 
 
-async def watch_connection(worker: Worker, registry: Registry, settled: asyncio.Event) -> None:
+async def watch_connection(
+    worker: Worker,
+    registry: Registry,
+    settled: asyncio.Event,
+    on_connected: Callable[[], None],
+) -> None:
     """Follow the channel's state for the worker's lifetime, reconnecting whenever it idles.
 
     `settled` is set once the first connection attempt has an outcome, so start-up can
-    wait for it instead of answering its first requests with a verdict.
+    wait for it. A lost connection makes the worker prove itself to the prober again;
+    `on_connected` asks for that proof at once instead of at the next interval.
     """
     channel = worker.channel
     state = channel.get_state(try_to_connect=True)
     while True:
-        status = status_for(state, worker.status)
-        registry.set_status(worker, status, _CAUSES.get(state, "connected"))
+        connected = state is grpc.ChannelConnectivity.READY
+        if connected != worker.connected:
+            worker.connected = connected
+            if connected:
+                on_connected()
+            else:
+                worker.probe.reset_for_reconnect()
+            registry.update(worker, _CAUSES.get(state, "connected"))
         if state in SETTLED:
             settled.set()
         if state is grpc.ChannelConnectivity.SHUTDOWN:

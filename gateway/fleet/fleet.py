@@ -1,20 +1,29 @@
-"""The fleet: turns configured worker specs into registered, watched workers."""
+"""The fleet: turns worker specs into registered workers and keeps their signals current.
+
+Per worker it runs three loops: connection watching (unroutable the moment the channel
+drops), active probes, and load polling. The circuit breaker is fed by dispatch through
+`record_outcome`. Every status change is logged once, with its cause.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
 import structlog
-from grpc import aio
 
-from gateway.config import WorkerSpec
+from gateway.config import GatewayConfig, WorkerSpec
+from gateway.fleet.breaker import CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
 from gateway.fleet.connection import watch_connection
 from gateway.fleet.discovery import DiscoveryError, detect_runtime, served_model
-from gateway.fleet.registry import Registry
+from gateway.fleet.loads import poll_load
+from gateway.fleet.probe import judge
+from gateway.fleet.prober import ProbeLoop
+from gateway.fleet.registry import FleetEvent, Registry
 from gateway.fleet.worker import Worker
 
 log = structlog.get_logger("gateway.fleet")
@@ -22,79 +31,184 @@ log = structlog.get_logger("gateway.fleet")
 DISCOVERY_RETRY_S = 1.0
 
 
+class WorkerExists(ValueError):
+    pass
+
+
 class Fleet:
     """Owns worker channels and the background tasks that keep their status current."""
 
-    def __init__(self, max_message_bytes: int, discovery_timeout_s: float) -> None:
+    def __init__(self, settings: GatewayConfig) -> None:
+        self.settings = settings
         self.registry = Registry()
-        self._max_message_bytes = max_message_bytes
-        self._discovery_timeout_s = discovery_timeout_s
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._channels: list[aio.Channel] = []
-        self.registry.subscribe(self._log_status)
-        self._last_status: dict[str, str] = {}
+        self.registry.subscribe(self._log_event)
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._joining: set[str] = set()
 
     async def start(self, specs: Iterable[WorkerSpec]) -> None:
         """Register every worker; waits (bounded) for discovery and a first connection
         outcome, so requests that arrive right after start-up are routed, not refused."""
-        pending = [self._spawn(self._join(spec)) for spec in specs]
-        if pending:
-            await asyncio.wait(pending, timeout=self._discovery_timeout_s)
+        joins = [self._spawn(spec.address, self._join(spec)) for spec in specs]
+        if joins:
+            await asyncio.wait(joins, timeout=self.settings.discovery_timeout_s)
+
+    async def add(self, spec: WorkerSpec) -> Worker:
+        """Register a worker at run time; returns once it is registered (not yet ready)."""
+        if spec.address in self._joining or self.registry.get(spec.address):
+            raise WorkerExists(f"worker {spec.address} is already registered")
+        await self._spawn(spec.address, self._join(spec, wait_settled=False))
+        worker = self.registry.get(spec.address)
+        assert worker is not None
+        return worker
+
+    async def drain(self, worker: Worker, timeout_s: float) -> bool:
+        """No new requests; wait (bounded) until in-flight ones finish. True if it emptied."""
+        worker.draining = True
+        self.registry.update(worker, "draining")
+        if worker.inflight:
+            if worker.idle is None:
+                worker.idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await worker.idle.wait()
+        return worker.inflight == 0
+
+    async def remove(self, worker: Worker, drain_timeout_s: float) -> bool:
+        """Drain, then forget the worker and close its channel."""
+        emptied = await self.drain(worker, drain_timeout_s)
+        self.registry.remove(worker)
+        for task in self._tasks.pop(worker.id, []):
+            task.cancel()
+        await worker.channel.close()
+        return emptied
 
     async def close(self) -> None:
-        for task in list(self._tasks):
+        tasks = [t for ts in self._tasks.values() for t in ts]
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for channel in self._channels:
-            await channel.close()
+        for worker in self.registry:
+            await worker.channel.close()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
+        """Dispatch reports how a request ended; feeds the worker's circuit breaker."""
+        now = time.monotonic()
+        breaker = worker.breaker
+        old = breaker.state
+        if breaker.record(outcome, now, trial=trial):
+            self._breaker_changed(worker, old.value, outcome.value)
+
+    def on_dispatch(self, worker: Worker) -> bool:
+        """A request was placed on the worker; returns whether it is the breaker's trial."""
+        breaker = worker.breaker
+        old = breaker.state
+        if breaker.on_dispatch(time.monotonic()):
+            self._breaker_changed(worker, old.value, "cool-down over: trial request")
+        return breaker.trial_in_flight
+
+    def _breaker_changed(self, worker: Worker, old: str, cause: str) -> None:
+        new = worker.breaker.state.value
+        self.registry.publish(FleetEvent("breaker", worker, old, new, cause))
+        if new == "open":
+            # Health answers change when the cool-down ends, with no request to say so.
+            loop = asyncio.get_running_loop()
+            loop.call_later(
+                worker.breaker.settings.cooldown_s,
+                self.registry.publish,
+                FleetEvent("breaker", worker, new, new, "cool-down over"),
+            )
+
+    def _spawn(self, key: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        tasks = self._tasks.setdefault(key, [])
+        tasks.append(task)
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if done in tasks:
+                tasks.remove(done)
+
+        task.add_done_callback(forget)
         return task
 
-    async def _join(self, spec: WorkerSpec) -> None:
-        """Discover what the spec leaves open (retrying until the worker answers), then watch."""
-        channel = open_channel(spec.address, self._max_message_bytes)
-        self._channels.append(channel)
-        timeout = min(2.0, self._discovery_timeout_s)
+    async def _join(self, spec: WorkerSpec, wait_settled: bool = True) -> None:
+        """Discover what the spec leaves open (retrying until the worker answers), then
+        register the worker and start its loops."""
+        self._joining.add(spec.address)
+        channel = open_channel(spec.address, self.settings.max_message_bytes)
+        call_timeout = min(2.0, self.settings.discovery_timeout_s)
         warned = False
-        while True:
-            try:
-                runtime = spec.runtime or await detect_runtime(channel, timeout)
-                model = spec.model or await served_model(channel, runtime, timeout)
-                break
-            except DiscoveryError as exc:
-                if not warned:
-                    log.warning("discovery_failed", worker=spec.address, error=str(exc))
-                    warned = True
-                await asyncio.sleep(DISCOVERY_RETRY_S)
-        worker = Worker(spec=spec, model=model, runtime=runtime, channel=channel)
-        self.registry.add(worker)
-        log.info(
-            "worker_registered",
-            worker=worker.id,
+        try:
+            while True:
+                try:
+                    runtime = spec.runtime or await detect_runtime(channel, call_timeout)
+                    model = spec.model or await served_model(channel, runtime, call_timeout)
+                    break
+                except DiscoveryError as exc:
+                    if not warned:
+                        log.warning("discovery_failed", worker=spec.address, error=str(exc))
+                        warned = True
+                    await asyncio.sleep(DISCOVERY_RETRY_S)
+        except asyncio.CancelledError:
+            await channel.close()
+            raise
+        finally:
+            self._joining.discard(spec.address)
+        worker = Worker(
+            spec=spec,
             model=model,
-            runtime=runtime.value,
-            role=spec.role.value,
+            runtime=runtime,
+            channel=channel,
+            breaker=CircuitBreaker(self.settings.breaker),
         )
+        self.registry.add(worker)
+        prober = ProbeLoop(worker, self.settings.probe)
         settled = asyncio.Event()
-        self._spawn(watch_connection(worker, self.registry, settled))
-        await settled.wait()  # bounded by start()'s timeout
+        self._spawn(worker.id, watch_connection(worker, self.registry, settled, prober.wake))
+        self._spawn(worker.id, self._probe_loop(worker, prober))
+        self._spawn(worker.id, self._load_loop(worker))
+        if wait_settled:
+            await settled.wait()  # bounded by start()'s timeout
 
-    def _log_status(self, worker: Worker) -> None:
-        old = self._last_status.get(worker.id)
-        if old == worker.status.value:
-            return
-        self._last_status[worker.id] = worker.status.value
-        if old is not None:
+    async def _probe_loop(self, worker: Worker, prober: ProbeLoop) -> None:
+        result = await prober.probe()
+        while True:
+            judge(worker.probe, result, self.settings.probe)
+            self.registry.update(worker, f"probe: {result.detail}")
+            result = await prober.next_result()
+
+    async def _load_loop(self, worker: Worker) -> None:
+        settings = self.settings.loads
+        failing = False
+        while True:
+            await poll_load(worker, settings)
+            if (worker.load_error is not None) != failing:
+                failing = not failing
+                log.warning(
+                    "load_poll_failing" if failing else "load_poll_recovered",
+                    worker=worker.id,
+                    error=worker.load_error,
+                )
+            await asyncio.sleep(settings.interval_s)
+
+    def _log_event(self, event: FleetEvent) -> None:
+        worker = event.worker
+        if event.kind == "added":
             log.info(
-                "worker_status",
+                "worker_registered",
                 worker=worker.id,
-                old=old,
-                new=worker.status.value,
-                cause=worker.status_cause,
+                model=worker.model,
+                runtime=worker.runtime.value,
+                role=worker.role.value,
+            )
+        elif event.kind == "removed":
+            log.info("worker_removed", worker=worker.id, model=worker.model)
+        elif event.old != event.new:
+            log.info(
+                f"worker_{event.kind}",
+                worker=worker.id,
+                old=event.old,
+                new=event.new,
+                cause=event.cause,
             )

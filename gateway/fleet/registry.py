@@ -1,13 +1,28 @@
-"""The registry: which workers serve which model, on which runtime, for which leg."""
+"""The registry: which workers serve which model, on which runtime, for which leg.
+
+Every change is published as a `FleetEvent` to the listeners (the health service, the
+admin watch stream, metrics, logs), so nothing polls the registry for changes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
-from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.fleet.worker import Worker, WorkerStatus, derive_status
 from gateway.roles import Role, Runtime
 
-Listener = Callable[[Worker], None]
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    kind: str  # added | removed | status | breaker
+    worker: Worker
+    old: str = ""
+    new: str = ""
+    cause: str = ""
+
+
+Listener = Callable[[FleetEvent], None]
 
 
 class Registry:
@@ -19,8 +34,11 @@ class Registry:
         self._listeners: list[Listener] = []
 
     def subscribe(self, listener: Listener) -> None:
-        """Called with the worker after every registration, removal or status change."""
         self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def add(self, worker: Worker) -> None:
         self._by_id[worker.id] = worker
@@ -28,29 +46,37 @@ class Registry:
         workers = pool.setdefault(worker.role, [])
         workers.append(worker)
         workers.sort(key=lambda w: w.id)
-        self._notify(worker)
+        self.publish(FleetEvent("added", worker, new=worker.status.value))
 
     def remove(self, worker: Worker) -> None:
-        self._by_id.pop(worker.id, None)
-        runtimes = self._index.get(worker.model, {})
-        roles = runtimes.get(worker.runtime, {})
-        if worker in roles.get(worker.role, []):
-            roles[worker.role].remove(worker)
-            if not roles[worker.role]:
-                del roles[worker.role]
-            if not roles:
-                del runtimes[worker.runtime]
-            if not runtimes:
-                del self._index[worker.model]
-        self._notify(worker)
+        if self._by_id.get(worker.id) is not worker:
+            return
+        del self._by_id[worker.id]
+        runtimes = self._index[worker.model]
+        roles = runtimes[worker.runtime]
+        roles[worker.role].remove(worker)
+        if not roles[worker.role]:
+            del roles[worker.role]
+        if not roles:
+            del runtimes[worker.runtime]
+        if not runtimes:
+            del self._index[worker.model]
+        self.publish(FleetEvent("removed", worker, old=worker.status.value))
 
-    def set_status(self, worker: Worker, status: WorkerStatus, cause: str) -> bool:
-        """Record a status change; returns whether anything changed."""
-        if worker.status is status:
+    def update(self, worker: Worker, cause: str) -> bool:
+        """Re-derive the worker's status from its signals; publish if it changed."""
+        status = derive_status(worker.draining, worker.connected, worker.probe.healthy)
+        if status is worker.status:
             return False
+        old = worker.status
         worker.status, worker.status_cause = status, cause
-        self._notify(worker)
+        if worker.id in self._by_id:
+            self.publish(FleetEvent("status", worker, old.value, status.value, cause))
         return True
+
+    def publish(self, event: FleetEvent) -> None:
+        for listener in list(self._listeners):
+            listener(event)
 
     def get(self, worker_id: str) -> Worker | None:
         return self._by_id.get(worker_id)
@@ -75,10 +101,15 @@ class Registry:
     def pool(self, model: str, runtime: Runtime, role: Role) -> Sequence[Worker]:
         return self._index.get(model, {}).get(runtime, {}).get(role, ())
 
-    def workers_of(self, model: str, runtime: Runtime) -> list[Worker]:
-        roles = self._index.get(model, {}).get(runtime, {})
-        return [w for role in sorted(roles) for w in roles[role]]
+    def workers_of(self, model: str, runtime: Runtime | None = None) -> list[Worker]:
+        runtimes = self._index.get(model, {})
+        return [
+            w
+            for rt in sorted(runtimes)
+            if runtime is None or rt is runtime
+            for role in sorted(runtimes[rt])
+            for w in runtimes[rt][role]
+        ]
 
-    def _notify(self, worker: Worker) -> None:
-        for listener in self._listeners:
-            listener(worker)
+
+__all__ = ["FleetEvent", "Listener", "Registry", "WorkerStatus"]

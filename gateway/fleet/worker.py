@@ -1,23 +1,45 @@
-"""A worker as the gateway sees it: identity, status, channel and in-flight count."""
+"""A worker as the gateway sees it: identity, and the live signals that decide its status."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from grpc import aio
 
-from gateway.config import WorkerSpec
+from gateway.config import BreakerConfig, WorkerSpec
+from gateway.fleet.breaker import CircuitBreaker
+from gateway.fleet.probe import ProbeState
 from gateway.roles import Role, Runtime
 
 
 class WorkerStatus(StrEnum):
-    """`pending` until first seen healthy; only `ready` workers are routable."""
+    """`pending` until its first probe; only `ready` workers are routable."""
 
     PENDING = "pending"
     READY = "ready"
     NOT_READY = "not_ready"
     DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """A worker's own view of its load, from GetLoads (summed or maxed over DP ranks)."""
+
+    running: int
+    waiting: int
+    token_usage: float
+    at: float  # monotonic time of the poll that produced it
+
+
+def derive_status(draining: bool, connected: bool, healthy: bool | None) -> WorkerStatus:
+    """The status follows from the signals; nothing else sets it."""
+    if draining:
+        return WorkerStatus.DRAINING
+    if healthy is None:
+        return WorkerStatus.PENDING
+    return WorkerStatus.READY if healthy and connected else WorkerStatus.NOT_READY
 
 
 @dataclass(eq=False, slots=True)
@@ -28,10 +50,16 @@ class Worker:
     model: str
     runtime: Runtime
     channel: aio.Channel
+    breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig()))
     status: WorkerStatus = WorkerStatus.PENDING
+    status_cause: str = "not yet probed"
+    connected: bool = False
+    draining: bool = False
+    probe: ProbeState = field(default_factory=ProbeState)
+    load: LoadReport | None = None
+    load_error: str | None = None
     inflight: int = 0
-    status_cause: str = "not yet connected"
-    requests: int = field(default=0)
+    idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
 
     @property
     def id(self) -> str:
@@ -41,9 +69,15 @@ class Worker:
     def role(self) -> Role:
         return self.spec.role
 
-    @property
-    def available(self) -> bool:
-        return self.status is WorkerStatus.READY
+    def release(self) -> None:
+        """One request finished on this worker."""
+        self.inflight -= 1
+        if self.inflight == 0 and self.idle is not None:
+            self.idle.set()
+
+    def available(self, now: float) -> bool:
+        """Routable: ready, and the circuit breaker admits a request."""
+        return self.status is WorkerStatus.READY and self.breaker.admits(now)
 
     def __repr__(self) -> str:
         return f"Worker({self.id} {self.runtime}/{self.model}/{self.role} {self.status})"

@@ -1,17 +1,21 @@
 """Placement: from (model, protocol, hints) to a worker, or to a verdict saying why not.
 
-The decision is a function of the registry snapshot and the policy state; nothing
-here awaits, so a whole placement runs without yielding to the event loop.
+The decision is a function of the registry snapshot, the clock and the policy state;
+nothing here awaits, so a placement and the dispatch's in-flight increment that follows
+it happen without another request in between.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Sequence
 
+from gateway.config import ModelSettings
 from gateway.engines import ADAPTERS
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
 from gateway.placement import verdicts
+from gateway.placement.overload import Limits, overload_reason
 from gateway.placement.policies import Hints, Policy, RoundRobin, make_policy
 from gateway.placement.verdicts import Verdict
 from gateway.roles import Role, Runtime
@@ -24,13 +28,17 @@ def classify_leg(
     leg: Role,
     pool: Sequence[Worker],
     available: Sequence[Worker],
+    fitting: Sequence[Worker],
     retry_after_ms: int,
+    overload_retry_ms: int,
 ) -> Verdict | None:
     """A leg's own verdict, judged only by its own pool."""
     if not pool:
         return verdicts.leg_not_deployed(model, leg.value)
     if not available:
         return verdicts.workers_unavailable(model, leg.value, len(pool), retry_after_ms)
+    if not fitting:
+        return verdicts.workers_overloaded(model, leg.value, len(available), overload_retry_ms)
     return None
 
 
@@ -40,13 +48,18 @@ class Placer:
     def __init__(
         self,
         registry: Registry,
-        policy_for: Callable[[str], str],
+        model_settings: Callable[[str], ModelSettings],
         retry_after_ms: int,
+        load_interval_s: float,
+        stale_after_s: float,
     ) -> None:
         self._registry = registry
-        self._policy_for = policy_for
+        self._model_settings = model_settings
         self._retry_after_ms = retry_after_ms
+        self._overload_retry_ms = round(load_interval_s * 1000)
+        self._stale_after_s = stale_after_s
         self._policies: dict[tuple[str, Runtime, Role], Policy] = {}
+        self._limits: dict[str, Limits] = {}
         self._any: dict[tuple[str, Runtime], RoundRobin] = {}
 
     def resolve(self, model: str | None, runtime: Runtime) -> str | Verdict:
@@ -73,8 +86,15 @@ class Placer:
         key = (model, runtime, leg)
         policy = self._policies.get(key)
         if policy is None:
-            policy = self._policies[key] = make_policy(self._policy_for(model))
+            policy = self._policies[key] = make_policy(self._model_settings(model).policy)
         return policy
+
+    def limits(self, model: str) -> Limits:
+        limits = self._limits.get(model)
+        if limits is None:
+            s = self._model_settings(model)
+            limits = self._limits[model] = Limits(s.max_inflight, s.max_waiting, s.max_token_usage)
+        return limits
 
     def place(
         self,
@@ -85,21 +105,31 @@ class Placer:
     ) -> Placement:
         """Pick a regular worker for one request, never one in `exclude` (already failed)."""
         leg = Role.REGULAR
+        now = time.monotonic()
         pool = self._registry.pool(model, runtime, leg)
-        available = [w for w in pool if w.available and w.id not in exclude]
-        verdict = classify_leg(model, leg, pool, available, self._retry_after_ms)
+        available = [w for w in pool if w.available(now) and w.id not in exclude]
+        limits = self.limits(model)
+        fitting = (
+            [w for w in available if overload_reason(w, limits, now, self._stale_after_s) is None]
+            if limits.any
+            else available
+        )
+        verdict = classify_leg(
+            model, leg, pool, available, fitting, self._retry_after_ms, self._overload_retry_ms
+        )
         if verdict is not None:
             return verdict
         policy = self.policy(model, runtime, leg)
-        chosen = policy.pick(available, hints)
+        chosen = policy.pick(fitting, hints)
         if chosen is None:
             return verdicts.policy_declined(model, leg.value, policy.name, self._retry_after_ms)
         return chosen
 
     def any_worker(self, model: str, runtime: Runtime, exclude: Collection[str] = ()) -> Placement:
         """One available worker of any leg, for fleet-wide facts (model info, tokenizer)."""
+        now = time.monotonic()
         workers = self._registry.workers_of(model, runtime)
-        available = [w for w in workers if w.available and w.id not in exclude]
+        available = [w for w in workers if w.available(now) and w.id not in exclude]
         if not available:
             return verdicts.workers_unavailable(model, "", len(workers), self._retry_after_ms)
         rotation = self._any.setdefault((model, runtime), RoundRobin())
@@ -109,12 +139,19 @@ class Placer:
 
     def every_worker(self, model: str, runtime: Runtime) -> list[Worker] | Verdict:
         """Every available worker of the model, for per-worker admin RPCs."""
+        now = time.monotonic()
         workers = self._registry.workers_of(model, runtime)
-        available = [w for w in workers if w.available]
+        available = [w for w in workers if w.available(now)]
         if not available:
             return verdicts.workers_unavailable(model, "", len(workers), self._retry_after_ms)
         return available
 
-    def servable(self, model: str, runtime: Runtime) -> bool:
-        pool = self._registry.pool(model, runtime, Role.REGULAR)
-        return any(w.available for w in pool)
+    def servable(self, model: str, runtime: Runtime | None = None) -> bool:
+        """Every leg the model needs has an available worker (on some runtime)."""
+        now = time.monotonic()
+        runtimes = [runtime] if runtime is not None else self._registry.runtimes(model)
+        return any(
+            w.available(now)
+            for rt in runtimes
+            for w in self._registry.pool(model, rt, Role.REGULAR)
+        )

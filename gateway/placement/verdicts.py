@@ -93,3 +93,13 @@ def policy_declined(model: str, leg: str, policy: str, retry_after_ms: int) -> V
         extra={"policy": policy},
         retry_after_ms=retry_after_ms,
     )
+
+
+def workers_overloaded(model: str, leg: str, available: int, retry_after_ms: int) -> Verdict:
+    return Verdict(
+        Reason.WORKERS_OVERLOADED,
+        f"All {available} available {leg} workers for model '{model}' are overloaded",
+        model=model,
+        leg=leg,
+        retry_after_ms=retry_after_ms,
+    )

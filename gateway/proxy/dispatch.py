@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import NoReturn, Protocol, TypeAlias
 
 import grpc
 from grpc import aio
 
+from gateway.fleet.breaker import Outcome, outcome_of
 from gateway.fleet.worker import Worker
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.inflight import InflightTable
@@ -43,6 +44,13 @@ class CallRecord:
     first_message_s: float | None = None
     messages: int = 0
     headers_sent: bool = False  # once sent, a retry on another worker must not resend them
+    verdict: Verdict | None = None  # the placement verdict the call was refused with
+
+
+async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:
+    """Answer with a placement verdict (Trailers-Only), noting it for logs and metrics."""
+    record.verdict = verdict
+    await abort_with_verdict(context, verdict)
 
 
 class _RetryElsewhere(Exception):
@@ -56,10 +64,29 @@ async def _pass_through(context: Context, error: aio.AioRpcError) -> None:
     await context.abort(error.code(), error.details() or "", clean(error.trailing_metadata()))
 
 
+class Outcomes(Protocol):
+    """Where dispatch reports what happened on a worker (the fleet's passive health)."""
+
+    def on_dispatch(self, worker: Worker) -> bool: ...
+
+    def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None: ...
+
+
 class Dispatcher:
-    def __init__(self, inflight: InflightTable, max_attempts: int) -> None:
+    def __init__(self, outcomes: Outcomes, inflight: InflightTable, max_attempts: int) -> None:
+        self._outcomes = outcomes
         self._inflight = inflight
         self._max_attempts = max_attempts
+
+    def _acquire(self, worker: Worker) -> bool:
+        """Count the request on the worker; True if it is the breaker's half-open trial."""
+        worker.inflight += 1
+        return self._outcomes.on_dispatch(worker)
+
+    def _release(self, worker: Worker, code: grpc.StatusCode | None, trial: bool) -> None:
+        worker.release()
+        outcome = Outcome.IGNORED if code is None else outcome_of(code)
+        self._outcomes.record_outcome(worker, outcome, trial=trial)
 
     async def forward(
         self,
@@ -79,7 +106,7 @@ class Dispatcher:
             placement = pick(tried)
             if isinstance(placement, Verdict):
                 if failure is None:
-                    await abort_with_verdict(context, placement)
+                    await refuse(context, record, placement)
                 break  # nobody else to try: the last worker's own failure is the answer
             tried.append(placement.id)
             record.workers.append(placement.id)
@@ -106,8 +133,9 @@ class Dispatcher:
         call = worker.channel.unary_stream(path)(
             request, metadata=metadata, timeout=context.time_remaining()
         )
-        worker.inflight += 1
+        trial = self._acquire(worker)
         self._inflight.add(record.request_id, worker)
+        code: grpc.StatusCode | None = None  # None: ended by the client (cancel)
         try:
             # A Trailers-Only failure also resolves initial_metadata, empty, sometimes before
             # the call reports done; empty headers are left to go with the first message, so
@@ -126,12 +154,14 @@ class Dispatcher:
                         record.messages += 1
                         message = await read()
             except aio.AioRpcError as error:
-                if record.first_message_s is None and error.code() in RETRYABLE:
+                code = error.code()
+                if record.first_message_s is None and code in RETRYABLE:
                     raise _RetryElsewhere(error) from None
                 await _pass_through(context, error)
+            code = grpc.StatusCode.OK
             context.set_trailing_metadata(clean(await call.trailing_metadata()))
         finally:
-            worker.inflight -= 1
+            self._release(worker, code, trial)
             self._inflight.discard(record.request_id, worker)
             if not call.done():
                 call.cancel()
@@ -147,19 +177,22 @@ class Dispatcher:
         call = worker.channel.unary_unary(path)(
             request, metadata=metadata, timeout=context.time_remaining()
         )
-        worker.inflight += 1
+        trial = self._acquire(worker)
+        code: grpc.StatusCode | None = None
         try:
             try:
                 reply: bytes = await call
             except aio.AioRpcError as error:
-                if error.code() in RETRYABLE:
+                code = error.code()
+                if code in RETRYABLE:
                     raise _RetryElsewhere(error) from None
                 await _pass_through(context, error)
                 raise
+            code = grpc.StatusCode.OK
             await context.send_initial_metadata(clean(await call.initial_metadata()))
             context.set_trailing_metadata(clean(await call.trailing_metadata()))
             return reply
         finally:
-            worker.inflight -= 1
+            self._release(worker, code, trial)
             if not call.done():
                 call.cancel()

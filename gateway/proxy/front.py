@@ -24,10 +24,10 @@ from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
 from gateway.placement.placer import Placer
 from gateway.placement.verdicts import Verdict
-from gateway.proxy.dispatch import CallRecord, Context, Dispatcher
+from gateway.proxy.dispatch import CallRecord, Context, Dispatcher, refuse
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.metadata import RequestMeta, clean, read_request_meta
-from gateway.proxy.status import abort_invalid, abort_with_verdict
+from gateway.proxy.status import abort_invalid
 
 log = structlog.get_logger("gateway.request")
 
@@ -45,8 +45,10 @@ class EngineFront:
         placer: Placer,
         dispatcher: Dispatcher,
         inflight: InflightTable,
+        observe: Callable[[CallRecord], None],
     ) -> None:
         self.adapter = adapter
+        self._observe = observe
         self._config = config
         self._registry = registry
         self._placer = placer
@@ -90,6 +92,7 @@ class EngineFront:
         return run
 
     def _log(self, record: CallRecord) -> None:
+        self._observe(record)
         first = record.first_message_s
         log.info(
             "request",
@@ -100,6 +103,7 @@ class EngineFront:
             attempts=len(record.workers),
             legs="regular",
             code=record.code,
+            reason=record.verdict.reason.name if record.verdict else None,
             first_message_ms=round(first * 1000, 3) if first is not None else None,
             duration_ms=round((time.perf_counter() - record.started) * 1000, 3),
             messages=record.messages,
@@ -119,7 +123,7 @@ class EngineFront:
         resolved = self._placer.resolve(meta.model, self.adapter.runtime)
         if isinstance(resolved, Verdict):
             record.model = meta.model or ""
-            await abort_with_verdict(context, resolved)
+            await refuse(context, record, resolved)
         record.model = resolved
         return resolved
 
@@ -165,7 +169,11 @@ class EngineFront:
         def pick(tried: Collection[str]) -> Worker | Verdict:
             if target is not None and target not in tried:
                 worker = self._registry.get(target)
-                if worker is not None and worker.model == model and worker.available:
+                if (
+                    worker is not None
+                    and worker.model == model
+                    and worker.available(time.monotonic())
+                ):
                     return worker
             return self._placer.any_worker(model, runtime, tried)
 
@@ -186,7 +194,7 @@ class EngineFront:
         model = await self._model(context, meta, record)
         workers = self._placer.every_worker(model, self.adapter.runtime)
         if isinstance(workers, Verdict):
-            await abort_with_verdict(context, workers)
+            await refuse(context, record, workers)
         record.workers = [w.id for w in workers]
         timeout = context.time_remaining()
         calls = [

@@ -120,6 +120,22 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dp-ranks", type=_positive, default=1, help="DP ranks reported by GetLoads"
     )
+    parser.add_argument(
+        "--health-delay-ms",
+        type=_millis,
+        default=0.0,
+        help="answer each grpc.health Check only after this delay (a slow worker)",
+    )
+    parser.add_argument("--health-hang", action="store_true", help="never answer grpc.health Check")
+    parser.add_argument(
+        "--load-waiting", type=_non_negative, default=0, help="waiting requests GetLoads reports"
+    )
+    parser.add_argument(
+        "--load-token-usage",
+        type=float,
+        default=0.0,
+        help="KV token usage (0..1) GetLoads reports at least",
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
 
 
@@ -137,6 +153,9 @@ class SimConfig:
     grpc_health: bool = True
     dp_ranks: int = 1
     log_level: str = "warning"
+    health_delay_s: float | None = 0.0  # None: never answer
+    load_waiting: int = 0
+    load_token_usage: float = 0.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimConfig:
@@ -159,6 +178,9 @@ class SimConfig:
             not_serving=args.not_serving,
             grpc_health=args.grpc_health,
             dp_ranks=args.dp_ranks,
+            health_delay_s=None if args.health_hang else args.health_delay_ms / 1000.0,
+            load_waiting=args.load_waiting,
+            load_token_usage=args.load_token_usage,
             log_level=args.log_level,
         )
 

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,6 +29,20 @@ SERVER_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+
+
+class SlowHealth(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc.health whose Check answers late (`delay_s`) or never (None): a wedged worker."""
+
+    def __init__(self, delay_s: float | None) -> None:
+        super().__init__()
+        self._delay_s = delay_s
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        if self._delay_s is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self._delay_s or 0.0)
+        return await super().Check(request, context)
 
 
 class HealthSwitch:
@@ -93,7 +108,8 @@ async def serve(config: SimConfig, ready: Callable[[int], None] = _print_ready) 
     health: health_aio.HealthServicer | None = None
     services = [service_name, reflection.SERVICE_NAME]
     if config.grpc_health:
-        health = health_aio.HealthServicer()
+        health = SlowHealth(config.health_delay_s) if config.health_delay_s != 0 else None
+        health = health or health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         services.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     # Reflection lets grpcurl talk to a sim worker in demos without .proto files.

@@ -77,12 +77,12 @@ class SharedRpcs:
         loads = []
         for rank in ranks:
             running = self._engine.running_on(rank)
-            usage = self._engine.token_usage(running)
+            usage = max(self._engine.token_usage(running), self._engine.config.load_token_usage)
             loads.append(
                 self._pb.SchedulerLoad(
                     dp_rank=rank,
                     num_running_reqs=running,
-                    num_waiting_reqs=0,
+                    num_waiting_reqs=self._engine.config.load_waiting if rank == 0 else 0,
                     num_total_reqs=running,
                     max_running_requests=MAX_RUNNING_REQUESTS,
                     max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,

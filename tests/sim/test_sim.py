@@ -496,3 +496,21 @@ async def test_admin_lora_and_unimplemented(sglang_sim: SimProcess) -> None:
     assert not again.success
     assert stop.success
     assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_slow_and_hanging_health_and_reported_load(start_sim: StartSim) -> None:
+    slow = start_sim("--health-delay-ms", "300", "--load-waiting", "7", "--load-token-usage", "0.8")
+    hung = start_sim("--health-hang")
+    request = health_pb2.HealthCheckRequest(service=SGL_SERVICE)
+    async with channel(slow) as ch:
+        started = time.monotonic()
+        reply = await health_pb2_grpc.HealthStub(ch).Check(request, timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert time.monotonic() - started >= 0.3
+        loads = await sgl_grpc.SglangSchedulerStub(ch).GetLoads(sgl_pb2.GetLoadsRequest())
+        assert loads.loads[0].num_waiting_reqs == 7
+        assert loads.loads[0].token_usage == pytest.approx(0.8)
+    async with channel(hung) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await health_pb2_grpc.HealthStub(ch).Check(request, timeout=0.5)
+        assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
 import pytest
 
-from gateway.config import WorkerSpec
+from gateway.config import ModelSettings, WorkerSpec
+from gateway.fleet.breaker import Outcome
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.placement.placer import Placer
@@ -22,7 +24,10 @@ def add(registry: Registry, port: int, model: str, runtime: Runtime, ready: bool
         spec=WorkerSpec("h", port, model, runtime), model=model, runtime=runtime, channel=channel
     )
     registry.add(worker)
-    registry.set_status(worker, WorkerStatus.READY if ready else WorkerStatus.NOT_READY, "test")
+    worker.connected = True
+    worker.probe.healthy = ready
+    registry.update(worker, "test")
+    assert worker.status is (WorkerStatus.READY if ready else WorkerStatus.NOT_READY)
     return worker
 
 
@@ -31,8 +36,14 @@ def registry() -> Registry:
     return Registry()
 
 
-def placer(registry: Registry, policy: str = "round_robin") -> Placer:
-    return Placer(registry, lambda model: policy, retry_after_ms=1500)
+def placer(registry: Registry, policy: str = "round_robin", **limits: Any) -> Placer:
+    return Placer(
+        registry,
+        lambda model: ModelSettings(policy=policy, **limits),
+        retry_after_ms=1500,
+        load_interval_s=2.0,
+        stale_after_s=6.0,
+    )
 
 
 def test_named_model_resolves(registry: Registry) -> None:
@@ -112,3 +123,34 @@ def test_registry_drops_empty_branches_on_removal(registry: Registry) -> None:
     registry.remove(w)
     assert registry.models() == []
     assert registry.pool("m", Runtime.SGLANG, Role.REGULAR) == ()
+
+
+def test_every_available_worker_over_its_limit_is_workers_overloaded(registry: Registry) -> None:
+    a, b = add(registry, 1, "m", Runtime.SGLANG), add(registry, 2, "m", Runtime.SGLANG)
+    p = placer(registry, max_inflight=2)
+    a.inflight = b.inflight = 2
+    verdict = p.place("m", Runtime.SGLANG, Hints())
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.WORKERS_OVERLOADED
+    assert verdict.retry_after_ms == 2000  # the load poll interval
+    assert verdict.message == "All 2 available regular workers for model 'm' are overloaded"
+    b.inflight = 1
+    assert p.place("m", Runtime.SGLANG, Hints()) is b
+
+
+def test_unavailable_wins_over_overloaded_when_nobody_is_available(registry: Registry) -> None:
+    a = add(registry, 1, "m", Runtime.SGLANG, ready=False)
+    a.inflight = 9
+    verdict = placer(registry, max_inflight=1).place("m", Runtime.SGLANG, Hints())
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.WORKERS_UNAVAILABLE
+
+
+def test_open_breaker_makes_a_ready_worker_unavailable(registry: Registry) -> None:
+    a = add(registry, 1, "m", Runtime.SGLANG)
+    for _ in range(a.breaker.settings.failure_threshold):
+        a.breaker.record(Outcome.FAILURE, now=time.monotonic(), trial=False)
+    verdict = placer(registry).place("m", Runtime.SGLANG, Hints())
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.WORKERS_UNAVAILABLE
+    assert not placer(registry).servable("m")

@@ -1,0 +1,280 @@
+"""`gateway workers list|add|remove|drain|watch`: the admin API from the command line.
+
+Talks to a running gateway's admin port with the generated stub; prints a table (or JSON
+lines with --json), and on an RPC error prints `gateway: <CODE>: <details>` and returns 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from grpc import aio
+
+from gateway.admin.v1 import admin_pb2 as pb
+from gateway.admin.v1 import admin_pb2_grpc
+
+DEFAULT_ADMIN = "127.0.0.1:50052"
+TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
+CALL_TIMEOUT_S = 30.0  # for calls that do not wait on purpose (list, add, drain)
+
+
+def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
+    """Mount the verbs on `parser` (the CLI's `workers` sub-command)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        default=DEFAULT_ADMIN,
+        help=f"the gateway's admin address (default {DEFAULT_ADMIN})",
+    )
+    common.add_argument("--token", metavar="T", help=f"admin bearer token (default: ${TOKEN_ENV})")
+    common.add_argument("--json", action="store_true", help="print JSON lines")
+    verbs = parser.add_subparsers(dest="workers_command", metavar="VERB", required=True)
+    verbs.add_parser("list", parents=[common], help="list every worker and its state")
+    add = verbs.add_parser("add", parents=[common], help="register a worker")
+    add.add_argument(
+        "url", metavar="URL", help="grpc://HOST:PORT?model=M&runtime=sglang|vllm&role=R"
+    )
+    remove = verbs.add_parser("remove", parents=[common], help="drain a worker, then forget it")
+    remove.add_argument("worker_id", metavar="ID", help="worker id (HOST:PORT)")
+    remove.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="S",
+        help="seconds in-flight requests get to finish (default: the gateway's)",
+    )
+    drain = verbs.add_parser(
+        "drain", parents=[common], help="stop new requests to a worker, keep it registered"
+    )
+    drain.add_argument("worker_id", metavar="ID", help="worker id (HOST:PORT)")
+    drain.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for in-flight requests to finish (default 0)",
+    )
+    watch = verbs.add_parser("watch", parents=[common], help="stream worker events")
+    watch.add_argument(
+        "--count", type=int, metavar="N", help="stop after N events (snapshot included)"
+    )
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    """Run one verb; 0 on success, 1 on an RPC error (told on stderr), 130 on Ctrl-C."""
+    try:
+        return asyncio.run(_run(args))
+    except aio.AioRpcError as error:
+        print(f"gateway: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _duration(seconds: float) -> Duration:
+    duration = Duration()
+    duration.FromTimedelta(timedelta(seconds=seconds))
+    return duration
+
+
+async def _run(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get(TOKEN_ENV)
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    async with aio.insecure_channel(args.admin) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        verb = args.workers_command
+        if verb == "list":
+            listed = await stub.ListWorkers(
+                pb.ListWorkersRequest(), metadata=metadata, timeout=CALL_TIMEOUT_S
+            )
+            _print_list(listed.workers, args.json)
+        elif verb == "add":
+            added = await stub.AddWorker(
+                pb.AddWorkerRequest(url=args.url), metadata=metadata, timeout=CALL_TIMEOUT_S
+            )
+            _print(added, args.json, f"added {_summary(added.worker)}")
+        elif verb == "remove":
+            request = pb.RemoveWorkerRequest(worker_id=args.worker_id)
+            timeout = None  # the gateway bounds the call by the drain timeout
+            if args.drain_timeout is not None:
+                request.drain_timeout.CopyFrom(_duration(args.drain_timeout))
+                timeout = args.drain_timeout + CALL_TIMEOUT_S
+            removed = await stub.RemoveWorker(request, metadata=metadata, timeout=timeout)
+            left = removed.worker.inflight
+            how = "drained" if removed.drained else f"{left} requests were still in flight"
+            _print(removed, args.json, f"removed {removed.worker.id} ({how})")
+        elif verb == "drain":
+            request_drain = pb.DrainWorkerRequest(worker_id=args.worker_id)
+            if args.wait:
+                request_drain.wait.CopyFrom(_duration(args.wait))
+            drained = await stub.DrainWorker(
+                request_drain, metadata=metadata, timeout=args.wait + CALL_TIMEOUT_S
+            )
+            left = drained.worker.inflight
+            state = "idle" if drained.drained else f"{left} requests in flight"
+            _print(drained, args.json, f"draining {drained.worker.id} ({state})")
+        else:
+            await _watch(stub, metadata, args.count, args.json)
+    return 0
+
+
+async def _watch(
+    stub: admin_pb2_grpc.AdminServiceStub,
+    metadata: Sequence[tuple[str, str]] | None,
+    count: int | None,
+    as_json: bool,
+) -> None:
+    if count is not None and count <= 0:
+        return
+    call = stub.WatchWorkers(pb.WatchWorkersRequest(), metadata=metadata)
+    seen = 0
+    try:
+        async for event in call:
+            _print(event, as_json, _event_line(event))
+            seen += 1
+            if count is not None and seen >= count:
+                break
+    finally:
+        call.cancel()
+
+
+def _to_dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+def _print(message: Message, as_json: bool, text: str) -> None:
+    print(json.dumps(_to_dict(message)) if as_json else text, flush=True)
+
+
+def _name(enum: Any, value: int, prefix: str) -> str:
+    """`WORKER_STATUS_NOT_READY` -> `not_ready`, as in the gateway's logs and config."""
+    try:
+        return str(enum.Name(value)).removeprefix(prefix).lower()
+    except ValueError:
+        return str(value)
+
+
+def status_name(value: int) -> str:
+    return _name(pb.WorkerStatus, value, "WORKER_STATUS_")
+
+
+def breaker_name(value: int) -> str:
+    return _name(pb.BreakerState, value, "BREAKER_STATE_")
+
+
+def role_name(value: int) -> str:
+    return _name(pb.Role, value, "ROLE_")
+
+
+def _summary(worker: pb.Worker) -> str:
+    return (
+        f"{worker.id} (model {worker.model}, runtime {worker.runtime}, "
+        f"role {role_name(worker.role)}): {status_name(worker.status)}"
+    )
+
+
+def _ago(stamp: Any, now: float) -> str:
+    seconds = max(0.0, now - stamp.ToNanoseconds() / 1e9)
+    return f"{seconds:.1f}s ago" if seconds < 60 else f"{seconds / 60:.0f}m ago"
+
+
+COLUMNS = (
+    "WORKER",
+    "MODEL",
+    "RUNTIME",
+    "ROLE",
+    "STATUS",
+    "INFLIGHT",
+    "BREAKER",
+    "RUN",
+    "WAIT",
+    "KV",
+    "LAST PROBE",
+    "CAUSE",
+)
+
+
+def _row(worker: pb.Worker, now: float) -> list[str]:
+    probe = "-"
+    if worker.HasField("last_probe"):
+        probe = _name(pb.ProbeKind, worker.last_probe.kind, "PROBE_KIND_")
+        if worker.last_probe.HasField("time"):
+            probe += f" {_ago(worker.last_probe.time, now)}"
+    run = wait = kv = "-"
+    if worker.HasField("load"):
+        load = worker.load
+        run, wait, kv = str(load.running), str(load.waiting), f"{load.token_usage:.0%}"
+    cause = worker.status_cause
+    if worker.load_error:
+        cause = f"{cause}; load: {worker.load_error}" if cause else f"load: {worker.load_error}"
+    return [
+        worker.id,
+        worker.model,
+        worker.runtime,
+        role_name(worker.role),
+        status_name(worker.status),
+        str(worker.inflight),
+        breaker_name(worker.breaker_state),
+        run,
+        wait,
+        kv,
+        probe,
+        cause,
+    ]
+
+
+def format_table(workers: Sequence[pb.Worker], now: float | None = None) -> str:
+    """Aligned columns, one worker a line; the last column (the cause) is not padded."""
+    stamp = time.time() if now is None else now
+    rows = [list(COLUMNS), *(_row(w, stamp) for w in workers)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    )
+
+
+def _print_list(workers: Sequence[pb.Worker], as_json: bool) -> None:
+    if as_json:
+        for worker in workers:
+            print(json.dumps(_to_dict(worker)))
+    elif not workers:
+        print("no workers registered")
+    else:
+        print(format_table(workers))
+    sys.stdout.flush()
+
+
+def _event_line(event: pb.WatchWorkersResponse) -> str:
+    kind = _name(pb.WorkerEventKind, event.kind, "WORKER_EVENT_KIND_")
+    worker = event.worker
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.time.seconds))
+    which = event.WhichOneof("change")
+    if which == "status_change":
+        change = event.status_change
+        what = f"{status_name(change.old_status)} -> {status_name(change.new_status)}"
+    elif which == "breaker_change":
+        breaker = event.breaker_change
+        what = f"breaker {breaker_name(breaker.old_state)} -> {breaker_name(breaker.new_state)}"
+    else:
+        what = f"{worker.model} {worker.runtime} {role_name(worker.role)} " + status_name(
+            worker.status
+        )
+    cause = f": {event.cause}" if event.cause else ""
+    return f"{stamp} {kind:<8} {worker.id} {what}{cause}"
+
+
+__all__ = ["add_workers_arguments", "format_table", "run_workers"]

@@ -1,0 +1,122 @@
+"""Fleet objects to admin API messages.
+
+Kept apart from the servicer so the message shapes are tested without a server, and so the
+watch listener (called synchronously inside fleet updates) does nothing but this copy.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlencode
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from gateway.admin.v1 import admin_pb2 as pb
+from gateway.fleet.breaker import BreakerState
+from gateway.fleet.probe import ProbeKind
+from gateway.fleet.registry import FleetEvent
+from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.roles import Role
+
+STATUS: dict[str, pb.WorkerStatus] = {
+    WorkerStatus.PENDING.value: pb.WORKER_STATUS_PENDING,
+    WorkerStatus.READY.value: pb.WORKER_STATUS_READY,
+    WorkerStatus.NOT_READY.value: pb.WORKER_STATUS_NOT_READY,
+    WorkerStatus.DRAINING.value: pb.WORKER_STATUS_DRAINING,
+}
+ROLE: dict[str, pb.Role] = {
+    Role.REGULAR.value: pb.ROLE_REGULAR,
+    Role.PREFILL.value: pb.ROLE_PREFILL,
+    Role.DECODE.value: pb.ROLE_DECODE,
+    Role.ENCODE.value: pb.ROLE_ENCODE,
+}
+BREAKER: dict[str, pb.BreakerState] = {
+    BreakerState.CLOSED.value: pb.BREAKER_STATE_CLOSED,
+    BreakerState.HALF_OPEN.value: pb.BREAKER_STATE_HALF_OPEN,
+    BreakerState.OPEN.value: pb.BREAKER_STATE_OPEN,
+}
+PROBE: dict[ProbeKind, pb.ProbeKind] = {
+    ProbeKind.SERVING: pb.PROBE_KIND_SERVING,
+    ProbeKind.NOT_SERVING: pb.PROBE_KIND_NOT_SERVING,
+    ProbeKind.ERROR: pb.PROBE_KIND_ERROR,
+}
+EVENT: dict[str, pb.WorkerEventKind] = {
+    "added": pb.WORKER_EVENT_KIND_ADDED,
+    "removed": pb.WORKER_EVENT_KIND_REMOVED,
+    "status": pb.WORKER_EVENT_KIND_STATUS,
+    "breaker": pb.WORKER_EVENT_KIND_BREAKER,
+}
+
+
+def timestamp(unix_s: float) -> Timestamp:
+    seconds = int(unix_s // 1)
+    return Timestamp(seconds=seconds, nanos=int((unix_s - seconds) * 1e9))
+
+
+def worker_url(worker: Worker) -> str:
+    """The URL that registers this worker again as it is (discovered values filled in)."""
+    spec = worker.spec
+    host = f"[{spec.host}]" if ":" in spec.host else spec.host
+    query = {"model": worker.model, "runtime": str(worker.runtime), "role": str(worker.role)}
+    if spec.bootstrap_port is not None:
+        query["bootstrap_port"] = str(spec.bootstrap_port)
+    return f"grpc://{host}:{spec.port}?{urlencode(query)}"
+
+
+def worker_message(worker: Worker) -> pb.Worker:
+    """A copy of the worker's state now; unknown vocabulary maps to UNSPECIFIED."""
+    message = pb.Worker(
+        id=worker.id,
+        url=worker_url(worker),
+        model=worker.model,
+        runtime=str(worker.runtime),
+        role=ROLE.get(str(worker.role), pb.ROLE_UNSPECIFIED),
+        status=STATUS.get(str(worker.status), pb.WORKER_STATUS_UNSPECIFIED),
+        status_cause=worker.status_cause,
+        inflight=max(0, worker.inflight),
+        breaker_state=BREAKER.get(str(worker.breaker.state), pb.BREAKER_STATE_UNSPECIFIED),
+        load_error=worker.load_error or "",
+        connected=worker.connected,
+    )
+    if worker.spec.bootstrap_port is not None:
+        message.bootstrap_port = worker.spec.bootstrap_port
+    last = worker.probe.last
+    if last is not None:
+        message.last_probe.kind = PROBE.get(last.kind, pb.PROBE_KIND_UNSPECIFIED)
+        message.last_probe.detail = last.detail
+        if worker.probe.last_at:
+            message.last_probe.time.CopyFrom(timestamp(worker.probe.last_at))
+    load = worker.load
+    if load is not None:
+        message.load.running = max(0, load.running)
+        message.load.waiting = max(0, load.waiting)
+        message.load.token_usage = load.token_usage
+        # The report carries monotonic time; the API speaks wall-clock time.
+        message.load.time.CopyFrom(timestamp(time.time() - (time.monotonic() - load.at)))
+    return message
+
+
+def snapshot_event(worker: Worker) -> pb.WatchWorkersResponse:
+    return pb.WatchWorkersResponse(
+        kind=pb.WORKER_EVENT_KIND_SNAPSHOT,
+        worker=worker_message(worker),
+        cause=worker.status_cause,
+        time=timestamp(time.time()),
+    )
+
+
+def fleet_event(event: FleetEvent) -> pb.WatchWorkersResponse:
+    """One FleetEvent, with the worker's state copied at the moment it happened."""
+    message = pb.WatchWorkersResponse(
+        kind=EVENT.get(event.kind, pb.WORKER_EVENT_KIND_UNSPECIFIED),
+        worker=worker_message(event.worker),
+        cause=event.cause,
+        time=timestamp(time.time()),
+    )
+    if event.kind == "status":
+        message.status_change.old_status = STATUS.get(event.old, pb.WORKER_STATUS_UNSPECIFIED)
+        message.status_change.new_status = STATUS.get(event.new, pb.WORKER_STATUS_UNSPECIFIED)
+    elif event.kind == "breaker":
+        message.breaker_change.old_state = BREAKER.get(event.old, pb.BREAKER_STATE_UNSPECIFIED)
+        message.breaker_change.new_state = BREAKER.get(event.new, pb.BREAKER_STATE_UNSPECIFIED)
+    return message

@@ -1,0 +1,187 @@
+"""The admin service: add, remove, drain, list and watch workers, on its own port.
+
+It only translates: the fleet does the work, `convert` shapes the answers. Errors are
+gRPC statuses a person can act on: a bad URL is INVALID_ARGUMENT with the config error's
+one line, a duplicate ALREADY_EXISTS, an unknown worker id NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import NoReturn, TypeAlias
+
+import grpc
+import structlog
+from grpc import aio
+from grpc_reflection.v1alpha import reflection
+
+from gateway.admin import convert
+from gateway.admin.auth import BearerTokenInterceptor
+from gateway.admin.v1 import admin_pb2 as pb
+from gateway.admin.v1 import admin_pb2_grpc
+from gateway.config import ConfigError, GatewayConfig, parse_worker_url
+from gateway.fleet.fleet import Fleet, WorkerExists
+from gateway.fleet.registry import FleetEvent
+from gateway.fleet.worker import Worker
+
+log = structlog.get_logger("gateway.admin")
+
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["AdminService"].full_name
+WATCH_QUEUE_SIZE = 1024  # events a slow watcher may lag behind before it is cut off
+
+Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
+
+
+async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
+    """AdminService over a running Fleet."""
+
+    def __init__(
+        self, fleet: Fleet, config: GatewayConfig, *, watch_queue_size: int = WATCH_QUEUE_SIZE
+    ) -> None:
+        self._fleet = fleet
+        self._config = config
+        self._watch_queue_size = watch_queue_size
+        self._removals: dict[str, asyncio.Task[bool]] = {}
+
+    async def _worker(self, worker_id: str, context: Context) -> Worker:
+        if not worker_id:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
+        worker = self._fleet.registry.get(worker_id)
+        if worker is None:
+            await _abort(
+                context, grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r} is registered"
+            )
+        return worker
+
+    async def AddWorker(
+        self, request: pb.AddWorkerRequest, context: Context
+    ) -> pb.AddWorkerResponse:
+        try:
+            spec = parse_worker_url(request.url)
+        except ConfigError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        timeout = self._config.discovery_timeout_s
+        try:
+            # Only a URL without model or runtime waits: the fleet asks the worker first.
+            async with asyncio.timeout(timeout):
+                worker = await self._fleet.add(spec)
+        except WorkerExists as exc:
+            await _abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except TimeoutError:
+            await _abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"worker {spec.address} did not tell its model and runtime within {timeout:g} s;"
+                " name both in the URL (?model=...&runtime=...) to register it before it answers",
+            )
+        return pb.AddWorkerResponse(worker=convert.worker_message(worker))
+
+    async def RemoveWorker(
+        self, request: pb.RemoveWorkerRequest, context: Context
+    ) -> pb.RemoveWorkerResponse:
+        worker = await self._worker(request.worker_id, context)
+        timeout = self._config.drain.worker_timeout_s
+        if request.HasField("drain_timeout"):
+            timeout = request.drain_timeout.ToTimedelta().total_seconds()
+            if timeout < 0:
+                await _abort(
+                    context, grpc.StatusCode.INVALID_ARGUMENT, "drain_timeout must not be negative"
+                )
+        task = self._removals.get(worker.id)
+        if task is None:
+            log.info("admin_remove_worker", worker=worker.id, drain_timeout_s=timeout)
+            task = asyncio.ensure_future(self._fleet.remove(worker, timeout))
+            self._removals[worker.id] = task
+            task.add_done_callback(lambda done: self._removal_done(worker.id, done))
+        # Shielded: a removal once accepted completes even if the caller goes away.
+        drained = await asyncio.shield(task)
+        return pb.RemoveWorkerResponse(worker=convert.worker_message(worker), drained=drained)
+
+    def _removal_done(self, worker_id: str, task: asyncio.Task[bool]) -> None:
+        if self._removals.get(worker_id) is task:
+            del self._removals[worker_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("admin_remove_failed", worker=worker_id, error=repr(task.exception()))
+
+    async def DrainWorker(
+        self, request: pb.DrainWorkerRequest, context: Context
+    ) -> pb.DrainWorkerResponse:
+        worker = await self._worker(request.worker_id, context)
+        wait = request.wait.ToTimedelta().total_seconds() if request.HasField("wait") else 0.0
+        if wait < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "wait must not be negative")
+        log.info("admin_drain_worker", worker=worker.id, wait_s=wait)
+        drained = await self._fleet.drain(worker, wait)
+        return pb.DrainWorkerResponse(worker=convert.worker_message(worker), drained=drained)
+
+    async def ListWorkers(
+        self, request: pb.ListWorkersRequest, context: Context
+    ) -> pb.ListWorkersResponse:
+        workers = sorted(self._fleet.registry, key=lambda w: w.id)
+        return pb.ListWorkersResponse(workers=[convert.worker_message(w) for w in workers])
+
+    async def WatchWorkers(
+        self, request: pb.WatchWorkersRequest, context: Context
+    ) -> AsyncIterator[pb.WatchWorkersResponse]:
+        """Snapshot, then every fleet event; the listener only copies and enqueues, never
+        waits, since the fleet calls it synchronously in the middle of its updates."""
+        registry = self._fleet.registry
+        queue: asyncio.Queue[pb.WatchWorkersResponse] = asyncio.Queue(self._watch_queue_size)
+        overflowed = False
+
+        def listener(event: FleetEvent) -> None:
+            nonlocal overflowed
+            try:
+                queue.put_nowait(convert.fleet_event(event))
+            except asyncio.QueueFull:
+                overflowed = True
+                registry.unsubscribe(listener)
+
+        # Subscribe and copy the snapshot in one step (no await between): no event is lost
+        # or reported twice.
+        registry.subscribe(listener)
+        try:
+            snapshot = [convert.snapshot_event(w) for w in sorted(registry, key=lambda w: w.id)]
+            for message in snapshot:
+                yield message
+            while True:
+                if overflowed and queue.empty():
+                    await _abort(
+                        context,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"this watcher fell more than {self._watch_queue_size} events behind;"
+                        " watch again for a fresh snapshot",
+                    )
+                yield await queue.get()
+        finally:
+            registry.unsubscribe(listener)
+
+
+async def start_admin_server(fleet: Fleet, config: GatewayConfig) -> tuple[aio.Server, int]:
+    """Serve AdminService (and reflection for it) on `config.admin.listen`; returns the
+    started server and its bound port (the listen port may be 0). Raises OSError if the
+    address cannot be bound."""
+    token = config.admin.token
+    server = aio.server(
+        interceptors=[BearerTokenInterceptor(token)] if token else None,
+        options=[("grpc.so_reuseport", 0)],
+    )
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminService(fleet, config), server)
+    reflection.enable_server_reflection([SERVICE_NAME, reflection.SERVICE_NAME], server)
+    try:
+        port = server.add_insecure_port(config.admin.listen)
+    except RuntimeError as exc:  # newer grpcio raises instead of returning 0
+        raise OSError(f"cannot listen on admin address {config.admin.listen}: {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot listen on admin address {config.admin.listen}")
+    await server.start()
+    return server, port
+
+
+__all__ = ["SERVICE_NAME", "AdminService", "start_admin_server"]

@@ -1,0 +1,106 @@
+"""Circuit breaker per worker: passive health from the outcomes of real requests.
+
+Closed: requests flow; N consecutive failures open it. Open: no requests until the
+cool-down has passed; then half-open admits exactly one trial request at a time.
+M consecutive trial successes close it; a trial failure opens it again.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, StrEnum
+
+import grpc
+
+from gateway.config import BreakerConfig
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Outcome(Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    IGNORED = "ignored"  # says nothing about the worker (the client cancelled)
+
+
+# What a worker's own trouble looks like; client errors (INVALID_ARGUMENT, NOT_FOUND, ...)
+# prove the worker answered, so they count as successes.
+FAILURE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+
+
+def outcome_of(code: grpc.StatusCode) -> Outcome:
+    if code is grpc.StatusCode.CANCELLED:
+        return Outcome.IGNORED
+    return Outcome.FAILURE if code in FAILURE_CODES else Outcome.SUCCESS
+
+
+class CircuitBreaker:
+    def __init__(self, settings: BreakerConfig) -> None:
+        self.settings = settings
+        self.state = BreakerState.CLOSED
+        self.failures = 0
+        self.successes = 0
+        self.opened_at = 0.0
+        self.trial_in_flight = False
+
+    def admits(self, now: float) -> bool:
+        """Whether a new request may go to this worker now (no side effect)."""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.trial_in_flight:
+            return False
+        return self.state is BreakerState.HALF_OPEN or (
+            now - self.opened_at >= self.settings.cooldown_s
+        )
+
+    def on_dispatch(self, now: float) -> bool:
+        """A request was placed here; returns True if the breaker changed state."""
+        if self.state is BreakerState.CLOSED:
+            return False
+        changed = self.state is BreakerState.OPEN
+        if changed:
+            self.state, self.successes = BreakerState.HALF_OPEN, 0
+        self.trial_in_flight = True
+        return changed
+
+    def record(self, outcome: Outcome, now: float, *, trial: bool) -> bool:
+        """One request's outcome; `trial` says whether it was the half-open trial.
+
+        Returns True if the breaker changed state.
+        """
+        if self.state is BreakerState.CLOSED:
+            if outcome is Outcome.FAILURE:
+                self.failures += 1
+                if self.failures >= self.settings.failure_threshold:
+                    return self._open(now)
+            elif outcome is Outcome.SUCCESS:
+                self.failures = 0
+            return False
+        if not trial:
+            return False  # requests placed before the breaker opened say nothing new
+        self.trial_in_flight = False
+        if self.state is BreakerState.HALF_OPEN:
+            if outcome is Outcome.FAILURE:
+                return self._open(now)
+            if outcome is Outcome.SUCCESS:
+                self.successes += 1
+                if self.successes >= self.settings.success_threshold:
+                    self.state, self.failures = BreakerState.CLOSED, 0
+                    return True
+        return False
+
+    def _open(self, now: float) -> bool:
+        self.state, self.opened_at = BreakerState.OPEN, now
+        self.failures = self.successes = 0
+        self.trial_in_flight = False
+        return True

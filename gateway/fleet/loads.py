@@ -1,0 +1,32 @@
+"""Load polling: GetLoads per worker at an interval, for load-aware policies and overload.
+
+A failed poll keeps the last report and records the error; the report then ages. Once
+it is older than `stale_after_s` placement stops trusting it (see placement/overload.py),
+so a worker that cannot report its load is judged by what the gateway itself knows (its
+own in-flight count), never by numbers that may be minutes old, and never as idle.
+"""
+
+from __future__ import annotations
+
+import time
+
+from grpc import aio
+
+from gateway.config import LoadsConfig
+from gateway.engines import ADAPTERS
+from gateway.fleet.worker import LoadReport, Worker
+
+
+async def poll_load(worker: Worker, settings: LoadsConfig) -> None:
+    """One poll: updates `worker.load` or records `worker.load_error`."""
+    adapter = ADAPTERS[worker.runtime]
+    try:
+        raw = await worker.channel.unary_unary(adapter.path("GetLoads"))(
+            adapter.load_request(), timeout=settings.timeout_s
+        )
+    except aio.AioRpcError as error:
+        worker.load_error = f"{error.code().name}: {error.details()}"
+        return
+    running, waiting, usage = adapter.load_figures(raw)
+    worker.load = LoadReport(running, waiting, usage, time.monotonic())
+    worker.load_error = None

@@ -1,0 +1,239 @@
+"""Prometheus metrics: per-call counters fed by dispatch, fleet gauges read at scrape time.
+
+Per call, `observe` costs a few dict lookups: label children are cached, so the hot path
+never re-validates labels. Fleet gauges cost nothing per request: a custom collector reads
+the registry when Prometheus scrapes. The scrape runs in the HTTP server's thread, so the
+collector only copies what it reads and never changes fleet state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.config import parse_address
+from gateway.fleet.breaker import BreakerState
+from gateway.fleet.registry import Registry
+from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.placement.verdicts import Reason
+from gateway.proxy.dispatch import CallRecord
+
+# Time to first message of an LLM stream: prefill of a short prompt on an idle GPU is a few
+# milliseconds; long prompts, queueing and PD handoff take seconds.
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.35,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    4.0,
+    6.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+)
+BREAKER_VALUE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
+# A model no worker serves is named by the client: labelling it would let any client
+# create series, so such calls carry model="" (the log line has the name).
+CLIENT_NAMED = frozenset({Reason.MODEL_NOT_FOUND, Reason.MODEL_REQUIRED})
+STREAMING_RPC = "Generate"
+
+
+class FleetCollector(Collector):
+    """The registry's workers as gauges, computed at scrape time."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def describe(self) -> Iterable[Any]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Any]:
+        families = self._families()
+        up, status, breaker, inflight, running, waiting, usage = families
+        for worker in self._workers():
+            self._add(worker, up, status, breaker, inflight, running, waiting, usage)
+        return families
+
+    def _workers(self) -> list[Worker]:
+        """Copy the worker list; the event loop may change the registry meanwhile."""
+        for _ in range(3):
+            try:
+                return list(self._registry)
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
+        return []
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                "gateway_worker_up",
+                "1 if the worker is ready (routable), else 0",
+                labels=["worker", "model", "runtime", "role"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_status",
+                "1 for the worker's current status, 0 for the others",
+                labels=["worker", "status"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_breaker_state",
+                "circuit breaker: 0 closed, 1 half_open, 2 open",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_inflight",
+                "requests the gateway has in flight on the worker",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_load_running",
+                "running requests the worker last reported (GetLoads)",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_load_waiting",
+                "queued requests the worker last reported (GetLoads)",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_kv_token_usage",
+                "KV cache token usage (0..1) the worker last reported (GetLoads)",
+                labels=["worker"],
+            ),
+        ]
+
+    @staticmethod
+    def _add(
+        worker: Worker,
+        up: GaugeMetricFamily,
+        status: GaugeMetricFamily,
+        breaker: GaugeMetricFamily,
+        inflight: GaugeMetricFamily,
+        running: GaugeMetricFamily,
+        waiting: GaugeMetricFamily,
+        usage: GaugeMetricFamily,
+    ) -> None:
+        wid, current, load = worker.id, worker.status, worker.load  # one read of each
+        ready = 1.0 if current is WorkerStatus.READY else 0.0
+        up.add_metric([wid, worker.model, str(worker.runtime), str(worker.role)], ready)
+        for each in WorkerStatus:
+            status.add_metric([wid, each.value], 1.0 if each is current else 0.0)
+        breaker.add_metric([wid], BREAKER_VALUE.get(worker.breaker.state, 0.0))
+        inflight.add_metric([wid], float(worker.inflight))
+        if load is not None:  # no report yet: absent, not zero
+            running.add_metric([wid], float(load.running))
+            waiting.add_metric([wid], float(load.waiting))
+            usage.add_metric([wid], float(load.token_usage))
+
+
+class Metrics:
+    """The gateway's metrics; `observe` once per finished call, `serve` to expose them."""
+
+    def __init__(
+        self, registry: Registry, prometheus_registry: CollectorRegistry | None = None
+    ) -> None:
+        self.prometheus = (
+            prometheus_registry if prometheus_registry is not None else CollectorRegistry()
+        )
+        self._requests = Counter(
+            "gateway_requests",
+            "calls answered, by final gRPC status code",
+            ["model", "service", "rpc", "code"],
+            registry=self.prometheus,
+        )
+        self._verdicts = Counter(
+            "gateway_verdicts",
+            "calls refused by placement, by verdict reason and leg",
+            ["model", "reason", "leg"],
+            registry=self.prometheus,
+        )
+        self._first_message = Histogram(
+            "gateway_first_message_seconds",
+            "time from call start to the first response message relayed (Generate)",
+            ["model", "service"],
+            buckets=TTFT_BUCKETS,
+            registry=self.prometheus,
+        )
+        self._retries = Counter(
+            "gateway_retries",
+            "upstream attempts beyond the first (retries on another worker)",
+            ["model", "service"],
+            registry=self.prometheus,
+        )
+        self.prometheus.register(FleetCollector(registry))
+        self._request_children: dict[tuple[str, str, str, str], Any] = {}
+        self._verdict_children: dict[tuple[str, str, str], Any] = {}
+        self._first_children: dict[tuple[str, str], Any] = {}
+        self._retry_children: dict[tuple[str, str], Any] = {}
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def observe(self, record: CallRecord) -> None:
+        """Count one finished call (on the event loop: a few cached lookups, no allocation
+        beyond the key tuples)."""
+        verdict = record.verdict
+        model = record.model
+        if verdict is not None and verdict.reason in CLIENT_NAMED:
+            model = ""
+        key = (model, record.service, record.rpc, record.code)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self._requests.labels(*key)
+        child.inc()
+        if verdict is not None:
+            vkey = (model, verdict.reason.name, verdict.leg)
+            child = self._verdict_children.get(vkey)
+            if child is None:
+                child = self._verdict_children[vkey] = self._verdicts.labels(*vkey)
+            child.inc()
+        first = record.first_message_s
+        if first is not None and record.rpc == STREAMING_RPC:
+            mkey = (model, record.service)
+            child = self._first_children.get(mkey)
+            if child is None:
+                child = self._first_children[mkey] = self._first_message.labels(*mkey)
+            child.observe(first)
+        retries = len(record.workers) - 1
+        if retries > 0:
+            mkey = (model, record.service)
+            child = self._retry_children.get(mkey)
+            if child is None:
+                child = self._retry_children[mkey] = self._retries.labels(*mkey)
+            child.inc(retries)
+
+    def serve(self, listen: str) -> int:
+        """Expose /metrics over HTTP on `listen` (HOST:PORT, port 0 allowed) in a daemon
+        thread; returns the bound port. Raises OSError if it cannot bind."""
+        if self._server is not None:
+            raise RuntimeError("metrics endpoint already serving")
+        host, port = parse_address(listen, "metrics listen address")
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.prometheus)
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint and release its port (a no-op if not serving)."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
