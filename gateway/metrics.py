@@ -179,10 +179,10 @@ class Metrics:
             registry=self.prometheus,
         )
         self.prometheus.register(FleetCollector(registry))
-        self._request_children: dict[tuple[str, str, str, str], Any] = {}
-        self._verdict_children: dict[tuple[str, str, str], Any] = {}
-        self._first_children: dict[tuple[str, str], Any] = {}
-        self._retry_children: dict[tuple[str, str], Any] = {}
+        self._request_children: dict[tuple[str, ...], Any] = {}
+        self._verdict_children: dict[tuple[str, ...], Any] = {}
+        self._first_children: dict[tuple[str, ...], Any] = {}
+        self._retry_children: dict[tuple[str, ...], Any] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -193,31 +193,19 @@ class Metrics:
         model = record.model
         if verdict is not None and verdict.reason in CLIENT_NAMED:
             model = ""
-        key = (model, record.service, record.rpc, record.code)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self._requests.labels(*key)
-        child.inc()
+        _child(
+            self._request_children, self._requests, (model, record.service, record.rpc, record.code)
+        ).inc()
         if verdict is not None:
-            vkey = (model, verdict.reason.name, verdict.leg)
-            child = self._verdict_children.get(vkey)
-            if child is None:
-                child = self._verdict_children[vkey] = self._verdicts.labels(*vkey)
-            child.inc()
+            key = (model, verdict.reason.name, verdict.leg)
+            _child(self._verdict_children, self._verdicts, key).inc()
         first = record.first_message_s
         if first is not None and record.rpc == STREAMING_RPC:
-            mkey = (model, record.service)
-            child = self._first_children.get(mkey)
-            if child is None:
-                child = self._first_children[mkey] = self._first_message.labels(*mkey)
-            child.observe(first)
+            key = (model, record.service)
+            _child(self._first_children, self._first_message, key).observe(first)
         retries = len(record.workers) - 1
         if retries > 0:
-            mkey = (model, record.service)
-            child = self._retry_children.get(mkey)
-            if child is None:
-                child = self._retry_children[mkey] = self._retries.labels(*mkey)
-            child.inc(retries)
+            _child(self._retry_children, self._retries, (model, record.service)).inc(retries)
 
     def serve(self, listen: str) -> int:
         """Expose /metrics over HTTP on `listen` (HOST:PORT, port 0 allowed) in a daemon
@@ -237,3 +225,11 @@ class Metrics:
             server.server_close()
         if thread is not None:
             thread.join(timeout=5)
+
+
+def _child(cache: dict[tuple[str, ...], Any], metric: Any, key: tuple[str, ...]) -> Any:
+    """The labelled child of `metric` for `key`, looked up once and cached."""
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = metric.labels(*key)
+    return child
