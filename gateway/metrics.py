@@ -197,12 +197,12 @@ class Metrics:
             self._request_children, self._requests, (model, record.service, record.rpc, record.code)
         ).inc()
         if verdict is not None:
-            key = (model, verdict.reason.name, verdict.leg)
-            _child(self._verdict_children, self._verdicts, key).inc()
+            reason = (model, verdict.reason.name, verdict.leg)
+            _child(self._verdict_children, self._verdicts, reason).inc()
         first = record.first_message_s
         if first is not None and record.rpc == STREAMING_RPC:
-            key = (model, record.service)
-            _child(self._first_children, self._first_message, key).observe(first)
+            where = (model, record.service)
+            _child(self._first_children, self._first_message, where).observe(first)
         retries = len(record.workers) - 1
         if retries > 0:
             _child(self._retry_children, self._retries, (model, record.service)).inc(retries)
