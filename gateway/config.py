@@ -17,7 +17,14 @@ import yaml
 from gateway.roles import Role, Runtime
 
 POLICIES = ("round_robin", "random", "power_of_two", "least_inflight", "consistent_hash", "manual")
-WORKER_URL_KEYS = ("model", "runtime", "role", "bootstrap_port")
+WORKER_URL_KEYS = (
+    "model",
+    "runtime",
+    "role",
+    "bootstrap_host",
+    "bootstrap_port",
+    "embedding_port",
+)
 
 
 class ConfigError(ValueError):
@@ -32,8 +39,10 @@ class WorkerSpec:
     port: int
     model: str | None = None
     runtime: Runtime | None = None
-    role: Role = Role.REGULAR
+    role: Role | None = None  # None: asked from the worker (GetServerInfo), else regular
     bootstrap_port: int | None = None
+    bootstrap_host: str | None = None  # a prefill's rendezvous host; default: its URL host
+    embedding_port: int | None = None  # a prefill's port for encoder embeddings (EPD)
 
     @property
     def address(self) -> str:
@@ -46,9 +55,14 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
-    """Per-model routing and limits (limits apply per worker; None means no limit)."""
+    """Per-model routing and limits (limits apply per worker; None means no limit).
+
+    `encode_leg`: multimodal requests need the encode leg even while no encode worker is
+    registered (so a missing encoder is LEG_NOT_DEPLOYED, not a silent text-only answer).
+    """
 
     policy: str = "round_robin"
+    encode_leg: bool = False
     max_inflight: int | None = None
     max_waiting: int | None = None
     max_token_usage: float | None = None
@@ -91,6 +105,14 @@ class DrainConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DisaggConfig:
+    """`abort_wait_s`: how long an abort or cancel waits for a decode leg's first message
+    before cutting it (a KV handoff torn in the middle can wedge the engines)."""
+
+    abort_wait_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class AdminConfig:
     listen: str = "127.0.0.1:50052"
     token: str | None = None
@@ -120,6 +142,7 @@ class GatewayConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     loads: LoadsConfig = field(default_factory=LoadsConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
@@ -177,8 +200,9 @@ def parse_worker_url(url: str) -> WorkerSpec:
 def _worker_from_fields(host: str, port: int, fields: Mapping[str, Any], what: str) -> WorkerSpec:
     model = fields.get("model") or None
     runtime = _enum(Runtime, str(fields["runtime"]), what) if fields.get("runtime") else None
-    role = _enum(Role, str(fields["role"]), what) if fields.get("role") else Role.REGULAR
+    role = _enum(Role, str(fields["role"]), what) if fields.get("role") else None
     bootstrap = fields.get("bootstrap_port")
+    embedding = fields.get("embedding_port")
     return WorkerSpec(
         host=host,
         port=_port(port, what),
@@ -186,6 +210,8 @@ def _worker_from_fields(host: str, port: int, fields: Mapping[str, Any], what: s
         runtime=runtime,
         role=role,
         bootstrap_port=_port(bootstrap, what) if bootstrap not in (None, "") else None,
+        bootstrap_host=str(fields["bootstrap_host"]) if fields.get("bootstrap_host") else None,
+        embedding_port=_port(embedding, what) if embedding not in (None, "") else None,
     )
 
 
@@ -204,6 +230,8 @@ def _worker_from_yaml(entry: Any) -> WorkerSpec:
         "runtime": spec.runtime,
         "role": spec.role,
         "bootstrap_port": spec.bootstrap_port,
+        "bootstrap_host": spec.bootstrap_host,
+        "embedding_port": spec.embedding_port,
     }
     merged.update({k: v for k, v in extra.items() if v is not None})
     return _worker_from_fields(spec.host, spec.port, merged, f"worker {entry['url']!r}")
@@ -236,6 +264,7 @@ SECTIONS: dict[str, type] = {
     "breaker": BreakerConfig,
     "loads": LoadsConfig,
     "drain": DrainConfig,
+    "disagg": DisaggConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
 }
@@ -249,6 +278,10 @@ def _typed(value: Any, annotation: str, what: str) -> Any:
             return None
         raise ConfigError(f"{what} must not be empty")
     base = annotation.removesuffix(" | None")
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{what} must be true or false, not {value!r}")
+        return value
     kind = {"int": int, "float": float, "str": str}[base]
     if isinstance(value, bool) or (kind is not str and isinstance(value, str)):
         raise ConfigError(f"{what} must be a number, not {value!r}")
@@ -358,6 +391,8 @@ def build_config(
         raise ConfigError("max_attempts must be at least 1")
     seen: set[str] = set()
     for spec in config.workers:
+        if spec.role is Role.ENCODE and not spec.model:
+            raise ConfigError(f"worker {spec.address}: an encode worker needs model=")
         if spec.address in seen:
             raise ConfigError(f"worker {spec.address} is listed twice")
         seen.add(spec.address)

@@ -20,6 +20,7 @@ from gateway.fleet.registry import FleetEvent
 from gateway.health import HealthService, desired_statuses
 from gateway.metrics import Metrics
 from gateway.placement.placer import Placer
+from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import EngineFront
 from gateway.proxy.inflight import InflightTable
@@ -42,6 +43,9 @@ class Gateway:
             config.loads.stale_after_s,
         )
         self.dispatcher = Dispatcher(self.fleet, self.inflight, config.max_attempts)
+        self.disagg = DisaggregatedDispatch(
+            self.dispatcher, self.inflight, config.max_attempts, config.disagg.abort_wait_s
+        )
         self.metrics = Metrics(self.fleet.registry)
         self.health = HealthService()
         self.draining = False
@@ -64,6 +68,7 @@ class Gateway:
                 self.placer,
                 self.dispatcher,
                 self.inflight,
+                self.disagg,
                 self.metrics.observe,
             )
             for adapter in ADAPTERS.values()

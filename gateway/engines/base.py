@@ -17,7 +17,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
-from gateway.roles import Runtime
+from gateway.roles import Role, Runtime
 
 
 class RpcKind(Enum):
@@ -42,18 +42,38 @@ class RpcSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """What GetServerInfo says about a worker's part in disaggregated serving."""
+
+    role: Role | None  # None: the worker does not say
+    bootstrap_port: int | None = None
+    pairing: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateInfo:
     """The fields of a Generate request that routing reads."""
 
     request_id: str
     n: int
     multimodal: bool
+    mm_items: tuple[str, ...] = ()  # items an encode worker can take (URLs), in order
+    return_logprob: bool = False
 
 
 class EngineAdapter(ABC):
-    """One engine's protocol: everything that differs between SGLang and vLLM lives here."""
+    """One engine's protocol: everything that differs between SGLang and vLLM lives here.
+
+    Request rewrites append fields to the client's bytes instead of re-encoding them: a
+    protobuf parser merges a repeated embedded message and lets the last scalar win, so
+    `raw + patch` is the client's request with the patch applied, at the cost of the patch.
+    """
 
     runtime: Runtime
+    # How prefill hands KV to decode: "bootstrap" (SGLang: both legs at once, meeting on
+    # the prefill's bootstrap port) or "kv_params" (vLLM: prefill first, its
+    # kv_transfer_params go into the decode request).
+    pd_handoff: str
     service: ServiceDescriptor
     kinds: Mapping[str, RpcKind]
 
@@ -110,6 +130,27 @@ class EngineAdapter(ABC):
             sum(x.num_waiting_reqs for x in loads),
             max((x.token_usage for x in loads), default=0.0),
         )
+
+    def single_choice(self, raw: bytes, request_id: str) -> bytes:
+        """One sample (`n=1`) of a request under its own request id (n>1 is split)."""
+        patch: Any = self.rpcs["Generate"].request_type(request_id=request_id)
+        patch.sampling_params.n = 1
+        return raw + bytes(patch.SerializeToString())
+
+    def retag(self, message: bytes, index: int, request_id: str) -> bytes:
+        """A choice's response as the client's: its `index`, the client's request id."""
+        response: Any = self.rpcs["Generate"].response_type.FromString(message)
+        part = getattr(response, response.WhichOneof("response") or "chunk")
+        part.index = index
+        self._set_response_id(response, request_id)
+        return bytes(response.SerializeToString())
+
+    def _set_response_id(self, response: Any, request_id: str) -> None:  # noqa: B027
+        """Engines whose responses carry the request id override this."""
+
+    @abstractmethod
+    def server_facts(self, server_info: bytes) -> ServerFacts:
+        """Role, bootstrap port and pairing key from a GetServerInfo answer."""
 
     def served_model_name(self, model_info: bytes) -> str:
         """The model a worker serves, from its GetModelInfo answer."""

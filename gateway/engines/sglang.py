@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
-from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind
-from gateway.roles import Runtime
+from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind, ServerFacts
+from gateway.roles import Role, Runtime
+
+DEFAULT_BOOTSTRAP_PORT = 8998
 
 
 class SglangAdapter(EngineAdapter):
     runtime = Runtime.SGLANG
+    pd_handoff = "bootstrap"
     service = pb.DESCRIPTOR.services_by_name["SglangScheduler"]
     kinds = {
         "Generate": RpcKind.GENERATE,
@@ -47,13 +51,59 @@ class SglangAdapter(EngineAdapter):
             request_id=request.request_id,
             n=max(1, request.sampling_params.n),
             multimodal=multimodal,
+            mm_items=(*mm.image_urls, *mm.video_urls, *mm.audio_urls),
+            return_logprob=request.return_logprob,
+        )
+
+    def with_bootstrap(self, raw: bytes, host: str, port: int, room: int) -> bytes:
+        """The request both legs get: where the prefill's KV is handed over, and the room."""
+        patch = pb.GenerateRequest(
+            disaggregated_params=pb.DisaggregatedParams(
+                bootstrap_host=host, bootstrap_port=port, bootstrap_room=room
+            )
+        )
+        return raw + bytes(patch.SerializeToString())
+
+    def with_input_logprobs(self, decode_message: bytes, prefill_messages: list[bytes]) -> bytes:
+        """The decode's first message, carrying the prompt logprobs only the prefill has."""
+        found = None
+        for raw in reversed(prefill_messages):
+            response = pb.GenerateResponse.FromString(raw)
+            part = getattr(response, response.WhichOneof("response") or "complete")
+            if part.HasField("input_logprobs"):
+                found = part.input_logprobs
+                break
+        if found is None:
+            return decode_message
+        response = pb.GenerateResponse.FromString(decode_message)
+        part = getattr(response, response.WhichOneof("response") or "chunk")
+        part.input_logprobs.CopyFrom(found)
+        return bytes(response.SerializeToString())
+
+    def _set_response_id(self, response: Any, request_id: str) -> None:
+        response.request_id = request_id
+
+    def server_facts(self, server_info: bytes) -> ServerFacts:
+        args = pb.GetServerInfoResponse.FromString(server_info).server_args
+        fields = args.fields
+        mode = fields["disaggregation_mode"].string_value if "disaggregation_mode" in fields else ""
+        role = {"prefill": Role.PREFILL, "decode": Role.DECODE, "null": Role.REGULAR}.get(mode)
+        port_value = fields.get("disaggregation_bootstrap_port")
+        port = int(port_value.number_value) if port_value is not None else 0
+        backend = fields.get("disaggregation_transfer_backend")
+        return ServerFacts(
+            role=role,
+            bootstrap_port=port or None,
+            pairing=backend.string_value if backend is not None else "",
         )
 
     def abort_ids(self, raw: bytes) -> list[str]:
         return [pb.AbortRequest.FromString(raw).request_id]
 
     def abort_request(self, request_ids: Sequence[str], raw: bytes) -> bytes:
-        return raw  # one id per Abort: the client's own request goes on unchanged
+        """SGLang's Abort names one id: the gateway sends one per upstream request."""
+        (request_id,) = request_ids
+        return raw + bytes(pb.AbortRequest(request_id=request_id).SerializeToString())
 
     def abort_reply(self, found: bool, message: str) -> bytes:
         return bytes(pb.AbortResponse(success=found, message=message).SerializeToString())

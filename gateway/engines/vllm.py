@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind
-from gateway.roles import Runtime
+from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind, ServerFacts
+from gateway.roles import Role, Runtime
+
+PREFILL_KV_PARAMS = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
 
 
 class VllmAdapter(EngineAdapter):
     runtime = Runtime.VLLM
+    pd_handoff = "kv_params"
     service = pb.DESCRIPTOR.services_by_name["VllmEngine"]
     kinds = {
         "Generate": RpcKind.GENERATE,
@@ -39,7 +43,48 @@ class VllmAdapter(EngineAdapter):
             request_id=request.request_id,
             n=max(1, request.sampling_params.n),
             multimodal=multimodal,
+            return_logprob=request.sampling_params.HasField("prompt_logprobs"),
         )
+
+    def prefill_request(self, raw: bytes) -> bytes:
+        """vLLM PD's first step: one token, not streamed, asking for remote decode."""
+        request = pb.GenerateRequest.FromString(raw)
+        request.sampling_params.max_tokens = 1
+        request.sampling_params.n = 1
+        request.stream = False
+        request.kv_transfer_params_json = PREFILL_KV_PARAMS
+        return bytes(request.SerializeToString())
+
+    def kv_transfer_params(self, prefill_messages: list[bytes]) -> str | None:
+        """The handoff the prefill's Complete returned, if it returned one."""
+        for raw in reversed(prefill_messages):
+            response = pb.GenerateResponse.FromString(raw)
+            if response.HasField("complete") and response.complete.kv_transfer_params_json:
+                return str(response.complete.kv_transfer_params_json)
+        return None
+
+    def decode_request(self, raw: bytes, kv_transfer_params: str) -> bytes:
+        patch = pb.GenerateRequest(kv_transfer_params_json=kv_transfer_params)
+        return raw + bytes(patch.SerializeToString())
+
+    def server_facts(self, server_info: bytes) -> ServerFacts:
+        info = pb.GetServerInfoResponse.FromString(server_info)
+        role = {
+            "kv_producer": Role.PREFILL,
+            "kv_consumer": Role.DECODE,
+            "kv_both": Role.REGULAR,
+            "": Role.REGULAR,
+        }.get(info.kv_role)
+        pairing = "|".join(
+            str(x)
+            for x in (
+                info.kv_connector,
+                info.pairing_protocol,
+                info.kv_cache_dtype,
+                info.block_size or "",
+            )
+        )
+        return ServerFacts(role=role, pairing=pairing if info.kv_connector else "")
 
     def abort_ids(self, raw: bytes) -> list[str]:
         return list(pb.AbortRequest.FromString(raw).request_ids)

@@ -7,6 +7,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2
 
 from gateway.engines import ADAPTERS, EngineAdapter
+from gateway.engines.base import ServerFacts
 from gateway.roles import Runtime
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -61,3 +62,16 @@ async def served_model(channel: aio.Channel, runtime: Runtime, call_timeout: flo
     if not name:
         raise DiscoveryError("GetModelInfo names no model (served_model_name and model_path empty)")
     return name
+
+
+async def server_facts(channel: aio.Channel, runtime: Runtime, call_timeout: float) -> ServerFacts:
+    """A worker's disaggregation role and rendezvous facts; an unanswered question is not an
+    error (older workers have no such fields), a refused connection is."""
+    adapter = ADAPTERS[runtime]
+    try:
+        info = await channel.unary_unary(adapter.path("GetServerInfo"))(b"", timeout=call_timeout)
+    except aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+            return ServerFacts(role=None)
+        raise DiscoveryError(f"GetServerInfo failed: {exc.code().name}: {exc.details()}") from None
+    return adapter.server_facts(info)

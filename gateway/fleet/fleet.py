@@ -14,17 +14,20 @@ from collections.abc import Coroutine, Iterable
 from typing import Any
 
 import structlog
+from grpc import aio
 
 from gateway.config import GatewayConfig, WorkerSpec
+from gateway.engines.base import ServerFacts
 from gateway.fleet.breaker import CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
 from gateway.fleet.connection import watch_connection
-from gateway.fleet.discovery import DiscoveryError, detect_runtime, served_model
+from gateway.fleet.discovery import DiscoveryError, detect_runtime, served_model, server_facts
 from gateway.fleet.loads import poll_load
 from gateway.fleet.probe import judge
 from gateway.fleet.prober import ProbeLoop
 from gateway.fleet.registry import FleetEvent, Registry
 from gateway.fleet.worker import Worker
+from gateway.roles import Role, Runtime
 
 log = structlog.get_logger("gateway.fleet")
 
@@ -142,8 +145,7 @@ class Fleet:
         try:
             while True:
                 try:
-                    runtime = spec.runtime or await detect_runtime(channel, call_timeout)
-                    model = spec.model or await served_model(channel, runtime, call_timeout)
+                    runtime, model, facts = await self._discover(spec, channel, call_timeout)
                     break
                 except DiscoveryError as exc:
                     if not warned:
@@ -161,15 +163,42 @@ class Fleet:
             runtime=runtime,
             channel=channel,
             breaker=CircuitBreaker(self.settings.breaker),
+            role=spec.role or facts.role or Role.REGULAR,
+            bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
+            pairing=facts.pairing,
         )
         self.registry.add(worker)
         prober = ProbeLoop(worker, self.settings.probe)
         settled = asyncio.Event()
         self._spawn(worker.id, watch_connection(worker, self.registry, settled, prober.wake))
         self._spawn(worker.id, self._probe_loop(worker, prober))
-        self._spawn(worker.id, self._load_loop(worker))
+        if worker.role is not Role.ENCODE:  # encoders report no loads
+            self._spawn(worker.id, self._load_loop(worker))
         if wait_settled:
             await settled.wait()  # bounded by start()'s timeout
+
+    async def _discover(
+        self, spec: WorkerSpec, channel: aio.Channel, call_timeout: float
+    ) -> tuple[Runtime, str, ServerFacts]:
+        """Runtime, model and (for disaggregated roles) the GetServerInfo facts."""
+        if spec.role is Role.ENCODE:
+            # Encoders speak SglangEncoder only: nothing to ask, the URL must say the model.
+            return spec.runtime or Runtime.SGLANG, spec.model or "", ServerFacts(Role.ENCODE)
+        discovering = spec.runtime is None or spec.model is None
+        runtime = spec.runtime or await detect_runtime(channel, call_timeout)
+        model = spec.model or await served_model(channel, runtime, call_timeout)
+        facts = ServerFacts(role=None)
+        # A URL naming model and runtime but no role means a regular worker: registering
+        # it must not wait for a worker that may be down. Disaggregated roles are asked
+        # for their bootstrap port and pairing key, best effort.
+        if (spec.role is None and discovering) or spec.role in (Role.PREFILL, Role.DECODE):
+            try:
+                facts = await server_facts(channel, runtime, call_timeout)
+            except DiscoveryError as exc:
+                if discovering:
+                    raise
+                log.warning("server_info_failed", worker=spec.address, error=str(exc))
+        return runtime, model, facts
 
     async def _probe_loop(self, worker: Worker, prober: ProbeLoop) -> None:
         result = await prober.probe()

@@ -17,8 +17,10 @@ from grpc_health.v1 import health_pb2
 
 from gateway.config import ProbeConfig
 from gateway.engines import ADAPTERS
+from gateway.engines.encoder import SERVICE_NAME as ENCODER_SERVICE
 from gateway.fleet.probe import ProbeKind, ProbeResult
 from gateway.fleet.worker import Worker
+from gateway.roles import Role
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -39,8 +41,9 @@ async def probe_once(worker: Worker, settings: ProbeConfig, engine_rpc: bool) ->
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
             response_deserializer=health_pb2.HealthCheckResponse.FromString,
         )
+        service = ENCODER_SERVICE if worker.role is Role.ENCODE else adapter.service_name
         reply = await check(
-            health_pb2.HealthCheckRequest(service=adapter.service_name),
+            health_pb2.HealthCheckRequest(service=service),
             timeout=settings.timeout_s,
         )
     except aio.AioRpcError as error:

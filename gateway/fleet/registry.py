@@ -101,6 +101,11 @@ class Registry:
     def pool(self, model: str, runtime: Runtime, role: Role) -> Sequence[Worker]:
         return self._index.get(model, {}).get(runtime, {}).get(role, ())
 
+    def role_pool(self, model: str, role: Role) -> list[Worker]:
+        """A leg's workers on every runtime (is the leg deployed at all?)."""
+        runtimes = self._index.get(model, {})
+        return [w for rt in sorted(runtimes) for w in runtimes[rt].get(role, ())]
+
     def workers_of(self, model: str, runtime: Runtime | None = None) -> list[Worker]:
         runtimes = self._index.get(model, {})
         return [

@@ -50,6 +50,9 @@ class Worker:
     model: str
     runtime: Runtime
     channel: aio.Channel
+    role: Role = Role.REGULAR
+    bootstrap_port: int | None = None  # prefill: its rendezvous port (SGLang PD)
+    pairing: str = ""  # prefill and decode pair only with equal keys (same KV transfer setup)
     breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig()))
     status: WorkerStatus = WorkerStatus.PENDING
     status_cause: str = "not yet probed"
@@ -66,8 +69,8 @@ class Worker:
         return self.spec.address
 
     @property
-    def role(self) -> Role:
-        return self.spec.role
+    def bootstrap_host(self) -> str:
+        return self.spec.bootstrap_host or self.spec.host
 
     def release(self) -> None:
         """One request finished on this worker."""

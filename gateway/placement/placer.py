@@ -8,19 +8,58 @@ it happen without another request in between.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from gateway.config import ModelSettings
 from gateway.engines import ADAPTERS
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
 from gateway.placement import verdicts
+from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
 from gateway.placement.overload import Limits, overload_reason
-from gateway.placement.policies import Hints, Policy, RoundRobin, make_policy
+from gateway.placement.policies import Hints, Policy, RoundRobin, make_policy, rendezvous_pick
 from gateway.placement.verdicts import Verdict
 from gateway.roles import Role, Runtime
 
 Placement = Worker | Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The workers one request goes to: regular, or prefill + decode; plus the encode
+    workers with the items each one encodes (EPD)."""
+
+    workers: Mapping[Role, Worker]
+    encoders: tuple[tuple[Worker, tuple[str, ...]], ...] = ()
+
+    @property
+    def primary(self) -> Worker:
+        """The worker whose stream the client gets."""
+        return self.workers.get(Role.DECODE) or self.workers[Role.REGULAR]
+
+    @property
+    def receiver(self) -> Worker:
+        """The worker that takes the prompt (and an encoder's embeddings)."""
+        return self.workers.get(Role.PREFILL) or self.workers[Role.REGULAR]
+
+    def all(self) -> list[Worker]:
+        return [*self.workers.values(), *(w for w, _ in self.encoders)]
+
+
+def _group(worker: Worker) -> str:
+    return f"{worker.runtime}" + (f" [{worker.pairing}]" if worker.pairing else "")
+
+
+def spread_items(
+    items: Sequence[str], encoders: Sequence[Worker]
+) -> tuple[tuple[Worker, tuple[str, ...]], ...]:
+    """Each item to the encoder its content hashes to (the same image keeps hitting the same
+    encoder's cache); one part per encoder, in order of first appearance."""
+    parts: dict[Worker, list[str]] = {}
+    for item in items:
+        parts.setdefault(rendezvous_pick(encoders, item), []).append(item)
+    return tuple((worker, tuple(part)) for worker, part in parts.items())
 
 
 def classify_leg(
@@ -101,29 +140,125 @@ class Placer:
         model: str,
         runtime: Runtime,
         hints: Hints,
+        items: Sequence[str] = (),
         exclude: Collection[str] = (),
-    ) -> Placement:
-        """Pick a regular worker for one request, never one in `exclude` (already failed)."""
-        leg = Role.REGULAR
+    ) -> Assignment | Verdict:
+        """Pick a worker for every leg the request demands, never one in `exclude` (workers
+        that already failed this request); or the verdict saying why not."""
         now = time.monotonic()
-        pool = self._registry.pool(model, runtime, leg)
-        available = [w for w in pool if w.available(now) and w.id not in exclude]
+        registry = self._registry
+        legs = self.legs(model, bool(items))
         limits = self.limits(model)
-        fitting = (
-            [w for w in available if overload_reason(w, limits, now, self._stale_after_s) is None]
-            if limits.any
-            else available
+        verdicts: list[Verdict] = []
+        elsewhere: list[Role] = []
+        fitting: dict[Role, list[Worker]] = {}
+        for leg in legs:
+            everywhere = registry.role_pool(model, leg)
+            pool = everywhere if leg is Role.ENCODE else registry.pool(model, runtime, leg)
+            if everywhere and not pool:
+                elsewhere.append(leg)  # deployed, but not on this protocol's runtime
+                continue
+            available = [w for w in pool if w.available(now) and w.id not in exclude]
+            fits = (
+                [
+                    w
+                    for w in available
+                    if overload_reason(w, limits, now, self._stale_after_s) is None
+                ]
+                if limits.any
+                else available
+            )
+            verdict = classify_leg(
+                model, leg, pool, available, fits, self._retry_after_ms, self._overload_retry_ms
+            )
+            if verdict is None:
+                fitting[leg] = fits
+            else:
+                verdicts.append(verdict)
+        if elsewhere:
+            verdicts.append(self._incompatible(model, runtime, legs))
+        if verdicts:
+            return most_permanent(verdicts)
+        return self._pick(model, runtime, legs, fitting, hints, items)
+
+    def legs(self, model: str, multimodal: bool) -> tuple[Role, ...]:
+        registry = self._registry
+        disaggregated = any(registry.role_pool(model, leg) for leg in PD_LEGS)
+        encode_leg = self._model_settings(model).encode_leg or bool(
+            registry.role_pool(model, Role.ENCODE)
         )
-        verdict = classify_leg(
-            model, leg, pool, available, fitting, self._retry_after_ms, self._overload_retry_ms
+        return demanded_legs(disaggregated, multimodal, encode_leg)
+
+    def _incompatible(self, model: str, runtime: Runtime, legs: Sequence[Role]) -> Verdict:
+        where = {
+            leg.value: sorted({_group(w) for w in self._registry.role_pool(model, leg)})
+            for leg in legs
+            if leg is not Role.ENCODE
+        }
+        return verdicts.no_compatible_pair(model, where)
+
+    def _pick(
+        self,
+        model: str,
+        runtime: Runtime,
+        legs: Sequence[Role],
+        fitting: dict[Role, list[Worker]],
+        hints: Hints,
+        items: Sequence[str],
+    ) -> Assignment | Verdict:
+        chosen: dict[Role, Worker] = {}
+        if Role.REGULAR in fitting:
+            picked = self._choose(model, runtime, Role.REGULAR, fitting[Role.REGULAR], hints)
+            if isinstance(picked, Verdict):
+                return picked
+            chosen[Role.REGULAR] = picked
+        else:
+            pair = self._pair(model, runtime, fitting, hints)
+            if isinstance(pair, Verdict):
+                return pair
+            chosen.update(pair)
+        encoders: tuple[tuple[Worker, tuple[str, ...]], ...] = ()
+        if Role.ENCODE in legs:
+            encoders = spread_items(items, fitting[Role.ENCODE])
+        return Assignment(chosen, encoders)
+
+    def _pair(
+        self,
+        model: str,
+        runtime: Runtime,
+        fitting: dict[Role, list[Worker]],
+        hints: Hints,
+    ) -> dict[Role, Worker] | Verdict:
+        """A prefill and a decode that can hand KV to each other: search every pairing
+        group that has both legs, not just the group of whichever prefill comes first."""
+        groups = sorted(
+            {w.pairing for w in fitting[Role.PREFILL]} & {w.pairing for w in fitting[Role.DECODE]}
         )
-        if verdict is not None:
-            return verdict
+        if not groups:
+            return self._incompatible(model, runtime, PD_LEGS)
+        declined: Verdict | None = None
+        for group in groups:
+            pair: dict[Role, Worker] = {}
+            for leg in PD_LEGS:
+                candidates = [w for w in fitting[leg] if w.pairing == group]
+                picked = self._choose(model, runtime, leg, candidates, hints)
+                if isinstance(picked, Verdict):
+                    declined = declined or picked
+                    break
+                pair[leg] = picked
+            else:
+                return pair
+        assert declined is not None
+        return declined
+
+    def _choose(
+        self, model: str, runtime: Runtime, leg: Role, candidates: list[Worker], hints: Hints
+    ) -> Worker | Verdict:
         policy = self.policy(model, runtime, leg)
-        chosen = policy.pick(fitting, hints)
-        if chosen is None:
+        picked = policy.pick(candidates, hints)
+        if picked is None:
             return verdicts.policy_declined(model, leg.value, policy.name, self._retry_after_ms)
-        return chosen
+        return picked
 
     def any_worker(self, model: str, runtime: Runtime, exclude: Collection[str] = ()) -> Placement:
         """One available worker of any leg, for fleet-wide facts (model info, tokenizer)."""
@@ -147,11 +282,16 @@ class Placer:
         return available
 
     def servable(self, model: str, runtime: Runtime | None = None) -> bool:
-        """Every leg the model needs has an available worker (on some runtime)."""
+        """A text request could be placed now: every leg it needs has a routable worker
+        (and, disaggregated, a prefill and a decode that pair). Load limits aside."""
         now = time.monotonic()
+        legs = self.legs(model, multimodal=False)
         runtimes = [runtime] if runtime is not None else self._registry.runtimes(model)
-        return any(
-            w.available(now)
-            for rt in runtimes
-            for w in self._registry.pool(model, rt, Role.REGULAR)
-        )
+        for rt in runtimes:
+            up = {
+                leg: {w.pairing for w in self._registry.pool(model, rt, leg) if w.available(now)}
+                for leg in legs
+            }
+            if all(up.values()) and set.intersection(*up.values()):
+                return True
+        return False

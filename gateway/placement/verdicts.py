@@ -103,3 +103,15 @@ def workers_overloaded(model: str, leg: str, available: int, retry_after_ms: int
         leg=leg,
         retry_after_ms=retry_after_ms,
     )
+
+
+def no_compatible_pair(model: str, where: dict[str, list[str]]) -> Verdict:
+    """`where`: leg -> the runtimes/pairing groups it has available workers in."""
+    found = "; ".join(f"{leg} on {', '.join(groups) or 'none'}" for leg, groups in where.items())
+    return Verdict(
+        Reason.NO_COMPATIBLE_PAIR,
+        f"The prefill and decode workers for model '{model}' share no runtime "
+        f"or KV transfer setup ({found})",
+        model=model,
+        leg="prefill,decode",
+    )

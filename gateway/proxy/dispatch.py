@@ -20,7 +20,7 @@ from grpc import aio
 from gateway.fleet.breaker import Outcome, outcome_of
 from gateway.fleet.worker import Worker
 from gateway.placement.verdicts import Verdict
-from gateway.proxy.inflight import InflightTable
+from gateway.proxy.inflight import Holder, InflightTable
 from gateway.proxy.metadata import Metadata, clean
 from gateway.proxy.status import abort_with_verdict
 
@@ -45,6 +45,7 @@ class CallRecord:
     messages: int = 0
     headers_sent: bool = False  # once sent, a retry on another worker must not resend them
     verdict: Verdict | None = None  # the placement verdict the call was refused with
+    legs: str = "regular"
 
 
 async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:
@@ -78,12 +79,12 @@ class Dispatcher:
         self._inflight = inflight
         self._max_attempts = max_attempts
 
-    def _acquire(self, worker: Worker) -> bool:
+    def acquire(self, worker: Worker) -> bool:
         """Count the request on the worker; True if it is the breaker's half-open trial."""
         worker.inflight += 1
         return self._outcomes.on_dispatch(worker)
 
-    def _release(self, worker: Worker, code: grpc.StatusCode | None, trial: bool) -> None:
+    def release(self, worker: Worker, code: grpc.StatusCode | None, trial: bool) -> None:
         worker.release()
         outcome = Outcome.IGNORED if code is None else outcome_of(code)
         self._outcomes.record_outcome(worker, outcome, trial=trial)
@@ -133,8 +134,9 @@ class Dispatcher:
         call = worker.channel.unary_stream(path)(
             request, metadata=metadata, timeout=context.time_remaining()
         )
-        trial = self._acquire(worker)
-        self._inflight.add(record.request_id, worker)
+        trial = self.acquire(worker)
+        holder = Holder(worker, record.request_id)
+        self._inflight.add(record.request_id, holder)
         code: grpc.StatusCode | None = None  # None: ended by the client (cancel)
         try:
             # A Trailers-Only failure also resolves initial_metadata, empty, sometimes before
@@ -161,8 +163,8 @@ class Dispatcher:
             code = grpc.StatusCode.OK
             context.set_trailing_metadata(clean(await call.trailing_metadata()))
         finally:
-            self._release(worker, code, trial)
-            self._inflight.discard(record.request_id, worker)
+            self.release(worker, code, trial)
+            self._inflight.discard(record.request_id, holder)
             if not call.done():
                 call.cancel()
 
@@ -177,7 +179,7 @@ class Dispatcher:
         call = worker.channel.unary_unary(path)(
             request, metadata=metadata, timeout=context.time_remaining()
         )
-        trial = self._acquire(worker)
+        trial = self.acquire(worker)
         code: grpc.StatusCode | None = None
         try:
             try:
@@ -193,6 +195,6 @@ class Dispatcher:
             context.set_trailing_metadata(clean(await call.trailing_metadata()))
             return reply
         finally:
-            self._release(worker, code, trial)
+            self.release(worker, code, trial)
             if not call.done():
                 call.cancel()

@@ -9,6 +9,7 @@ worker (fleet-wide facts) or fanned out to all and merged (per-worker admin).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
@@ -22,14 +23,18 @@ from gateway.config import GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
-from gateway.placement.placer import Placer
+from gateway.placement.placer import Assignment, Placer
 from gateway.placement.verdicts import Verdict
+from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import CallRecord, Context, Dispatcher, refuse
-from gateway.proxy.inflight import InflightTable
+from gateway.proxy.inflight import Holder, InflightTable
 from gateway.proxy.metadata import RequestMeta, clean, read_request_meta
 from gateway.proxy.status import abort_invalid
+from gateway.roles import Role
 
 log = structlog.get_logger("gateway.request")
+
+REGULAR_ONLY = (Role.REGULAR,)
 
 Handler = Callable[[bytes, Context], Awaitable[Any]]
 
@@ -45,8 +50,10 @@ class EngineFront:
         placer: Placer,
         dispatcher: Dispatcher,
         inflight: InflightTable,
+        disagg: DisaggregatedDispatch,
         observe: Callable[[CallRecord], None],
     ) -> None:
+        self._disagg = disagg
         self.adapter = adapter
         self._observe = observe
         self._config = config
@@ -101,7 +108,7 @@ class EngineFront:
             rpc=record.rpc,
             worker=record.workers[-1] if record.workers else None,
             attempts=len(record.workers),
-            legs="regular",
+            legs=record.legs,
             code=record.code,
             reason=record.verdict.reason.name if record.verdict else None,
             first_message_ms=round(first * 1000, 3) if first is not None else None,
@@ -143,10 +150,29 @@ class EngineFront:
                 await abort_invalid(context, f"Request bytes are not a valid {spec.name} request")
         meta = self._meta(context)
         model = await self._model(context, meta, record)
-        runtime = self.adapter.runtime
+        runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
+        items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
+
+        def place(tried: Collection[str]) -> Assignment | Verdict:
+            return placer.place(model, runtime, hints, items, tried)
+
+        if spec.kind is RpcKind.GENERATE and placer.legs(model, bool(items)) != REGULAR_ONLY:
+            record.legs = "+".join(leg.value for leg in placer.legs(model, bool(items)))
+            await self._disagg.generate(
+                context,
+                self.adapter,
+                request,
+                info.n,
+                info.return_logprob,
+                meta.forward,
+                place,
+                record,
+            )
+            return None
 
         def pick(tried: Collection[str]) -> Worker | Verdict:
-            return self._placer.place(model, runtime, meta.hints, tried)
+            placed = place(tried)
+            return placed if isinstance(placed, Verdict) else placed.receiver
 
         return await self._dispatcher.forward(
             context,
@@ -223,6 +249,23 @@ class EngineFront:
             return self.adapter.health_check_reply(True, f"model '{model}' is servable")
         return self.adapter.health_check_reply(False, f"model '{model}' has no available workers")
 
+    async def _abort_one(
+        self, spec: RpcSpec, request: bytes, holder: Holder, meta: RequestMeta, context: Context
+    ) -> bytes:
+        """Abort one upstream call; a decode leg only once it has started (bounded), so the
+        KV handoff from its prefill is not torn in the middle."""
+        if holder.started is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.disagg.abort_wait_s):
+                    await holder.started.wait()
+        call = holder.worker.channel.unary_unary(spec.path)
+        reply: bytes = await call(
+            self.adapter.abort_request([holder.upstream_id], request),
+            metadata=meta.forward,
+            timeout=context.time_remaining(),
+        )
+        return reply
+
     async def _abort(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
     ) -> bytes:
@@ -231,26 +274,14 @@ class EngineFront:
         except DecodeError:
             await abort_invalid(context, "Request bytes are not a valid AbortRequest")
         record.request_id = ",".join(ids)
-        by_worker: dict[Worker, list[str]] = {}
-        for request_id in ids:
-            for worker in self._inflight.holders(request_id):
-                by_worker.setdefault(worker, []).append(request_id)
-        if not by_worker:
+        holders = [h for request_id in ids for h in self._inflight.holders(request_id)]
+        if not holders:
             unknown = ", ".join(repr(i) for i in ids)
             return self.adapter.abort_reply(False, f"request {unknown} is not in flight here")
         meta = self._meta(context)
-        timeout = context.time_remaining()
-        workers = list(by_worker)
-        record.workers = [w.id for w in workers]
+        record.workers = [h.worker.id for h in holders]
         results = await asyncio.gather(
-            *(
-                w.channel.unary_unary(spec.path)(
-                    self.adapter.abort_request(by_worker[w], request),
-                    metadata=meta.forward,
-                    timeout=timeout,
-                )
-                for w in workers
-            ),
+            *(self._abort_one(spec, request, h, meta, context) for h in holders),
             return_exceptions=True,
         )
         replies = [r for r in results if isinstance(r, bytes)]

@@ -48,6 +48,18 @@ def output_tokens(input_ids: Sequence[int], count: int) -> list[int]:
     return [(base + k) % VOCAB_SIZE for k in range(count)]
 
 
+def tokens_from(first_token: int, count: int) -> list[int]:
+    """The same output continued from its first token alone, as a PD decode must:
+    it never computes the prompt, it only has what the prefill handed over."""
+    return [(first_token + k) % VOCAB_SIZE for k in range(count)]
+
+
+def input_logprobs_for(input_ids: Sequence[int]) -> list[float | None]:
+    """Deterministic prompt logprobs, the first one None as in SGLang; multiples of
+    1/64 so they survive float32 and JSON exactly."""
+    return [None] + [-((token % 97) + 1) / 64.0 for token in input_ids[1:]]
+
+
 def embedding_for(input_ids: Sequence[int]) -> list[float]:
     """Deterministic embedding; multiples of 1/1024 so they survive float32 exactly."""
     seed = sum(input_ids) + len(input_ids)
@@ -152,11 +164,11 @@ class SimEngine:
         view = await self.read(context)
         entry = self.active.add(request_id)
         try:
-            await self._generate(context, codec, entry, view, input_ids, n, max_tokens, stream)
+            await self.respond(context, codec, entry, view, input_ids, n, max_tokens, stream)
         finally:
             self.active.remove(entry)
 
-    async def _generate(
+    async def respond(
         self,
         context: ServicerContext[Any, Any],
         codec: Codec,
@@ -166,7 +178,10 @@ class SimEngine:
         n: int,
         max_tokens: int | None,
         stream: bool,
+        first_token: int | None = None,
     ) -> None:
+        """Write the responses of a tracked call; a PD decode passes the ``first_token``
+        its prefill handed over and the output continues from it."""
         behaviour = view.behaviour
         trigger = behaviour.trigger_at
         if trigger == 0:
@@ -184,7 +199,11 @@ class SimEngine:
 
         await context.send_initial_metadata(self.headers(context, view))
         tokens = behaviour.tokens if max_tokens is None else max_tokens
-        output = output_tokens(input_ids, tokens)
+        output = (
+            output_tokens(input_ids, tokens)
+            if first_token is None
+            else tokens_from(first_token, tokens)
+        )
         produced = tokens
         sent = 0
         ttft = behaviour.ttft_ms / 1000.0
@@ -230,6 +249,17 @@ class SimEngine:
         self, context: ServicerContext[Any, Any], request_id: str, input_ids: Sequence[int]
     ) -> list[float]:
         """Serve one Embed call; returns the embedding, or fails/stalls as configured."""
+        await self.unary(context, request_id)
+        return embedding_for(input_ids)
+
+    async def unary(
+        self,
+        context: ServicerContext[Any, Any],
+        request_id: str,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        """Play the configured behaviour for one unary call (Embed, Encode): fail or
+        stall as told, send the headers (plus ``headers``), take ``--ttft-ms``."""
         view = await self.read(context)
         behaviour = view.behaviour
         entry = self.active.add(request_id)
@@ -239,13 +269,12 @@ class SimEngine:
             if behaviour.stall:
                 await entry.sleep(None)
                 await context.abort(grpc.StatusCode.ABORTED, "aborted")
-            await context.send_initial_metadata(self.headers(context, view))
+            await context.send_initial_metadata(self.headers(context, view) + headers)
             if behaviour.fail_code is not None:
                 # A unary call has no message to fail after: fail after the headers.
                 await self._fail(context, behaviour.fail_code)
             if behaviour.ttft_ms and await entry.sleep(behaviour.ttft_ms / 1000.0):
                 await context.abort(grpc.StatusCode.ABORTED, "aborted")
-            return embedding_for(input_ids)
         finally:
             self.active.remove(entry)
 

@@ -31,7 +31,7 @@ def worker(
 ) -> Worker:
     channel: Any = None  # metrics never touch the channel
     spec = WorkerSpec("127.0.0.1", port, model, runtime, role)
-    return Worker(spec=spec, model=model, runtime=runtime, channel=channel)
+    return Worker(spec=spec, model=model, runtime=runtime, channel=channel, role=role)
 
 
 def make_ready(registry: Registry, w: Worker) -> None:

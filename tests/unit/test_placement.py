@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -29,6 +30,12 @@ def add(registry: Registry, port: int, model: str, runtime: Runtime, ready: bool
     registry.update(worker, "test")
     assert worker.status is (WorkerStatus.READY if ready else WorkerStatus.NOT_READY)
     return worker
+
+
+def chosen(p: Placer, model: str, hints: Hints, exclude: Sequence[str] = ()) -> Worker | Verdict:
+    """The worker a regular request goes to, or the verdict."""
+    placed = p.place(model, Runtime.SGLANG, hints, exclude=exclude)
+    return placed if isinstance(placed, Verdict) else placed.primary
 
 
 @pytest.fixture
@@ -82,7 +89,7 @@ def test_model_on_the_other_protocol_says_where_it_is(registry: Registry) -> Non
 def test_all_workers_down_is_workers_unavailable_with_retry_delay(registry: Registry) -> None:
     add(registry, 1, "m", Runtime.SGLANG, ready=False)
     add(registry, 2, "m", Runtime.SGLANG, ready=False)
-    verdict = placer(registry).place("m", Runtime.SGLANG, Hints())
+    verdict = chosen(placer(registry), "m", Hints())
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.WORKERS_UNAVAILABLE
     assert verdict.leg == "regular"
@@ -97,13 +104,13 @@ def test_retry_never_returns_a_tried_worker(registry: Registry) -> None:
     a = add(registry, 1, "m", Runtime.SGLANG)
     b = add(registry, 2, "m", Runtime.SGLANG)
     p = placer(registry)
-    assert p.place("m", Runtime.SGLANG, Hints(), exclude=[a.id]) is b
-    assert isinstance(p.place("m", Runtime.SGLANG, Hints(), exclude=[a.id, b.id]), Verdict)
+    assert chosen(p, "m", Hints(), exclude=[a.id]) is b
+    assert isinstance(chosen(p, "m", Hints(), exclude=[a.id, b.id]), Verdict)
 
 
 def test_policy_declined_names_the_policy(registry: Registry) -> None:
     add(registry, 1, "m", Runtime.SGLANG)
-    verdict = placer(registry, "manual").place("m", Runtime.SGLANG, Hints(target_worker="h:9"))
+    verdict = chosen(placer(registry, "manual"), "m", Hints(target_worker="h:9"))
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.POLICY_DECLINED
     assert verdict.extra == {"policy": "manual"}
@@ -113,9 +120,9 @@ def test_each_model_has_its_own_rotation(registry: Registry) -> None:
     a1, a2 = add(registry, 1, "a", Runtime.SGLANG), add(registry, 2, "a", Runtime.SGLANG)
     b1 = add(registry, 3, "b", Runtime.SGLANG)
     p = placer(registry)
-    assert p.place("a", Runtime.SGLANG, Hints()) is a1
-    assert p.place("b", Runtime.SGLANG, Hints()) is b1
-    assert p.place("a", Runtime.SGLANG, Hints()) is a2
+    assert chosen(p, "a", Hints()) is a1
+    assert chosen(p, "b", Hints()) is b1
+    assert chosen(p, "a", Hints()) is a2
 
 
 def test_registry_drops_empty_branches_on_removal(registry: Registry) -> None:
@@ -129,19 +136,19 @@ def test_every_available_worker_over_its_limit_is_workers_overloaded(registry: R
     a, b = add(registry, 1, "m", Runtime.SGLANG), add(registry, 2, "m", Runtime.SGLANG)
     p = placer(registry, max_inflight=2)
     a.inflight = b.inflight = 2
-    verdict = p.place("m", Runtime.SGLANG, Hints())
+    verdict = chosen(p, "m", Hints())
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.WORKERS_OVERLOADED
     assert verdict.retry_after_ms == 2000  # the load poll interval
     assert verdict.message == "All 2 available regular workers for model 'm' are overloaded"
     b.inflight = 1
-    assert p.place("m", Runtime.SGLANG, Hints()) is b
+    assert chosen(p, "m", Hints()) is b
 
 
 def test_unavailable_wins_over_overloaded_when_nobody_is_available(registry: Registry) -> None:
     a = add(registry, 1, "m", Runtime.SGLANG, ready=False)
     a.inflight = 9
-    verdict = placer(registry, max_inflight=1).place("m", Runtime.SGLANG, Hints())
+    verdict = chosen(placer(registry, max_inflight=1), "m", Hints())
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.WORKERS_UNAVAILABLE
 
@@ -150,7 +157,7 @@ def test_open_breaker_makes_a_ready_worker_unavailable(registry: Registry) -> No
     a = add(registry, 1, "m", Runtime.SGLANG)
     for _ in range(a.breaker.settings.failure_threshold):
         a.breaker.record(Outcome.FAILURE, now=time.monotonic(), trial=False)
-    verdict = placer(registry).place("m", Runtime.SGLANG, Hints())
+    verdict = chosen(placer(registry), "m", Hints())
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.WORKERS_UNAVAILABLE
     assert not placer(registry).servable("m")

@@ -1,0 +1,37 @@
+"""Legs: what a request demands, and which single verdict answers when several legs fail.
+
+A model is served by regular workers, or by prefill + decode workers (disaggregated);
+multimodal requests to a model with an encode leg also demand encode. Each demanded leg
+is judged by its own pool, so a healthy leg is never blamed for another's failure; when
+several legs fail, the most permanent cause wins: a client retrying a NOT_FOUND would
+retry forever, a RESOURCE_EXHAUSTED passes with the load, an UNAVAILABLE may pass soonest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from gateway.placement.verdicts import Verdict
+from gateway.roles import Role
+
+PD_LEGS = (Role.PREFILL, Role.DECODE)
+
+# Lower sorts first: more permanent.
+PERMANENCE = {
+    grpc.StatusCode.NOT_FOUND: 0,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 1,
+    grpc.StatusCode.UNAVAILABLE: 2,
+}
+
+
+def demanded_legs(disaggregated: bool, multimodal: bool, encode_leg: bool) -> tuple[Role, ...]:
+    """The legs one request needs, in the order they are judged and reported."""
+    legs = PD_LEGS if disaggregated else (Role.REGULAR,)
+    return (Role.ENCODE, *legs) if multimodal and encode_leg else legs
+
+
+def most_permanent(verdicts: Sequence[Verdict]) -> Verdict:
+    """The verdict to answer with; ties go to the first leg in demand order."""
+    return min(verdicts, key=lambda v: PERMANENCE.get(v.reason.code, 3))
