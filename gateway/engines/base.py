@@ -137,6 +137,23 @@ class EngineAdapter(ABC):
         patch.sampling_params.n = 1
         return raw + bytes(patch.SerializeToString())
 
+    # Disaggregated hand-off: an engine implements the methods of its `pd_handoff` style.
+
+    def with_bootstrap(self, raw: bytes, host: str, port: int, room: int) -> bytes:
+        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
+
+    def with_input_logprobs(self, decode_message: bytes, prefill_messages: list[bytes]) -> bytes:
+        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
+
+    def prefill_request(self, raw: bytes) -> bytes:
+        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
+
+    def kv_transfer_params(self, prefill_messages: list[bytes]) -> str | None:
+        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
+
+    def decode_request(self, raw: bytes, kv_transfer_params: str) -> bytes:
+        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
+
     def retag(self, message: bytes, index: int, request_id: str) -> bytes:
         """A choice's response as the client's: its `index`, the client's request id."""
         response: Any = self.rpcs["Generate"].response_type.FromString(message)

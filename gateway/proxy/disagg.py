@@ -267,7 +267,7 @@ class DisaggregatedDispatch:
         prefill, decode = placed.workers[Role.PREFILL], placed.workers[Role.DECODE]
         room = self.rooms.allocate()
         port = prefill.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-        request = adapter.with_bootstrap(raw, prefill.bootstrap_host, port, room)  # type: ignore[attr-defined]
+        request = adapter.with_bootstrap(raw, prefill.bootstrap_host, port, room)
         legs: list[Leg] = []
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -285,7 +285,7 @@ class DisaggregatedDispatch:
             first = await self._first_message(d_leg, tasks)
             if return_logprob and first is not None:
                 await tasks[0]  # the prefill's answer carries the prompt logprobs
-                first = adapter.with_input_logprobs(first, p_leg.messages)  # type: ignore[attr-defined]
+                first = adapter.with_input_logprobs(first, p_leg.messages)
             await self._relay_rest(context, d_leg, first, sink, record, relay_trailers)
         finally:
             self.rooms.release(room)
@@ -313,7 +313,7 @@ class DisaggregatedDispatch:
                 Role.PREFILL,
                 prefill,
                 path,
-                adapter.prefill_request(raw),  # type: ignore[attr-defined]
+                adapter.prefill_request(raw),
                 metadata,
                 context.time_remaining(),
                 record,
@@ -321,7 +321,7 @@ class DisaggregatedDispatch:
             )
             legs.append(p_leg)
             await self._drain(p_leg)
-            params = adapter.kv_transfer_params(p_leg.messages)  # type: ignore[attr-defined]
+            params = adapter.kv_transfer_params(p_leg.messages)
             if params is None:
                 self.missing_kv_params += 1
                 raise LegFailure(
@@ -330,7 +330,7 @@ class DisaggregatedDispatch:
                     grpc.StatusCode.INTERNAL,
                     "returned no kv_transfer_params; the decode cannot fetch the KV cache",
                 )
-            request = adapter.decode_request(raw, params)  # type: ignore[attr-defined]
+            request = adapter.decode_request(raw, params)
             d_leg = self._stream(
                 Role.DECODE,
                 decode,
