@@ -266,6 +266,7 @@ class DisaggregatedDispatch:
     ) -> None:
         prefill, decode = placed.workers[Role.PREFILL], placed.workers[Role.DECODE]
         room = self.rooms.allocate()
+        record.rooms.append(room)
         port = prefill.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
         request = adapter.with_bootstrap(raw, prefill.bootstrap_host, port, room)
         legs: list[Leg] = []

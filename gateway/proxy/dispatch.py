@@ -46,6 +46,7 @@ class CallRecord:
     headers_sent: bool = False  # once sent, a retry on another worker must not resend them
     verdict: Verdict | None = None  # the placement verdict the call was refused with
     legs: str = "regular"
+    rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
 
 
 async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:

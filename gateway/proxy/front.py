@@ -115,6 +115,7 @@ class EngineFront:
             duration_ms=round((time.perf_counter() - record.started) * 1000, 3),
             messages=record.messages,
             request_id=record.request_id or None,
+            rooms=record.rooms or None,
         )
 
     def _meta(self, context: Context) -> RequestMeta:

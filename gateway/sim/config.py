@@ -10,6 +10,7 @@ import grpc
 from gateway.sim.behaviour import Behaviour, parse_status_code
 
 RUNTIMES = ("sglang", "vllm")
+ROLES = ("regular", "prefill", "decode", "encode")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -40,6 +41,13 @@ def _positive(value: str) -> int:
     parsed = _non_negative(value)
     if parsed == 0:
         raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return parsed
+
+
+def _port(value: str) -> int:
+    parsed = _non_negative(value)
+    if parsed > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port (0-65535), got {value!r}")
     return parsed
 
 
@@ -137,6 +145,63 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV token usage (0..1) GetLoads reports at least",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    _add_role_arguments(parser)
+
+
+def _add_role_arguments(parser: argparse.ArgumentParser) -> None:
+    """PD/EPD roles: which leg this worker is, and where its side channels listen."""
+    group = parser.add_argument_group("disaggregation (PD / EPD)")
+    group.add_argument(
+        "--role",
+        choices=ROLES,
+        default="regular",
+        help="worker role; encode serves SglangEncoder whatever --runtime says "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--bootstrap-port",
+        type=_port,
+        default=0,
+        help="sglang prefill: bootstrap rendezvous port; 0 picks a free one, announced "
+        "as bootstrap=PORT on the READY line",
+    )
+    group.add_argument(
+        "--bootstrap-timeout-ms",
+        type=_millis,
+        default=3000.0,
+        help="sglang decode: how long to wait for the room (default: %(default)s)",
+    )
+    group.add_argument(
+        "--embedding-port",
+        type=_port,
+        default=0,
+        help="sglang prefill: port encoders push embeddings to; 0 picks a free one, "
+        "announced as embedding=PORT",
+    )
+    group.add_argument(
+        "--embedding-timeout-ms",
+        type=_millis,
+        default=3000.0,
+        help="sglang prefill: how long a multimodal request waits for all its "
+        "embedding parts (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-port",
+        type=_port,
+        default=0,
+        help="vllm prefill: KV side-channel port; 0 picks a free one, announced as kv=PORT",
+    )
+    group.add_argument(
+        "--kv-timeout-ms",
+        type=_millis,
+        default=3000.0,
+        help="vllm decode: bound on fetching the KV (default: %(default)s)",
+    )
+    group.add_argument(
+        "--omit-kv-params",
+        action="store_true",
+        help="vllm prefill: answer without kv_transfer_params_json (a broken connector)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +221,14 @@ class SimConfig:
     health_delay_s: float | None = 0.0  # None: never answer
     load_waiting: int = 0
     load_token_usage: float = 0.0
+    role: str = "regular"
+    bootstrap_port: int = 0
+    bootstrap_timeout_s: float = 3.0
+    embedding_port: int = 0
+    embedding_timeout_s: float = 3.0
+    kv_port: int = 0
+    kv_timeout_s: float = 3.0
+    omit_kv_params: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimConfig:
@@ -182,11 +255,21 @@ class SimConfig:
             load_waiting=args.load_waiting,
             load_token_usage=args.load_token_usage,
             log_level=args.log_level,
+            role=args.role,
+            bootstrap_port=args.bootstrap_port,
+            bootstrap_timeout_s=args.bootstrap_timeout_ms / 1000.0,
+            embedding_port=args.embedding_port,
+            embedding_timeout_s=args.embedding_timeout_ms / 1000.0,
+            kv_port=args.kv_port,
+            kv_timeout_s=args.kv_timeout_ms / 1000.0,
+            omit_kv_params=args.omit_kv_params,
         )
 
     def worker_name(self, port: int) -> str:
-        """The name once the port is known: ``--name`` or ``<runtime>@<host>:<port>``."""
+        """The name once the port is known: ``--name`` or ``<runtime>@<host>:<port>``
+        (``encoder@...`` for an encoder, which speaks neither runtime)."""
         if self.name:
             return self.name
         host, _ = split_listen(self.listen)
-        return f"{self.runtime}@{host}:{port}"
+        kind = "encoder" if self.role == "encode" else self.runtime
+        return f"{kind}@{host}:{port}"

@@ -121,7 +121,9 @@ async def fetch(remote: Remote, timeout_s: float) -> int:
         raise KvTransferError(f"{subject}: {exc or type(exc).__name__}") from None
     engine_id = value.get("engine_id")
     if remote.engine_id is not None and engine_id != remote.engine_id:
-        raise KvTransferError(f"{subject}: that side channel is engine {engine_id!r}, not {remote.engine_id!r}")
+        raise KvTransferError(
+            f"{subject}: that side channel is engine {engine_id!r}, not {remote.engine_id!r}"
+        )
     first_token = value.get("first_token")
     if not isinstance(first_token, int):
         raise KvTransferError(f"{subject}: malformed handoff")

@@ -27,6 +27,12 @@ MAX_LINE_BYTES = 1 << 20
 IDLE_TIMEOUT_S = 60.0
 
 
+def address(host: str, port: int) -> str:
+    """``host:port`` for messages, ``[v6]:port`` for an IPv6 host."""
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ProtocolError(Exception):
     """A peer sent something that is not a line of this protocol."""
 
@@ -123,6 +129,10 @@ class LineServer:
                 await writer.drain()
         except (OSError, TimeoutError, ValueError) as exc:  # ValueError: line over limit
             log.debug("%s channel: dropping a connection: %r", self.label, exc)
+        except asyncio.CancelledError:
+            # Only ``close`` cancels a connection. Ending normally keeps asyncio's stream
+            # callback from logging the cancellation as an unhandled error.
+            pass
         finally:
             self._connections.discard(task)
             writer.close()
@@ -137,9 +147,7 @@ async def exchange(host: str, port: int, line: Line, timeout_s: float) -> Line:
     ProtocolError (the peer closed or answered garbage).
     """
     async with asyncio.timeout(timeout_s):
-        reader, writer = await asyncio.open_connection(
-            host.strip("[]"), port, limit=MAX_LINE_BYTES
-        )
+        reader, writer = await asyncio.open_connection(host.strip("[]"), port, limit=MAX_LINE_BYTES)
         try:
             writer.write(line.encode())
             await writer.drain()

@@ -7,19 +7,18 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
-from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
-from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.sim import sglang, vllm
 from gateway.sim.config import SimConfig
 from gateway.sim.engine import SimEngine
+from gateway.sim.lines import LineServer
+from gateway.sim.roles import wire
 
 log = logging.getLogger("gateway.sim")
 
@@ -82,11 +81,36 @@ def _configure_logging(level: str) -> None:
     log.propagate = False
 
 
-def _print_ready(port: int) -> None:
-    print(f"READY {port}", flush=True)
+def _print_ready(port: int, side_ports: Mapping[str, int]) -> None:
+    """``READY <port>`` then ``name=<port>`` per side server (bootstrap, embedding, kv):
+    the launcher reads those into ``Child.extra``."""
+    words = [f"READY {port}", *(f"{name}={side}" for name, side in side_ports.items())]
+    print(" ".join(words), flush=True)
 
 
-async def serve(config: SimConfig, ready: Callable[[int], None] = _print_ready) -> None:
+async def _start_side(servers: list[LineServer]) -> dict[str, int]:
+    """Start the role's TCP side servers; SystemExit if one cannot listen (``serve``
+    closes those already started)."""
+    ports: dict[str, int] = {}
+    for side in servers:
+        try:
+            ports[side.label] = await side.start()
+        except OSError as exc:
+            raise SystemExit(
+                f"sim: cannot listen for {side.label} on {side.host}:{side.port}: {exc}"
+            ) from exc
+    return ports
+
+
+async def _close_side(servers: list[LineServer]) -> None:
+    for side in servers:
+        await side.close()
+
+
+async def serve(
+    config: SimConfig,
+    ready: Callable[[int, Mapping[str, int]], None] = _print_ready,
+) -> None:
     """Serve until SIGTERM/SIGINT (or cancellation), then stop with a 1 s grace."""
     _configure_logging(config.log_level)
     server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -98,12 +122,9 @@ async def serve(config: SimConfig, ready: Callable[[int], None] = _print_ready) 
         raise SystemExit(f"sim: cannot listen on {config.listen}")
 
     engine = SimEngine(config.worker_name(port), config)
-    if config.runtime == "vllm":
-        vllm_grpc.add_VllmEngineServicer_to_server(vllm.VllmServicer(engine), server)
-        service_name = vllm.SERVICE_NAME
-    else:
-        sgl_grpc.add_SglangSchedulerServicer_to_server(sglang.SglangServicer(engine), server)
-        service_name = sglang.SERVICE_NAME
+    wiring = wire(engine)
+    wiring.register(server)
+    service_name = wiring.service_name
 
     health: health_aio.HealthServicer | None = None
     services = [service_name, reflection.SERVICE_NAME]
@@ -142,10 +163,18 @@ async def serve(config: SimConfig, ready: Callable[[int], None] = _print_ready) 
         except (NotImplementedError, RuntimeError, ValueError):
             log.warning("cannot handle %s here (not the main thread?)", signum.name)
 
-    await server.start()
     try:
-        ready(port)
-        log.info("%s: serving %s on port %d", engine.name, service_name, port)
+        side_ports = await _start_side(wiring.side_servers)
+        await server.start()
+        ready(port, side_ports)
+        log.info(
+            "%s: serving %s (%s) on port %d %s",
+            engine.name,
+            service_name,
+            config.role,
+            port,
+            side_ports,
+        )
         await stop.wait()
         log.info("%s: stopping", engine.name)
     finally:
@@ -153,7 +182,10 @@ async def serve(config: SimConfig, ready: Callable[[int], None] = _print_ready) 
             loop.remove_signal_handler(signum)
         if health is not None:
             await health.enter_graceful_shutdown()
-        await server.stop(SHUTDOWN_GRACE_S)
+        try:
+            await server.stop(SHUTDOWN_GRACE_S)
+        finally:
+            await _close_side(wiring.side_servers)
 
 
 async def run_sim(args: argparse.Namespace) -> None:

@@ -17,23 +17,26 @@ SERVICE_NAME: str = vllm_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 _CODEC = Codec(vllm_pb2, with_request_id=False)
 
 
+def input_ids_of(request: Any) -> Any:
+    """The prompt's token ids; text prompts have no tokenizer here: one "token" per
+    UTF-8 byte."""
+    if request.WhichOneof("input") == "text":
+        return list(request.text.encode())
+    return request.tokenized.input_ids
+
+
 class VllmServicer(SharedRpcs, vllm_grpc.VllmEngineServicer):  # type: ignore[misc]
     """vLLM-only RPCs; the rest come from SharedRpcs or answer UNIMPLEMENTED."""
 
     _pb = vllm_pb2
 
     async def Generate(self, request: Any, context: ServicerContext[Any, Any]) -> None:
-        if request.WhichOneof("input") == "text":
-            # Text prompts have no tokenizer here: one "token" per UTF-8 byte.
-            input_ids: Any = list(request.text.encode())
-        else:
-            input_ids = request.tokenized.input_ids
         params = request.sampling_params
         await self._engine.generate(
             context,
             _CODEC,
             request.request_id,
-            input_ids,
+            input_ids_of(request),
             params.n,
             params.max_tokens if params.HasField("max_tokens") else None,
             request.stream,

@@ -1,0 +1,122 @@
+"""What the PD legs of both runtimes share: the checks every leg makes, and running a leg
+on the engine once its KV (or embeddings) are in place.
+
+A leg is a normal simulated Generate with two additions: a ``prepare`` step before the
+first token (the decode's KV fetch, the prefill's wait for embeddings), which an Abort
+cuts short, and a hook on the first message written (the prefill publishes its handoff
+there, the decode adds the prompt logprobs it was handed). The engine's streaming code
+stays the regular worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+
+import grpc
+from grpc.aio import ServicerContext
+
+from gateway.sim.embeddings import EmbeddingsMissing
+from gateway.sim.engine import Codec, SimEngine
+from gateway.sim.handoff import KvTransferError
+
+N_NOT_SUPPORTED = "n>1 is not supported in disaggregated mode"
+
+Amend = Callable[[Any], None]
+
+
+async def reject(
+    context: ServicerContext[Any, Any], code: grpc.StatusCode, message: str
+) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("unreachable")
+
+
+async def check_single_sample(context: ServicerContext[Any, Any], n: int) -> None:
+    """Real PD engines take one sample per request; the router splits n upstream."""
+    if n > 1:
+        await reject(context, grpc.StatusCode.INVALID_ARGUMENT, N_NOT_SUPPORTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What ``prepare`` found: the first token handed over (decode), and changes to the
+    first message written (``amend`` before it is written, ``restore`` after)."""
+
+    first_token: int | None = None
+    amend: Amend | None = None
+    restore: Amend | None = None
+
+
+class _FirstWrite:
+    """A ServicerContext whose first ``write`` is amended (and restored after: the engine
+    reuses its chunk messages); everything else goes to the real context."""
+
+    def __init__(self, context: ServicerContext[Any, Any], start: Start) -> None:
+        self._context = context
+        self._start: Start | None = start
+
+    async def write(self, message: Any) -> None:
+        start, self._start = self._start, None
+        if start is None:
+            await self._context.write(message)
+            return
+        if start.amend is not None:
+            start.amend(message)
+        await self._context.write(message)  # serialized here, so restoring after is safe
+        if start.restore is not None:
+            start.restore(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+async def _unless_aborted(abort: Awaitable[bool], work: Awaitable[Start]) -> Start | None:
+    """``work``'s result, or None if the request is aborted first."""
+    work_task = asyncio.ensure_future(work)
+    abort_task = asyncio.ensure_future(abort)
+    try:
+        await asyncio.wait((work_task, abort_task), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work_task, abort_task):
+            task.cancel()
+        await asyncio.gather(work_task, abort_task, return_exceptions=True)
+    if work_task.cancelled():
+        return None  # the abort came first and cut the work short
+    return work_task.result()  # or the work's own error
+
+
+async def run_leg(
+    engine: SimEngine,
+    context: ServicerContext[Any, Any],
+    codec: Codec,
+    request_id: str,
+    input_ids: Sequence[int],
+    max_tokens: int | None,
+    stream: bool,
+    prepare: Callable[[], Awaitable[Start]],
+) -> None:
+    """Serve one PD leg: ``prepare`` (bounded by its own timeouts; INTERNAL when the KV
+    or embeddings do not come, as the engines fail such a request), then the engine's
+    regular responses, starting from the handed-over first token if any."""
+    view = await engine.read(context)
+    entry = engine.active.add(request_id)
+    try:
+        try:
+            start = await _unless_aborted(entry.sleep(None), prepare())
+        except (KvTransferError, EmbeddingsMissing) as exc:
+            await reject(context, grpc.StatusCode.INTERNAL, str(exc))
+        if start is None:  # aborted while waiting: the stream ends with nothing produced
+            await context.send_initial_metadata(engine.headers(context, view))
+            await context.write(codec.complete(request_id, [], "abort", len(input_ids), 0))
+            return
+        target = context
+        if start.amend is not None or start.restore is not None:
+            target = cast("ServicerContext[Any, Any]", _FirstWrite(context, start))
+        await engine.respond(
+            target, codec, entry, view, input_ids, 1, max_tokens, stream, start.first_token
+        )
+    finally:
+        engine.active.remove(entry)

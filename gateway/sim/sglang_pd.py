@@ -1,0 +1,250 @@
+"""SGLang's PD roles: a prefill that serves the bootstrap rendezvous (and receives EPD
+embeddings), and a decode that waits for its room there.
+
+Both take the request the router sends to both legs at once, with the same
+``disaggregated_params``. What fails, and how (details in the module docstrings of
+``rendezvous`` and ``embeddings``):
+
+- no ``disaggregated_params`` (either role): INVALID_ARGUMENT;
+- n > 1 (either role): INVALID_ARGUMENT;
+- prefill named by a bootstrap address that is not its own: FAILED_PRECONDITION (in
+  production the KV would go nowhere; here the mistake is loud at once);
+- prefill without all embedding parts in time: INTERNAL;
+- decode whose room does not arrive (wrong room, wrong or dead prefill): INTERNAL,
+  as SGLang fails a request whose KV transfer failed; "KV transfer failed: ..." names
+  the room and the bootstrap address.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from grpc.aio import ServicerContext
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
+
+from gateway.sim.config import split_listen
+from gateway.sim.disagg import Start, check_single_sample, reject, run_leg
+from gateway.sim.embeddings import EmbeddingReceiver, EmbeddingsMissing
+from gateway.sim.engine import Codec, SimEngine, input_logprobs_for
+from gateway.sim.lines import LineServer, address
+from gateway.sim.rendezvous import BootstrapServer, Room, wait_room
+from gateway.sim.sglang import SglangServicer
+
+_CODEC = Codec(sgl_pb2, with_request_id=True)
+# A prefill listening on every address is named by any of them.
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def logprobs_message(values: list[float | None], token_ids: list[int]) -> Any:
+    """SGLang's InputLogProbs: one entry per prompt token, the first one without value."""
+    return sgl_pb2.InputLogProbs(
+        token_logprobs=[
+            sgl_pb2.InputTokenLogProb() if value is None else sgl_pb2.InputTokenLogProb(value=value)
+            for value in values
+        ],
+        token_ids=token_ids,
+    )
+
+
+def mm_item_count(request: Any) -> int:
+    """Multimodal items an encoder must have encoded for this request (URLs and raw
+    data; preprocessed ``pixel_values`` need no encoder)."""
+    if not request.HasField("mm_inputs"):
+        return 0
+    mm = request.mm_inputs
+    return sum(
+        len(items)
+        for items in (
+            mm.image_urls,
+            mm.video_urls,
+            mm.audio_urls,
+            mm.image_data,
+            mm.video_data,
+            mm.audio_data,
+        )
+    )
+
+
+async def disaggregated_params(request: Any, context: ServicerContext[Any, Any], role: str) -> Any:
+    """The request's ``disaggregated_params``; INVALID_ARGUMENT when absent or incomplete."""
+    if not request.HasField("disaggregated_params"):
+        await reject(
+            context, grpc.StatusCode.INVALID_ARGUMENT, f"{role} worker needs disaggregated_params"
+        )
+    params = request.disaggregated_params
+    if not params.bootstrap_host or not 0 < params.bootstrap_port < 65536:
+        await reject(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "disaggregated_params need bootstrap_host and bootstrap_port "
+            f"(got {params.bootstrap_host!r}:{params.bootstrap_port})",
+        )
+    if params.bootstrap_room < 0:
+        await reject(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"bootstrap_room must not be negative (got {params.bootstrap_room})",
+        )
+    await check_single_sample(context, request.sampling_params.n)
+    return params
+
+
+def _max_new_tokens(request: Any) -> int | None:
+    params = request.sampling_params
+    return params.max_new_tokens if params.HasField("max_new_tokens") else None
+
+
+class _PdServicer(SglangServicer):
+    """Reports the role in GetServerInfo and GetLoads."""
+
+    mode = "null"
+
+    @property
+    def side_servers(self) -> list[LineServer]:
+        return []
+
+    def bootstrap_port(self) -> int:
+        return 0
+
+    def _metrics(self) -> Any:
+        return sgl_pb2.DisaggregationMetrics(mode=self.mode)
+
+    async def GetServerInfo(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
+        response = await super().GetServerInfo(request, context)
+        response.server_args.update(
+            {
+                "disaggregation_mode": self.mode,
+                "disaggregation_bootstrap_port": self.bootstrap_port(),
+                "disaggregation_transfer_backend": "sim",
+            }
+        )
+        return response
+
+    async def GetLoads(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
+        response = await super().GetLoads(request, context)
+        for load in response.loads:
+            # Like the running requests, all the rendezvous traffic sits on rank 0.
+            if load.dp_rank == 0:
+                load.disaggregation.CopyFrom(self._metrics())
+            else:
+                load.disaggregation.mode = self.mode
+        return response
+
+
+class SglangPrefillServicer(_PdServicer):
+    """``--role prefill``: marks the request's room ready after its time to first token
+    and answers with one Complete holding the first token."""
+
+    mode = "prefill"
+
+    def __init__(self, engine: SimEngine) -> None:
+        super().__init__(engine)
+        config = engine.config
+        host, _ = split_listen(config.listen)
+        self._host = host.strip("[]")
+        self.bootstrap = BootstrapServer(host, config.bootstrap_port)
+        self.embeddings = EmbeddingReceiver(host, config.embedding_port)
+
+    @property
+    def side_servers(self) -> list[LineServer]:
+        return [self.bootstrap.server, self.embeddings.server]
+
+    def bootstrap_port(self) -> int:
+        return self.bootstrap.port
+
+    def _metrics(self) -> Any:
+        return sgl_pb2.DisaggregationMetrics(
+            mode=self.mode,
+            prefill_prealloc_queue_reqs=self.embeddings.waiting,
+            prefill_inflight_queue_reqs=self.bootstrap.published,
+        )
+
+    async def Generate(self, request: Any, context: ServicerContext[Any, Any]) -> None:
+        params = await disaggregated_params(request, context, "prefill")
+        named = params.bootstrap_host.strip("[]")
+        if (
+            named != self._host and self._host not in _WILDCARD_HOSTS
+        ) or params.bootstrap_port != self.bootstrap.port:
+            await reject(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"bootstrap address {address(params.bootstrap_host, params.bootstrap_port)} "
+                f"is not this prefill's ({address(self._host, self.bootstrap.port)})",
+            )
+        room = params.bootstrap_room
+        request_id = request.request_id
+        input_ids = list(request.tokenized.input_ids)
+        logprobs = input_logprobs_for(input_ids) if request.return_logprob else None
+        items = mm_item_count(request)
+        timeout_s = self._engine.config.embedding_timeout_s
+
+        def publish(message: Any) -> None:
+            complete = message.complete
+            if complete.finish_reason == "abort" or not complete.output_ids:
+                return
+            self.bootstrap.mark_ready(
+                room,
+                Room(
+                    complete.output_ids[0],
+                    logprobs,
+                    input_ids if logprobs is not None else None,
+                ),
+            )
+            if logprobs is not None:
+                complete.input_logprobs.CopyFrom(logprobs_message(logprobs, input_ids))
+
+        async def prepare() -> Start:
+            if items:
+                parts = await self.embeddings.wait_all(request_id, timeout_s)
+                if parts.item_count != items:
+                    raise EmbeddingsMissing(
+                        f"embeddings for request {request_id}: got {parts.item_count} items "
+                        f"for {items} multimodal inputs"
+                    )
+            return Start(amend=publish)
+
+        # The prefill computes the prompt and samples one token, whatever was asked.
+        await run_leg(self._engine, context, _CODEC, request_id, input_ids, 1, False, prepare)
+
+
+class SglangDecodeServicer(_PdServicer):
+    """``--role decode``: waits for its room on the prefill's bootstrap server, then
+    streams from the prefill's first token."""
+
+    mode = "decode"
+
+    def __init__(self, engine: SimEngine) -> None:
+        super().__init__(engine)
+        self.transferring = 0
+
+    def _metrics(self) -> Any:
+        return sgl_pb2.DisaggregationMetrics(
+            mode=self.mode, decode_transfer_queue_reqs=self.transferring
+        )
+
+    async def Generate(self, request: Any, context: ServicerContext[Any, Any]) -> None:
+        params = await disaggregated_params(request, context, "decode")
+        host, port, room = params.bootstrap_host, params.bootstrap_port, params.bootstrap_room
+        timeout_s = self._engine.config.bootstrap_timeout_s
+
+        async def prepare() -> Start:
+            self.transferring += 1
+            try:
+                handoff = await wait_room(host, port, room, timeout_s)
+            finally:
+                self.transferring -= 1
+            # Like SGLang's decode server: the prompt logprobs stay with the prefill that
+            # computed them; the gateway puts them into the client's first message.
+            return Start(first_token=handoff.first_token)
+
+        await run_leg(
+            self._engine,
+            context,
+            _CODEC,
+            request.request_id,
+            request.tokenized.input_ids,
+            _max_new_tokens(request),
+            request.stream,
+            prepare,
+        )
