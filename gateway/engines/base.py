@@ -182,6 +182,18 @@ class EngineAdapter(ABC):
             return self.merge_loads(replies)
         return merge_outcomes(response_type, replies)
 
+    def merge_aborts(self, replies: Sequence[bytes]) -> bytes:
+        """One answer for the aborts of every leg and choice: aborted if any worker had it
+        (a prefill that already finished its part no longer holds the request)."""
+        response_type = self.rpcs["Abort"].response_type
+        parsed: list[Any] = [response_type.FromString(r) for r in replies]
+        if "success" not in response_type.DESCRIPTOR.fields_by_name:
+            return bytes(parsed[0].SerializeToString())
+        done = [r for r in parsed if r.success]
+        merged: Any = response_type(success=bool(done))
+        merged.message = "; ".join(r.message for r in (done or parsed) if r.message)
+        return bytes(merged.SerializeToString())
+
     def merge_loads(self, replies: Sequence[Any]) -> bytes:
         """GetLoads: one SchedulerLoad entry per worker and rank, in worker order."""
         merged: Any = replies[0].__class__()

@@ -75,15 +75,14 @@ class VllmAdapter(EngineAdapter):
             "kv_both": Role.REGULAR,
             "": Role.REGULAR,
         }.get(info.kv_role)
-        pairing = "|".join(
-            str(x)
-            for x in (
-                info.kv_connector,
-                info.pairing_protocol,
-                info.kv_cache_dtype,
-                info.block_size or "",
-            )
-        )
+        # What a prefill and a decode must agree on for the KV handoff (vLLM's NIXL
+        # compatibility factors); empty when no connector is configured.
+        agree = {
+            "protocol": info.pairing_protocol,
+            "kv_cache_dtype": info.kv_cache_dtype,
+            "block_size": str(info.block_size or ""),
+        }
+        pairing = " ".join([info.kv_connector, *(f"{k}={v}" for k, v in agree.items() if v)])
         return ServerFacts(role=role, pairing=pairing if info.kv_connector else "")
 
     def abort_ids(self, raw: bytes) -> list[str]:

@@ -108,6 +108,7 @@ class Leg:
     code: grpc.StatusCode | None = None  # None until it ends; stays None if cancelled
     messages: list[bytes] = field(default_factory=list)
     pending_read: asyncio.Future[Any] | None = None  # a decode's first read, left running
+    key: str = ""  # the client's request id, under which the holder is registered
 
 
 class DisaggregatedDispatch:
@@ -372,7 +373,7 @@ class DisaggregatedDispatch:
         started = asyncio.Event() if role is Role.DECODE else None
         holder = Holder(worker, upstream_id, started)
         self._inflight.add(record.request_id, holder)
-        return Leg(role, worker, call, trial, holder)
+        return Leg(role, worker, call, trial, holder, key=record.request_id)
 
     async def _drain(self, leg: Leg) -> None:
         """Read a leg to its end (the prefill's answer); a failure names the leg."""
@@ -383,6 +384,8 @@ class DisaggregatedDispatch:
             leg.code = error.code()
             raise LegFailure.from_rpc(leg.role, leg.worker, error, early=True) from None
         leg.code = grpc.StatusCode.OK
+        # Its part is done: an Abort from now on is the decode's business only.
+        self._inflight.discard(leg.key, leg.holder)
 
     def _encodes(
         self,
@@ -515,5 +518,5 @@ class DisaggregatedDispatch:
     def _settle(self, leg: Leg) -> None:
         if not leg.call.done():
             leg.call.cancel()
-        self._inflight.discard(leg.holder.upstream_id, leg.holder)
+        self._inflight.discard(leg.key, leg.holder)
         self._dispatcher.release(leg.worker, leg.code, leg.trial)

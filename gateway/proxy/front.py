@@ -107,6 +107,7 @@ class EngineFront:
             service=record.service,
             rpc=record.rpc,
             worker=record.workers[-1] if record.workers else None,
+            workers=record.workers if len(record.workers) > 1 else None,
             attempts=len(record.workers),
             legs=record.legs,
             code=record.code,
@@ -290,4 +291,4 @@ class EngineFront:
             failure = next(r for r in results if isinstance(r, BaseException))
             detail = failure.details() if isinstance(failure, aio.AioRpcError) else str(failure)
             return self.adapter.abort_reply(False, f"abort failed: {detail}")
-        return self.adapter.merge(spec.name, replies)
+        return self.adapter.merge_aborts(replies)
