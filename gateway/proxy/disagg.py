@@ -199,9 +199,16 @@ class DisaggregatedDispatch:
                 relay_trailers=False,
             )
 
-        async with asyncio.TaskGroup() as group:
-            for index in range(n):
-                group.create_task(choice(index))
+        tasks = [asyncio.ensure_future(choice(index)) for index in range(n)]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t for t in done if t.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()  # type: ignore[misc]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _attempts(
         self,

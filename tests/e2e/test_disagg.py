@@ -411,4 +411,29 @@ class TestLegVerdicts:
         )
 
 
+async def test_a_failing_choice_ends_the_stream_with_its_status_and_cancels_the_rest(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    prefill, decode = start_many(
+        sim,
+        ("--role", "prefill", "--model", "m"),
+        ("--role", "decode", "--model", "m", "--token-ms", "20"),
+    )
+    gw = gateway(*pd_urls(prefill, decode))
+    await wait_health(gw.address, "m")
+    failing = model_md("m", ("x-sim-fail-code", "INTERNAL"), ("x-sim-fail-after", "3"))
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        _, error = await asyncio.wait_for(
+            collect(stub.Generate(sgl_request("nf", 50, n=2), metadata=failing)), 10
+        )
+    assert error is not None
+    assert error.code() is grpc.StatusCode.INTERNAL
+    assert error.details().startswith(
+        (f"prefill worker {prefill.address}: ", f"decode worker {decode.address}: ")
+    )
+    assert await wait_idle(decode.address) == 0
+    assert await wait_idle(prefill.address) == 0
+
+
 pytestmark = pytest.mark.timeout(60)
