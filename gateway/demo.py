@@ -13,6 +13,8 @@ from gateway.server import Gateway
 
 SGLANG_MODEL = "llama-3-8b"
 VLLM_MODEL = "qwen-2.5-7b"
+PD_MODEL = "deepseek-pd"
+EPD_MODEL = "qwen-vl-epd"
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,11 +31,22 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fleet(token_ms: str) -> list[tuple[str, list[str]]]:
+    """(worker URL query, simulator flags); `{bootstrap}` and `{embedding}` in a query are
+    the side ports the prefill simulator announced."""
     timing = ["--token-ms", token_ms, "--ttft-ms", "50"]
+    prefill = "runtime=sglang&role=prefill&bootstrap_port={bootstrap}"
     return [
-        ("sglang", ["--runtime", "sglang", "--model", SGLANG_MODEL, "--name", "sgl-a", *timing]),
-        ("sglang", ["--runtime", "sglang", "--model", SGLANG_MODEL, "--name", "sgl-b", *timing]),
-        ("vllm", ["--runtime", "vllm", "--model", VLLM_MODEL, "--name", "vllm-a", *timing]),
+        ("runtime=sglang", ["--model", SGLANG_MODEL, "--name", "sgl-a", *timing]),
+        ("runtime=sglang", ["--model", SGLANG_MODEL, "--name", "sgl-b", *timing]),
+        ("runtime=vllm", ["--runtime", "vllm", "--model", VLLM_MODEL, "--name", "vllm-a", *timing]),
+        (prefill, ["--role", "prefill", "--model", PD_MODEL, "--name", "pd-prefill", *timing]),
+        ("runtime=sglang&role=decode", ["--role", "decode", "--model", PD_MODEL, *timing]),
+        (
+            prefill + "&embedding_port={embedding}",
+            ["--role", "prefill", "--model", EPD_MODEL, "--name", "epd-prefill", *timing],
+        ),
+        ("runtime=sglang&role=decode", ["--role", "decode", "--model", EPD_MODEL, *timing]),
+        (f"model={EPD_MODEL}&role=encode", ["--role", "encode", "--model", EPD_MODEL]),
     ]
 
 
@@ -55,6 +68,15 @@ def instructions(address: str, ready_line: str) -> str:
             f"  grpcurl -plaintext -H 'x-model-id: {VLLM_MODEL}' -d "
             + '\'{"request_id":"r2","tokenized":{"input_ids":[1,2,3]},"stream":true,'
             + f'"sampling_params":{{"max_tokens":5}}}}\' {address} {vllm}/Generate',
+            f"  grpcurl -plaintext -H 'x-model-id: {PD_MODEL}' -d "
+            + gen
+            + f'"sampling_params":{{"max_new_tokens":5}}}}\' {address} {sgl}/Generate'
+            + "   # prefill + decode",
+            f"  grpcurl -plaintext -H 'x-model-id: {EPD_MODEL}' -d "
+            + '\'{"request_id":"r3","tokenized":{"input_ids":[1,2,3]},"stream":true,'
+            + '"mm_inputs":{"image_urls":["http://img/cat.png"]},'
+            + f'"sampling_params":{{"max_new_tokens":5}}}}\' {address} {sgl}/Generate'
+            + "   # encode + prefill + decode",
             f"  grpcurl -plaintext -H 'x-model-id: {SGLANG_MODEL}' {address} {sgl}/GetLoads",
             f"  grpcurl -plaintext -v -H 'x-model-id: no-such-model' -d '{{}}' "
             f"{address} {sgl}/Generate   # a NOT_FOUND verdict",
@@ -70,11 +92,14 @@ async def run_demo(args: argparse.Namespace) -> None:
     children: list[Child] = []
     gateway: Gateway | None = None
     try:
-        urls = []
-        for runtime, sim_args in _fleet(args.token_ms):
-            child = await asyncio.to_thread(start_sim, *sim_args)
-            children.append(child)
-            urls.append(f"grpc://{child.address}?runtime={runtime}")
+        fleet = _fleet(args.token_ms)
+        children += await asyncio.gather(
+            *(asyncio.to_thread(start_sim, *sim_args) for _, sim_args in fleet)
+        )
+        urls = [
+            f"grpc://{child.address}?" + query.format(**child.extra)
+            for (query, _), child in zip(fleet, children, strict=True)
+        ]
         config = build_config(
             worker_urls=urls,
             overrides={
