@@ -75,11 +75,11 @@ class Result:
 
 
 async def python_client(
-    address: str, args: argparse.Namespace, label: str, pids: dict[str, int]
+    address: str, args: argparse.Namespace, label: str, pids: dict[str, int], model: str
 ) -> Result:
     payload = request_bytes(args.tokens)
     expected = args.tokens + 1
-    metadata = (("x-model-id", "bench"),)
+    metadata = (("x-model-id", model),)
     calls = messages = failures = 0
     ttfm: list[float] = []
     async with aio.insecure_channel(address) as channel:
@@ -119,7 +119,7 @@ def grpc_frame(payload: bytes) -> bytes:
     return struct.pack(">BI", 0, len(payload)) + payload
 
 
-def h2load_client(address: str, args: argparse.Namespace, label: str) -> Result:
+def h2load_client(address: str, args: argparse.Namespace, label: str, model: str) -> Result:
     binary = shutil.which("h2load")
     if binary is None:
         raise SystemExit("h2load not found (apt-get install nghttp2-client)")
@@ -139,7 +139,7 @@ def h2load_client(address: str, args: argparse.Namespace, label: str) -> Result:
             "-H",
             "te: trailers",
             "-H",
-            "x-model-id: bench",
+            f"x-model-id: {model}",
         ]
         began = time.perf_counter()
         out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
@@ -158,20 +158,22 @@ def h2load_client(address: str, args: argparse.Namespace, label: str) -> Result:
     return Result(label, ok, ok * expected, min(seconds, args.duration), [], calls - ok, {})
 
 
-def run_one(address: str, args: argparse.Namespace, label: str, pids: dict[str, int]) -> Result:
+def run_one(
+    address: str, args: argparse.Namespace, label: str, pids: dict[str, int], model: str = "bench"
+) -> Result:
     if args.client == "python":
-        return asyncio.run(python_client(address, args, label, pids))
+        return asyncio.run(python_client(address, args, label, pids, model))
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    result = h2load_client(address, args, label)
+    result = h2load_client(address, args, label, model)
     result.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     return result
 
 
-def report(direct: Result, via: Result) -> None:
+def report(direct: Result, via: Result, pd: Result | None) -> None:
     print(
         f"\n{'':10} {'calls':>8} {'msgs/s':>10} {'p50 ttfm ms':>12} {'p99 ttfm ms':>12} {'fail':>5}"
     )
-    for r in (direct, via):
+    for r in (direct, via, *([pd] if pd else [])):
         print(
             f"{r.label:10} {r.calls:8d} {r.rate:10.0f} {r.quantile(0.5):12.2f} "
             f"{r.quantile(0.99):12.2f} {r.failures:5d}"
@@ -185,6 +187,12 @@ def report(direct: Result, via: Result) -> None:
     worker_direct, worker_via = direct.cpu.get("worker", 0.0), via.cpu.get("worker", 0.0)
     print(f"worker CPU direct {worker_direct:.2f} s, via gateway {worker_via:.2f} s")
     print(f"ratio gateway/direct (messages/s): {via.rate / direct.rate:.2f}x")
+    if pd is not None:
+        print(
+            f"PD through the gateway: {pd.rate / direct.rate:.2f}x of direct messages/s; "
+            f"p50 time to first message {pd.quantile(0.5):.2f} ms vs {via.quantile(0.5):.2f} ms "
+            "regular through the gateway"
+        )
 
 
 def main() -> None:
@@ -200,21 +208,40 @@ def main() -> None:
     parser.add_argument(
         "--gateway-arg", action="append", default=[], help="extra `gateway serve` flag"
     )
+    parser.add_argument(
+        "--pd",
+        action="store_true",
+        help="also run the load through an SGLang prefill + decode pair behind the gateway",
+    )
     args = parser.parse_args()
 
     children: list[Child] = []
     try:
         worker = start_sim("--runtime", "sglang", "--model", "bench")
         children.append(worker)
+        workers = ["--worker", f"grpc://{worker.address}?model=bench&runtime=sglang"]
+        if args.pd:
+            prefill = start_sim("--role", "prefill", "--model", "bench-pd")
+            decode = start_sim("--role", "decode", "--model", "bench-pd")
+            children += [prefill, decode]
+            workers += [
+                "--worker",
+                f"grpc://{prefill.address}",
+                "--worker",
+                f"grpc://{decode.address}",
+            ]
         gateway = start(
             [
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "off",
                 "--log-level",
                 "warning",
-                "--worker",
-                f"grpc://{worker.address}?model=bench&runtime=sglang",
+                *workers,
                 *args.gateway_arg,
             ]
         )
@@ -223,11 +250,12 @@ def main() -> None:
         direct = run_one(worker.address, args, "direct", pids)
         pids["gateway"] = gateway.process.pid
         via = run_one(gateway.address, args, "gateway", pids)
+        pd = run_one(gateway.address, args, "gateway-pd", pids, "bench-pd") if args.pd else None
         print(
             f"client={args.client} tokens={args.tokens} concurrency={args.concurrency} "
             f"duration={args.duration}s"
         )
-        report(direct, via)
+        report(direct, via, pd)
     finally:
         for child in reversed(children):
             child.stop()
