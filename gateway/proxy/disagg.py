@@ -19,7 +19,7 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -96,6 +96,21 @@ class Rooms:
         return len(self._busy)
 
 
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One single-sample request to run over a pair of legs."""
+
+    context: Context
+    adapter: EngineAdapter
+    raw: bytes
+    upstream_id: str  # the client's id, or `<id>-<i>` for choice i of n
+    metadata: Metadata
+    record: CallRecord
+    sink: Sink  # where the decode's messages go (the client, or an n>1 merge)
+    return_logprob: bool
+    relay_trailers: bool  # only a lone request passes the decode's trailers on
+
+
 @dataclass(eq=False)
 class Leg:
     """One upstream call of one leg, with its accounting."""
@@ -138,68 +153,51 @@ class DisaggregatedDispatch:
         place: Placer,
         record: CallRecord,
     ) -> None:
+        job = Job(
+            context,
+            adapter,
+            raw,
+            record.request_id,
+            metadata,
+            record,
+            context.write,
+            return_logprob,
+            relay_trailers=True,
+        )
         try:
             if n > 1:
-                await self._choices(
-                    context, adapter, raw, n, return_logprob, metadata, place, record
-                )
+                await self._choices(job, n, place)
             else:
-                await self._attempts(
-                    context,
-                    adapter,
-                    raw,
-                    record.request_id,
-                    return_logprob,
-                    metadata,
-                    place,
-                    record,
-                    context.write,
-                    relay_trailers=True,
-                )
+                await self._attempts(job, place)
         except LegFailure as failure:
             await context.abort(failure.code, str(failure), failure.trailers)
 
-    async def _choices(
-        self,
-        context: Context,
-        adapter: EngineAdapter,
-        raw: bytes,
-        n: int,
-        return_logprob: bool,
-        metadata: Metadata,
-        place: Placer,
-        record: CallRecord,
-    ) -> None:
+    async def _choices(self, job: Job, n: int, place: Placer) -> None:
         """n single-sample requests `<id>-<i>`, each placed on its own pair with its own
         room; their messages merged into one stream with `index` = i. A failure of one
         choice ends the stream with its status and cancels the others."""
         lock = asyncio.Lock()
-        client_id = record.request_id
+        adapter, client_id, write = job.adapter, job.upstream_id, job.context.write
 
         def sink_for(index: int) -> Sink:
             async def sink(message: bytes) -> None:
                 retagged = adapter.retag(message, index, client_id)
                 async with lock:
-                    await context.write(retagged)
+                    await write(retagged)
 
             return sink
 
-        async def choice(index: int) -> None:
+        def choice(index: int) -> Job:
             upstream_id = f"{client_id}-{index}"
-            await self._attempts(
-                context,
-                adapter,
-                adapter.single_choice(raw, upstream_id),
-                upstream_id,
-                return_logprob,
-                metadata,
-                place,
-                record,
-                sink_for(index),
+            return replace(
+                job,
+                raw=adapter.single_choice(job.raw, upstream_id),
+                upstream_id=upstream_id,
+                sink=sink_for(index),
                 relay_trailers=False,
             )
 
-        tasks = [asyncio.ensure_future(choice(index)) for index in range(n)]
+        tasks = [asyncio.ensure_future(self._attempts(choice(i), place)) for i in range(n)]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             failed = next((t for t in done if t.exception() is not None), None)
@@ -210,43 +208,21 @@ class DisaggregatedDispatch:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _attempts(
-        self,
-        context: Context,
-        adapter: EngineAdapter,
-        raw: bytes,
-        upstream_id: str,
-        return_logprob: bool,
-        metadata: Metadata,
-        place: Placer,
-        record: CallRecord,
-        sink: Sink,
-        *,
-        relay_trailers: bool,
-    ) -> None:
+    async def _attempts(self, job: Job, place: Placer) -> None:
+        """Place and run the job; a retryable leg failure before any response reached the
+        client is tried again with that worker excluded."""
         tried: list[str] = []
         failure: LegFailure | None = None
-        flow = self._bootstrap if adapter.pd_handoff == "bootstrap" else self._kv_params
+        flow = self._bootstrap if job.adapter.pd_handoff == "bootstrap" else self._kv_params
         for _ in range(self._max_attempts):
             placed = place(tried)
             if isinstance(placed, Verdict):
                 if failure is not None:
                     raise failure
-                await refuse(context, record, placed)
-            record.workers.extend(w.id for w in placed.all())
+                await refuse(job.context, job.record, placed)
+            job.record.workers.extend(w.id for w in placed.all())
             try:
-                await flow(
-                    context,
-                    adapter,
-                    raw,
-                    upstream_id,
-                    placed,
-                    metadata,
-                    sink,
-                    record,
-                    return_logprob=return_logprob,
-                    relay_trailers=relay_trailers,
-                )
+                await flow(job, placed)
                 return
             except LegFailure as leg_failure:
                 if not leg_failure.retryable:
@@ -258,76 +234,38 @@ class DisaggregatedDispatch:
 
     # -- flows -------------------------------------------------------------------------
 
-    async def _bootstrap(
-        self,
-        context: Context,
-        adapter: EngineAdapter,
-        raw: bytes,
-        upstream_id: str,
-        placed: Assignment,
-        metadata: Metadata,
-        sink: Sink,
-        record: CallRecord,
-        *,
-        return_logprob: bool,
-        relay_trailers: bool,
-    ) -> None:
+    async def _bootstrap(self, job: Job, placed: Assignment) -> None:
+        adapter, record = job.adapter, job.record
         prefill, decode = placed.workers[Role.PREFILL], placed.workers[Role.DECODE]
         room = self.rooms.allocate()
         record.rooms.append(room)
         port = prefill.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-        request = adapter.with_bootstrap(raw, prefill.bootstrap_host, port, room)
+        request = adapter.with_bootstrap(job.raw, prefill.bootstrap_host, port, room)
         legs: list[Leg] = []
         tasks: list[asyncio.Task[None]] = []
         try:
-            timeout = context.time_remaining()
-            path = adapter.path("Generate")
-            p_leg = self._stream(
-                Role.PREFILL, prefill, path, request, metadata, timeout, record, upstream_id
-            )
-            d_leg = self._stream(
-                Role.DECODE, decode, path, request, metadata, timeout, record, upstream_id
-            )
+            timeout = job.context.time_remaining()
+            p_leg = self._stream(job, Role.PREFILL, prefill, request, timeout)
+            d_leg = self._stream(job, Role.DECODE, decode, request, timeout)
             legs += [p_leg, d_leg]
             tasks.append(asyncio.ensure_future(self._drain(p_leg)))
-            tasks += self._encodes(placed, upstream_id, metadata, timeout, record, legs)
+            tasks += self._encodes(job, placed, timeout, legs)
             first = await self._first_message(d_leg, tasks)
-            if return_logprob and first is not None:
+            if job.return_logprob and first is not None:
                 await tasks[0]  # the prefill's answer carries the prompt logprobs
                 first = adapter.with_input_logprobs(first, p_leg.messages)
-            await self._relay_rest(context, d_leg, first, sink, record, relay_trailers)
+            await self._relay_rest(job, d_leg, first)
         finally:
             self.rooms.release(room)
             self._finish(legs, tasks)
 
-    async def _kv_params(
-        self,
-        context: Context,
-        adapter: EngineAdapter,
-        raw: bytes,
-        upstream_id: str,
-        placed: Assignment,
-        metadata: Metadata,
-        sink: Sink,
-        record: CallRecord,
-        *,
-        return_logprob: bool,
-        relay_trailers: bool,
-    ) -> None:
+    async def _kv_params(self, job: Job, placed: Assignment) -> None:
+        adapter = job.adapter
         prefill, decode = placed.workers[Role.PREFILL], placed.workers[Role.DECODE]
-        path = adapter.path("Generate")
         legs: list[Leg] = []
         try:
-            p_leg = self._stream(
-                Role.PREFILL,
-                prefill,
-                path,
-                adapter.prefill_request(raw),
-                metadata,
-                context.time_remaining(),
-                record,
-                upstream_id,
-            )
+            request = adapter.prefill_request(job.raw)
+            p_leg = self._stream(job, Role.PREFILL, prefill, request, job.context.time_remaining())
             legs.append(p_leg)
             await self._drain(p_leg)
             params = adapter.kv_transfer_params(p_leg.messages)
@@ -339,48 +277,31 @@ class DisaggregatedDispatch:
                     grpc.StatusCode.INTERNAL,
                     "returned no kv_transfer_params; the decode cannot fetch the KV cache",
                 )
-            request = adapter.decode_request(raw, params)
-            d_leg = self._stream(
-                Role.DECODE,
-                decode,
-                path,
-                request,
-                metadata,
-                context.time_remaining(),
-                record,
-                upstream_id,
-            )
+            request = adapter.decode_request(job.raw, params)
+            d_leg = self._stream(job, Role.DECODE, decode, request, job.context.time_remaining())
             legs.append(d_leg)
             first = await self._first_message(d_leg, [])
-            await self._relay_rest(context, d_leg, first, sink, record, relay_trailers)
+            await self._relay_rest(job, d_leg, first)
         finally:
             self._finish(legs, [])
 
     # -- pieces ------------------------------------------------------------------------
 
     def _stream(
-        self,
-        role: Role,
-        worker: Worker,
-        path: str,
-        request: bytes,
-        metadata: Metadata,
-        timeout: float | None,
-        record: CallRecord,
-        upstream_id: str,
+        self, job: Job, role: Role, worker: Worker, request: bytes, timeout: float | None
     ) -> Leg:
-        call = worker.channel.unary_stream(path)(request, metadata=metadata, timeout=timeout)
-        return self._track(role, worker, call, record, upstream_id)
+        path = job.adapter.path("Generate")
+        call = worker.channel.unary_stream(path)(request, metadata=job.metadata, timeout=timeout)
+        return self._track(job, role, worker, call)
 
-    def _track(
-        self, role: Role, worker: Worker, call: Any, record: CallRecord, upstream_id: str
-    ) -> Leg:
+    def _track(self, job: Job, role: Role, worker: Worker, call: Any) -> Leg:
         """Count the call on its worker and make it findable by the client's request id."""
         trial = self._dispatcher.acquire(worker)
         started = asyncio.Event() if role is Role.DECODE else None
-        holder = Holder(worker, upstream_id, started)
-        self._inflight.add(record.request_id, holder)
-        return Leg(role, worker, call, trial, holder, key=record.request_id)
+        holder = Holder(worker, job.upstream_id, started)
+        key = job.record.request_id
+        self._inflight.add(key, holder)
+        return Leg(role, worker, call, trial, holder, key=key)
 
     async def _drain(self, leg: Leg) -> None:
         """Read a leg to its end (the prefill's answer); a failure names the leg."""
@@ -395,13 +316,7 @@ class DisaggregatedDispatch:
         self._inflight.discard(leg.key, leg.holder)
 
     def _encodes(
-        self,
-        placed: Assignment,
-        request_id: str,
-        metadata: Metadata,
-        timeout: float | None,
-        record: CallRecord,
-        legs: list[Leg],
+        self, job: Job, placed: Assignment, timeout: float | None, legs: list[Leg]
     ) -> list[asyncio.Task[None]]:
         """Encode calls, one per encode worker with its part of the items, naming the
         worker that takes the prompt as the receiver of the embeddings."""
@@ -411,12 +326,12 @@ class DisaggregatedDispatch:
         parts = placed.encoders
         for index, (worker, items) in enumerate(parts):
             request = encode_request(
-                items, request_id, len(parts), index, receiver.bootstrap_host, port
+                items, job.upstream_id, len(parts), index, receiver.bootstrap_host, port
             )
             call = worker.channel.unary_unary(ENCODE_PATH)(
-                request, metadata=metadata, timeout=timeout
+                request, metadata=job.metadata, timeout=timeout
             )
-            leg = self._track(Role.ENCODE, worker, call, record, request_id)
+            leg = self._track(job, Role.ENCODE, worker, call)
             legs.append(leg)
             tasks.append(asyncio.ensure_future(self._unary_leg(leg)))
         return tasks
@@ -458,15 +373,9 @@ class DisaggregatedDispatch:
             leg.holder.started.set()
         return None if message is aio.EOF else message
 
-    async def _relay_rest(
-        self,
-        context: Context,
-        leg: Leg,
-        first: bytes | None,
-        sink: Sink,
-        record: CallRecord,
-        relay_trailers: bool,
-    ) -> None:
+    async def _relay_rest(self, job: Job, leg: Leg, first: bytes | None) -> None:
+        """Relay the decode's stream, starting with the (possibly amended) first message."""
+        record, sink = job.record, job.sink
         if first is None:  # the decode ended without a message
             leg.code = await leg.call.code()
             if leg.code is not grpc.StatusCode.OK:
@@ -485,8 +394,8 @@ class DisaggregatedDispatch:
             leg.code = error.code()
             raise LegFailure.from_rpc(leg.role, leg.worker, error, early=False) from None
         leg.code = grpc.StatusCode.OK
-        if relay_trailers:
-            context.set_trailing_metadata(clean(await leg.call.trailing_metadata()))
+        if job.relay_trailers:
+            job.context.set_trailing_metadata(clean(await leg.call.trailing_metadata()))
 
     def _finish(self, legs: list[Leg], tasks: list[asyncio.Task[None]]) -> None:
         """Cancel what still runs and settle each leg's accounting. A decode that has not
