@@ -62,7 +62,7 @@ def test_config_errors_exit_2_with_one_clear_line(tmp_path: Path) -> None:
         (
             ["--worker", "grpc://127.0.0.1:5000?modle=m"],
             "worker 'grpc://127.0.0.1:5000?modle=m': unknown key 'modle' "
-            "(known: model, runtime, role, bootstrap_port)",
+            "(known: model, runtime, role, bootstrap_host, bootstrap_port, embedding_port)",
         ),
         (
             ["--worker", "grpc://127.0.0.1:5000", "--worker", "grpc://127.0.0.1:5000?model=m"],
@@ -153,13 +153,25 @@ def read_lines_until(child: Child, marker: str, within_s: float = 10.0) -> list[
 
 def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -> None:
     demo = start(
-        ["demo", "--listen", "127.0.0.1:0", "--exit-after", "6", "--log-level", "warning"],
+        [
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "off",
+            "--exit-after",
+            "8",
+            "--log-level",
+            "warning",
+        ],
         stderr=subprocess.DEVNULL,
     )
     processes.append(demo)
     lines = read_lines_until(demo, "NOT_FOUND verdict")
     commands = [shlex.split(line, comments=True) for line in lines if line.startswith("  grpcurl ")]
-    assert len(commands) == 7
+    assert len(commands) == 9
     results = [(argv, grpcurl(*argv[1:], timeout=5)) for argv in commands]
 
     def result_for(*needles: str) -> subprocess.CompletedProcess[str]:
@@ -172,6 +184,10 @@ def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -
     assert "rpc Generate" in result_for("describe").stdout
     assert '"status": "SERVING"' in result_for("grpc.health.v1.Health/Check").stdout
 
+    for model, request_id in (("deepseek-pd", "r1"), ("qwen-vl-epd", "r3")):
+        disaggregated = result_for(f"x-model-id: {model}", f"{SGL_SERVICE}/Generate")
+        assert disaggregated.returncode == 0, disaggregated.stderr
+        assert disaggregated.stdout.count(f'"request_id": "{request_id}"') == 6
     sglang = result_for("x-model-id: llama-3-8b", f"{SGL_SERVICE}/Generate")
     assert sglang.returncode == 0, sglang.stderr
     assert sglang.stdout.count('"request_id": "r1"') == 6  # 5 tokens + complete
