@@ -27,6 +27,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 LIVENESS = ("", "liveness")
+_CLOSED = -1  # not a ServingStatus: tells a Watch stream to end
 READINESS = "readiness"
 
 
@@ -61,6 +62,7 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     def __init__(self) -> None:
         self._statuses: dict[str, int] = {}
         self._watchers: dict[str, set[asyncio.Queue[int]]] = {}
+        self._closed = False
 
     def status(self, name: str) -> int | None:
         return self._statuses.get(name)
@@ -74,6 +76,17 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                 self._statuses[name] = status
                 for queue in self._watchers.get(name, ()):
                     queue.put_nowait(status)
+
+    def close_watches(self) -> None:
+        """End every Watch stream (after the NOT_SERVING it has already been sent).
+
+        A server stopping with a grace period waits for its open calls, and a Watch only
+        ends when its client leaves: without this, every client that health-checks over
+        Watch would hold the shutdown for the whole grace."""
+        self._closed = True
+        for queues in self._watchers.values():
+            for queue in queues:
+                queue.put_nowait(_CLOSED)
 
     def names(self) -> Iterable[str]:
         return list(self._statuses)
@@ -106,8 +119,10 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         try:
             last = self._statuses.get(name, SERVICE_UNKNOWN)
             yield health_pb2.HealthCheckResponse(status=last)
-            while True:
+            while not self._closed:
                 status = await queue.get()
+                if status == _CLOSED:
+                    return
                 if status != last:
                     last = status
                     yield health_pb2.HealthCheckResponse(status=status)

@@ -57,10 +57,11 @@ class Gateway:
             ]
         )
         self.admin_server: aio.Server | None = None
+        self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0
 
     async def start(self) -> int:
-        fronts = [
+        self.fronts = fronts = [
             EngineFront(
                 adapter,
                 self.config,
@@ -121,11 +122,14 @@ class Gateway:
         balancers notice; then refuse new calls and let in-flight ones finish in the grace."""
         drain = self.config.drain
         self.draining = True
+        for front in self.fronts:
+            front.draining = True
         self._refresh_health()
         log.info("draining", delay_s=drain.delay_s, grace_s=drain.grace_s)
         await asyncio.sleep(drain.delay_s)
         started = time.monotonic()
         log.info("stopping", in_flight=sum(w.inflight for w in self.fleet.registry))
+        self.health.close_watches()
         await self.server.stop(drain.grace_s)
         log.info("stopped", waited_s=round(time.monotonic() - started, 3))
         await self.close()

@@ -10,6 +10,21 @@ import pytest
 
 from gateway.launch import Child, start, start_sim
 
+# `gateway serve` as the tests run it: every port picked free, no drain delay, JSON logs.
+SERVE_ARGS = (
+    "serve",
+    "--listen",
+    "127.0.0.1:0",
+    "--admin-listen",
+    "127.0.0.1:0",
+    "--metrics-listen",
+    "127.0.0.1:0",
+    "--drain-delay",
+    "0",
+    "--log-format",
+    "json",
+)
+
 
 class Launcher(Protocol):
     def __call__(self, *args: str) -> Child: ...
@@ -47,20 +62,7 @@ def gateway(processes: list[Child], tmp_path_factory: pytest.TempPathFactory) ->
         log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - the child owns it for its lifetime
         child = start(
-            [
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--drain-delay",
-                "0",
-                "--log-format",
-                "json",
-                *args,
-            ],
+            [*SERVE_ARGS, *args],
             stderr=log_file.fileno(),
         )
         log_file.close()

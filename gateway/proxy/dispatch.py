@@ -27,7 +27,10 @@ from gateway.proxy.status import abort_with_verdict
 Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
 Picker = Callable[[Collection[str]], Worker | Verdict]
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+# Before the first message, these say the worker could not take the call: no connection,
+# UNAVAILABLE, or CANCELLED by the worker itself (a gRPC server shutting down cancels calls
+# that arrive as it stops; the client's own cancel never reaches this code as a status).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 
 @dataclass(slots=True)

@@ -54,6 +54,7 @@ class EngineFront:
         observe: Callable[[CallRecord], None],
     ) -> None:
         self._disagg = disagg
+        self.draining = False  # set on SIGTERM: the engine HealthCheck then says unhealthy
         self.adapter = adapter
         self._observe = observe
         self._config = config
@@ -247,6 +248,8 @@ class EngineFront:
     ) -> bytes:
         meta = self._meta(context)
         model = await self._model(context, meta, record)
+        if self.draining:
+            return self.adapter.health_check_reply(False, "the gateway is shutting down")
         if self._placer.servable(model, self.adapter.runtime):
             return self.adapter.health_check_reply(True, f"model '{model}' is servable")
         return self.adapter.health_check_reply(False, f"model '{model}' has no available workers")

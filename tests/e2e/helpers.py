@@ -21,6 +21,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway.launch import Child, start, start_sim
+from tests.conftest import SERVE_ARGS
 
 __all__ = ["sgl", "sgl_grpc", "vllm", "vllm_grpc"]
 
@@ -267,7 +268,7 @@ class SharedProcesses:
         log_path = self._log_dir / f"gateway-{len(self.children)}.log"
         with open(log_path, "w") as log_file:
             child = start(
-                ["serve", "--listen", "127.0.0.1:0", "--log-format", "json", *args],
+                [*SERVE_ARGS, *args],
                 stderr=log_file.fileno(),
             )
         child.log_path = log_path  # type: ignore[attr-defined]

@@ -1,0 +1,225 @@
+"""SIGTERM to the gateway (DESIGN section 5, last point): every health entry NOT_SERVING at
+once, keep serving for the drain delay, then refuse new calls while in-flight streams
+finish within the grace, and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from typing import Any
+
+import grpc
+
+from gateway.launch import Child
+from tests.conftest import Launcher, worker_url
+from tests.e2e.availability_helpers import (
+    NOT_SERVING,
+    SERVING,
+    health_check,
+    health_list,
+    health_watch,
+    wait_health_status,
+)
+from tests.e2e.helpers import (
+    channel,
+    collect,
+    model_md,
+    sgl,
+    sgl_generate,
+    sgl_grpc,
+    start_many,
+    wait_health,
+    wait_idle,
+)
+
+DRAIN_DELAY_S, GRACE_S = 1.5, 10.0
+
+
+def urls(*children: Child) -> list[str]:
+    args: list[str] = []
+    for child in children:
+        args += ["--worker", worker_url(child, model="m", runtime="sglang")]
+    return args
+
+
+async def wait_exit(child: Child, within_s: float) -> tuple[int, float]:
+    """The exit code and the monotonic time it was seen (bounded; SIGKILL if late)."""
+    try:
+        code = await asyncio.to_thread(child.process.wait, within_s)
+    except subprocess.TimeoutExpired:
+        child.process.kill()
+        child.process.wait()
+        raise AssertionError(f"the gateway did not exit within {within_s}s") from None
+    return code, time.monotonic()
+
+
+async def long_stream(stub: Any, request_id: str, tokens: int, token_ms: int) -> Any:
+    call = stub.Generate(
+        sgl_generate(request_id, tokens=tokens),
+        metadata=model_md("m", ("x-sim-token-ms", str(token_ms))),
+        timeout=20,
+    )
+    return call
+
+
+async def test_sigterm_drains_under_load_and_exits_0(sim: Launcher, gateway: Launcher) -> None:
+    """Issue figure 6."""
+    a, b = start_many(sim, ("--model", "m", "--name", "a"), ("--model", "m", "--name", "b"))
+    gw = gateway("--drain-delay", str(DRAIN_DELAY_S), "--shutdown-grace", str(GRACE_S), *urls(a, b))
+    await wait_health(gw.address, "m")
+    tokens, token_ms = 30, 100  # 3 s streams: they outlive the drain delay
+
+    async with channel(gw.address) as watch_ch, channel(gw.address) as ch:
+        watch = health_watch(watch_ch, "")
+        await watch.wait_for(lambda s: s == SERVING, 2.0)
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        streams = [await long_stream(stub, f"long{i}", tokens, token_ms) for i in range(4)]
+        for call in streams:
+            await call.initial_metadata()  # every stream is relaying
+        readers = [asyncio.create_task(collect(call)) for call in streams]
+        await asyncio.sleep(0.2)
+
+        terminated = time.monotonic()
+        gw.process.send_signal(signal.SIGTERM)
+        seen, _ = await watch.wait_for(lambda s: s == NOT_SERVING, 1.0)
+        await watch.close()  # a load balancer that saw it goes away
+        checked = await health_check(gw.address, "liveness")
+        during = await health_list(gw.address)
+
+        # New calls keep being served through the drain delay, then are refused.
+        probes: list[tuple[float, grpc.StatusCode, str]] = []
+        async with channel(gw.address) as probe_ch:
+            probe = sgl_grpc.SglangSchedulerStub(probe_ch)
+            while time.monotonic() - terminated < DRAIN_DELAY_S + 1.0:
+                began = time.monotonic()
+                _, error = await collect(
+                    probe.Generate(sgl_generate(tokens=1), metadata=model_md("m"), timeout=1)
+                )
+                code = error.code() if error else grpc.StatusCode.OK
+                probes.append((began - terminated, code, error.details() if error else ""))
+                await asyncio.sleep(0.05)
+        async with channel(gw.address) as fresh:
+            with_new_connection = await collect(
+                sgl_grpc.SglangSchedulerStub(fresh).Generate(
+                    sgl_generate(tokens=1), metadata=model_md("m"), timeout=1
+                )
+            )
+
+        results = await asyncio.wait_for(asyncio.gather(*readers), timeout=GRACE_S)
+        streams_done = time.monotonic()
+    code, exited = await wait_exit(gw, GRACE_S)
+
+    last_ok = max(t for t, c, _ in probes if c is grpc.StatusCode.OK)
+    first_refused = min(t for t, c, _ in probes if c is not grpc.StatusCode.OK)
+    print(
+        f"\n[figure 6] health NOT_SERVING seen by a Watch {(seen - terminated) * 1000:.0f} ms "
+        f"after SIGTERM; new calls served until +{last_ok:.3f}s, refused from "
+        f"+{first_refused:.3f}s (drain delay {DRAIN_DELAY_S}s); in-flight streams done at "
+        f"+{streams_done - terminated:.3f}s; exit {code} at +{exited - terminated:.3f}s"
+    )
+    assert seen - terminated <= 0.3
+    assert checked == NOT_SERVING
+    assert set(during.values()) == {"NOT_SERVING"}
+    assert {"", "liveness", "readiness", "models/m"} <= during.keys()
+    # Served during the delay, refused after it, never anything else.
+    for started, status, details in probes:
+        assert status in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE), (status, details)
+        if started < DRAIN_DELAY_S - 0.2:
+            assert status is grpc.StatusCode.OK, (started, status, details)
+        if started > DRAIN_DELAY_S + 0.3:
+            assert status is grpc.StatusCode.UNAVAILABLE, (started, status, details)
+    assert DRAIN_DELAY_S - 0.2 <= first_refused <= DRAIN_DELAY_S + 0.3
+    _, refused = with_new_connection
+    assert refused is not None and refused.code() is grpc.StatusCode.UNAVAILABLE
+    # Every in-flight stream completed normally.
+    for messages, error in results:
+        assert error is None, (error.code(), error.details())
+        assert len(messages) == tokens + 1
+        assert messages[-1].complete.finish_reason == "length"
+    assert code == 0
+    assert exited - streams_done < 1.5
+    assert exited - terminated < DRAIN_DELAY_S + GRACE_S
+
+
+async def test_a_health_watcher_does_not_hold_up_the_exit(sim: Launcher, gateway: Launcher) -> None:
+    """gRPC clients with client-side health checking keep a Watch open on every
+    connection. Once the drain has said NOT_SERVING, such a stream must not keep the
+    gateway alive until the grace runs out: the exit follows the last real stream."""
+    worker = sim("--model", "m", "--name", "a")
+    grace = 2.0
+    gw = gateway("--drain-delay", "0.3", "--shutdown-grace", str(grace), *urls(worker))
+    await wait_health(gw.address, "m")
+    async with channel(gw.address) as ch:
+        watch = health_watch(ch, "")
+        await watch.wait_for(lambda s: s == SERVING, 2.0)
+        call = await long_stream(sgl_grpc.SglangSchedulerStub(ch), "one", 6, 100)
+        await call.initial_metadata()
+        reader = asyncio.create_task(collect(call))
+        terminated = time.monotonic()
+        gw.process.send_signal(signal.SIGTERM)
+        await watch.wait_for(lambda s: s == NOT_SERVING, 1.0)
+        messages, error = await asyncio.wait_for(reader, timeout=grace)
+        stream_done = time.monotonic()
+        code, exited = await wait_exit(gw, grace + 2)
+        await watch.close()
+    print(
+        f"\n[drain] with a health Watch open: stream done at +{stream_done - terminated:.3f}s, "
+        f"exit {code} at +{exited - terminated:.3f}s (grace {grace}s); watch ended with "
+        f"{watch.error.code() if watch.error else 'no error'}"
+    )
+    assert error is None and len(messages) == 7
+    assert code == 0
+    assert exited - stream_done < 1.5
+
+
+async def test_stream_longer_than_the_grace_is_cut_and_its_worker_call_cancelled(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    """Past the grace the gateway stops anyway: the client's stream ends UNAVAILABLE, the
+    worker stops generating (its call is cancelled), and the exit is still 0."""
+    worker = sim("--model", "m", "--name", "a")
+    grace = 0.5
+    gw = gateway("--drain-delay", "0", "--shutdown-grace", str(grace), *urls(worker))
+    await wait_health(gw.address, "m")
+    async with channel(gw.address) as ch:
+        call = await long_stream(sgl_grpc.SglangSchedulerStub(ch), "endless", 100, 50)
+        await call.initial_metadata()
+        terminated = time.monotonic()
+        gw.process.send_signal(signal.SIGTERM)
+        messages, error = await asyncio.wait_for(collect(call), 5)
+        cut = time.monotonic() - terminated
+    code, _ = await wait_exit(gw, 5)
+    print(
+        f"\n[drain] stream cut {cut:.3f}s after SIGTERM (grace {grace}s) with "
+        f"{error.code() if error else None} after {len(messages)} messages; exit {code}"
+    )
+    assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
+    assert 0 < len(messages) < 101
+    assert grace - 0.1 <= cut <= grace + 1.0
+    assert code == 0
+    assert await wait_idle(worker.address) == 0
+
+
+async def test_engine_health_check_turns_unhealthy_with_the_drain(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    """Balancers and routers that probe the engine's own HealthCheck RPC (SGLang-style
+    routers do; so does this gateway's prober where grpc.health is missing) must see the
+    drain as well: "everything NOT_SERVING at once", while calls are still served."""
+    worker = sim("--model", "m", "--name", "a")
+    gw = gateway("--drain-delay", "1.0", "--shutdown-grace", "1", *urls(worker))
+    await wait_health(gw.address, "m")
+    gw.process.send_signal(signal.SIGTERM)
+    await wait_health_status(gw.address, "models/m", NOT_SERVING, within_s=0.5)
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        reply = await stub.HealthCheck(sgl.HealthCheckRequest(), metadata=model_md("m"))
+        messages, error = await collect(stub.Generate(sgl_generate(), metadata=model_md("m")))
+    assert error is None and len(messages) == 5  # still serving: the delay is not over
+    code, _ = await wait_exit(gw, 5)
+    print(f"\n[drain] engine HealthCheck during the drain delay: healthy={reply.healthy}")
+    assert code == 0
+    assert reply.healthy is False
