@@ -43,7 +43,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--shutdown-grace",
         type=float,
         metavar="S",
-        help="then, seconds in-flight calls get to finish (default 30)",
+        help="then, seconds in-flight calls get to finish (default 20)",
     )
     p.add_argument("--admin-listen", metavar="HOST:PORT", help="admin port (127.0.0.1:50052)")
     p.add_argument("--admin-token", metavar="TOKEN", help="bearer token the admin port requires")

@@ -100,7 +100,7 @@ class DrainConfig:
     `grace_s`. `worker_timeout_s` bounds the drain of one worker removed by the admin API."""
 
     delay_s: float = 5.0
-    grace_s: float = 30.0
+    grace_s: float = 20.0
     worker_timeout_s: float = 60.0
 
 
