@@ -178,6 +178,13 @@ class Metrics:
             ["model", "service"],
             registry=self.prometheus,
         )
+        self._handoff_failures = Counter(
+            "gateway_pd_handoff_failures",
+            "disaggregated requests failed by their KV hand-off (e.g. a vLLM prefill that "
+            "returned no kv_transfer_params)",
+            ["model", "reason"],
+            registry=self.prometheus,
+        )
         self.prometheus.register(FleetCollector(registry))
         self._request_children: dict[tuple[str, ...], Any] = {}
         self._verdict_children: dict[tuple[str, ...], Any] = {}
@@ -206,6 +213,8 @@ class Metrics:
         retries = len(record.workers) - 1
         if retries > 0:
             _child(self._retry_children, self._retries, (model, record.service)).inc(retries)
+        if record.handoff_failure:
+            self._handoff_failures.labels(model, record.handoff_failure).inc()
 
     def serve(self, listen: str) -> int:
         """Expose /metrics over HTTP on `listen` (HOST:PORT, port 0 allowed) in a daemon

@@ -139,7 +139,6 @@ class DisaggregatedDispatch:
         self._max_attempts = max_attempts
         self._abort_wait_s = abort_wait_s
         self.rooms = Rooms()
-        self.missing_kv_params = 0  # prefills that returned no transfer params (metrics)
         self._background: set[asyncio.Task[None]] = set()
 
     async def generate(
@@ -270,7 +269,7 @@ class DisaggregatedDispatch:
             await self._drain(p_leg)
             params = adapter.kv_transfer_params(p_leg.messages)
             if params is None:
-                self.missing_kv_params += 1
+                job.record.handoff_failure = "missing_kv_params"
                 raise LegFailure(
                     Role.PREFILL,
                     prefill,

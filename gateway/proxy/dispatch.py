@@ -50,6 +50,7 @@ class CallRecord:
     verdict: Verdict | None = None  # the placement verdict the call was refused with
     legs: str = "regular"
     rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
+    handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
 
 
 async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:

@@ -4,6 +4,7 @@ workers that fail the way the engines do when a rendezvous parameter is wrong.""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,11 @@ def pd_urls(prefill: Child, decode: Child, runtime: str = "sglang", **extra: str
         "--worker",
         worker_url(decode, model="m", runtime=runtime, role="decode"),
     ]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
 
 
 def tokens_of(messages: list[Any]) -> list[int]:
@@ -238,6 +244,9 @@ async def test_vllm_prefill_without_transfer_params_fails_naming_the_prefill(
         f"prefill worker {prefill.address}: returned no kv_transfer_params; "
         "the decode cannot fetch the KV cache"
     )
+    wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
+    text = await asyncio.to_thread(scrape, gw.port_of("metrics"))
+    assert 'gateway_pd_handoff_failures_total{model="m",reason="missing_kv_params"} 1.0' in text
 
 
 async def test_epd_two_encoders_share_the_items_and_feed_the_prefill(
