@@ -101,6 +101,10 @@ class Registry:
     def pool(self, model: str, runtime: Runtime, role: Role) -> Sequence[Worker]:
         return self._index.get(model, {}).get(runtime, {}).get(role, ())
 
+    def has_role(self, model: str, role: Role) -> bool:
+        """Whether any runtime has workers of this leg for the model (no list built)."""
+        return any(role in roles for roles in self._index.get(model, {}).values())
+
     def role_pool(self, model: str, role: Role) -> list[Worker]:
         """A leg's workers on every runtime (is the leg deployed at all?)."""
         runtimes = self._index.get(model, {})

@@ -142,12 +142,15 @@ class Placer:
         hints: Hints,
         items: Sequence[str] = (),
         exclude: Collection[str] = (),
+        legs: tuple[Role, ...] | None = None,
     ) -> Assignment | Verdict:
-        """Pick a worker for every leg the request demands, never one in `exclude` (workers
-        that already failed this request); or the verdict saying why not."""
+        """Pick a worker for every leg the request demands (`legs`, when the caller already
+        knows them), never one in `exclude` (workers that already failed this request); or
+        the verdict saying why not."""
         now = time.monotonic()
         registry = self._registry
-        legs = self.legs(model, bool(items))
+        if legs is None:
+            legs = self.legs(model, bool(items))
         limits = self.limits(model)
         verdicts: list[Verdict] = []
         elsewhere: list[Role] = []
@@ -183,10 +186,8 @@ class Placer:
 
     def legs(self, model: str, multimodal: bool) -> tuple[Role, ...]:
         registry = self._registry
-        disaggregated = any(registry.role_pool(model, leg) for leg in PD_LEGS)
-        encode_leg = self._model_settings(model).encode_leg or bool(
-            registry.role_pool(model, Role.ENCODE)
-        )
+        disaggregated = any(registry.has_role(model, leg) for leg in PD_LEGS)
+        encode_leg = self._model_settings(model).encode_leg or registry.has_role(model, Role.ENCODE)
         return demanded_legs(disaggregated, multimodal, encode_leg)
 
     def _incompatible(self, model: str, runtime: Runtime, legs: Sequence[Role]) -> Verdict:

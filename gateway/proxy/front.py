@@ -155,12 +155,13 @@ class EngineFront:
         model = await self._model(context, meta, record)
         runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
         items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
+        legs = placer.legs(model, bool(items))
 
         def place(tried: Collection[str]) -> Assignment | Verdict:
-            return placer.place(model, runtime, hints, items, tried)
+            return placer.place(model, runtime, hints, items, tried, legs)
 
-        if spec.kind is RpcKind.GENERATE and placer.legs(model, bool(items)) != REGULAR_ONLY:
-            record.legs = "+".join(leg.value for leg in placer.legs(model, bool(items)))
+        if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
+            record.legs = "+".join(leg.value for leg in legs)
             await self._disagg.generate(
                 context,
                 self.adapter,
