@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import subprocess
 
 from gateway.config import build_config
-from gateway.launch import Child, start_sim
+from gateway.launch import ready, sim_args, spawn, stop_all
 from gateway.logs import configure
 from gateway.server import Gateway
 
@@ -89,12 +90,18 @@ def instructions(address: str, ready_line: str) -> str:
 
 async def run_demo(args: argparse.Namespace) -> None:
     configure("console", args.log_level)
-    children: list[Child] = []
+    processes: list[subprocess.Popen[str]] = []
     gateway: Gateway | None = None
     try:
         fleet = _fleet(args.token_ms)
-        children += await asyncio.gather(
-            *(asyncio.to_thread(start_sim, *sim_args) for _, sim_args in fleet)
+        # Every process is recorded the moment it exists, so any failure (one sim that
+        # does not start, Ctrl-C while they start) stops all of them in `finally`.
+        for _, flags in fleet:
+            processes.append(spawn(sim_args(*flags)))
+        children = await asyncio.to_thread(
+            lambda: [
+                ready(process, flags) for process, (_, flags) in zip(processes, fleet, strict=True)
+            ]
         )
         urls = [
             f"grpc://{child.address}?" + query.format(**child.extra)
@@ -123,7 +130,8 @@ async def run_demo(args: argparse.Namespace) -> None:
             loop.call_later(args.exit_after, stop.set)
         await stop.wait()
     finally:
-        if gateway is not None:
-            await gateway.drain_and_stop()
-        for child in children:
-            child.stop()
+        try:
+            if gateway is not None:
+                await gateway.drain_and_stop()
+        finally:
+            stop_all(processes)

@@ -55,26 +55,29 @@ class Child:
             self.process.stdout.close()
 
 
-def start(
+def spawn(
     args: Sequence[str],
     *,
-    timeout: float = 20.0,
     stderr: int | None = subprocess.DEVNULL,
     env: dict[str, str] | None = None,
-) -> Child:
-    """Run `python -m gateway ARGS` and wait (bounded) for its READY line."""
-    process = subprocess.Popen(
+) -> subprocess.Popen[str]:
+    """Run `python -m gateway ARGS`; `ready` waits for its READY line."""
+    return subprocess.Popen(
         [sys.executable, "-m", "gateway", *args],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
         env={**os.environ, **(env or {})},
     )
+
+
+def ready(process: subprocess.Popen[str], args: Sequence[str], timeout: float = 20.0) -> Child:
+    """Wait (bounded) for the READY line of a spawned process; kills it if none comes."""
     assert process.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.1)
-        if ready:
+        readable, _, _ = select.select([process.stdout], [], [], 0.1)
+        if readable:
             line = process.stdout.readline()
             if line.startswith("READY "):
                 words = line.split()
@@ -90,5 +93,36 @@ def start(
     raise RuntimeError(f"gateway {' '.join(args)} did not become ready (exit {process.returncode})")
 
 
+def start(
+    args: Sequence[str],
+    *,
+    timeout: float = 20.0,
+    stderr: int | None = subprocess.DEVNULL,
+    env: dict[str, str] | None = None,
+) -> Child:
+    """Run `python -m gateway ARGS` and wait (bounded) for its READY line."""
+    return ready(spawn(args, stderr=stderr, env=env), args, timeout)
+
+
+def sim_args(*args: str) -> list[str]:
+    return ["sim", "--listen", "127.0.0.1:0", *args]
+
+
 def start_sim(*args: str, **kwargs: object) -> Child:
-    return start(["sim", "--listen", "127.0.0.1:0", *args], **kwargs)  # type: ignore[arg-type]
+    return start(sim_args(*args), **kwargs)  # type: ignore[arg-type]
+
+
+def stop_all(processes: Sequence[subprocess.Popen[str]], timeout: float = 5.0) -> None:
+    """SIGTERM every process, then SIGKILL whichever has not exited in time; reap all."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout:
+            process.stdout.close()

@@ -22,7 +22,7 @@ from gateway.fleet.breaker import BreakerState
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.placement.verdicts import Reason
-from gateway.proxy.dispatch import CallRecord
+from gateway.record import CallRecord
 
 # Time to first message of an LLM stream: prefill of a short prompt on an idle GPU is a few
 # milliseconds; long prompts, queueing and PD handoff take seconds.
@@ -174,7 +174,7 @@ class Metrics:
         )
         self._retries = Counter(
             "gateway_retries",
-            "upstream attempts beyond the first (retries on another worker)",
+            "placements tried again on another worker after a retryable upstream failure",
             ["model", "service"],
             registry=self.prometheus,
         )
@@ -210,9 +210,8 @@ class Metrics:
         if first is not None and record.rpc == STREAMING_RPC:
             where = (model, record.service)
             _child(self._first_children, self._first_message, where).observe(first)
-        retries = len(record.workers) - 1
-        if retries > 0:
-            _child(self._retry_children, self._retries, (model, record.service)).inc(retries)
+        if record.retries:
+            _child(self._retry_children, self._retries, (model, record.service)).inc(record.retries)
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
 

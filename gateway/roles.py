@@ -19,3 +19,7 @@ class Role(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
     ENCODE = "encode"
+
+
+# The roles whose workers serve the engine's protocol (an encoder serves only its own).
+ENGINE_ROLES = (Role.REGULAR, Role.PREFILL, Role.DECODE)

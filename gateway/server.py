@@ -24,6 +24,7 @@ from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import EngineFront
 from gateway.proxy.inflight import InflightTable
+from gateway.proxy.upstream import Upstreams
 
 log = structlog.get_logger("gateway")
 
@@ -42,13 +43,13 @@ class Gateway:
             config.loads.interval_s,
             config.loads.stale_after_s,
         )
-        self.dispatcher = Dispatcher(self.fleet, self.inflight, config.max_attempts)
-        self.disagg = DisaggregatedDispatch(
-            self.dispatcher, self.inflight, config.max_attempts, config.disagg.abort_wait_s
-        )
+        self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
+        self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
+        self.disagg = DisaggregatedDispatch(self.dispatcher)
         self.metrics = Metrics(self.fleet.registry)
         self.health = HealthService()
         self.draining = False
+        self._health_due = False
         self.server = aio.server(
             options=[
                 ("grpc.max_send_message_length", config.max_message_bytes),
@@ -68,7 +69,6 @@ class Gateway:
                 self.fleet.registry,
                 self.placer,
                 self.dispatcher,
-                self.inflight,
                 self.disagg,
                 self.metrics.observe,
             )
@@ -110,9 +110,15 @@ class Gateway:
         return line
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
-        self._refresh_health()
+        """Recompute health once per burst of events, after the code that changed the
+        fleet (often a request's end) has moved on: that code does constant work."""
+        if self._health_due:
+            return
+        self._health_due = True
+        asyncio.get_running_loop().call_soon(self._refresh_health)
 
     def _refresh_health(self) -> None:
+        self._health_due = False
         registry = self.fleet.registry
         by_runtime = {rt: registry.models(rt) for rt in ADAPTERS if registry.models(rt)}
         self.health.update(desired_statuses(self.draining, by_runtime, self.placer.servable))

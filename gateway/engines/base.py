@@ -8,10 +8,10 @@ gateway answers itself (HealthCheck, Abort, merged fan-out answers).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
@@ -61,6 +61,45 @@ class GenerateInfo:
     return_logprob: bool = False
 
 
+class PrefillStream(Protocol):
+    def drain(self) -> Awaitable[list[bytes]]:
+        """Every message of the prefill's answer (read once, however often asked)."""
+
+
+AmendFirst = Callable[[bytes], Awaitable[bytes]]
+
+
+class PlacedPair(Protocol):
+    """The prefill + decode pair placement picked, as a hand-off drives it. The proxy
+    implements it: each method is one upstream call with all of its accounting."""
+
+    raw: bytes  # the client's request (one choice's, when n>1 is split)
+    prefill_host: str  # where the prefill takes KV rendezvous (its bootstrap host)
+    prefill_bootstrap_port: int | None  # its configured or discovered bootstrap port
+    return_logprob: bool
+
+    def new_room(self) -> int:
+        """A bootstrap room unique among requests in flight, released with the request."""
+
+    def prefill(self, request: bytes, *, background: bool) -> PrefillStream:
+        """Start the prefill leg. `background`: drained by the gateway while the decode
+        runs; its failure before the decode's first message is the request's answer."""
+
+    async def decode(self, request: bytes, amend_first: AmendFirst | None = None) -> None:
+        """Start the decode leg and relay it to the client (its first message amended)."""
+
+    def prefill_failed(self, reason: str, details: str) -> Exception:
+        """The failure to raise when the prefill's answer cannot be handed over."""
+
+
+class Handoff(ABC):
+    """How one engine hands a request from its prefill to its decode."""
+
+    @abstractmethod
+    async def run(self, pair: PlacedPair) -> None:
+        """Drive the pair's legs; the client gets the decode's stream."""
+
+
 class EngineAdapter(ABC):
     """One engine's protocol: everything that differs between SGLang and vLLM lives here.
 
@@ -70,10 +109,7 @@ class EngineAdapter(ABC):
     """
 
     runtime: Runtime
-    # How prefill hands KV to decode: "bootstrap" (SGLang: both legs at once, meeting on
-    # the prefill's bootstrap port) or "kv_params" (vLLM: prefill first, its
-    # kv_transfer_params go into the decode request).
-    pd_handoff: str
+    handoff: Handoff  # how its prefill hands KV to its decode
     service: ServiceDescriptor
     kinds: Mapping[str, RpcKind]
 
@@ -136,23 +172,6 @@ class EngineAdapter(ABC):
         patch: Any = self.rpcs["Generate"].request_type(request_id=request_id)
         patch.sampling_params.n = 1
         return raw + bytes(patch.SerializeToString())
-
-    # Disaggregated hand-off: an engine implements the methods of its `pd_handoff` style.
-
-    def with_bootstrap(self, raw: bytes, host: str, port: int, room: int) -> bytes:
-        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
-
-    def with_input_logprobs(self, decode_message: bytes, prefill_messages: list[bytes]) -> bytes:
-        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
-
-    def prefill_request(self, raw: bytes) -> bytes:
-        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
-
-    def kv_transfer_params(self, prefill_messages: list[bytes]) -> str | None:
-        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
-
-    def decode_request(self, raw: bytes, kv_transfer_params: str) -> bytes:
-        raise NotImplementedError(f"{self.runtime} hands off by {self.pd_handoff}")
 
     def retag(self, message: bytes, index: int, request_id: str) -> bytes:
         """A choice's response as the client's: its `index`, the client's request id."""

@@ -7,15 +7,66 @@ from typing import Any
 
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
-from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind, ServerFacts
+from gateway.engines.base import (
+    EngineAdapter,
+    GenerateInfo,
+    Handoff,
+    PlacedPair,
+    RpcKind,
+    ServerFacts,
+)
 from gateway.roles import Role, Runtime
 
 DEFAULT_BOOTSTRAP_PORT = 8998
 
 
+class BootstrapHandoff(Handoff):
+    """SGLang PD: the same request, naming the prefill's bootstrap host, port and a fresh
+    room, goes to prefill and decode at once; they meet on the prefill's bootstrap port.
+    The client gets the decode's stream; with `return_logprob`, the prompt logprobs only
+    the prefill has go into the decode's first message."""
+
+    async def run(self, pair: PlacedPair) -> None:
+        port = pair.prefill_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+        request = with_bootstrap(pair.raw, pair.prefill_host, port, pair.new_room())
+        prefill = pair.prefill(request, background=True)
+
+        async def with_prompt_logprobs(first: bytes) -> bytes:
+            return with_input_logprobs(first, await prefill.drain())
+
+        await pair.decode(request, with_prompt_logprobs if pair.return_logprob else None)
+
+
+def with_bootstrap(raw: bytes, host: str, port: int, room: int) -> bytes:
+    """The request both legs get: where the prefill's KV is handed over, and the room."""
+    patch = pb.GenerateRequest(
+        disaggregated_params=pb.DisaggregatedParams(
+            bootstrap_host=host, bootstrap_port=port, bootstrap_room=room
+        )
+    )
+    return raw + bytes(patch.SerializeToString())
+
+
+def with_input_logprobs(decode_message: bytes, prefill_messages: list[bytes]) -> bytes:
+    """The decode's first message, carrying the prompt logprobs only the prefill has."""
+    found = None
+    for raw in reversed(prefill_messages):
+        response = pb.GenerateResponse.FromString(raw)
+        part = getattr(response, response.WhichOneof("response") or "complete")
+        if part.HasField("input_logprobs"):
+            found = part.input_logprobs
+            break
+    if found is None:
+        return decode_message
+    response = pb.GenerateResponse.FromString(decode_message)
+    part = getattr(response, response.WhichOneof("response") or "chunk")
+    part.input_logprobs.CopyFrom(found)
+    return bytes(response.SerializeToString())
+
+
 class SglangAdapter(EngineAdapter):
     runtime = Runtime.SGLANG
-    pd_handoff = "bootstrap"
+    handoff = BootstrapHandoff()
     service = pb.DESCRIPTOR.services_by_name["SglangScheduler"]
     kinds = {
         "Generate": RpcKind.GENERATE,
@@ -54,31 +105,6 @@ class SglangAdapter(EngineAdapter):
             mm_items=(*mm.image_urls, *mm.video_urls, *mm.audio_urls),
             return_logprob=request.return_logprob,
         )
-
-    def with_bootstrap(self, raw: bytes, host: str, port: int, room: int) -> bytes:
-        """The request both legs get: where the prefill's KV is handed over, and the room."""
-        patch = pb.GenerateRequest(
-            disaggregated_params=pb.DisaggregatedParams(
-                bootstrap_host=host, bootstrap_port=port, bootstrap_room=room
-            )
-        )
-        return raw + bytes(patch.SerializeToString())
-
-    def with_input_logprobs(self, decode_message: bytes, prefill_messages: list[bytes]) -> bytes:
-        """The decode's first message, carrying the prompt logprobs only the prefill has."""
-        found = None
-        for raw in reversed(prefill_messages):
-            response = pb.GenerateResponse.FromString(raw)
-            part = getattr(response, response.WhichOneof("response") or "complete")
-            if part.HasField("input_logprobs"):
-                found = part.input_logprobs
-                break
-        if found is None:
-            return decode_message
-        response = pb.GenerateResponse.FromString(decode_message)
-        part = getattr(response, response.WhichOneof("response") or "chunk")
-        part.input_logprobs.CopyFrom(found)
-        return bytes(response.SerializeToString())
 
     def _set_response_id(self, response: Any, request_id: str) -> None:
         response.request_id = request_id

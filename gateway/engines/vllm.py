@@ -7,15 +7,58 @@ from collections.abc import Sequence
 
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind, ServerFacts
+from gateway.engines.base import (
+    EngineAdapter,
+    GenerateInfo,
+    Handoff,
+    PlacedPair,
+    RpcKind,
+    ServerFacts,
+)
 from gateway.roles import Role, Runtime
 
 PREFILL_KV_PARAMS = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
 
 
+class KvParamsHandoff(Handoff):
+    """vLLM PD (NIXL style), sequential: the prefill computes one token and keeps the KV
+    for a remote decode; the `kv_transfer_params` of its Complete go into the decode's
+    request, which fetches the KV from there."""
+
+    async def run(self, pair: PlacedPair) -> None:
+        prefill = pair.prefill(prefill_request(pair.raw), background=False)
+        params = kv_transfer_params(await prefill.drain())
+        if params is None:
+            raise pair.prefill_failed(
+                "missing_kv_params",
+                "returned no kv_transfer_params; the decode cannot fetch the KV cache",
+            )
+        patch = pb.GenerateRequest(kv_transfer_params_json=params)
+        await pair.decode(pair.raw + bytes(patch.SerializeToString()))
+
+
+def prefill_request(raw: bytes) -> bytes:
+    """vLLM PD's first step: one token, not streamed, asking for remote decode."""
+    request = pb.GenerateRequest.FromString(raw)
+    request.sampling_params.max_tokens = 1
+    request.sampling_params.n = 1
+    request.stream = False
+    request.kv_transfer_params_json = PREFILL_KV_PARAMS
+    return bytes(request.SerializeToString())
+
+
+def kv_transfer_params(prefill_messages: list[bytes]) -> str | None:
+    """The handoff the prefill's Complete returned, if it returned one."""
+    for raw in reversed(prefill_messages):
+        response = pb.GenerateResponse.FromString(raw)
+        if response.HasField("complete") and response.complete.kv_transfer_params_json:
+            return str(response.complete.kv_transfer_params_json)
+    return None
+
+
 class VllmAdapter(EngineAdapter):
     runtime = Runtime.VLLM
-    pd_handoff = "kv_params"
+    handoff = KvParamsHandoff()
     service = pb.DESCRIPTOR.services_by_name["VllmEngine"]
     kinds = {
         "Generate": RpcKind.GENERATE,
@@ -45,27 +88,6 @@ class VllmAdapter(EngineAdapter):
             multimodal=multimodal,
             return_logprob=request.sampling_params.HasField("prompt_logprobs"),
         )
-
-    def prefill_request(self, raw: bytes) -> bytes:
-        """vLLM PD's first step: one token, not streamed, asking for remote decode."""
-        request = pb.GenerateRequest.FromString(raw)
-        request.sampling_params.max_tokens = 1
-        request.sampling_params.n = 1
-        request.stream = False
-        request.kv_transfer_params_json = PREFILL_KV_PARAMS
-        return bytes(request.SerializeToString())
-
-    def kv_transfer_params(self, prefill_messages: list[bytes]) -> str | None:
-        """The handoff the prefill's Complete returned, if it returned one."""
-        for raw in reversed(prefill_messages):
-            response = pb.GenerateResponse.FromString(raw)
-            if response.HasField("complete") and response.complete.kv_transfer_params_json:
-                return str(response.complete.kv_transfer_params_json)
-        return None
-
-    def decode_request(self, raw: bytes, kv_transfer_params: str) -> bytes:
-        patch = pb.GenerateRequest(kv_transfer_params_json=kv_transfer_params)
-        return raw + bytes(patch.SerializeToString())
 
     def server_facts(self, server_info: bytes) -> ServerFacts:
         info = pb.GetServerInfoResponse.FromString(server_info)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import structlog
@@ -32,6 +32,7 @@ from gateway.roles import Role, Runtime
 log = structlog.get_logger("gateway.fleet")
 
 DISCOVERY_RETRY_S = 1.0
+LOOP_RESTART_S = 1.0  # a background loop that raised starts again after this pause
 
 
 class WorkerExists(ValueError):
@@ -51,7 +52,7 @@ class Fleet:
     async def start(self, specs: Iterable[WorkerSpec]) -> None:
         """Register every worker; waits (bounded) for discovery and a first connection
         outcome, so requests that arrive right after start-up are routed, not refused."""
-        joins = [self._spawn(spec.address, self._join(spec)) for spec in specs]
+        joins = [self._claim(spec) for spec in specs]
         if joins:
             await asyncio.wait(joins, timeout=self.settings.discovery_timeout_s)
 
@@ -59,7 +60,7 @@ class Fleet:
         """Register a worker at run time; returns once it is registered (not yet ready)."""
         if spec.address in self._joining or self.registry.get(spec.address):
             raise WorkerExists(f"worker {spec.address} is already registered")
-        await self._spawn(spec.address, self._join(spec, wait_settled=False))
+        await self._claim(spec, wait_settled=False)
         worker = self.registry.get(spec.address)
         assert worker is not None
         return worker
@@ -123,6 +124,12 @@ class Fleet:
                 FleetEvent("breaker", worker, new, new, "cool-down over"),
             )
 
+    def _claim(self, spec: WorkerSpec, wait_settled: bool = True) -> asyncio.Task[None]:
+        """Start joining a worker; its address counts as taken from this moment, before
+        anything awaits, so two concurrent adds cannot both register it."""
+        self._joining.add(spec.address)
+        return self._spawn(spec.address, self._join(spec, wait_settled))
+
     def _spawn(self, key: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         tasks = self._tasks.setdefault(key, [])
@@ -131,14 +138,33 @@ class Fleet:
         def forget(done: asyncio.Task[None]) -> None:
             if done in tasks:
                 tasks.remove(done)
+            if not done.cancelled() and done.exception() is not None:
+                log.error("task_failed", worker=key, error=repr(done.exception()))
 
         task.add_done_callback(forget)
         return task
 
+    def _keep(self, worker: Worker, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Run one of a worker's background loops for as long as the worker is registered:
+        an exception is logged (once while it repeats) and the loop starts again."""
+
+        async def supervised() -> None:
+            last = ""
+            while True:
+                try:
+                    await run()
+                    return
+                except Exception as exc:
+                    if repr(exc) != last:
+                        last = repr(exc)
+                        log.error("loop_failed", loop=name, worker=worker.id, error=last)
+                await asyncio.sleep(LOOP_RESTART_S)
+
+        self._spawn(worker.id, supervised())
+
     async def _join(self, spec: WorkerSpec, wait_settled: bool = True) -> None:
         """Discover what the spec leaves open (retrying until the worker answers), then
         register the worker and start its loops."""
-        self._joining.add(spec.address)
         channel = open_channel(spec.address, self.settings.max_message_bytes)
         call_timeout = min(2.0, self.settings.discovery_timeout_s)
         warned = False
@@ -170,10 +196,14 @@ class Fleet:
         self.registry.add(worker)
         prober = ProbeLoop(worker, self.settings.probe)
         settled = asyncio.Event()
-        self._spawn(worker.id, watch_connection(worker, self.registry, settled, prober.wake))
-        self._spawn(worker.id, self._probe_loop(worker, prober))
+        self._keep(
+            worker,
+            "connection",
+            lambda: watch_connection(worker, self.registry, settled, prober.wake),
+        )
+        self._keep(worker, "probe", lambda: self._probe_loop(worker, prober))
         if worker.role is not Role.ENCODE:  # encoders report no loads
-            self._spawn(worker.id, self._load_loop(worker))
+            self._keep(worker, "loads", lambda: self._load_loop(worker))
         if wait_settled:
             await settled.wait()  # bounded by start()'s timeout
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from gateway.config import LoadsConfig
@@ -24,9 +25,12 @@ async def poll_load(worker: Worker, settings: LoadsConfig) -> None:
         raw = await worker.channel.unary_unary(adapter.path("GetLoads"))(
             adapter.load_request(), timeout=settings.timeout_s
         )
+        running, waiting, usage = adapter.load_figures(raw)
     except aio.AioRpcError as error:
         worker.load_error = f"{error.code().name}: {error.details()}"
         return
-    running, waiting, usage = adapter.load_figures(raw)
+    except DecodeError as error:
+        worker.load_error = f"bad GetLoads answer: {error}"
+        return
     worker.load = LoadReport(running, waiting, usage, time.monotonic())
     worker.load_error = None

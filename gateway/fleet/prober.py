@@ -50,6 +50,8 @@ async def probe_once(worker: Worker, settings: ProbeConfig, engine_rpc: bool) ->
         if error.code() is grpc.StatusCode.NOT_FOUND and not engine_rpc:
             return ProbeResult(ProbeKind.NOT_SERVING, "grpc.health: service unknown")
         return ProbeResult(ProbeKind.ERROR, f"{error.code().name}: {error.details()}")
+    except Exception as error:  # an answer that does not decode is a failed probe too
+        return ProbeResult(ProbeKind.ERROR, f"bad answer: {error!r}")
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     kind = ProbeKind.SERVING if reply.status == SERVING else ProbeKind.NOT_SERVING
     return ProbeResult(kind, f"grpc.health {name}")

@@ -6,8 +6,10 @@ admin watch stream, metrics, logs), so nothing polls the registry for changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
+
+import structlog
 
 from gateway.fleet.worker import Worker, WorkerStatus, derive_status
 from gateway.roles import Role, Runtime
@@ -23,6 +25,8 @@ class FleetEvent:
 
 
 Listener = Callable[[FleetEvent], None]
+
+log = structlog.get_logger("gateway.fleet")
 
 
 class Registry:
@@ -75,8 +79,18 @@ class Registry:
         return True
 
     def publish(self, event: FleetEvent) -> None:
+        """Tell every listener; one that raises is logged and skipped, so it can neither
+        keep the others from hearing nor fail whatever changed the fleet (a request)."""
         for listener in list(self._listeners):
-            listener(event)
+            try:
+                listener(event)
+            except Exception:
+                log.exception(
+                    "fleet_listener_failed",
+                    listener=getattr(listener, "__qualname__", repr(listener)),
+                    event=event.kind,
+                    worker=event.worker.id,
+                )
 
     def get(self, worker_id: str) -> Worker | None:
         return self._by_id.get(worker_id)
@@ -110,13 +124,16 @@ class Registry:
         runtimes = self._index.get(model, {})
         return [w for rt in sorted(runtimes) for w in runtimes[rt].get(role, ())]
 
-    def workers_of(self, model: str, runtime: Runtime | None = None) -> list[Worker]:
+    def workers_of(
+        self, model: str, runtime: Runtime | None = None, roles: Collection[Role] = tuple(Role)
+    ) -> list[Worker]:
         runtimes = self._index.get(model, {})
         return [
             w
             for rt in sorted(runtimes)
             if runtime is None or rt is runtime
             for role in sorted(runtimes[rt])
+            if role in roles
             for w in runtimes[rt][role]
         ]
 

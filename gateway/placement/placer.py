@@ -20,7 +20,7 @@ from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
 from gateway.placement.overload import Limits, overload_reason
 from gateway.placement.policies import Hints, Policy, RoundRobin, make_policy, rendezvous_pick
 from gateway.placement.verdicts import Verdict
-from gateway.roles import Role, Runtime
+from gateway.roles import ENGINE_ROLES, Role, Runtime
 
 Placement = Worker | Verdict
 
@@ -42,6 +42,16 @@ class Assignment:
     def receiver(self) -> Worker:
         """The worker that takes the prompt (and an encoder's embeddings)."""
         return self.workers.get(Role.PREFILL) or self.workers[Role.REGULAR]
+
+    @property
+    def lone(self) -> Worker:
+        """The one worker of a call that a single worker answers."""
+        (worker,) = self.workers.values()
+        return worker
+
+    @classmethod
+    def single(cls, worker: Worker) -> Assignment:
+        return cls({worker.role: worker})
 
     def all(self) -> list[Worker]:
         return [*self.workers.values(), *(w for w, _ in self.encoders)]
@@ -262,9 +272,10 @@ class Placer:
         return picked
 
     def any_worker(self, model: str, runtime: Runtime, exclude: Collection[str] = ()) -> Placement:
-        """One available worker of any leg, for fleet-wide facts (model info, tokenizer)."""
+        """One available worker that speaks the engine protocol (any leg but encode), for
+        fleet-wide facts (model info, tokenizer)."""
         now = time.monotonic()
-        workers = self._registry.workers_of(model, runtime)
+        workers = self._registry.workers_of(model, runtime, ENGINE_ROLES)
         available = [w for w in workers if w.available(now) and w.id not in exclude]
         if not available:
             return verdicts.workers_unavailable(model, "", len(workers), self._retry_after_ms)
@@ -274,9 +285,10 @@ class Placer:
         return chosen
 
     def every_worker(self, model: str, runtime: Runtime) -> list[Worker] | Verdict:
-        """Every available worker of the model, for per-worker admin RPCs."""
+        """Every available worker of the model that speaks the engine protocol (encoders
+        do not), for per-worker admin RPCs."""
         now = time.monotonic()
-        workers = self._registry.workers_of(model, runtime)
+        workers = self._registry.workers_of(model, runtime, ENGINE_ROLES)
         available = [w for w in workers if w.available(now)]
         if not available:
             return verdicts.workers_unavailable(model, "", len(workers), self._retry_after_ms)

@@ -1,56 +1,39 @@
-"""Dispatch: send one call to a placed worker, retry before the first message, relay.
+"""Dispatch: the one attempt loop, and the flows it runs on a placement.
 
-Before the client has seen a response message, a retryable upstream failure (no
-connection, UNAVAILABLE) is tried again on a different worker; any other status, and
-any failure after the first message, reaches the client unchanged with the worker's
-trailing metadata. The client's remaining deadline goes on every upstream call, and a
-client cancel cancels the upstream call at once (the `finally` below).
+Placement and reservation happen in one step (nothing awaits in between), so the next
+request's placement already sees this one on every worker it picked. Before the client
+has seen a response message, a retryable upstream failure (no connection, UNAVAILABLE,
+the worker's own CANCELLED) is tried again on a placement without that worker; any other
+status, and any failure after the first message, reaches the client as it is, with the
+worker's trailing metadata. The client's remaining deadline goes on every upstream call;
+a client cancel cancels them all at once (each call's `close`).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
-from typing import NoReturn, Protocol, TypeAlias
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import NoReturn, TypeAlias
 
-import grpc
 from grpc import aio
 
-from gateway.fleet.breaker import Outcome, outcome_of
-from gateway.fleet.worker import Worker
+from gateway.engines import EngineAdapter
+from gateway.placement.placer import Assignment
 from gateway.placement.verdicts import Verdict
-from gateway.proxy.inflight import Holder, InflightTable
-from gateway.proxy.metadata import Metadata, clean
+from gateway.proxy.metadata import Metadata
 from gateway.proxy.status import abort_with_verdict
+from gateway.proxy.upstream import (
+    RETRYABLE,
+    Reserved,
+    Sink,
+    UpstreamCall,
+    UpstreamFailure,
+    Upstreams,
+)
+from gateway.record import CallRecord
 
 Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
-Picker = Callable[[Collection[str]], Worker | Verdict]
-
-# Before the first message, these say the worker could not take the call: no connection,
-# UNAVAILABLE, or CANCELLED by the worker itself (a gRPC server shutting down cancels calls
-# that arrive as it stops; the client's own cancel never reaches this code as a status).
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
-
-
-@dataclass(slots=True)
-class CallRecord:
-    """What the per-request log line and metrics report once a call has finished."""
-
-    rpc: str
-    service: str
-    model: str = ""
-    request_id: str = ""
-    workers: list[str] = field(default_factory=list)
-    code: str = "OK"
-    started: float = field(default_factory=time.perf_counter)
-    first_message_s: float | None = None
-    messages: int = 0
-    headers_sent: bool = False  # once sent, a retry on another worker must not resend them
-    verdict: Verdict | None = None  # the placement verdict the call was refused with
-    legs: str = "regular"
-    rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
-    handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
+Place = Callable[[Collection[str]], Assignment | Verdict]
 
 
 async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:
@@ -59,147 +42,120 @@ async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoRe
     await abort_with_verdict(context, verdict)
 
 
-class _RetryElsewhere(Exception):
-    """The upstream failed before any response reached the client, in a retryable way."""
-
-    def __init__(self, error: aio.AioRpcError) -> None:
-        self.error = error
-
-
-async def _pass_through(context: Context, error: aio.AioRpcError) -> None:
-    await context.abort(error.code(), error.details() or "", clean(error.trailing_metadata()))
+async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:
+    """End the client's call with an upstream failure's status and trailers."""
+    await context.abort(failure.code, failure.message, failure.trailers)
+    raise AssertionError("unreachable: abort raises")
 
 
-class Outcomes(Protocol):
-    """Where dispatch reports what happened on a worker (the fleet's passive health)."""
+class Downstream:
+    """The client's side of a call: headers go out at most once, messages are counted."""
 
-    def on_dispatch(self, worker: Worker) -> bool: ...
+    __slots__ = ("_context", "_headers_sent", "_record", "delivered")
 
-    def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None: ...
+    def __init__(self, context: Context, record: CallRecord) -> None:
+        self._context = context
+        self._record = record
+        self._headers_sent = False
+        self.delivered = False
+
+    async def headers(self, metadata: Metadata, *, always: bool = False) -> None:
+        if self._headers_sent or not (metadata or always):
+            return
+        self._headers_sent = True
+        await self._context.send_initial_metadata(metadata)
+
+    async def write(self, message: bytes) -> None:
+        self.delivered = True
+        self._record.delivered()
+        await self._context.write(message)
+
+    def trailers(self, metadata: Metadata) -> None:
+        self._context.set_trailing_metadata(metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request, or one choice of an n>1 request, to place and run."""
+
+    context: Context
+    adapter: EngineAdapter
+    path: str
+    raw: bytes
+    metadata: Metadata
+    record: CallRecord
+    sink: Sink
+    upstream_id: str  # the id the workers know it by: the client's, or `<id>-<i>`
+    return_logprob: bool = False
+
+
+Flow = Callable[[Job, Reserved], Awaitable[bytes | None]]
 
 
 class Dispatcher:
-    def __init__(self, outcomes: Outcomes, inflight: InflightTable, max_attempts: int) -> None:
-        self._outcomes = outcomes
-        self._inflight = inflight
+    def __init__(self, upstreams: Upstreams, max_attempts: int) -> None:
+        self.upstreams = upstreams
         self._max_attempts = max_attempts
 
-    def acquire(self, worker: Worker) -> bool:
-        """Count the request on the worker; True if it is the breaker's half-open trial."""
-        worker.inflight += 1
-        return self._outcomes.on_dispatch(worker)
+    async def serve(self, job: Job, place: Place, flow: Flow) -> bytes | None:
+        """Run the job; an upstream failure becomes the client's status."""
+        try:
+            return await self.run(job, place, flow)
+        except UpstreamFailure as failure:
+            await answer(job.context, failure)
 
-    def release(self, worker: Worker, code: grpc.StatusCode | None, trial: bool) -> None:
-        worker.release()
-        outcome = Outcome.IGNORED if code is None else outcome_of(code)
-        self._outcomes.record_outcome(worker, outcome, trial=trial)
-
-    async def forward(
-        self,
-        context: Context,
-        path: str,
-        request: bytes,
-        metadata: Metadata,
-        pick: Picker,
-        record: CallRecord,
-        *,
-        streaming: bool,
-    ) -> bytes | None:
-        """Place, call and relay with retries; returns the unary answer (None for streams)."""
+    async def run(self, job: Job, place: Place, flow: Flow) -> bytes | None:
+        """The attempt loop: place and reserve, run the flow; a retryable failure before
+        anything reached the client is tried again without the worker that failed."""
+        record = job.record
         tried: list[str] = []
-        failure: aio.AioRpcError | None = None
+        failure: UpstreamFailure | None = None
         for _ in range(self._max_attempts):
-            placement = pick(tried)
-            if isinstance(placement, Verdict):
+            placed = place(tried)
+            if isinstance(placed, Verdict):
                 if failure is None:
-                    await refuse(context, record, placement)
+                    await refuse(job.context, record, placed)
                 break  # nobody else to try: the last worker's own failure is the answer
-            tried.append(placement.id)
-            record.workers.append(placement.id)
+            reserved = self.upstreams.reserve_all(placed)
+            record.attempts += 1
+            if failure is not None:
+                record.retries += 1
             try:
-                if streaming:
-                    await self._relay(context, placement, path, request, metadata, record)
-                    return None
-                return await self._unary(context, placement, path, request, metadata)
-            except _RetryElsewhere as retry:
-                failure = retry.error
+                return await flow(job, reserved)
+            except UpstreamFailure as error:
+                if error.code not in RETRYABLE or job.sink.delivered:
+                    raise
+                failure = error
+                tried.append(error.worker.id)
+            finally:
+                reserved.release_unused()
         assert failure is not None
-        await _pass_through(context, failure)
-        return None
+        raise failure
 
-    async def _relay(
-        self,
-        context: Context,
-        worker: Worker,
-        path: str,
-        request: bytes,
-        metadata: Metadata,
-        record: CallRecord,
-    ) -> None:
-        call = worker.channel.unary_stream(path)(
-            request, metadata=metadata, timeout=context.time_remaining()
-        )
-        trial = self.acquire(worker)
-        holder = Holder(worker, record.request_id)
-        self._inflight.add(record.request_id, holder)
-        code: grpc.StatusCode | None = None  # None: ended by the client (cancel)
-        try:
-            # A Trailers-Only failure also resolves initial_metadata, empty, sometimes before
-            # the call reports done; empty headers are left to go with the first message, so
-            # a retry can still relay the next worker's headers.
-            headers = clean(await call.initial_metadata())
-            if headers and not record.headers_sent:
-                record.headers_sent = True
-                await context.send_initial_metadata(headers)
-            read, write = call.read, context.write
-            try:
-                message = await read()
-                if message is not aio.EOF:
-                    record.first_message_s = time.perf_counter() - record.started
-                    while message is not aio.EOF:
-                        await write(message)
-                        record.messages += 1
-                        message = await read()
-            except aio.AioRpcError as error:
-                code = error.code()
-                if record.first_message_s is None and code in RETRYABLE:
-                    raise _RetryElsewhere(error) from None
-                await _pass_through(context, error)
-            code = grpc.StatusCode.OK
-            context.set_trailing_metadata(clean(await call.trailing_metadata()))
-        finally:
-            self.release(worker, code, trial)
-            self._inflight.discard(record.request_id, holder)
-            if not call.done():
-                call.cancel()
+    # -- regular flows: one worker answers the whole call ------------------------------
 
-    async def _unary(
-        self,
-        context: Context,
-        worker: Worker,
-        path: str,
-        request: bytes,
-        metadata: Metadata,
-    ) -> bytes:
-        call = worker.channel.unary_unary(path)(
-            request, metadata=metadata, timeout=context.time_remaining()
-        )
-        trial = self.acquire(worker)
-        code: grpc.StatusCode | None = None
-        try:
-            try:
-                reply: bytes = await call
-            except aio.AioRpcError as error:
-                code = error.code()
-                if code in RETRYABLE:
-                    raise _RetryElsewhere(error) from None
-                await _pass_through(context, error)
-                raise
-            code = grpc.StatusCode.OK
-            await context.send_initial_metadata(clean(await call.initial_metadata()))
-            context.set_trailing_metadata(clean(await call.trailing_metadata()))
+    async def stream(self, job: Job, reserved: Reserved) -> None:
+        with self._lone_call(job, reserved, streaming=True) as call:
+            await call.relay(job.sink, await call.first(job.sink))
+
+    async def unary(self, job: Job, reserved: Reserved) -> bytes:
+        with self._lone_call(job, reserved, streaming=False) as call:
+            reply = await call.response()
+            await job.sink.headers(await call.headers(), always=True)
+            job.sink.trailers(await call.trailers())
             return reply
-        finally:
-            self.release(worker, code, trial)
-            if not call.done():
-                call.cancel()
+
+    def _lone_call(self, job: Job, reserved: Reserved, *, streaming: bool) -> UpstreamCall:
+        worker = reserved.assignment.lone
+        job.record.called(worker.role, worker.id)
+        job.record.worker = worker.id
+        return self.upstreams.call(
+            reserved.take(worker),
+            worker.role,
+            job.path,
+            job.raw,
+            job.metadata,
+            job.context.time_remaining(),
+            streaming=streaming,
+            hold=(job.record.request_id, job.upstream_id) if streaming else None,
+        )

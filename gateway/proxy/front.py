@@ -12,24 +12,25 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import structlog
 from google.protobuf.message import DecodeError
-from grpc import aio
 
 from gateway.config import GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.fleet.registry import Registry
-from gateway.fleet.worker import Worker
 from gateway.placement.placer import Assignment, Placer
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.disagg import DisaggregatedDispatch
-from gateway.proxy.dispatch import CallRecord, Context, Dispatcher, refuse
-from gateway.proxy.inflight import Holder, InflightTable
-from gateway.proxy.metadata import RequestMeta, clean, read_request_meta
+from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
+from gateway.proxy.inflight import Holder
+from gateway.proxy.metadata import RequestMeta, read_request_meta
 from gateway.proxy.status import abort_invalid
+from gateway.proxy.upstream import UpstreamFailure, label
+from gateway.record import CallRecord
 from gateway.roles import Role
 
 log = structlog.get_logger("gateway.request")
@@ -49,7 +50,6 @@ class EngineFront:
         registry: Registry,
         placer: Placer,
         dispatcher: Dispatcher,
-        inflight: InflightTable,
         disagg: DisaggregatedDispatch,
         observe: Callable[[CallRecord], None],
     ) -> None:
@@ -61,7 +61,7 @@ class EngineFront:
         self._registry = registry
         self._placer = placer
         self._dispatcher = dispatcher
-        self._inflight = inflight
+        self._upstreams = dispatcher.upstreams
 
     def handler(self) -> grpc.GenericRpcHandler:
         handlers = {}
@@ -101,24 +101,7 @@ class EngineFront:
 
     def _log(self, record: CallRecord) -> None:
         self._observe(record)
-        first = record.first_message_s
-        log.info(
-            "request",
-            model=record.model,
-            service=record.service,
-            rpc=record.rpc,
-            worker=record.workers[-1] if record.workers else None,
-            workers=record.workers if len(record.workers) > 1 else None,
-            attempts=len(record.workers),
-            legs=record.legs,
-            code=record.code,
-            reason=record.verdict.reason.name if record.verdict else None,
-            first_message_ms=round(first * 1000, 3) if first is not None else None,
-            duration_ms=round((time.perf_counter() - record.started) * 1000, 3),
-            messages=record.messages,
-            request_id=record.request_id or None,
-            rooms=record.rooms or None,
-        )
+        log.info("request", **record.log_fields())
 
     def _meta(self, context: Context) -> RequestMeta:
         config = self._config
@@ -136,6 +119,20 @@ class EngineFront:
             await refuse(context, record, resolved)
         record.model = resolved
         return resolved
+
+    def _job(
+        self, spec: RpcSpec, request: bytes, context: Context, meta: RequestMeta, record: CallRecord
+    ) -> Job:
+        return Job(
+            context,
+            self.adapter,
+            spec.path,
+            request,
+            meta.forward,
+            record,
+            Downstream(context, record),
+            record.request_id,
+        )
 
     async def _placed(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
@@ -156,37 +153,23 @@ class EngineFront:
         runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
         items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
         legs = placer.legs(model, bool(items))
+        job = self._job(spec, request, context, meta, record)
 
         def place(tried: Collection[str]) -> Assignment | Verdict:
             return placer.place(model, runtime, hints, items, tried, legs)
 
         if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
-            record.legs = "+".join(leg.value for leg in legs)
-            await self._disagg.generate(
-                context,
-                self.adapter,
-                request,
-                info.n,
-                info.return_logprob,
-                meta.forward,
-                place,
-                record,
-            )
+            job = replace(job, return_logprob=info.return_logprob)
+            await self._disagg.serve(job, info.n, place)
             return None
 
-        def pick(tried: Collection[str]) -> Worker | Verdict:
+        def place_receiver(tried: Collection[str]) -> Assignment | Verdict:
             placed = place(tried)
-            return placed if isinstance(placed, Verdict) else placed.receiver
+            return placed if isinstance(placed, Verdict) else Assignment.single(placed.receiver)
 
-        return await self._dispatcher.forward(
-            context,
-            spec.path,
-            request,
-            meta.forward,
-            pick,
-            record,
-            streaming=spec.server_streaming,
-        )
+        dispatcher = self._dispatcher
+        flow = dispatcher.stream if spec.server_streaming else dispatcher.unary
+        return await dispatcher.serve(job, place_receiver, flow)
 
     async def _forward_one(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
@@ -196,26 +179,23 @@ class EngineFront:
         runtime = self.adapter.runtime
         target = meta.hints.target_worker
 
-        def pick(tried: Collection[str]) -> Worker | Verdict:
+        def pick(tried: Collection[str]) -> Assignment | Verdict:
             if target is not None and target not in tried:
                 worker = self._registry.get(target)
                 if (
                     worker is not None
                     and worker.model == model
+                    and worker.role is not Role.ENCODE
                     and worker.available(time.monotonic())
                 ):
-                    return worker
-            return self._placer.any_worker(model, runtime, tried)
+                    return Assignment.single(worker)
+            placed = self._placer.any_worker(model, runtime, tried)
+            return placed if isinstance(placed, Verdict) else Assignment.single(placed)
 
-        return await self._dispatcher.forward(
-            context,
-            spec.path,
-            request,
-            meta.forward,
-            pick,
-            record,
-            streaming=spec.server_streaming,
-        )
+        dispatcher = self._dispatcher
+        flow = dispatcher.stream if spec.server_streaming else dispatcher.unary
+        job = self._job(spec, request, context, meta, record)
+        return await dispatcher.serve(job, pick, flow)
 
     async def _fan_out(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
@@ -225,23 +205,32 @@ class EngineFront:
         workers = self._placer.every_worker(model, self.adapter.runtime)
         if isinstance(workers, Verdict):
             await refuse(context, record, workers)
-        record.workers = [w.id for w in workers]
-        timeout = context.time_remaining()
+        record.targets = [w.id for w in workers]
+        upstreams, timeout = self._upstreams, context.time_remaining()
         calls = [
-            w.channel.unary_unary(spec.path)(request, metadata=meta.forward, timeout=timeout)
+            upstreams.call(
+                upstreams.reserve(w),
+                w.role,
+                spec.path,
+                request,
+                meta.forward,
+                timeout,
+                streaming=False,
+                label=label(w),
+            )
             for w in workers
         ]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for worker, result in zip(workers, results, strict=True):
-            if isinstance(result, aio.AioRpcError):
-                await context.abort(
-                    result.code(),
-                    f"worker {worker.id}: {result.details()}",
-                    clean(result.trailing_metadata()),
-                )
+        try:
+            results = await asyncio.gather(*(c.response() for c in calls), return_exceptions=True)
+        finally:
+            for call in calls:
+                call.close()
+        for result in results:
+            if isinstance(result, UpstreamFailure):
+                await answer(context, result)
             elif isinstance(result, BaseException):
                 raise result
-        await context.send_initial_metadata((("x-gateway-workers", ",".join(record.workers)),))
+        await context.send_initial_metadata((("x-gateway-workers", ",".join(record.targets)),))
         return self.adapter.merge(spec.name, [r for r in results if isinstance(r, bytes)])
 
     async def _health_check(
@@ -259,18 +248,24 @@ class EngineFront:
         self, spec: RpcSpec, request: bytes, holder: Holder, meta: RequestMeta, context: Context
     ) -> bytes:
         """Abort one upstream call; a decode leg only once it has started (bounded), so the
-        KV handoff from its prefill is not torn in the middle."""
+        KV handoff from its prefill is not torn in the middle. An abort says nothing about
+        the worker's health: it is counted in flight, never judged."""
         if holder.started is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._config.disagg.abort_wait_s):
                     await holder.started.wait()
-        call = holder.worker.channel.unary_unary(spec.path)
-        reply: bytes = await call(
+        upstreams, worker = self._upstreams, holder.worker
+        with upstreams.call(
+            upstreams.reserve(worker, judge=False),
+            worker.role,
+            spec.path,
             self.adapter.abort_request([holder.upstream_id], request),
-            metadata=meta.forward,
-            timeout=context.time_remaining(),
-        )
-        return reply
+            meta.forward,
+            context.time_remaining(),
+            streaming=False,
+            label=label(worker),
+        ) as call:
+            return await call.response()
 
     async def _abort(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
@@ -280,12 +275,13 @@ class EngineFront:
         except DecodeError:
             await abort_invalid(context, "Request bytes are not a valid AbortRequest")
         record.request_id = ",".join(ids)
-        holders = [h for request_id in ids for h in self._inflight.holders(request_id)]
+        inflight = self._upstreams.inflight
+        holders = [h for request_id in ids for h in inflight.holders(request_id)]
         if not holders:
             unknown = ", ".join(repr(i) for i in ids)
             return self.adapter.abort_reply(False, f"request {unknown} is not in flight here")
         meta = self._meta(context)
-        record.workers = [h.worker.id for h in holders]
+        record.targets = [h.worker.id for h in holders]
         results = await asyncio.gather(
             *(self._abort_one(spec, request, h, meta, context) for h in holders),
             return_exceptions=True,
@@ -293,6 +289,6 @@ class EngineFront:
         replies = [r for r in results if isinstance(r, bytes)]
         if not replies:
             failure = next(r for r in results if isinstance(r, BaseException))
-            detail = failure.details() if isinstance(failure, aio.AioRpcError) else str(failure)
+            detail = failure.details if isinstance(failure, UpstreamFailure) else str(failure)
             return self.adapter.abort_reply(False, f"abort failed: {detail}")
         return self.adapter.merge_aborts(replies)

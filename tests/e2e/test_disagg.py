@@ -103,7 +103,9 @@ async def test_sglang_pd_streams_what_a_regular_worker_would(
         assert error is None and len(whole) == 1
         assert list(whole[0].complete.output_ids) == output_tokens(PROMPT, 6)
     events = wait_for_events(gw.log_path, 2, rpc="Generate")  # type: ignore[attr-defined]
-    assert {e["legs"] for e in events} == {"prefill+decode"}
+    legs = {"prefill": [prefill.address], "decode": [decode.address]}
+    assert all(e["legs"] == legs and e["worker"] == decode.address for e in events)
+    assert all((e["attempts"], e["retries"]) == (1, 0) for e in events)
     assert all(e["code"] == "OK" and len(e["rooms"]) == 1 for e in events)
     assert 0 <= events[0]["rooms"][0] < 2**31
     assert await wait_idle(prefill.address) == 0 and await wait_idle(decode.address) == 0
@@ -276,9 +278,9 @@ async def test_epd_two_encoders_share_the_items_and_feed_the_prefill(
     assert error is None, error
     assert tokens_of(messages) == output_tokens(PROMPT, 3)
     (event,) = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
-    assert event["legs"] == "encode+prefill+decode"
+    assert set(event["legs"]) == {"encode", "prefill", "decode"}
     # Both encoders took part (8 items hash onto both), the prefill waited for both parts.
-    assert {enc_a.address, enc_b.address} <= set(event["workers"])
+    assert sorted(event["legs"]["encode"]) == sorted([enc_a.address, enc_b.address])
 
 
 async def test_encoder_failure_fails_the_request_naming_the_encode_leg(

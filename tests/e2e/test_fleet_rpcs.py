@@ -114,11 +114,11 @@ async def test_sglang_abort_reaches_the_worker_holding_the_request(ready: Fleet)
         assert unknown.message == "request 'nope' is not in flight here"
     await assert_idle(ready)
     [found] = wait_for_events(ready.log_path, 1, "Abort", "long-1")
-    assert (found["code"], found["attempts"]) == ("OK", 1)
+    assert (found["code"], found["attempts"], found["retries"]) == ("OK", 0, 0)
     [generate] = wait_for_events(ready.log_path, 1, "Generate", "long-1")
-    assert found["worker"] == generate["worker"]  # the worker that held the request
+    assert found["targets"] == [generate["worker"]]  # the worker that held the request
     [not_found] = wait_for_events(ready.log_path, 1, "Abort", "nope")
-    assert (not_found["code"], not_found["attempts"]) == ("OK", 0)
+    assert (not_found["code"], not_found["attempts"], not_found["targets"]) == ("OK", 0, None)
 
 
 async def test_vllm_abort_by_request_ids(ready: Fleet) -> None:

@@ -210,7 +210,8 @@ async def test_client_deadline_reaches_the_worker(ready: Fleet) -> None:
         _, error = await collect(call)
         assert error is None
         deadline_ms = int(dict(await call.initial_metadata())["x-sim-deadline-ms"])
-        assert 1000 <= deadline_ms <= 2000
+        # grpc rounds a timeout up as it encodes `grpc-timeout`: a few ms over is fine.
+        assert 1000 <= deadline_ms <= 2050
 
         # No client deadline: none upstream either.
         call = stub.Generate(sgl_generate(), metadata=model_md("s"))

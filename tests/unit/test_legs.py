@@ -228,3 +228,29 @@ def test_servable_needs_a_compatible_pair() -> None:
     assert not fleet.placer.servable("m")
     fleet.add(D, VLLM, pairing="x")
     assert fleet.placer.servable("m")
+
+
+def test_fleet_wide_and_fan_out_rpcs_never_pick_an_encoder() -> None:
+    """Encoders serve SglangEncoder only: a GetModelInfo or GetLoads sent to one would
+    answer UNIMPLEMENTED, so only prefill, decode and regular workers are candidates."""
+    fleet = Fleet()
+    encoder = fleet.add(E)
+    prefill, decode = fleet.add(P), fleet.add(D)
+    everyone = fleet.placer.every_worker("m", SGL)
+    assert everyone == [decode, prefill]
+    picks = {fleet.placer.any_worker("m", SGL) for _ in range(6)}
+    assert picks and picks <= {prefill, decode}
+    assert fleet.placer.any_worker("m", SGL, exclude=[prefill.id, decode.id]) == unavailable(
+        "m", "", 2, 1000
+    )
+    assert encoder not in picks
+
+
+def test_a_model_with_only_encoders_up_has_no_worker_for_engine_rpcs() -> None:
+    fleet = Fleet()
+    fleet.add(E)
+    fleet.add(P, up=False)
+    verdict = fleet.placer.any_worker("m", SGL)
+    assert isinstance(verdict, Verdict)
+    assert verdict.reason is Reason.WORKERS_UNAVAILABLE
+    assert fleet.placer.every_worker("m", SGL) == unavailable("m", "", 1, 1000)

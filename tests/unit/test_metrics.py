@@ -16,7 +16,7 @@ from gateway.fleet.registry import Registry
 from gateway.fleet.worker import LoadReport, Worker, WorkerStatus
 from gateway.metrics import TTFT_BUCKETS, Metrics
 from gateway.placement import verdicts
-from gateway.proxy.dispatch import CallRecord
+from gateway.record import CallRecord
 from gateway.roles import Role, Runtime
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"
@@ -57,11 +57,9 @@ def value(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 def test_requests_counted_by_model_service_rpc_code(metrics: Metrics) -> None:
     for _ in range(3):
-        metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", workers=["a"]))
-    metrics.observe(
-        CallRecord(rpc="Generate", service=SGL, model="m", workers=["a"], code="INTERNAL")
-    )
-    metrics.observe(CallRecord(rpc="Embed", service=VLLM, model="v", workers=["b"]))
+        metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m"))
+    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", code="INTERNAL"))
+    metrics.observe(CallRecord(rpc="Embed", service=VLLM, model="v"))
     total = "gateway_requests_total"
     assert value(metrics, total, model="m", service=SGL, rpc="Generate", code="OK") == 3
     assert value(metrics, total, model="m", service=SGL, rpc="Generate", code="INTERNAL") == 1
@@ -105,14 +103,8 @@ def test_client_named_unknown_model_is_not_a_label(metrics: Metrics) -> None:
 def test_first_message_histogram_is_for_generate_only(metrics: Metrics) -> None:
     assert TTFT_BUCKETS[0] == 0.005 and TTFT_BUCKETS[-1] == 30.0
     for seconds in (0.004, 0.02, 0.2, 12.0):
-        metrics.observe(
-            CallRecord(
-                rpc="Generate", service=SGL, model="m", workers=["a"], first_message_s=seconds
-            )
-        )
-    metrics.observe(
-        CallRecord(rpc="Embed", service=SGL, model="m", workers=["a"], first_message_s=0.1)
-    )
+        metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", first_message_s=seconds))
+    metrics.observe(CallRecord(rpc="Embed", service=SGL, model="m", first_message_s=0.1))
     metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", code="UNAVAILABLE"))
     name = "gateway_first_message_seconds"
     labels = {"model": "m", "service": SGL}
@@ -126,12 +118,18 @@ def test_first_message_histogram_is_for_generate_only(metrics: Metrics) -> None:
     assert value(metrics, f"{name}_bucket", le="+Inf", **labels) == 4
 
 
-def test_retries_are_attempts_beyond_the_first(metrics: Metrics) -> None:
-    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", workers=["a"]))
+def test_retries_count_only_retries_not_legs_or_targets(metrics: Metrics) -> None:
     name = "gateway_retries_total"
+    pd = CallRecord(rpc="Generate", service=SGL, model="m", attempts=1)
+    pd.called(Role.PREFILL, "p")
+    pd.called(Role.DECODE, "d")
+    pd.called(Role.ENCODE, "e")
+    fan_out = CallRecord(rpc="GetLoads", service=SGL, model="m", targets=["a", "b", "c"])
+    metrics.observe(pd)
+    metrics.observe(fan_out)
     assert value(metrics, name, model="m", service=SGL) is None
-    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", workers=["a", "b", "c"]))
-    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", workers=["a", "b"]))
+    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", attempts=3, retries=2))
+    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", attempts=2, retries=1))
     assert value(metrics, name, model="m", service=SGL) == 3
 
 
@@ -186,7 +184,7 @@ def test_http_endpoint_serves_the_series(fleet: Registry, metrics: Metrics) -> N
     w = worker(7)
     fleet.add(w)
     make_ready(fleet, w)
-    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m", workers=[w.id]))
+    metrics.observe(CallRecord(rpc="Generate", service=SGL, model="m"))
     port = metrics.serve("127.0.0.1:0")
     try:
         assert port > 0

@@ -1,0 +1,389 @@
+"""Upstream calls: the one way the gateway talks to a worker on a client's behalf.
+
+Every path (regular, each leg of a disaggregated request, each choice of n>1, encoders,
+fan-out, fleet-wide forwards, aborts) goes through here, so the accounting is the same
+everywhere:
+
+- a `Reservation` is taken at placement, with no await in between: the worker's in-flight
+  count goes up and, if its breaker is half-open, this call becomes the one trial. A
+  reservation is released exactly once, with the call's outcome (or none, if unused or
+  cancelled by the client);
+- an `UpstreamCall` owns one RPC on one reservation: it may register the call in the
+  in-flight table (so an Abort finds it), relays headers, messages and trailers, turns
+  every RPC error into one failure type, and on `close()` cancels what still runs,
+  leaves the table and releases the reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+import structlog
+from grpc import aio
+
+from gateway.fleet.breaker import Outcome, outcome_of
+from gateway.fleet.worker import Worker
+from gateway.placement.placer import Assignment
+from gateway.proxy.inflight import Holder, InflightTable
+from gateway.proxy.metadata import Metadata, clean
+from gateway.roles import Role
+
+log = structlog.get_logger("gateway.upstream")
+
+# Before the first message, these say the worker could not take the call: no connection,
+# UNAVAILABLE, or CANCELLED by the worker itself (a gRPC server shutting down cancels calls
+# that arrive as it stops; the client's own cancel never reaches this code as a status).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
+class UpstreamFailure(Exception):
+    """An upstream call failed: the one failure type of every path.
+
+    `label` names the worker in the message where the client could not otherwise tell
+    which of several calls failed ("decode worker HOST:PORT"); a lone forwarded call
+    passes the worker's own message through unchanged.
+    """
+
+    def __init__(
+        self,
+        leg: Role,
+        worker: Worker,
+        code: grpc.StatusCode,
+        details: str,
+        trailers: Metadata = (),
+        label: str = "",
+    ) -> None:
+        self.leg, self.worker, self.code = leg, worker, code
+        self.details, self.trailers, self.label = details, trailers, label
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return f"{self.label}: {self.details}" if self.label else self.details
+
+
+def label(worker: Worker) -> str:
+    """How a failure names a worker when the call went to several."""
+    role = "" if worker.role is Role.REGULAR else f"{worker.role.value} "
+    return f"{role}worker {worker.id}"
+
+
+class Sink(Protocol):
+    """Where an upstream stream's answer goes: the client, or one choice of an n>1 merge."""
+
+    delivered: bool  # a message of this stream reached the client: no retry from here on
+
+    async def headers(self, metadata: Metadata, *, always: bool = False) -> None: ...
+
+    async def write(self, message: bytes) -> None: ...
+
+    def trailers(self, metadata: Metadata) -> None: ...
+
+
+class Outcomes(Protocol):
+    """Where upstream calls report what happened on a worker (the fleet's passive health)."""
+
+    def on_dispatch(self, worker: Worker) -> bool: ...
+
+    def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None: ...
+
+
+class Reservation:
+    """One request's slot on a worker, taken when it was placed there."""
+
+    __slots__ = ("_judge", "_outcomes", "released", "trial", "worker")
+
+    def __init__(self, worker: Worker, outcomes: Outcomes, *, judge: bool) -> None:
+        self.worker = worker
+        self._outcomes = outcomes
+        self._judge = judge  # False for calls that say nothing about the worker (Abort)
+        worker.inflight += 1
+        self.trial = outcomes.on_dispatch(worker) if judge else False
+        self.released = False
+
+    def release(self, code: grpc.StatusCode | None) -> None:
+        """Give the slot back; `code` None: unused, or ended by the client (no verdict)."""
+        if self.released:
+            return
+        self.released = True
+        self.worker.release()
+        if self._judge:
+            outcome = Outcome.IGNORED if code is None else outcome_of(code)
+            try:
+                self._outcomes.record_outcome(self.worker, outcome, trial=self.trial)
+            except Exception:  # the fleet's trouble must not become the request's
+                log.exception("record_outcome_failed", worker=self.worker.id)
+
+
+@dataclass(slots=True)
+class Reserved:
+    """A placement with a reservation on each worker it picked."""
+
+    assignment: Assignment
+    slots: dict[Worker, Reservation] = field(default_factory=dict)
+
+    def take(self, worker: Worker) -> Reservation:
+        return self.slots.pop(worker)
+
+    def release_unused(self) -> None:
+        for reservation in self.slots.values():
+            reservation.release(None)
+        self.slots.clear()
+
+
+class Upstreams:
+    """Makes reservations and upstream calls; owns the settles that outlive a request."""
+
+    def __init__(self, outcomes: Outcomes, inflight: InflightTable, abort_wait_s: float) -> None:
+        self._outcomes = outcomes
+        self.inflight = inflight
+        self._abort_wait_s = abort_wait_s
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
+        return Reservation(worker, self._outcomes, judge=judge)
+
+    def reserve_all(self, assignment: Assignment) -> Reserved:
+        """Reserve every worker of a placement at once (call right after placing)."""
+        return Reserved(assignment, {w: self.reserve(w) for w in assignment.all()})
+
+    def call(
+        self,
+        reservation: Reservation,
+        leg: Role,
+        path: str,
+        request: bytes,
+        metadata: Metadata,
+        timeout: float | None,
+        *,
+        streaming: bool,
+        label: str = "",
+        hold: tuple[str, str] | None = None,
+        until_started: bool = False,
+    ) -> UpstreamCall:
+        """Start one RPC on a reservation.
+
+        `hold` = (client request id, id the worker knows it by) registers the call for
+        Abort; `until_started` (decode legs) delays its cancel until its first message,
+        bounded, so a KV hand-off is not torn in the middle.
+        """
+        channel = reservation.worker.channel
+        method = channel.unary_stream(path) if streaming else channel.unary_unary(path)
+        try:
+            rpc = method(request, metadata=metadata, timeout=timeout)
+        except BaseException:
+            reservation.release(None)
+            raise
+        holder = None
+        if hold is not None:
+            started = asyncio.Event() if until_started else None
+            holder = Holder(reservation.worker, hold[1], started)
+            self.inflight.add(hold[0], holder)
+        return UpstreamCall(self, reservation, leg, rpc, label, hold[0] if hold else "", holder)
+
+    def defer(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
+        task = asyncio.ensure_future(self._settle_after_start(call, first))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle_after_start(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
+        try:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(self._abort_wait_s):
+                    await first
+        finally:
+            call.settle()
+
+
+class UpstreamCall:
+    """One RPC to one worker, as one leg of a client call. Use as a context manager, or
+    call `close()` exactly when done with it; both are idempotent."""
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        reservation: Reservation,
+        leg: Role,
+        rpc: Any,
+        label: str,
+        key: str,
+        holder: Holder | None,
+    ) -> None:
+        self._upstreams = upstreams
+        self.reservation = reservation
+        self.worker = reservation.worker
+        self.leg = leg
+        self._rpc = rpc
+        self._label = label
+        self._key = key
+        self._holder = holder
+        self._in_table = holder is not None
+        self._started = holder.started if holder is not None else None
+        self.code: grpc.StatusCode | None = None  # None until it ends; stays None if cancelled
+        self._first: asyncio.Future[Any] | None = None  # a decode's first read, left running
+        self._drained: asyncio.Task[list[bytes]] | None = None
+        self._closed = False
+
+    def __enter__(self) -> UpstreamCall:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _failure(self, error: aio.AioRpcError) -> UpstreamFailure:
+        self.code = error.code()
+        return UpstreamFailure(
+            self.leg,
+            self.worker,
+            error.code(),
+            error.details() or "",
+            clean(error.trailing_metadata()),
+            self._label,
+        )
+
+    def fail(self, code: grpc.StatusCode, details: str) -> UpstreamFailure:
+        """A failure of this leg that the worker did not report as a status."""
+        return UpstreamFailure(self.leg, self.worker, code, details, (), self._label)
+
+    async def response(self) -> bytes:
+        """A unary call's answer."""
+        try:
+            reply: bytes = await self._rpc
+        except aio.AioRpcError as error:
+            raise self._failure(error) from None
+        self.code = grpc.StatusCode.OK
+        return reply
+
+    async def headers(self) -> Metadata:
+        return clean(await self._rpc.initial_metadata())
+
+    async def trailers(self) -> Metadata:
+        return clean(await self._rpc.trailing_metadata())
+
+    def drain(self) -> asyncio.Task[list[bytes]]:
+        """Every message of the stream (a prefill's answer). Started once; later calls
+        wait for the same reading. Once read, the call leaves the in-flight table: its
+        part is done, an Abort from now on is the other legs' business."""
+        if self._drained is None:
+            self._drained = asyncio.ensure_future(self._drain())
+        return self._drained
+
+    async def _drain(self) -> list[bytes]:
+        messages: list[bytes] = []
+        try:
+            async for message in self._rpc:
+                messages.append(message)
+        except aio.AioRpcError as error:
+            raise self._failure(error) from None
+        self.code = grpc.StatusCode.OK
+        self._leave_table()
+        return messages
+
+    async def first(self, sink: Sink, watch: Collection[asyncio.Future[Any]] = ()) -> bytes | None:
+        """Relay the headers as soon as they come, then return the first message (None if
+        the stream ended without one), unless a watched call fails first: that failure is
+        the answer (a decode waiting for a room that never comes says less)."""
+        if not watch and self._started is None:
+            try:
+                return await self._headers_and_first(sink)
+            except aio.AioRpcError as error:
+                raise self._failure(error) from None
+        read = self._first = asyncio.ensure_future(self._headers_and_first(sink))
+        watching: set[asyncio.Future[Any]] = {read, *watch}
+        while not read.done():
+            # Cancelled here (the client left), the read stays running: `close` then
+            # delays the cancel of a decode until its first message.
+            done, _ = await asyncio.wait(watching, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not read:
+                    watching.discard(task)
+                    if task.exception() is not None:
+                        read.cancel()
+                        raise task.exception()  # type: ignore[misc]
+        try:
+            return read.result()  # type: ignore[no-any-return]
+        except aio.AioRpcError as error:
+            raise self._failure(error) from None
+
+    async def _headers_and_first(self, sink: Sink) -> bytes | None:
+        # A Trailers-Only failure also resolves the headers, empty, sometimes before the
+        # call reports done; empty headers are left to go with the first message, so a
+        # retry can still relay the next worker's headers.
+        headers = clean(await self._rpc.initial_metadata())
+        if headers:
+            await sink.headers(headers)
+        message = await self._rpc.read()
+        if self._started is not None:
+            self._started.set()
+        return None if message is aio.EOF else message
+
+    async def relay(self, sink: Sink, first: bytes | None) -> None:
+        """The relay loop: `first` (maybe amended), then the rest of the stream as raw
+        bytes, then the worker's trailers."""
+        rpc = self._rpc
+        if first is None:  # the stream ended without a message
+            code = await rpc.code()
+            if code is not grpc.StatusCode.OK:
+                self.code = code
+                raise UpstreamFailure(
+                    self.leg,
+                    self.worker,
+                    code,
+                    await rpc.details(),
+                    await self.trailers(),
+                    self._label,
+                )
+        else:
+            read, write = rpc.read, sink.write
+            message = first
+            try:
+                while message is not aio.EOF:
+                    await write(message)
+                    message = await read()
+            except aio.AioRpcError as error:
+                raise self._failure(error) from None
+        self.code = grpc.StatusCode.OK
+        sink.trailers(await self.trailers())
+
+    # -- ending ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel the RPC if it still runs, leave the in-flight table, release the
+        reservation with the outcome. A decode that has not sent its first message yet
+        is cancelled only once it has (bounded)."""
+        if self._closed:
+            return
+        self._closed = True
+        started, first = self._started, self._first
+        if (
+            started is not None
+            and not started.is_set()
+            and first is not None
+            and not first.done()
+            and not self._rpc.done()
+        ):
+            self._upstreams.defer(self, first)
+        else:
+            self.settle()
+
+    def settle(self) -> None:
+        try:
+            if not self._rpc.done():
+                self._rpc.cancel()
+            if self._drained is not None and not self._drained.done():
+                self._drained.cancel()
+            self._leave_table()
+        finally:
+            self.reservation.release(self.code)
+
+    def _leave_table(self) -> None:
+        if self._in_table and self._holder is not None:
+            self._in_table = False
+            self._upstreams.inflight.discard(self._key, self._holder)

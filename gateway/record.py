@@ -1,0 +1,73 @@
+"""The call record: what one client call did, for its log line and its metrics.
+
+It keeps three things apart that are easy to conflate: *attempts* (placements tried;
+a retry on another worker adds one), *legs* (the upstream calls one placement makes:
+regular, or prefill + decode, plus encoders) and *targets* (the workers a fan-out or an
+abort reached). Only retries count as retries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from gateway.placement.verdicts import Verdict
+from gateway.roles import Role
+
+
+@dataclass(slots=True)
+class CallRecord:
+    rpc: str
+    service: str
+    model: str = ""
+    request_id: str = ""
+    code: str = "OK"
+    started: float = field(default_factory=time.perf_counter)
+    first_message_s: float | None = None
+    messages: int = 0
+    verdict: Verdict | None = None  # the placement verdict the call was refused with
+    attempts: int = 0  # placements tried (n>1: summed over the choices)
+    retries: int = 0  # attempts after a retryable failure, always on another worker
+    legs: dict[Role, list[str]] = field(default_factory=dict)  # leg -> workers called
+    targets: list[str] = field(default_factory=list)  # fan-out and abort: workers reached
+    worker: str | None = None  # the worker whose answer the client got
+    rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
+    handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
+
+    def attempt(self) -> None:
+        """One more placement; every one after a choice's first is a retry."""
+        self.attempts += 1
+
+    def called(self, leg: Role, worker: str) -> None:
+        self.legs.setdefault(leg, []).append(worker)
+
+    def delivered(self) -> None:
+        """One response message reached the client."""
+        if self.first_message_s is None:
+            self.first_message_s = time.perf_counter() - self.started
+        self.messages += 1
+
+    @property
+    def shape(self) -> str:
+        """The legs the request used, in demand order: `regular`, `prefill+decode`..."""
+        return "+".join(leg.value for leg in Role if leg in self.legs)
+
+    def log_fields(self) -> dict[str, object]:
+        first = self.first_message_s
+        return {
+            "model": self.model,
+            "service": self.service,
+            "rpc": self.rpc,
+            "worker": self.worker,
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "legs": {leg.value: workers for leg, workers in self.legs.items()} or None,
+            "targets": self.targets or None,
+            "code": self.code,
+            "reason": self.verdict.reason.name if self.verdict else None,
+            "first_message_ms": round(first * 1000, 3) if first is not None else None,
+            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "messages": self.messages,
+            "request_id": self.request_id or None,
+            "rooms": self.rooms or None,
+        }
