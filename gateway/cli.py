@@ -127,8 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_workers(args)
     elif args.command == "demo":
         from gateway.demo import run_demo
+        from gateway.launch import NotReady
 
-        _run(run_demo(args))
+        try:
+            _run(run_demo(args))
+        except NotReady as exc:  # every process it started is stopped by then
+            print(f"gateway: demo: {exc}", file=sys.stderr)
+            return 1
     else:
         from gateway.sim import run_sim
 

@@ -96,12 +96,11 @@ async def run_demo(args: argparse.Namespace) -> None:
         fleet = _fleet(args.token_ms)
         # Every process is recorded the moment it exists, so any failure (one sim that
         # does not start, Ctrl-C while they start) stops all of them in `finally`.
-        for _, flags in fleet:
-            processes.append(spawn(sim_args(*flags)))
+        commands = [sim_args(*flags) for _, flags in fleet]
+        for command in commands:
+            processes.append(spawn(command))
         children = await asyncio.to_thread(
-            lambda: [
-                ready(process, flags) for process, (_, flags) in zip(processes, fleet, strict=True)
-            ]
+            lambda: [ready(p, command) for p, command in zip(processes, commands, strict=True)]
         )
         urls = [
             f"grpc://{child.address}?" + query.format(**child.extra)

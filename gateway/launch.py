@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
+class NotReady(RuntimeError):
+    """A started process exited, or stayed silent, before its READY line."""
+
+
 @dataclass
 class Child:
     """A started process and the port it announced."""
@@ -90,7 +94,7 @@ def ready(process: subprocess.Popen[str], args: Sequence[str], timeout: float = 
             break
     process.kill()
     process.wait()
-    raise RuntimeError(f"gateway {' '.join(args)} did not become ready (exit {process.returncode})")
+    raise NotReady(f"gateway {' '.join(args)} did not become ready (exit {process.returncode})")
 
 
 def start(

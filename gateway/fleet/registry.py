@@ -88,7 +88,7 @@ class Registry:
                 log.exception(
                     "fleet_listener_failed",
                     listener=getattr(listener, "__qualname__", repr(listener)),
-                    event=event.kind,
+                    kind=event.kind,
                     worker=event.worker.id,
                 )
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -207,3 +209,39 @@ def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -
     assert "Model 'no-such-model' is not served by any worker" in not_found.stderr
 
     assert demo.process.wait(timeout=15) == 0
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids of live processes whose environment carries `GATEWAY_TEST_MARK=mark`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"GATEWAY_TEST_MARK={mark}".encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def test_demo_stops_every_worker_it_started_when_one_fails_to_start(tmp_path: Path) -> None:
+    """`--token-ms nope` fails every simulated worker that takes timing flags, while the
+    encoder (which takes none) starts: the demo must stop it before it exits."""
+    mark = tmp_path.name
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", "--token-ms", "nope", "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "GATEWAY_TEST_MARK": mark},
+    )
+    left = marked_processes(mark)
+    for pid in left:  # stop what a broken demo left behind, so the test leaks nothing
+        os.kill(pid, signal.SIGKILL)
+    assert result.returncode != 0
+    assert result.stderr.startswith("gateway: demo: gateway sim --listen 127.0.0.1:0 ")
+    assert "did not become ready (exit 2)" in result.stderr
+    assert left == []

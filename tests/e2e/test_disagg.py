@@ -448,3 +448,59 @@ async def test_a_failing_choice_ends_the_stream_with_its_status_and_cancels_the_
 
 
 pytestmark = pytest.mark.timeout(60)
+
+
+async def test_vllm_pd_decode_limited_to_one_never_runs_two(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    """Two prefills, one decode, `max_inflight: 1`, 8 clients: the decode is reserved when
+    its request is placed, so while one request is on it (prefilling or decoding) the
+    others are shed, and the decode's own GetLoads never shows two running."""
+    vllm_pd = ("--runtime", "vllm", "--model", "m")
+    p1, p2, decode = start_many(
+        sim,
+        (*vllm_pd, "--role", "prefill", "--ttft-ms", "60"),
+        (*vllm_pd, "--role", "prefill", "--ttft-ms", "60"),
+        (*vllm_pd, "--role", "decode", "--token-ms", "15"),
+    )
+    config = write_config(tmp_path, {"models": {"m": {"max_inflight": 1}}})
+    gw = gateway(
+        "--config",
+        config,
+        *pd_urls(p1, decode, runtime="vllm"),
+        "--worker",
+        worker_url(p2, model="m", runtime="vllm", role="prefill"),
+    )
+    await wait_health(gw.address, "m", "vllm")
+    peak = 0
+    done = asyncio.Event()
+
+    async def watch_decode() -> None:
+        nonlocal peak
+        async with channel(decode.address) as ch:
+            stub = vllm_grpc.VllmEngineStub(ch)
+            while not done.is_set():
+                loads = await stub.GetLoads(vllm.GetLoadsRequest(), timeout=2)
+                peak = max(peak, sum(load.num_running_reqs for load in loads.loads))
+                await asyncio.sleep(0.003)
+
+    codes: list[grpc.StatusCode] = []
+
+    async def client(index: int) -> None:
+        async with channel(gw.address) as ch:
+            stub = vllm_grpc.VllmEngineStub(ch)
+            for j in range(6):
+                _, error = await collect(
+                    stub.Generate(vllm_request(f"c{index}-{j}", 8), metadata=model_md("m"))
+                )
+                codes.append(grpc.StatusCode.OK if error is None else error.code())
+
+    watcher = asyncio.ensure_future(watch_decode())
+    try:
+        await asyncio.gather(*(client(i) for i in range(8)))
+    finally:
+        done.set()
+        await watcher
+    assert peak == 1
+    assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert await wait_idle(decode.address, "vllm") == 0

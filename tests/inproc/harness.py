@@ -1,0 +1,106 @@
+"""In-process parts: simulated workers and the gateway on ephemeral ports, in the test's
+own event loop, so a test can look at the gateway's state (in-flight counts, the abort
+table, breakers) between two steps of a call, deterministically."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from grpc import aio
+
+from gateway.config import build_config
+from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.server import Gateway
+from gateway.sim.config import SimConfig, add_sim_arguments
+from gateway.sim.server import serve
+
+SGL = "/sglang.grpc.scheduler.SglangScheduler/"
+VLLM = "/vllm.grpc.engine.VllmEngine/"
+
+
+@dataclass(frozen=True)
+class Sim:
+    port: int
+    side: Mapping[str, int]
+    name: str
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def url(self, **query: Any) -> str:
+        return f"grpc://{self.address}?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+@contextlib.asynccontextmanager
+async def sim(*flags: str) -> AsyncIterator[Sim]:
+    """A simulated worker served in this event loop until the block ends."""
+    parser = argparse.ArgumentParser()
+    add_sim_arguments(parser)
+    config = SimConfig.from_args(parser.parse_args(["--listen", "127.0.0.1:0", *flags]))
+    ready: asyncio.Future[tuple[int, dict[str, int]]] = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(
+        serve(config, ready=lambda port, side: ready.set_result((port, dict(side))))
+    )
+    try:
+        await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            task.result()  # raises why it did not start
+        port, side = ready.result()
+        yield Sim(port, side, config.worker_name(port))
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SystemExit):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def gateway(*urls: str, **overrides: Any) -> AsyncIterator[Gateway]:
+    """The gateway in this event loop, every worker ready before the block starts."""
+    config = build_config(
+        worker_urls=urls,
+        overrides={
+            "listen": "127.0.0.1:0",
+            "admin.listen": "127.0.0.1:0",
+            "metrics.listen": "off",
+            "probe.interval_s": 0.05,
+            "probe.success_threshold": 1,
+            **overrides,
+        },
+    )
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        await until(lambda: all(w.status is WorkerStatus.READY for w in gw.fleet.registry))
+        yield gw
+    finally:
+        await gw.close()
+
+
+async def until(condition: Any, timeout: float = 10.0) -> None:
+    """Wait (bounded) for a condition on the gateway's state."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+def worker(gw: Gateway, sim: Sim) -> Worker:
+    found = gw.fleet.registry.get(sim.address)
+    assert found is not None
+    return found
+
+
+async def idle(gw: Gateway) -> None:
+    """Every in-flight count back to zero and the abort table empty."""
+    await until(lambda: all(w.inflight == 0 for w in gw.fleet.registry) and not len(gw.inflight))
+
+
+@contextlib.asynccontextmanager
+async def client(gw: Gateway) -> AsyncIterator[aio.Channel]:
+    async with aio.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+        yield channel
