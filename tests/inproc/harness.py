@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,11 +82,13 @@ async def gateway(*urls: str, **overrides: Any) -> AsyncIterator[Gateway]:
         await gw.close()
 
 
-async def until(condition: Any, timeout: float = 10.0) -> None:
-    """Wait (bounded) for a condition on the gateway's state."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
+async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
+    """Wait (bounded) for a condition on state that changes without telling anyone (a
+    worker's in-flight count, a server's call count): polled, not slept on."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
 
 
 def worker(gw: Gateway, sim: Sim) -> Worker:
