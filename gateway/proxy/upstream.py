@@ -377,8 +377,9 @@ class UpstreamCall:
         try:
             if not self._rpc.done():
                 self._rpc.cancel()
-            if self._drained is not None and not self._drained.done():
-                self._drained.cancel()
+            for reading in (self._first, self._drained):
+                if reading is not None and not reading.done():
+                    reading.cancel()
             self._leave_table()
         finally:
             self.reservation.release(self.code)

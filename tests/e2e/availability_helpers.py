@@ -1,4 +1,4 @@
-"""Helpers for the availability end-to-end tests (DESIGN section 5): closed-loop load,
+"""Helpers for the availability end-to-end tests: closed-loop load,
 timed watchers of the admin and health streams, admin and metrics clients.
 
 Times are `time.monotonic()` unless a name says `wall` (log lines carry wall-clock

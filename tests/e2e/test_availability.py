@@ -1,4 +1,4 @@
-"""Worker availability end to end (DESIGN section 5): a killed worker, a worker that says
+"""Worker availability end to end: a killed worker, a worker that says
 NOT_SERVING (and one probed through the engine's HealthCheck), a frozen worker, a model
 whose workers are all down, and a rolling restart under load.
 

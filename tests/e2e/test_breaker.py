@@ -1,4 +1,4 @@
-"""The circuit breaker end to end (DESIGN section 5, passive health): N consecutive worker
+"""The circuit breaker end to end: N consecutive worker
 failures open it, the cool-down admits exactly one trial, client errors never count.
 """
 

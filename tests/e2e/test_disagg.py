@@ -1,4 +1,4 @@
-"""Disaggregated serving through the gateway (DESIGN section 6), with simulated PD/EPD
+"""Disaggregated serving through the gateway, with simulated PD/EPD
 workers that fail the way the engines do when a rendezvous parameter is wrong."""
 
 from __future__ import annotations

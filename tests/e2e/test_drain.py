@@ -1,4 +1,4 @@
-"""SIGTERM to the gateway (DESIGN section 5, last point): every health entry NOT_SERVING at
+"""SIGTERM to the gateway: every health entry NOT_SERVING at
 once, keep serving for the drain delay, then refuse new calls while in-flight streams
 finish within the grace, and exit 0.
 """

@@ -1,4 +1,4 @@
-"""Non-Generate RPCs (DESIGN section 3) and policies: Abort routing, fleet-wide facts,
+"""Non-Generate RPCs and policies: Abort routing, fleet-wide facts,
 the gateway's own HealthCheck, per-worker fan-out, load balancing and discovery.
 """
 

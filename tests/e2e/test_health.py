@@ -1,4 +1,4 @@
-"""The gateway's own grpc.health.v1 service (DESIGN section 5): exact names, Check from
+"""The gateway's own grpc.health.v1 service: exact names, Check from
 memory, List, and Watch streams that see every change, for every watcher.
 
 One fleet serves the module: `m` (sglang, one worker the tests flip with SIGUSR1/SIGUSR2

@@ -1,4 +1,4 @@
-"""Overload end to end (DESIGN sections 4 and 5): a burst wider than the fleet's in-flight
+"""Overload end to end: a burst wider than the fleet's in-flight
 limit is served or shed with WORKERS_OVERLOADED, never queued into a hang; a worker whose
 own load report says it is overloaded is shed (or avoided) within two load intervals.
 """

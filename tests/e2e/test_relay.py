@@ -1,4 +1,4 @@
-"""The relay (DESIGN section 3): message counts, headers, metadata hygiene, deadlines,
+"""The relay: message counts, headers, metadata hygiene, deadlines,
 cancellation, mid-stream failures, bad input and large messages.
 
 After every cancel, deadline or failure the simulated worker is asked directly

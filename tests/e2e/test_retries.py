@@ -1,4 +1,4 @@
-"""Worker errors (DESIGN section 4, last paragraph): retry UNAVAILABLE and connection
+"""Worker errors: retry UNAVAILABLE and connection
 errors before the first message on another worker, never the same one, within the
 attempt budget; every other status, and anything after the first message, passes
 through unchanged with the worker's trailing metadata.

@@ -1,4 +1,4 @@
-"""Placement verdicts (DESIGN section 4): exact code, message, ErrorInfo, RetryInfo, trailers.
+"""Placement verdicts: exact code, message, ErrorInfo, RetryInfo, trailers.
 
 Every verdict must travel as a Trailers-Only response: the client sees no response
 headers, only the status and its trailers.
