@@ -34,23 +34,8 @@ class CallRecord:
     rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
     handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
 
-    def attempt(self) -> None:
-        """One more placement; every one after a choice's first is a retry."""
-        self.attempts += 1
-
     def called(self, leg: Role, worker: str) -> None:
         self.legs.setdefault(leg, []).append(worker)
-
-    def delivered(self) -> None:
-        """One response message reached the client."""
-        if self.first_message_s is None:
-            self.first_message_s = time.perf_counter() - self.started
-        self.messages += 1
-
-    @property
-    def shape(self) -> str:
-        """The legs the request used, in demand order: `regular`, `prefill+decode`..."""
-        return "+".join(leg.value for leg in Role if leg in self.legs)
 
     def log_fields(self) -> dict[str, object]:
         first = self.first_message_s

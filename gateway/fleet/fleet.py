@@ -17,6 +17,7 @@ import structlog
 from grpc import aio
 
 from gateway.config import GatewayConfig, WorkerSpec
+from gateway.engines import encoder
 from gateway.engines.base import ServerFacts
 from gateway.fleet.breaker import CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
@@ -212,8 +213,8 @@ class Fleet:
     ) -> tuple[Runtime, str, ServerFacts]:
         """Runtime, model and (for disaggregated roles) the GetServerInfo facts."""
         if spec.role is Role.ENCODE:
-            # Encoders speak SglangEncoder only: nothing to ask, the URL must say the model.
-            return spec.runtime or Runtime.SGLANG, spec.model or "", ServerFacts(Role.ENCODE)
+            # Encoders speak their own protocol only: nothing to ask, the URL names the model.
+            return spec.runtime or encoder.RUNTIME, spec.model or "", ServerFacts(Role.ENCODE)
         discovering = spec.runtime is None or spec.model is None
         runtime = spec.runtime or await detect_runtime(channel, call_timeout)
         model = spec.model or await served_model(channel, runtime, call_timeout)

@@ -11,6 +11,7 @@ a client cancel cancels them all at once (each call's `close`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import NoReturn, TypeAlias
@@ -66,8 +67,11 @@ class Downstream:
         await self._context.send_initial_metadata(metadata)
 
     async def write(self, message: bytes) -> None:
-        self.delivered = True
-        self._record.delivered()
+        record = self._record
+        if not self.delivered:
+            self.delivered = True
+            record.first_message_s = time.perf_counter() - record.started
+        record.messages += 1
         await self._context.write(message)
 
     def trailers(self, metadata: Metadata) -> None:

@@ -248,10 +248,6 @@ class UpstreamCall:
             self._label,
         )
 
-    def fail(self, code: grpc.StatusCode, details: str) -> UpstreamFailure:
-        """A failure of this leg that the worker did not report as a status."""
-        return UpstreamFailure(self.leg, self.worker, code, details, (), self._label)
-
     async def response(self) -> bytes:
         """A unary call's answer."""
         try:
