@@ -113,6 +113,18 @@ class DisaggConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Bounds on what one client can make the gateway do.
+
+    `max_choices`: the most `sampling_params.n` a Generate may ask for (a disaggregated
+    request runs one prefill + decode pair per choice). `max_inflight_requests`: calls the
+    gateway serves at once, over every protocol; over it, GATEWAY_OVERLOADED."""
+
+    max_choices: int = 16
+    max_inflight_requests: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
 class AdminConfig:
     listen: str = "127.0.0.1:50052"
     token: str | None = None
@@ -143,6 +155,7 @@ class GatewayConfig:
     loads: LoadsConfig = field(default_factory=LoadsConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
@@ -265,6 +278,7 @@ SECTIONS: dict[str, type] = {
     "loads": LoadsConfig,
     "drain": DrainConfig,
     "disagg": DisaggConfig,
+    "limits": LimitsConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
 }
@@ -379,6 +393,8 @@ def build_config(
         ("probe.failure_threshold", config.probe.failure_threshold),
         ("breaker.failure_threshold", config.breaker.failure_threshold),
         ("breaker.success_threshold", config.breaker.success_threshold),
+        ("limits.max_choices", config.limits.max_choices),
+        ("limits.max_inflight_requests", config.limits.max_inflight_requests),
     ):
         if threshold < 1:
             raise ConfigError(f"{what} must be at least 1")

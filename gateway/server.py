@@ -20,6 +20,7 @@ from gateway.fleet.registry import FleetEvent
 from gateway.health import HealthService, desired_statuses
 from gateway.metrics import Metrics
 from gateway.placement.placer import Placer
+from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import EngineFront
@@ -46,6 +47,7 @@ class Gateway:
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
         self.disagg = DisaggregatedDispatch(self.dispatcher)
+        self.admission = Admission(config.limits.max_inflight_requests)
         self.metrics = Metrics(self.fleet.registry)
         self.health = HealthService()
         self.draining = False
@@ -70,6 +72,7 @@ class Gateway:
                 self.placer,
                 self.dispatcher,
                 self.disagg,
+                self.admission,
                 self.metrics.observe,
             )
             for adapter in ADAPTERS.values()

@@ -22,6 +22,8 @@ class Reason(Enum):
     POLICY_DECLINED = (grpc.StatusCode.UNAVAILABLE, 503, "policy_declined", True, False)
     WORKERS_OVERLOADED = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "workers_overloaded", True, True)
     MODEL_REQUIRED = (grpc.StatusCode.INVALID_ARGUMENT, 400, "model_required", False, False)
+    GATEWAY_OVERLOADED = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "gateway_overloaded", True, True)
+    REQUEST_OVER_LIMIT = (grpc.StatusCode.INVALID_ARGUMENT, 400, "request_over_limit", False, False)
 
     def __init__(
         self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
@@ -43,6 +45,16 @@ class Verdict:
     leg: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
     retry_after_ms: int = 0
+    violation: tuple[str, str] | None = None  # (field path, description): a BadRequest
+
+
+MAX_SHOWN = 256  # characters of a client-supplied name that a message repeats
+
+
+def shown(name: str) -> str:
+    """A client-supplied name as a message repeats it: bounded, so an answer's trailers
+    stay small whatever the client sent."""
+    return name if len(name) <= MAX_SHOWN else name[:MAX_SHOWN] + "..."
 
 
 def model_required(models: list[str]) -> Verdict:
@@ -54,6 +66,7 @@ def model_required(models: list[str]) -> Verdict:
 
 
 def model_not_found(model: str, service: str, elsewhere: list[str]) -> Verdict:
+    model = shown(model)
     if elsewhere:
         where = " and ".join(elsewhere)
         message = f"Model '{model}' is not served over {service}; it is served over {where}"
@@ -114,4 +127,23 @@ def no_compatible_pair(model: str, where: dict[str, list[str]]) -> Verdict:
         f"or KV transfer setup ({found})",
         model=model,
         leg="prefill,decode",
+    )
+
+
+def gateway_overloaded(limit: int, retry_after_ms: int) -> Verdict:
+    return Verdict(
+        Reason.GATEWAY_OVERLOADED,
+        f"The gateway is at its limit of {limit} concurrent requests",
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def over_limit(model: str, path: str, value: int, limit: int, setting: str) -> Verdict:
+    """A client-controlled number above its configured bound, refused before any work."""
+    return Verdict(
+        Reason.REQUEST_OVER_LIMIT,
+        f"{path} = {value} is over this gateway's limit of {limit} ({setting})",
+        model=model,
+        extra={"field": path, "limit": str(limit)},
+        violation=(path, f"must be at most {limit} ({setting})"),
     )

@@ -23,7 +23,8 @@ from gateway.config import GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.fleet.registry import Registry
 from gateway.placement.placer import Assignment, Placer
-from gateway.placement.verdicts import Verdict
+from gateway.placement.verdicts import Verdict, gateway_overloaded, over_limit
+from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
 from gateway.proxy.inflight import Holder
@@ -51,8 +52,10 @@ class EngineFront:
         placer: Placer,
         dispatcher: Dispatcher,
         disagg: DisaggregatedDispatch,
+        admission: Admission,
         observe: Callable[[CallRecord], None],
     ) -> None:
+        self._admission = admission
         self._disagg = disagg
         self.draining = False  # set on SIGTERM: the engine HealthCheck then says unhealthy
         self.adapter = adapter
@@ -83,9 +86,22 @@ class EngineFront:
             RpcKind.FAN_OUT: self._fan_out,
         }[spec.kind]
 
+        admission = self._admission
+        # The engine HealthCheck is answered from memory: it stays cheap and open under load.
+        bounded = spec.kind is not RpcKind.HEALTH_CHECK
+
         async def run(request: bytes, context: Context) -> Any:
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
+            admitted = False
             try:
+                if bounded:
+                    admitted = admission.enter()
+                    if not admitted:
+                        limits = self._config.limits
+                        verdict = gateway_overloaded(
+                            limits.max_inflight_requests, self._config.retry_after_ms
+                        )
+                        await refuse(context, record, verdict)
                 return await serve(spec, request, context, record)
             except asyncio.CancelledError:
                 record.code = "CANCELLED"
@@ -95,6 +111,8 @@ class EngineFront:
                 record.code = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
                 raise
             finally:
+                if admitted:
+                    admission.leave()
                 self._log(record)
 
         return run
@@ -143,6 +161,12 @@ class EngineFront:
             except DecodeError:
                 await abort_invalid(context, "Request bytes are not a valid GenerateRequest")
             record.request_id = info.request_id
+            max_choices = self._config.limits.max_choices
+            if info.n > max_choices:
+                verdict = over_limit(
+                    "", "sampling_params.n", info.n, max_choices, "limits.max_choices"
+                )
+                await refuse(context, record, verdict)
         else:
             try:
                 spec.request_type.FromString(request)

@@ -9,7 +9,7 @@ tooling (grpcurl -v, meshes) act on it without decoding anything.
 from __future__ import annotations
 
 import math
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -23,7 +23,12 @@ DOMAIN = "model-gateway.grpc"
 Trailers = tuple[tuple[str, str | bytes], ...]
 
 
-def _packed(message: error_details_pb2.ErrorInfo | error_details_pb2.RetryInfo) -> any_pb2.Any:
+Detail: TypeAlias = (
+    error_details_pb2.ErrorInfo | error_details_pb2.RetryInfo | error_details_pb2.BadRequest
+)
+
+
+def _packed(message: Detail) -> any_pb2.Any:
     packed = any_pb2.Any()
     packed.Pack(message)
     return packed
@@ -43,6 +48,10 @@ def verdict_trailers(verdict: Verdict) -> Trailers:
         },
     )
     details = [_packed(info)]
+    if verdict.violation is not None:
+        path, description = verdict.violation
+        violation = error_details_pb2.BadRequest.FieldViolation(field=path, description=description)
+        details.append(_packed(error_details_pb2.BadRequest(field_violations=[violation])))
     trailers: list[tuple[str, str | bytes]] = [("x-http-status", str(reason.http_status))]
     if reason.retryable:
         delay = duration_pb2.Duration()

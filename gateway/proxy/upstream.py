@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,6 +40,10 @@ log = structlog.get_logger("gateway.upstream")
 # UNAVAILABLE, or CANCELLED by the worker itself (a gRPC server shutting down cancels calls
 # that arrive as it stops; the client's own cancel never reaches this code as a status).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+# An upstream DEADLINE_EXCEEDED this close to the client's own deadline (which the call
+# carries) is the client's deadline: it says nothing about the worker.
+CLIENT_DEADLINE_SLACK_S = 0.05
 
 
 class UpstreamFailure(Exception):
@@ -184,7 +189,10 @@ class Upstreams:
             started = asyncio.Event() if until_started else None
             holder = Holder(reservation.worker, hold[1], started)
             self.inflight.add(hold[0], holder)
-        return UpstreamCall(self, reservation, leg, rpc, label, hold[0] if hold else "", holder)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        call = UpstreamCall(self, reservation, leg, rpc, label, hold[0] if hold else "", holder)
+        call.deadline = deadline
+        return call
 
     def defer(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
         task = asyncio.ensure_future(self._settle_after_start(call, first))
@@ -228,6 +236,8 @@ class UpstreamCall:
         self._first: asyncio.Future[Any] | None = None  # a decode's first read, left running
         self._drained: asyncio.Task[list[bytes]] | None = None
         self._closed = False
+        self.deadline: float | None = None  # the client's, carried upstream (monotonic)
+        self._client_ended = False  # the client's own deadline ended it: no one's fault
 
     def __enter__(self) -> UpstreamCall:
         return self
@@ -239,6 +249,12 @@ class UpstreamCall:
 
     def _failure(self, error: aio.AioRpcError) -> UpstreamFailure:
         self.code = error.code()
+        if (
+            self.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            and self.deadline is not None
+            and time.monotonic() >= self.deadline - CLIENT_DEADLINE_SLACK_S
+        ):
+            self._client_ended = True
         return UpstreamFailure(
             self.leg,
             self.worker,
@@ -378,7 +394,7 @@ class UpstreamCall:
                     reading.cancel()
             self._leave_table()
         finally:
-            self.reservation.release(self.code)
+            self.reservation.release(None if self._client_ended else self.code)
 
     def _leave_table(self) -> None:
         if self._in_table and self._holder is not None:

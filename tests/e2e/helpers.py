@@ -71,7 +71,11 @@ def rich_status(error: aio.AioRpcError) -> tuple[status_pb2.Status, dict[str, An
     status = status_pb2.Status.FromString(raw)
     details: dict[str, Any] = {}
     for packed in status.details:
-        for kind in (error_details_pb2.ErrorInfo, error_details_pb2.RetryInfo):
+        for kind in (
+            error_details_pb2.ErrorInfo,
+            error_details_pb2.RetryInfo,
+            error_details_pb2.BadRequest,
+        ):
             if packed.Is(kind.DESCRIPTOR):
                 message = kind()
                 packed.Unpack(message)

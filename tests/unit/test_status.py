@@ -59,6 +59,22 @@ def decode(
             False,
             False,
         ),
+        (
+            Reason.GATEWAY_OVERLOADED,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            429,
+            "gateway_overloaded",
+            True,
+            True,
+        ),
+        (
+            Reason.REQUEST_OVER_LIMIT,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            400,
+            "request_over_limit",
+            False,
+            False,
+        ),
     ],
 )
 def test_reason_table_is_the_contract(
@@ -134,3 +150,32 @@ def test_metadata_hygiene_and_hints() -> None:
         "x-blob-bin",
     ]
     assert clean((("grpc-status", "0"), ("x-a", "1"), (":path", "/x"))) == (("x-a", "1"),)
+
+
+def test_a_request_over_a_limit_carries_a_bad_request_field_violation() -> None:
+    verdict = verdicts.over_limit("m", "sampling_params.n", 17, 16, "limits.max_choices")
+    plain, status = decode(verdict_trailers(verdict))
+    assert plain == {"x-http-status": "400"}
+    assert (
+        status.message
+        == "sampling_params.n = 17 is over this gateway's limit of 16 (limits.max_choices)"
+    )
+    info, bad = error_details_pb2.ErrorInfo(), error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(info) and status.details[1].Unpack(bad)
+    assert info.reason == "REQUEST_OVER_LIMIT"
+    assert dict(info.metadata)["field"] == "sampling_params.n"
+    assert [(v.field, v.description) for v in bad.field_violations] == [
+        ("sampling_params.n", "must be at most 16 (limits.max_choices)")
+    ]
+    assert len(status.details) == 2  # no RetryInfo: the same request fails the same way
+
+
+def test_a_client_supplied_model_name_is_repeated_at_most_256_characters() -> None:
+    """A 7 KiB model name must not come back three times in the trailers (21 KB made the
+    client see RESOURCE_EXHAUSTED instead of the NOT_FOUND it was sent)."""
+    name = "x" * 7 * 1024
+    verdict = verdicts.model_not_found(name, "S", [])
+    assert verdict.message == f"Model '{'x' * 256}...' is not served by any worker"
+    assert verdict.model == "x" * 256 + "..."
+    total = sum(len(k) + len(v) for k, v in verdict_trailers(verdict))
+    assert total < 2048

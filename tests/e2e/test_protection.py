@@ -1,0 +1,108 @@
+"""Protection with real processes: bounded work per request, faults attributed to whoever
+caused them, and the gateway's own concurrency bound."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from gateway.admin.v1 import admin_pb2 as admin_pb
+from tests.conftest import Launcher, worker_url
+from tests.e2e.availability_helpers import admin_address, list_workers
+from tests.e2e.helpers import (
+    assert_verdict,
+    channel,
+    collect,
+    model_md,
+    rich_status,
+    sgl_generate,
+    sgl_grpc,
+    start_many,
+    wait_health,
+)
+from tests.e2e.test_disagg import pd_urls
+
+
+async def test_n_over_max_choices_is_refused_at_once_and_others_are_served(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    """n = 2^32-1 on a PD model used to split into that many prefill + decode pairs and
+    stop the event loop; now it is INVALID_ARGUMENT before anything goes upstream, while
+    a concurrent call to another model streams on."""
+    prefill, decode, regular = start_many(
+        sim,
+        ("--role", "prefill", "--model", "m"),
+        ("--role", "decode", "--model", "m"),
+        ("--model", "other", "--token-ms", "5"),
+    )
+    gw = gateway(
+        *pd_urls(prefill, decode),
+        "--worker",
+        worker_url(regular, model="other", runtime="sglang"),
+    )
+    await wait_health(gw.address, "m")
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        other = asyncio.ensure_future(
+            collect(stub.Generate(sgl_generate("o-1", tokens=40), metadata=model_md("other")))
+        )
+        started = time.monotonic()
+        _, error = await collect(
+            stub.Generate(sgl_generate("huge", n=2**32 - 1), metadata=model_md("m"))
+        )
+        elapsed = time.monotonic() - started
+        messages, other_error = await other
+    assert elapsed < 1.0
+    assert error is not None
+    message = (
+        "sampling_params.n = 4294967295 is over this gateway's limit of 16 (limits.max_choices)"
+    )
+    assert_verdict(
+        error,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "REQUEST_OVER_LIMIT",
+        message,
+        {
+            "model": "",
+            "leg": "",
+            "httpStatus": "400",
+            "code": "request_over_limit",
+            "field": "sampling_params.n",
+            "limit": "16",
+        },
+    )
+    _, details = rich_status(error)
+    (violation,) = details["BadRequest"].field_violations
+    assert (violation.field, violation.description) == (
+        "sampling_params.n",
+        "must be at most 16 (limits.max_choices)",
+    )
+    assert other_error is None and len(messages) == 41
+
+
+async def test_client_deadlines_never_open_a_breaker(sim: Launcher, gateway: Launcher) -> None:
+    """1,000 calls whose own short deadline expires while the worker thinks: none of them
+    is the worker's fault, so its breaker stays closed and the next call is served."""
+    worker = sim("--model", "m", "--ttft-ms", "5000")
+    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    codes: list[grpc.StatusCode] = []
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+
+        async def short(i: int) -> None:
+            call = stub.Generate(sgl_generate(f"d-{i}"), metadata=model_md("m"), timeout=0.05)
+            _, error = await collect(call)
+            assert error is not None
+            codes.append(error.code())
+
+        for batch in range(10):
+            await asyncio.gather(*(short(batch * 100 + i) for i in range(100)))
+        assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED} and len(codes) == 1000
+        fast = model_md("m", ("x-sim-ttft-ms", "0"))
+        messages, error = await collect(stub.Generate(sgl_generate("after"), metadata=fast))
+        assert error is None and len(messages) == 5
+    listed = (await list_workers(admin_address(gw)))[worker.address]
+    assert listed.breaker_state == admin_pb.BREAKER_STATE_CLOSED
