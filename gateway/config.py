@@ -118,10 +118,32 @@ class LimitsConfig:
 
     `max_choices`: the most `sampling_params.n` a Generate may ask for (a disaggregated
     request runs one prefill + decode pair per choice). `max_inflight_requests`: calls the
-    gateway serves at once, over every protocol; over it, GATEWAY_OVERLOADED."""
+    gateway serves at once, over every protocol; over it, GATEWAY_OVERLOADED.
+    `max_concurrent_streams`: per client connection (HTTP/2 SETTINGS; a client queues the
+    rest). `stream_idle_timeout_s`: a stream on which no message moved either way for this
+    long is ended. Connections with no call for `connection_idle_timeout_s` are closed;
+    every connection is asked to go away after `max_connection_age_s` (so clients
+    rebalance across replicas), its calls given `connection_age_grace_s` to finish.
+    0 turns an idle timeout or the age limit off."""
 
     max_choices: int = 16
     max_inflight_requests: int = 4096
+    max_concurrent_streams: int = 256
+    stream_idle_timeout_s: float = 300.0
+    connection_idle_timeout_s: float = 300.0
+    max_connection_age_s: float = 3600.0
+    connection_age_grace_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """HTTP/2 keepalive on worker channels: a worker that stops answering pings (frozen,
+    or its host gone without a FIN) has its connection closed after `keepalive_time_s`
+    + `keepalive_timeout_s`, and its calls fail over. Workers must accept pings that often
+    (see the README); 0 turns keepalive off."""
+
+    keepalive_time_s: float = 10.0
+    keepalive_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +169,7 @@ class GatewayConfig:
     max_attempts: int = 3
     retry_after_ms: int = 1000
     discovery_timeout_s: float = 5.0
-    max_message_bytes: int = 256 * 1024 * 1024
+    max_message_bytes: int = 64 * 1024 * 1024
     log_format: str = "console"
     log_level: str = "info"
     probe: ProbeConfig = field(default_factory=ProbeConfig)
@@ -156,6 +178,7 @@ class GatewayConfig:
     drain: DrainConfig = field(default_factory=DrainConfig)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
@@ -279,6 +302,7 @@ SECTIONS: dict[str, type] = {
     "drain": DrainConfig,
     "disagg": DisaggConfig,
     "limits": LimitsConfig,
+    "upstream": UpstreamConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
 }
@@ -395,6 +419,7 @@ def build_config(
         ("breaker.success_threshold", config.breaker.success_threshold),
         ("limits.max_choices", config.limits.max_choices),
         ("limits.max_inflight_requests", config.limits.max_inflight_requests),
+        ("limits.max_concurrent_streams", config.limits.max_concurrent_streams),
     ):
         if threshold < 1:
             raise ConfigError(f"{what} must be at least 1")

@@ -32,6 +32,29 @@ log = structlog.get_logger("gateway")
 HEALTH_SERVICE = "grpc.health.v1.Health"
 
 
+def server_options(config: GatewayConfig) -> list[tuple[str, int]]:
+    """The main port's transport limits (see `LimitsConfig`)."""
+    limits = config.limits
+    options = [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+    ]
+    if limits.connection_idle_timeout_s > 0:
+        options.append(("grpc.max_connection_idle_ms", _ms(limits.connection_idle_timeout_s)))
+    if limits.max_connection_age_s > 0:
+        options += [
+            ("grpc.max_connection_age_ms", _ms(limits.max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", _ms(limits.connection_age_grace_s)),
+        ]
+    return options
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -52,13 +75,7 @@ class Gateway:
         self.health = HealthService()
         self.draining = False
         self._health_due = False
-        self.server = aio.server(
-            options=[
-                ("grpc.max_send_message_length", config.max_message_bytes),
-                ("grpc.max_receive_message_length", config.max_message_bytes),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
+        self.server = aio.server(options=server_options(config))
         self.admin_server: aio.Server | None = None
         self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0

@@ -1,23 +1,32 @@
-"""Worker channels: raised message limits, no built-in retries (the gateway retries itself)."""
+"""Worker channels: raised message limits, keepalive, no built-in retries (the gateway
+retries itself)."""
 
 from __future__ import annotations
 
 from grpc import aio
 
+from gateway.config import UpstreamConfig
 
-def open_channel(address: str, max_message_bytes: int) -> aio.Channel:
-    return aio.insecure_channel(
-        address,
-        options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.enable_retries", 0),
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.keepalive_timeout_ms", 5_000),
+
+def open_channel(address: str, max_message_bytes: int, upstream: UpstreamConfig) -> aio.Channel:
+    options: list[tuple[str, int]] = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.enable_retries", 0),
+        # Reconnect fast after a worker restart: availability follows the channel.
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+    ]
+    if upstream.keepalive_time_s > 0:
+        options += [
+            ("grpc.keepalive_time_ms", round(upstream.keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", round(upstream.keepalive_timeout_s * 1000)),
+            # grpc waits this long for any ping's answer (default: a minute), whatever
+            # the keepalive timeout says.
+            ("grpc.http2.ping_timeout_ms", round(upstream.keepalive_timeout_s * 1000)),
+            # Ping while a call waits for its first token too: that is when a frozen
+            # worker sends nothing.
             ("grpc.http2.max_pings_without_data", 0),
-            # Reconnect fast after a worker restart: availability follows the channel.
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2_000),
-        ],
-    )
+        ]
+    return aio.insecure_channel(address, options=options)

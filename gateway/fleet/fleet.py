@@ -166,7 +166,9 @@ class Fleet:
     async def _join(self, spec: WorkerSpec, wait_settled: bool = True) -> None:
         """Discover what the spec leaves open (retrying until the worker answers), then
         register the worker and start its loops."""
-        channel = open_channel(spec.address, self.settings.max_message_bytes)
+        channel = open_channel(
+            spec.address, self.settings.max_message_bytes, self.settings.upstream
+        )
         call_timeout = min(2.0, self.settings.discovery_timeout_s)
         warned = False
         try:

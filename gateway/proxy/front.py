@@ -27,6 +27,7 @@ from gateway.placement.verdicts import Verdict, gateway_overloaded, over_limit
 from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
+from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
 from gateway.proxy.metadata import RequestMeta, read_request_meta
 from gateway.proxy.status import abort_invalid
@@ -89,6 +90,7 @@ class EngineFront:
         admission = self._admission
         # The engine HealthCheck is answered from memory: it stays cheap and open under load.
         bounded = spec.kind is not RpcKind.HEALTH_CHECK
+        streaming, idle_s = spec.server_streaming, self._config.limits.stream_idle_timeout_s
 
         async def run(request: bytes, context: Context) -> Any:
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
@@ -102,7 +104,13 @@ class EngineFront:
                             limits.max_inflight_requests, self._config.retry_after_ms
                         )
                         await refuse(context, record, verdict)
-                return await serve(spec, request, context, record)
+                if not streaming:
+                    return await serve(spec, request, context, record)
+                try:
+                    async with idle_limit(record, idle_s):
+                        return await serve(spec, request, context, record)
+                except StreamIdle as idle:
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(idle))
             except asyncio.CancelledError:
                 record.code = "CANCELLED"
                 raise

@@ -27,6 +27,11 @@ SHUTDOWN_GRACE_S = 1.0
 SERVER_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Accept the gateway's keepalive pings while a call is silent (a long prefill), as an
+    # engine behind the gateway must: grpc's default answers pings more often than every
+    # 5 minutes on a connection that sends nothing with GOAWAY "too_many_pings".
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
 )
 
 

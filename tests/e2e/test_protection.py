@@ -4,7 +4,10 @@ caused them, and the gateway's own concurrency bound."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
+from pathlib import Path
 
 import grpc
 
@@ -20,7 +23,9 @@ from tests.e2e.helpers import (
     sgl_generate,
     sgl_grpc,
     start_many,
+    wait_for_events,
     wait_health,
+    write_config,
 )
 from tests.e2e.test_disagg import pd_urls
 
@@ -106,3 +111,43 @@ async def test_client_deadlines_never_open_a_breaker(sim: Launcher, gateway: Lau
         assert error is None and len(messages) == 5
     listed = (await list_workers(admin_address(gw)))[worker.address]
     assert listed.breaker_state == admin_pb.BREAKER_STATE_CLOSED
+
+
+async def test_calls_on_a_frozen_worker_fail_over_within_keepalive(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    """SIGSTOP a worker while calls wait for their first token on it: keepalive closes
+    its connection after keepalive time + timeout, and those calls, which relayed
+    nothing yet, are retried on the other worker."""
+    frozen, other = start_many(sim, ("--model", "m"), ("--model", "m"))
+    config = write_config(tmp_path, {"upstream": {"keepalive_time_s": 2, "keepalive_timeout_s": 2}})
+    gw = gateway(
+        "--config",
+        config,
+        "--worker",
+        worker_url(frozen, model="m", runtime="sglang"),
+        "--worker",
+        worker_url(other, model="m", runtime="sglang"),
+    )
+    await wait_health(gw.address, "m")
+    thinking = model_md("m", ("x-sim-ttft-ms", "1500"))
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        calls = [
+            asyncio.ensure_future(collect(stub.Generate(sgl_generate(f"f-{i}"), metadata=thinking)))
+            for i in range(4)
+        ]
+        await asyncio.sleep(0.3)  # placed (round robin: two on each), none answered yet
+        started = time.monotonic()
+        os.kill(frozen.process.pid, signal.SIGSTOP)
+        try:
+            results = await asyncio.gather(*calls)
+            elapsed = time.monotonic() - started
+        finally:
+            os.kill(frozen.process.pid, signal.SIGCONT)
+    assert all(error is None and len(messages) == 5 for messages, error in results)
+    assert elapsed < 20
+    events = wait_for_events(gw.log_path, 4, rpc="Generate")  # type: ignore[attr-defined]
+    moved = [e for e in events if e["retries"] == 1]
+    assert len(moved) == 2
+    assert all(e["legs"] == {"regular": [frozen.address, other.address]} for e in moved)
