@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gateway.config import POLICIES, ConfigError, GatewayConfig, build_config, load_file
 
@@ -46,7 +48,15 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="then, seconds in-flight calls get to finish (default 20)",
     )
     p.add_argument("--admin-listen", metavar="HOST:PORT", help="admin port (127.0.0.1:50052)")
-    p.add_argument("--admin-token", metavar="TOKEN", help="bearer token the admin port requires")
+    p.add_argument(
+        "--admin-token",
+        metavar="TOKEN",
+        help="bearer token the admin port requires (visible in the process list: prefer "
+        "--admin-token-file or GATEWAY_ADMIN_TOKEN)",
+    )
+    p.add_argument(
+        "--admin-token-file", metavar="FILE", help="read the admin bearer token from FILE"
+    )
     p.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
@@ -56,6 +66,23 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="log level (info)"
     )
+
+
+def admin_token(args: argparse.Namespace) -> str | None:
+    """The admin token: the flag, else the file, else GATEWAY_ADMIN_TOKEN."""
+    if args.admin_token:
+        return str(args.admin_token)
+    if args.admin_token_file:
+        try:
+            token = Path(args.admin_token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"admin token file {args.admin_token_file!r}: {exc.strerror}"
+            ) from None
+        if not token:
+            raise ConfigError(f"admin token file {args.admin_token_file!r} is empty")
+        return token
+    return os.environ.get("GATEWAY_ADMIN_TOKEN") or None
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -73,7 +100,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
             "drain.delay_s": args.drain_delay,
             "drain.grace_s": args.shutdown_grace,
             "admin.listen": args.admin_listen,
-            "admin.token": args.admin_token,
+            "admin.token": admin_token(args),
             "metrics.listen": args.metrics_listen,
         },
     )

@@ -6,6 +6,8 @@ prints it and exits with status 2.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -27,8 +29,26 @@ WORKER_URL_KEYS = (
 )
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MAX_NAME = 256  # characters in a model name
+MAX_URL = 2048  # characters in a worker URL
+# Model names as engines serve them: `meta-llama/Llama-3-8B`, `qwen2.5:7b`, `org/m@v2`.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*")
+
+
 class ConfigError(ValueError):
     """A configuration problem, told in one line."""
+
+
+def check_model_name(name: str, what: str) -> str:
+    if len(name) > MAX_NAME:
+        raise ConfigError(f"{what}: model name longer than {MAX_NAME} characters")
+    if not MODEL_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{what}: model name {name[:64]!r} has characters other than letters, digits "
+            "and . _ : / @ + -"
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +209,15 @@ class GatewayConfig:
         return self.model(model).policy
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_address(text: str, what: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -212,6 +241,8 @@ def _port(value: Any, what: str) -> int:
 
 def parse_worker_url(url: str) -> WorkerSpec:
     """`grpc://HOST:PORT?model=M&runtime=sglang|vllm&role=...&bootstrap_port=N`."""
+    if len(url) > MAX_URL:
+        raise ConfigError(f"worker URL longer than {MAX_URL} characters")
     parts = urlsplit(url)
     what = f"worker {url!r}"
     if parts.scheme != "grpc":
@@ -242,7 +273,7 @@ def _worker_from_fields(host: str, port: int, fields: Mapping[str, Any], what: s
     return WorkerSpec(
         host=host,
         port=_port(port, what),
-        model=str(model) if model is not None else None,
+        model=check_model_name(str(model), what) if model is not None else None,
         runtime=runtime,
         role=role,
         bootstrap_port=_port(bootstrap, what) if bootstrap not in (None, "") else None,
@@ -321,8 +352,14 @@ def _typed(value: Any, annotation: str, what: str) -> Any:
             raise ConfigError(f"{what} must be true or false, not {value!r}")
         return value
     kind = {"int": int, "float": float, "str": str}[base]
-    if isinstance(value, bool) or (kind is not str and isinstance(value, str)):
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{what} must be a string, not {value!r}")
+        return value
+    if isinstance(value, bool | str):
         raise ConfigError(f"{what} must be a number, not {value!r}")
+    if kind is int and isinstance(value, float):
+        raise ConfigError(f"{what} must be a whole number, not {value!r}")
     try:
         number = kind(value)
     except (TypeError, ValueError):
@@ -375,10 +412,7 @@ def build_config(
     values: dict[str, Any] = {}
     for key, kind in _SCALARS.items():
         if key in data:
-            try:
-                values[key] = kind(data[key])
-            except (TypeError, ValueError):
-                raise ConfigError(f"config: {key} must be {kind.__name__}") from None
+            values[key] = _typed(data[key], kind.__name__, key)
     for name, cls in SECTIONS.items():
         values[name] = _section(cls, data.get(name), name)
     for key, value in (overrides or {}).items():
@@ -404,7 +438,10 @@ def build_config(
         _check_policy(model.policy, what)
         models[str(name)] = model
     if "model_headers" in data:
-        values["model_headers"] = tuple(str(h).lower() for h in data["model_headers"])
+        headers = data["model_headers"]
+        if not isinstance(headers, list) or not all(isinstance(h, str) and h for h in headers):
+            raise ConfigError(f"model_headers must be a list of header names, not {headers!r}")
+        values["model_headers"] = tuple(h.lower() for h in headers)
     config = replace(GatewayConfig(), workers=tuple(workers), models=models, **values)
     parse_address(config.listen, "listen address")
     parse_address(config.admin.listen, "admin listen address")
@@ -428,6 +465,14 @@ def build_config(
     _check_policy(config.default_policy, "default_policy")
     if config.log_format not in ("console", "json"):
         raise ConfigError(f"log_format: {config.log_format!r} (expected console|json)")
+    if config.log_level not in LOG_LEVELS:
+        raise ConfigError(f"log_level: {config.log_level!r} (expected {'|'.join(LOG_LEVELS)})")
+    admin_host, _ = parse_address(config.admin.listen, "admin listen address")
+    if not config.admin.token and not _loopback(admin_host):
+        raise ConfigError(
+            f"admin listen address {config.admin.listen!r} is not loopback: give the admin "
+            "API a token (admin.token, --admin-token-file or GATEWAY_ADMIN_TOKEN)"
+        )
     if config.max_attempts < 1:
         raise ConfigError("max_attempts must be at least 1")
     seen: set[str] = set()

@@ -369,3 +369,23 @@ def test_table_shows_load_probe_and_errors() -> None:
         "serving", "2.5s", "ago", "probe:", "grpc.health", "SERVING;", "load:", "UNAVAILABLE:",
         "gone",
     ]  # fmt: skip
+
+
+async def test_add_worker_refuses_oversized_or_odd_model_names(admin: Admin) -> None:
+    for url, message in (
+        ("grpc://127.0.0.1:1?model=" + "m" * 100_000, "worker URL longer than 2048 characters"),
+        (
+            "grpc://127.0.0.1:1?model=" + "m" * 300,
+            f"worker 'grpc://127.0.0.1:1?model={'m' * 300}': model name longer than 256 characters",
+        ),
+        (
+            "grpc://127.0.0.1:1?model=%3Cscript%3E",
+            "worker 'grpc://127.0.0.1:1?model=%3Cscript%3E': model name '<script>' has "
+            "characters other than letters, digits and . _ : / @ + -",
+        ),
+    ):
+        with pytest.raises(aio.AioRpcError) as bad:
+            await admin.stub.AddWorker(pb.AddWorkerRequest(url=url))
+        assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert bad.value.details() == message
+    assert len(admin.fleet.registry) == 0

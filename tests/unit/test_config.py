@@ -74,6 +74,18 @@ def test_yaml_then_flags(tmp_path: Path) -> None:
         ({"limits": {"max_choices": 0}}, "limits.max_choices must be at least 1"),
         ({"limits": {"max_inflight_requests": 0}}, "limits.max_inflight_requests must be at"),
         ({"limits": {"max_streams": 1}}, "limits: unknown key 'max_streams'"),
+        ({"max_attempts": 2.9}, "max_attempts must be a whole number, not 2.9"),
+        ({"listen": 5}, "listen must be a string, not 5"),
+        ({"model_headers": "x-model"}, "model_headers must be a list of header names"),
+        ({"log_level": "verbose"}, "log_level: 'verbose' (expected debug|info|warning|error"),
+        ({"probe": {"interval_s": "fast"}}, "probe.interval_s must be a number, not 'fast'"),
+        (
+            {"admin": {"listen": "0.0.0.0:50052"}},
+            "admin listen address '0.0.0.0:50052' is not loopback: give the admin API a token",
+        ),
+        ({"workers": ["grpc://h:1?model=" + "x" * 257]}, "model name longer than 256 characters"),
+        ({"workers": ["grpc://h:1?model=a%20b"]}, "has characters other than letters, digits"),
+        ({"workers": ["grpc://h:1?model=m&bootstrap_host=" + "h" * 3000]}, "longer than 2048"),
         ({"workers": ["grpc://h:1", "grpc://h:1"]}, "worker h:1 is listed twice"),
         ({"workers": [{"model": "m"}]}, "needs a url"),
     ],
@@ -89,3 +101,14 @@ def test_missing_file_is_one_line(tmp_path: Path) -> None:
         load_file(str(tmp_path / "absent.yaml"))
     assert str(caught.value).startswith("config file ")
     assert "No such file or directory" in str(caught.value)
+
+
+def test_a_non_loopback_admin_port_with_a_token_is_fine() -> None:
+    config = build_config({"admin": {"listen": "0.0.0.0:50052", "token": "t"}})
+    assert config.admin.listen == "0.0.0.0:50052"
+    assert build_config({"admin": {"listen": "[::1]:50052"}}).admin.token is None
+
+
+def test_model_names_as_engines_serve_them_are_accepted() -> None:
+    for name in ("meta-llama/Llama-3-8B-Instruct", "qwen2.5:7b", "org/m@v2", "a_b-c.d"):
+        assert parse_worker_url(f"grpc://h:1?model={name}").model == name
