@@ -106,6 +106,16 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     )
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("grpc-model-gateway")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gateway.admin.client import add_workers_arguments
     from gateway.demo import add_demo_arguments
@@ -114,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway", description="A gRPC-native model gateway for SGLang and vLLM workers."
     )
+    parser.add_argument("--version", action="version", version=f"gateway {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     add_demo_arguments(sub.add_parser("demo", help="run a simulated fleet behind the gateway"))
@@ -124,15 +135,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(coro: object) -> None:
-    import os
+def _run(coro: object) -> int:
+    """Run to the end; 2 with one line if a port cannot be bound, 130 on a Ctrl-C that
+    arrived before the process took over its signals (never a traceback)."""
+    from gateway.listen import CannotListen
 
-    if os.environ.get("GATEWAY_LOOP") == "uvloop":
-        import uvloop
+    try:
+        if os.environ.get("GATEWAY_LOOP") == "uvloop":
+            import uvloop
 
-        uvloop.run(coro)  # type: ignore[arg-type]
-    else:
-        asyncio.run(coro)  # type: ignore[arg-type]
+            uvloop.run(coro)  # type: ignore[arg-type]
+        else:
+            asyncio.run(coro)  # type: ignore[arg-type]
+    except CannotListen as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"gateway: config error: {exc}", file=sys.stderr)
             return 2
         configure(config.log_format, config.log_level)
-        _run(serve(config))
+        return _run(serve(config))
     elif args.command == "workers":
         from gateway.admin.client import run_workers
 
@@ -157,15 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway.launch import NotReady
 
         try:
-            _run(run_demo(args))
+            return _run(run_demo(args))
         except NotReady as exc:  # every process it started is stopped by then
             print(f"gateway: demo: {exc}", file=sys.stderr)
             return 1
     else:
         from gateway.sim import run_sim
 
-        _run(run_sim(args))
-    return 0
+        return _run(run_sim(args))
 
 
 if __name__ == "__main__":

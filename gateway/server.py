@@ -18,6 +18,7 @@ from gateway.engines import ADAPTERS
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
 from gateway.health import HealthService, desired_statuses
+from gateway.listen import CannotListen, bind
 from gateway.metrics import Metrics
 from gateway.placement.placer import Placer
 from gateway.proxy.admission import Admission
@@ -75,6 +76,7 @@ class Gateway:
         self.health = HealthService()
         self.draining = False
         self._health_due = False
+        self._closed = False
         self.server = aio.server(options=server_options(config))
         self.admin_server: aio.Server | None = None
         self.fronts: list[EngineFront] = []
@@ -100,15 +102,16 @@ class Gateway:
             [a.service_name for a in ADAPTERS.values()] + [HEALTH_SERVICE, reflection.SERVICE_NAME],
             self.server,
         )
-        self.port = self.server.add_insecure_port(self.config.listen)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen}")
+        self.port = bind(self.server, self.config.listen)
         self.fleet.registry.subscribe(self._on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)
         self.admin_server, self.admin_port = await start_admin_server(self.fleet, self.config)
         if self.config.metrics.listen:
-            self.metrics_port = self.metrics.serve(self.config.metrics.listen)
+            try:
+                self.metrics_port = self.metrics.serve(self.config.metrics.listen)
+            except OSError as exc:
+                raise CannotListen(self.config.metrics.listen, exc.strerror or str(exc)) from None
         await self.server.start()
         log.info(
             "serving",
@@ -143,16 +146,23 @@ class Gateway:
         by_runtime = {rt: registry.models(rt) for rt in ADAPTERS if registry.models(rt)}
         self.health.update(desired_statuses(self.draining, by_runtime, self.placer.servable))
 
-    async def drain_and_stop(self) -> None:
+    @property
+    def busy(self) -> bool:
+        """Calls are in flight (the gateway's own count, every protocol)."""
+        return self.admission.active > 0
+
+    async def drain_and_stop(self, delay: bool = True) -> None:
         """SIGTERM: NOT_SERVING everywhere at once; keep serving for the drain delay so load
-        balancers notice; then refuse new calls and let in-flight ones finish in the grace."""
+        balancers notice (`delay` False: skip it); then refuse new calls and let in-flight
+        ones finish in the grace."""
         drain = self.config.drain
         self.draining = True
         for front in self.fronts:
             front.draining = True
         self._refresh_health()
-        log.info("draining", delay_s=drain.delay_s, grace_s=drain.grace_s)
-        await asyncio.sleep(drain.delay_s)
+        delay_s = drain.delay_s if delay else 0.0
+        log.info("draining", delay_s=delay_s, grace_s=drain.grace_s)
+        await asyncio.sleep(delay_s)
         started = time.monotonic()
         log.info("stopping", in_flight=sum(w.inflight for w in self.fleet.registry))
         self.health.close_watches()
@@ -161,6 +171,9 @@ class Gateway:
         await self.close()
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         await self.server.stop(None)
         if self.admin_server is not None:
             await self.admin_server.stop(None)
@@ -169,12 +182,43 @@ class Gateway:
 
 
 async def serve(config: GatewayConfig) -> None:
+    """Run until SIGTERM or SIGINT, then drain. A signal during start-up stops at once;
+    SIGINT with nothing in flight skips the drain delay (someone at a terminal, no load
+    balancer to tell); a second signal stops at once, whatever is in flight."""
     gateway = Gateway(config)
-    await gateway.start()
-    print(gateway.ready_line(), flush=True)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    signals: list[signal.Signals] = []
+    stopped = asyncio.Event()
+    main = asyncio.current_task()
+    assert main is not None
+
+    def on_signal(sig: signal.Signals) -> None:
+        signals.append(sig)
+        stopped.set()
+        if len(signals) > 1:
+            main.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await gateway.drain_and_stop()
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        starting = asyncio.ensure_future(gateway.start())
+        waiting = asyncio.ensure_future(stopped.wait())
+        await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("stopping during start-up", signal=signals[0].name)
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return
+        starting.result()  # CannotListen and friends
+        print(gateway.ready_line(), flush=True)
+        await waiting
+        quick = signals[0] is signal.SIGINT and not gateway.busy
+        await gateway.drain_and_stop(delay=not quick)
+    except asyncio.CancelledError:
+        if len(signals) < 2:
+            raise
+        log.warning("stopping now: second signal")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await gateway.close()

@@ -24,6 +24,7 @@ from gateway.config import ConfigError, GatewayConfig, parse_worker_url
 from gateway.fleet.fleet import Fleet, WorkerExists
 from gateway.fleet.registry import FleetEvent
 from gateway.fleet.worker import Worker
+from gateway.listen import bind
 
 log = structlog.get_logger("gateway.admin")
 
@@ -165,7 +166,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
 
 async def start_admin_server(fleet: Fleet, config: GatewayConfig) -> tuple[aio.Server, int]:
     """Serve AdminService (and reflection for it) on `config.admin.listen`; returns the
-    started server and its bound port (the listen port may be 0). Raises OSError if the
+    started server and its bound port (the listen port may be 0). Raises CannotListen if the
     address cannot be bound."""
     token = config.admin.token
     server = aio.server(
@@ -174,12 +175,7 @@ async def start_admin_server(fleet: Fleet, config: GatewayConfig) -> tuple[aio.S
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminService(fleet, config), server)
     reflection.enable_server_reflection([SERVICE_NAME, reflection.SERVICE_NAME], server)
-    try:
-        port = server.add_insecure_port(config.admin.listen)
-    except RuntimeError as exc:  # newer grpcio raises instead of returning 0
-        raise OSError(f"cannot listen on admin address {config.admin.listen}: {exc}") from None
-    if port == 0:
-        raise OSError(f"cannot listen on admin address {config.admin.listen}")
+    port = bind(server, config.admin.listen)
     await server.start()
     return server, port
 

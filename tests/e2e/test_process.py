@@ -1,0 +1,138 @@
+"""The gateway as a process: one line for a port it cannot bind, signals that stop it
+promptly and quietly, and --version."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.launch import Child, ready, spawn
+from tests.conftest import SERVE_ARGS, Launcher, worker_url
+from tests.e2e.helpers import (
+    channel,
+    closed_port,
+    dead_worker_url,
+    model_md,
+    running_on_sim,
+    sgl_generate,
+    sgl_grpc,
+)
+
+
+@pytest.fixture
+def busy() -> Iterator[socket.socket]:
+    """A port another process listens on."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock
+    sock.close()
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--admin-listen", "--metrics-listen"])
+def test_a_port_that_cannot_be_bound_is_one_line_and_exit_2(flag: str, busy: socket.socket) -> None:
+    address = f"127.0.0.1:{busy.getsockname()[1]}"
+    args = dict(zip(SERVE_ARGS[1::2], SERVE_ARGS[2::2], strict=False))
+    args[flag] = address
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", *(x for kv in args.items() for x in kv)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[-1].startswith(f"gateway: cannot listen on {address}: ")
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+DELAYED = (
+    "serve",
+    "--listen",
+    "127.0.0.1:0",
+    "--admin-listen",
+    "127.0.0.1:0",
+    "--metrics-listen",
+    "off",
+    "--drain-delay",
+    "5",
+)
+
+
+def _serve(*args: str) -> Child:
+    command = [*DELAYED, *args]
+    return ready(spawn(command, stderr=subprocess.PIPE), command)
+
+
+def test_sigint_with_nothing_in_flight_skips_the_drain_delay(sim: Launcher) -> None:
+    worker = sim("--model", "m")
+    gw = _serve("--worker", worker_url(worker, model="m", runtime="sglang"))
+    started = time.monotonic()
+    gw.process.send_signal(signal.SIGINT)
+    assert gw.process.wait(timeout=10) == 0
+    assert time.monotonic() - started < 3  # not the 5 s drain delay
+    assert gw.process.stderr is not None and "Traceback" not in gw.process.stderr.read()
+    gw.stop()
+
+
+async def test_a_second_signal_stops_at_once_whatever_is_in_flight(sim: Launcher) -> None:
+    worker = sim("--model", "m", "--ttft-ms", "30000")
+    gw = _serve("--worker", worker_url(worker, model="m", runtime="sglang"))
+    stderr = gw.process.stderr
+    assert stderr is not None
+    try:
+        async with channel(gw.address) as ch:
+            call = sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_generate(), metadata=model_md("m"))
+            for _ in range(200):  # bounded: until the worker has the call
+                if await running_on_sim(worker.address) == 1:
+                    break
+                await asyncio.sleep(0.02)
+            gw.process.send_signal(signal.SIGINT)  # in flight: the drain delay applies
+            draining = next(
+                (line for line in iter(stderr.readline, "") if "draining" in line), ""
+            )  # ends at the draining line, or at EOF if the process died
+            assert "delay_s=5" in draining, draining
+            assert gw.process.poll() is None
+            started = time.monotonic()
+            gw.process.send_signal(signal.SIGINT)
+            assert gw.process.wait(timeout=10) == 0
+            assert time.monotonic() - started < 3
+            call.cancel()
+        rest = stderr.read()
+        assert "stopping now: second signal" in rest and "Traceback" not in rest
+    finally:
+        gw.stop()
+
+
+def test_a_signal_during_start_up_stops_quietly() -> None:
+    """Start-up waits for a worker that never answers; Ctrl-C then stops the process in
+    well under the discovery timeout, with no traceback."""
+    sock = closed_port()
+    try:
+        process = spawn([*SERVE_ARGS, "--worker", dead_worker_url(sock)], stderr=subprocess.PIPE)
+        time.sleep(1.5)  # started and waiting for discovery
+        started = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=10)
+        assert time.monotonic() - started < 3
+        assert code in (0, 130)
+        assert process.stderr is not None and "Traceback" not in process.stderr.read()
+        assert process.stdout is not None and "READY" not in process.stdout.read()
+    finally:
+        sock.close()
+
+
+def test_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"], capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "gateway 0.1.0\n"
