@@ -47,6 +47,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="S",
         help="then, seconds in-flight calls get to finish (default 20)",
     )
+    p.add_argument("--tls-cert", metavar="FILE", help="TLS on the main port: certificate (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="TLS on the main port: private key (PEM)")
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require client certificates signed by this CA (mTLS)",
+    )
     p.add_argument("--admin-listen", metavar="HOST:PORT", help="admin port (127.0.0.1:50052)")
     p.add_argument(
         "--admin-token",
@@ -100,6 +107,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
             "drain.delay_s": args.drain_delay,
             "drain.grace_s": args.shutdown_grace,
             "admin.listen": args.admin_listen,
+            "tls.cert": args.tls_cert,
+            "tls.key": args.tls_key,
+            "tls.client_ca": args.tls_client_ca,
             "admin.token": admin_token(args),
             "metrics.listen": args.metrics_listen,
         },
@@ -149,6 +159,9 @@ def _run(coro: object) -> int:
             asyncio.run(coro)  # type: ignore[arg-type]
     except CannotListen as exc:
         print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:  # found at start-up: an unreadable certificate or key file
+        print(f"gateway: config error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

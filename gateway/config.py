@@ -63,6 +63,7 @@ class WorkerSpec:
     bootstrap_port: int | None = None
     bootstrap_host: str | None = None  # a prefill's rendezvous host; default: its URL host
     embedding_port: int | None = None  # a prefill's port for encoder embeddings (EPD)
+    tls: bool = False  # grpcs://: TLS to the worker (see UpstreamTlsConfig)
 
     @property
     def address(self) -> str:
@@ -70,7 +71,7 @@ class WorkerSpec:
 
     @property
     def url(self) -> str:
-        return f"grpc://{self.address}"
+        return f"{'grpcs' if self.tls else 'grpc'}://{self.address}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,38 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS on the main port (PEM files). With `client_ca`, clients must present a
+    certificate it signed (mTLS); their identity is the caller's principal."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTlsConfig:
+    """TLS to `grpcs://` workers: `ca` verifies them (default: the system roots); `cert`
+    and `key` are the gateway's client certificate where workers require mTLS."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """`api_keys_file`: one `name:key` a line. When set, every call on the main port but
+    grpc.health and reflection needs `authorization: Bearer <key>`."""
+
+    api_keys_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AdminConfig:
     listen: str = "127.0.0.1:50052"
     token: str | None = None
@@ -199,6 +232,9 @@ class GatewayConfig:
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    upstream_tls: UpstreamTlsConfig = field(default_factory=UpstreamTlsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
@@ -245,8 +281,8 @@ def parse_worker_url(url: str) -> WorkerSpec:
         raise ConfigError(f"worker URL longer than {MAX_URL} characters")
     parts = urlsplit(url)
     what = f"worker {url!r}"
-    if parts.scheme != "grpc":
-        raise ConfigError(f"{what}: scheme must be grpc://")
+    if parts.scheme not in ("grpc", "grpcs"):
+        raise ConfigError(f"{what}: scheme must be grpc:// or grpcs://")
     if parts.path not in ("", "/"):
         raise ConfigError(f"{what}: unexpected path {parts.path!r}")
     try:
@@ -261,7 +297,8 @@ def parse_worker_url(url: str) -> WorkerSpec:
         raise ConfigError(
             f"{what}: unknown key {unknown[0]!r} (known: {', '.join(WORKER_URL_KEYS)})"
         )
-    return _worker_from_fields(host, port, {k: v[-1] for k, v in query.items()}, what)
+    spec = _worker_from_fields(host, port, {k: v[-1] for k, v in query.items()}, what)
+    return replace(spec, tls=parts.scheme == "grpcs")
 
 
 def _worker_from_fields(host: str, port: int, fields: Mapping[str, Any], what: str) -> WorkerSpec:
@@ -334,6 +371,9 @@ SECTIONS: dict[str, type] = {
     "disagg": DisaggConfig,
     "limits": LimitsConfig,
     "upstream": UpstreamConfig,
+    "tls": TlsConfig,
+    "upstream_tls": UpstreamTlsConfig,
+    "auth": AuthConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
 }
@@ -465,6 +505,12 @@ def build_config(
     _check_policy(config.default_policy, "default_policy")
     if config.log_format not in ("console", "json"):
         raise ConfigError(f"log_format: {config.log_format!r} (expected console|json)")
+    tls = config.tls
+    if (tls.cert is None) != (tls.key is None) or (tls.client_ca and not tls.cert):
+        raise ConfigError("tls: cert and key go together (and client_ca needs both)")
+    upstream_tls = config.upstream_tls
+    if (upstream_tls.cert is None) != (upstream_tls.key is None):
+        raise ConfigError("upstream_tls: cert and key go together")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level: {config.log_level!r} (expected {'|'.join(LOG_LEVELS)})")
     admin_host, _ = parse_address(config.admin.listen, "admin listen address")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 from grpc import aio
 
 
@@ -12,10 +13,15 @@ class CannotListen(Exception):
         super().__init__(f"cannot listen on {address}: {reason}")
 
 
-def bind(server: aio.Server, address: str) -> int:
-    """Add an insecure port; `CannotListen` if the address cannot be bound."""
+def bind(
+    server: aio.Server, address: str, credentials: grpc.ServerCredentials | None = None
+) -> int:
+    """Add a port (TLS with `credentials`); `CannotListen` if it cannot be bound."""
     try:
-        port = server.add_insecure_port(address)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError:  # newer grpcio raises where older ones returned 0
         port = 0
     if port == 0:

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gateway.admin.service import start_admin_server
+from gateway.auth import ApiKeyInterceptor, ApiKeys, Caller
 from gateway.config import GatewayConfig
 from gateway.engines import ADAPTERS
 from gateway.fleet.fleet import Fleet
@@ -27,6 +28,7 @@ from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import EngineFront
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.upstream import Upstreams
+from gateway.tls import CertificateFiles
 
 log = structlog.get_logger("gateway")
 
@@ -72,12 +74,20 @@ class Gateway:
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
         self.disagg = DisaggregatedDispatch(self.dispatcher)
         self.admission = Admission(config.limits.max_inflight_requests)
+        keys = ApiKeys.load(config.auth.api_keys_file) if config.auth.api_keys_file else None
+        self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
+        self.caller = Caller(keys, certificates=config.tls.client_ca is not None)
+        if any(spec.tls for spec in config.workers):
+            self.fleet.upstream_credentials()  # unreadable files stop start-up, not a join
         self.metrics = Metrics(self.fleet.registry)
         self.health = HealthService()
         self.draining = False
         self._health_due = False
         self._closed = False
-        self.server = aio.server(options=server_options(config))
+        self.server = aio.server(
+            interceptors=[ApiKeyInterceptor(keys)] if keys is not None else None,
+            options=server_options(config),
+        )
         self.admin_server: aio.Server | None = None
         self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0
@@ -92,6 +102,7 @@ class Gateway:
                 self.dispatcher,
                 self.disagg,
                 self.admission,
+                self.caller,
                 self.metrics.observe,
             )
             for adapter in ADAPTERS.values()
@@ -102,7 +113,8 @@ class Gateway:
             [a.service_name for a in ADAPTERS.values()] + [HEALTH_SERVICE, reflection.SERVICE_NAME],
             self.server,
         )
-        self.port = bind(self.server, self.config.listen)
+        credentials = self.certificates.credentials() if self.certificates else None
+        self.port = bind(self.server, self.config.listen, credentials)
         self.fleet.registry.subscribe(self._on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)
@@ -200,6 +212,8 @@ async def serve(config: GatewayConfig) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    if gateway.certificates is not None:
+        loop.add_signal_handler(signal.SIGHUP, gateway.certificates.reload)
     try:
         starting = asyncio.ensure_future(gateway.start())
         waiting = asyncio.ensure_future(stopped.wait())
@@ -219,6 +233,6 @@ async def serve(config: GatewayConfig) -> None:
             raise
         log.warning("stopping now: second signal")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         await gateway.close()

@@ -3,12 +3,19 @@ retries itself)."""
 
 from __future__ import annotations
 
+import grpc
 from grpc import aio
 
 from gateway.config import UpstreamConfig
 
 
-def open_channel(address: str, max_message_bytes: int, upstream: UpstreamConfig) -> aio.Channel:
+def open_channel(
+    address: str,
+    max_message_bytes: int,
+    upstream: UpstreamConfig,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> aio.Channel:
+    """A channel to one worker; TLS with `credentials` (a `grpcs://` worker)."""
     options: list[tuple[str, int]] = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -29,4 +36,6 @@ def open_channel(address: str, max_message_bytes: int, upstream: UpstreamConfig)
             # worker sends nothing.
             ("grpc.http2.max_pings_without_data", 0),
         ]
+    if credentials is not None:
+        return aio.secure_channel(address, credentials, options=options)
     return aio.insecure_channel(address, options=options)

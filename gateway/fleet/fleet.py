@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
+import grpc
 import structlog
 from grpc import aio
 
@@ -29,6 +30,7 @@ from gateway.fleet.prober import ProbeLoop
 from gateway.fleet.registry import FleetEvent, Registry
 from gateway.fleet.worker import Worker
 from gateway.roles import Role, Runtime
+from gateway.tls import channel_credentials
 
 log = structlog.get_logger("gateway.fleet")
 
@@ -49,6 +51,7 @@ class Fleet:
         self.registry.subscribe(self._log_event)
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._joining: set[str] = set()
+        self._credentials: grpc.ChannelCredentials | None = None
 
     async def start(self, specs: Iterable[WorkerSpec]) -> None:
         """Register every worker; waits (bounded) for discovery and a first connection
@@ -125,6 +128,12 @@ class Fleet:
                 FleetEvent("breaker", worker, new, new, "cool-down over"),
             )
 
+    def upstream_credentials(self) -> grpc.ChannelCredentials:
+        """Credentials for grpcs:// workers, read once (a bad file fails at start-up)."""
+        if self._credentials is None:
+            self._credentials = channel_credentials(self.settings.upstream_tls)
+        return self._credentials
+
     def _claim(self, spec: WorkerSpec, wait_settled: bool = True) -> asyncio.Task[None]:
         """Start joining a worker; its address counts as taken from this moment, before
         anything awaits, so two concurrent adds cannot both register it."""
@@ -167,7 +176,10 @@ class Fleet:
         """Discover what the spec leaves open (retrying until the worker answers), then
         register the worker and start its loops."""
         channel = open_channel(
-            spec.address, self.settings.max_message_bytes, self.settings.upstream
+            spec.address,
+            self.settings.max_message_bytes,
+            self.settings.upstream,
+            self.upstream_credentials() if spec.tls else None,
         )
         call_timeout = min(2.0, self.settings.discovery_timeout_s)
         warned = False

@@ -157,7 +157,7 @@ class PlacedLegs:
             streaming=streaming,
             label=label(worker),
             # Encoders do not speak the engine protocol: an Abort is not theirs to take.
-            hold=None if leg is Role.ENCODE else (job.record.request_id, job.upstream_id),
+            hold=None if leg is Role.ENCODE else job.hold(),
             until_started=leg is Role.DECODE,
         )
         self._calls.append(call)

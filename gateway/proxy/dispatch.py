@@ -21,6 +21,7 @@ from grpc import aio
 from gateway.engines import EngineAdapter
 from gateway.placement.placer import Assignment
 from gateway.placement.verdicts import Verdict
+from gateway.proxy.inflight import Hold
 from gateway.proxy.metadata import Metadata
 from gateway.proxy.status import abort_with_verdict
 from gateway.proxy.upstream import (
@@ -91,6 +92,10 @@ class Job:
     sink: Sink
     upstream_id: str  # the id the workers know it by: the client's, or `<id>-<i>`
     return_logprob: bool = False
+    principal: str | None = None  # who sent it (mTLS identity or API key name)
+
+    def hold(self) -> Hold:
+        return Hold(self.record.request_id, self.upstream_id, self.principal)
 
 
 Flow = Callable[[Job, Reserved], Awaitable[bytes | None]]
@@ -161,5 +166,5 @@ class Dispatcher:
             job.metadata,
             job.context.time_remaining(),
             streaming=streaming,
-            hold=(job.record.request_id, job.upstream_id) if streaming else None,
+            hold=job.hold() if streaming else None,
         )

@@ -19,6 +19,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from gateway.auth import Caller
 from gateway.config import GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.fleet.registry import Registry
@@ -54,8 +55,10 @@ class EngineFront:
         dispatcher: Dispatcher,
         disagg: DisaggregatedDispatch,
         admission: Admission,
+        caller: Caller,
         observe: Callable[[CallRecord], None],
     ) -> None:
+        self._caller = caller
         self._admission = admission
         self._disagg = disagg
         self.draining = False  # set on SIGTERM: the engine HealthCheck then says unhealthy
@@ -136,6 +139,7 @@ class EngineFront:
             config.model_headers,
             config.routing_key_header,
             config.target_worker_header,
+            self._caller.private_keys,
         )
 
     async def _model(self, context: Context, meta: RequestMeta, record: CallRecord) -> str:
@@ -158,6 +162,7 @@ class EngineFront:
             record,
             Downstream(context, record),
             record.request_id,
+            principal=self._caller.principal(context),
         )
 
     async def _placed(
@@ -307,8 +312,8 @@ class EngineFront:
         except DecodeError:
             await abort_invalid(context, "Request bytes are not a valid AbortRequest")
         record.request_id = ",".join(ids)
-        inflight = self._upstreams.inflight
-        holders = [h for request_id in ids for h in inflight.holders(request_id)]
+        inflight, principal = self._upstreams.inflight, self._caller.principal(context)
+        holders = [h for request_id in ids for h in inflight.holders(request_id, principal)]
         if not holders:
             unknown = ", ".join(repr(i) for i in ids)
             return self.adapter.abort_reply(False, f"request {unknown} is not in flight here")

@@ -15,9 +15,20 @@ class Holder:
 
     worker: Worker
     upstream_id: str
+    principal: str | None = None  # who started the request: only they may abort it
     # Decode legs only: set at the leg's first message. An abort waits for it (bounded) so
     # that the KV handoff from prefill to decode is not torn in the middle.
     started: asyncio.Event | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """How an upstream call is found by Abort: the client's request id, the id the worker
+    knows the call by, and the principal that started it."""
+
+    request_id: str
+    upstream_id: str
+    principal: str | None = None
 
 
 class InflightTable:
@@ -37,8 +48,10 @@ class InflightTable:
         if not holders:
             del self._holders[request_id]
 
-    def holders(self, request_id: str) -> list[Holder]:
-        return list(self._holders.get(request_id, ()))
+    def holders(self, request_id: str, principal: str | None = None) -> list[Holder]:
+        """The calls of a request that `principal` started (an id held for someone else
+        looks exactly like an id not held at all)."""
+        return [h for h in self._holders.get(request_id, ()) if h.principal == principal]
 
     def __len__(self) -> int:
         return len(self._holders)

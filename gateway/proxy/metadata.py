@@ -48,14 +48,17 @@ def read_request_meta(
     model_headers: Sequence[str],
     routing_key_header: str,
     target_worker_header: str,
+    private_keys: frozenset[str] = frozenset(),
 ) -> RequestMeta:
+    """Routing hints, and what goes upstream: forwardable keys but `private_keys` (the
+    caller's own credentials, which are the gateway's business, not the workers')."""
     model: str | None = None
     model_rank = len(model_headers)
     routing_key: str | None = None
     target: str | None = None
     forward: list[tuple[str, str | bytes]] = []
     for key, value in metadata or ():
-        if not forwardable(key):
+        if not forwardable(key) or key in private_keys:
             continue
         forward.append((key, value))
         if isinstance(value, bytes):

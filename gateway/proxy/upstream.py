@@ -30,7 +30,7 @@ from grpc import aio
 from gateway.fleet.breaker import Outcome, outcome_of
 from gateway.fleet.worker import Worker
 from gateway.placement.placer import Assignment
-from gateway.proxy.inflight import Holder, InflightTable
+from gateway.proxy.inflight import Hold, Holder, InflightTable
 from gateway.proxy.metadata import Metadata, clean
 from gateway.roles import Role
 
@@ -168,14 +168,13 @@ class Upstreams:
         *,
         streaming: bool,
         label: str = "",
-        hold: tuple[str, str] | None = None,
+        hold: Hold | None = None,
         until_started: bool = False,
     ) -> UpstreamCall:
         """Start one RPC on a reservation.
 
-        `hold` = (client request id, id the worker knows it by) registers the call for
-        Abort; `until_started` (decode legs) delays its cancel until its first message,
-        bounded, so a KV hand-off is not torn in the middle.
+        `hold` registers the call for Abort; `until_started` (decode legs) delays its
+        cancel until its first message, bounded, so a KV hand-off is not torn in the middle.
         """
         channel = reservation.worker.channel
         method = channel.unary_stream(path) if streaming else channel.unary_unary(path)
@@ -187,10 +186,11 @@ class Upstreams:
         holder = None
         if hold is not None:
             started = asyncio.Event() if until_started else None
-            holder = Holder(reservation.worker, hold[1], started)
-            self.inflight.add(hold[0], holder)
+            holder = Holder(reservation.worker, hold.upstream_id, hold.principal, started)
+            self.inflight.add(hold.request_id, holder)
         deadline = None if timeout is None else time.monotonic() + timeout
-        call = UpstreamCall(self, reservation, leg, rpc, label, hold[0] if hold else "", holder)
+        key = hold.request_id if hold is not None else ""
+        call = UpstreamCall(self, reservation, leg, rpc, label, key, holder)
         call.deadline = deadline
         return call
 

@@ -145,6 +145,11 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV token usage (0..1) GetLoads reports at least",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate")
+    parser.add_argument("--tls-key", metavar="FILE", help="... and this private key")
+    parser.add_argument(
+        "--tls-client-ca", metavar="FILE", help="require client certificates from this CA"
+    )
     _add_role_arguments(parser)
 
 
@@ -229,6 +234,9 @@ class SimConfig:
     kv_port: int = 0
     kv_timeout_s: float = 3.0
     omit_kv_params: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimConfig:
@@ -263,6 +271,9 @@ class SimConfig:
             kv_port=args.kv_port,
             kv_timeout_s=args.kv_timeout_ms / 1000.0,
             omit_kv_params=args.omit_kv_params,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
         )
 
     def worker_name(self, port: int) -> str:

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -112,6 +113,17 @@ async def _close_side(servers: list[LineServer]) -> None:
         await side.close()
 
 
+def _credentials(config: SimConfig) -> grpc.ServerCredentials | None:
+    """TLS for a `grpcs://` worker (mTLS with a client CA), from PEM files."""
+    if not (config.tls_cert and config.tls_key):
+        return None
+    return grpc.ssl_server_credentials(
+        [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())],
+        Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None,
+        require_client_auth=config.tls_client_ca is not None,
+    )
+
+
 async def serve(
     config: SimConfig,
     ready: Callable[[int, Mapping[str, int]], None] = _print_ready,
@@ -120,7 +132,11 @@ async def serve(
     _configure_logging(config.log_level)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     try:
-        port = server.add_insecure_port(config.listen)
+        credentials = _credentials(config)
+        if credentials is None:
+            port = server.add_insecure_port(config.listen)
+        else:
+            port = server.add_secure_port(config.listen, credentials)
     except RuntimeError as exc:
         raise SystemExit(f"sim: cannot listen on {config.listen}: {exc}") from exc
     if port == 0:

@@ -140,7 +140,7 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
         )
         assert (bad_url.returncode, bad_url.stdout) == (1, "")
         assert bad_url.stderr == (
-            "gateway: INVALID_ARGUMENT: worker 'http://127.0.0.1:1': scheme must be grpc://\n"
+            "gateway: INVALID_ARGUMENT: worker 'http://127.0.0.1:1': scheme must be grpc:// or grpcs://\n"
         )
         assert removed.returncode == 0, removed.stderr
         assert removed.stdout == f"removed {a.address} (drained)\n"

@@ -49,7 +49,7 @@ def test_config_errors_exit_2_with_one_clear_line(tmp_path: Path) -> None:
     cases: list[tuple[list[str], str]] = [
         (
             ["--worker", "http://127.0.0.1:5000?model=m"],
-            "worker 'http://127.0.0.1:5000?model=m': scheme must be grpc://",
+            "worker 'http://127.0.0.1:5000?model=m': scheme must be grpc:// or grpcs://",
         ),
         (
             ["--worker", "grpc://127.0.0.1:5000?role=boss"],

@@ -94,7 +94,7 @@ async def test_add_worker_validates_and_registers(admin: Admin) -> None:
     with pytest.raises(aio.AioRpcError) as bad:
         await admin.stub.AddWorker(pb.AddWorkerRequest(url="http://127.0.0.1:1"))
     assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert bad.value.details() == "worker 'http://127.0.0.1:1': scheme must be grpc://"
+    assert bad.value.details() == "worker 'http://127.0.0.1:1': scheme must be grpc:// or grpcs://"
 
     port = closed_port()
     url = f"grpc://127.0.0.1:{port}?model=m&runtime=sglang&role=prefill&bootstrap_port=8998"

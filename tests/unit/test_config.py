@@ -24,7 +24,7 @@ def test_bare_worker_url_leaves_model_and_runtime_to_discovery() -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("http://h:1", "worker 'http://h:1': scheme must be grpc://"),
+        ("http://h:1", "worker 'http://h:1': scheme must be grpc:// or grpcs://"),
         ("grpc://h", "worker 'grpc://h': needs HOST:PORT"),
         ("grpc://h:1?role=boss", "unknown value 'boss' (expected regular|prefill|decode|encode)"),
         ("grpc://h:1?runtime=trt", "unknown value 'trt' (expected sglang|vllm)"),
