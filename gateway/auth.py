@@ -91,11 +91,21 @@ class ApiKeys:
         return found
 
 
-class ApiKeyInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
-    """Every call but health and reflection needs a known API key, else UNAUTHENTICATED."""
+class BearerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    """Every call (but those under `open_prefixes`) must carry `authorization: Bearer X`
+    with an X that `accepts`, else UNAUTHENTICATED. An interceptor rather than a check in
+    each method, so nothing served can be reached without it, methods added later too."""
 
-    def __init__(self, keys: ApiKeys) -> None:
-        self._keys = keys
+    def __init__(
+        self,
+        accepts: Callable[[str], bool],
+        missing: str,
+        rejected: str,
+        open_prefixes: tuple[str, ...] = (),
+    ) -> None:
+        self._accepts = accepts
+        self._missing, self._rejected = missing, rejected
+        self._open = open_prefixes
 
     async def intercept_service(
         self,
@@ -103,14 +113,21 @@ class ApiKeyInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method.startswith(OPEN_PREFIXES):
-            return handler
+        if handler is None or (self._open and details.method.startswith(self._open)):
+            return handler  # unknown method: grpc answers UNIMPLEMENTED
         given = bearer(details.invocation_metadata)
         if given is None:
-            return deny(handler, MISSING_KEY)
-        if self._keys.name_of(given) is None:
-            return deny(handler, REJECTED_KEY)
+            return deny(handler, self._missing)
+        if not self._accepts(given):
+            return deny(handler, self._rejected)
         return handler
+
+
+def api_key_interceptor(keys: ApiKeys) -> BearerInterceptor:
+    """The main port: a known API key on every call but health and reflection."""
+    return BearerInterceptor(
+        lambda given: keys.name_of(given) is not None, MISSING_KEY, REJECTED_KEY, OPEN_PREFIXES
+    )
 
 
 class Caller:

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gateway.admin.service import start_admin_server
-from gateway.auth import ApiKeyInterceptor, ApiKeys, Caller
+from gateway.auth import ApiKeys, Caller, api_key_interceptor
 from gateway.config import GatewayConfig
 from gateway.engines import ADAPTERS
 from gateway.fleet.fleet import Fleet
@@ -85,7 +85,7 @@ class Gateway:
         self._health_due = False
         self._closed = False
         self.server = aio.server(
-            interceptors=[ApiKeyInterceptor(keys)] if keys is not None else None,
+            interceptors=[api_key_interceptor(keys)] if keys is not None else None,
             options=server_options(config),
         )
         self.admin_server: aio.Server | None = None

@@ -17,7 +17,7 @@ from grpc import aio
 from grpc_reflection.v1alpha import reflection
 
 from gateway.admin import convert
-from gateway.admin.auth import BearerTokenInterceptor
+from gateway.admin.auth import admin_token_interceptor
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import ConfigError, GatewayConfig, parse_worker_url
@@ -170,7 +170,7 @@ async def start_admin_server(fleet: Fleet, config: GatewayConfig) -> tuple[aio.S
     address cannot be bound."""
     token = config.admin.token
     server = aio.server(
-        interceptors=[BearerTokenInterceptor(token)] if token else None,
+        interceptors=[admin_token_interceptor(token)] if token else None,
         options=[("grpc.so_reuseport", 0)],
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminService(fleet, config), server)

@@ -55,17 +55,7 @@ def test_a_port_that_cannot_be_bound_is_one_line_and_exit_2(flag: str, busy: soc
     assert result.stdout == ""
 
 
-DELAYED = (
-    "serve",
-    "--listen",
-    "127.0.0.1:0",
-    "--admin-listen",
-    "127.0.0.1:0",
-    "--metrics-listen",
-    "off",
-    "--drain-delay",
-    "5",
-)
+DELAYED = (*SERVE_ARGS[:5], "--metrics-listen", "off", "--drain-delay", "5")
 
 
 def _serve(*args: str) -> Child:
