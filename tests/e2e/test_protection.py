@@ -151,3 +151,28 @@ async def test_calls_on_a_frozen_worker_fail_over_within_keepalive(
     moved = [e for e in events if e["retries"] == 1]
     assert len(moved) == 2
     assert all(e["legs"] == {"regular": [frozen.address, other.address]} for e in moved)
+
+
+async def test_an_idle_client_connection_is_closed(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    """Idle connections are not held forever: one with no call for
+    `limits.connection_idle_timeout_s` gets GOAWAY, and the client's channel goes idle."""
+    worker = sim("--model", "m")
+    config = write_config(tmp_path, {"limits": {"connection_idle_timeout_s": 1}})
+    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    async with channel(gw.address) as ch:
+        messages, error = await collect(
+            sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_generate(), metadata=model_md("m"))
+        )
+        assert error is None and len(messages) == 5
+        assert ch.get_state() is grpc.ChannelConnectivity.READY
+        started = time.monotonic()
+        async with asyncio.timeout(10):
+            state = ch.get_state()
+            while state is grpc.ChannelConnectivity.READY:
+                await ch.wait_for_state_change(state)
+                state = ch.get_state()
+        assert state is grpc.ChannelConnectivity.IDLE
+        assert 0.5 < time.monotonic() - started < 5
