@@ -165,6 +165,9 @@ class UpstreamConfig:
 
     keepalive_time_s: float = 10.0
     keepalive_timeout_s: float = 5.0
+    # What a worker may send ahead on one stream before the gateway's client reads it:
+    # the fixed HTTP/2 stream window of worker channels (grpc's default grows to 4 MiB).
+    stream_window_bytes: int = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,6 +500,7 @@ def build_config(
         ("limits.max_choices", config.limits.max_choices),
         ("limits.max_inflight_requests", config.limits.max_inflight_requests),
         ("limits.max_concurrent_streams", config.limits.max_concurrent_streams),
+        ("upstream.stream_window_bytes", config.upstream.stream_window_bytes),
     ):
         if threshold < 1:
             raise ConfigError(f"{what} must be at least 1")

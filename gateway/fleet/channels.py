@@ -20,6 +20,12 @@ def open_channel(
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.enable_retries", 0),
+        # Backpressure: while the gateway's client does not read, the worker may send one
+        # stream window ahead and no more. With BDP probing on (grpc's default) the window
+        # grows to max(4 MiB, 2 x BDP) per stream, which the gateway would hold in memory
+        # for a client that stopped reading; a fixed window bounds it and pauses the worker.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", upstream.stream_window_bytes),
         # Reconnect fast after a worker restart: availability follows the channel.
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.min_reconnect_backoff_ms", 200),

@@ -9,11 +9,12 @@ from collections.abc import Iterable
 class ActiveRequest:
     """One in-flight call. Abort flips ``aborted`` and wakes any delay the call sleeps in."""
 
-    __slots__ = ("_wake", "aborted", "request_id")
+    __slots__ = ("_wake", "aborted", "generated", "request_id")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.aborted = False
+        self.generated = 0  # tokens produced so far (they sit in the KV cache)
         # Made on first sleep only: the zero-delay hot path never needs it.
         self._wake: asyncio.Event | None = None
 
@@ -65,6 +66,10 @@ class ActiveRequests:
         if not entries:
             del self._by_id[entry.request_id]
         self._count -= 1
+
+    def generated(self) -> int:
+        """Tokens the running calls have produced (a stalled client's calls stop adding)."""
+        return sum(e.generated for entries in self._by_id.values() for e in entries)
 
     def abort(self, request_ids: Iterable[str]) -> int:
         """Abort every call with one of these ids; returns how many were found."""

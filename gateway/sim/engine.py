@@ -226,6 +226,7 @@ class SimEngine:
                 if not stream:
                     continue
                 token = output[k]
+                entry.generated = k + 1
                 for message, chunk in chunks:
                     chunk.token_ids[0] = token
                     chunk.completion_tokens = k + 1

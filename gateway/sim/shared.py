@@ -84,6 +84,7 @@ class SharedRpcs:
                     num_running_reqs=running,
                     num_waiting_reqs=self._engine.config.load_waiting if rank == 0 else 0,
                     num_total_reqs=running,
+                    num_used_tokens=self._engine.active.generated() if rank == 0 else 0,
                     max_running_requests=MAX_RUNNING_REQUESTS,
                     max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
                     token_usage=usage,

@@ -15,11 +15,14 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from tests.conftest import Launcher, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers
 from tests.e2e.helpers import (
+    SGL_SERVICE,
     assert_verdict,
     channel,
     collect,
     model_md,
     rich_status,
+    running_on_sim,
+    sgl,
     sgl_generate,
     sgl_grpc,
     start_many,
@@ -27,6 +30,7 @@ from tests.e2e.helpers import (
     wait_health,
     write_config,
 )
+from tests.e2e.stalled import StalledClient
 from tests.e2e.test_disagg import pd_urls
 
 
@@ -176,3 +180,58 @@ async def test_an_idle_client_connection_is_closed(
                 state = ch.get_state()
         assert state is grpc.ChannelConnectivity.IDLE
         assert 0.5 < time.monotonic() - started < 5
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def generated_by(address: str) -> int:
+    """Tokens the simulated worker's running calls have produced (its own GetLoads)."""
+    async with channel(address) as ch:
+        loads = await sgl_grpc.SglangSchedulerStub(ch).GetLoads(sgl.GetLoadsRequest(), timeout=2)
+    return sum(load.num_used_tokens for load in loads.loads)
+
+
+async def test_clients_that_stop_reading_stall_the_worker_not_the_gateway(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    """20 streams of 200k tokens whose client never grants window: the worker is paused
+    by flow control through the gateway, and the gateway's memory stays flat."""
+    worker = sim("--model", "m", "--tokens", "200000")
+    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    before = rss_mib(gw.process.pid)
+    client = StalledClient("127.0.0.1", gw.port)
+    request = sgl_generate("stalled", tokens=200_000).SerializeToString()
+    await client.open(f"/{SGL_SERVICE}/Generate", request, {"x-model-id": "m"}, streams=20)
+    try:
+        for _ in range(100):  # bounded: until all 20 run on the worker
+            if await running_on_sim(worker.address) == 20:
+                break
+            await asyncio.sleep(0.1)
+        # The windows fill (gateway <- worker: 256 KiB a stream; client <- gateway: 64 KiB),
+        # then the worker stops: two samples 2 s apart agree. Bounded; on a gateway without
+        # backpressure the count keeps growing far past this.
+        previous, paused = -1, None
+        for _ in range(20):
+            produced = await generated_by(worker.address)
+            if produced == previous:
+                paused = produced
+                break
+            previous = produced
+            await asyncio.sleep(2)
+        assert paused is not None, f"the worker never paused ({previous} tokens)"
+        await asyncio.sleep(10)
+        still = await generated_by(worker.address)
+        grown = rss_mib(gw.process.pid) - before
+    finally:
+        await client.close()
+    assert still == paused  # nothing produced while the client does not read
+    # At most a stream window's worth of 25-byte messages per stream, not 200k tokens.
+    assert 0 < paused < 20 * 20_000
+    assert grown < 64, f"gateway RSS grew {grown:.1f} MiB"
+    assert client.ended == 0
