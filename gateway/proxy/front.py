@@ -24,7 +24,7 @@ from gateway.config import GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.fleet.registry import Registry
 from gateway.placement.placer import Assignment, Placer
-from gateway.placement.verdicts import Verdict, gateway_overloaded, over_limit
+from gateway.placement.verdicts import Verdict, gateway_overloaded, over_limit, shown
 from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
@@ -41,6 +41,16 @@ log = structlog.get_logger("gateway.request")
 REGULAR_ONLY = (Role.REGULAR,)
 
 Handler = Callable[[bytes, Context], Awaitable[Any]]
+
+
+SHOWN_IDS = 8  # request ids an answer repeats (a vLLM Abort may name any number)
+
+
+def named(ids: list[str]) -> str:
+    """Client-supplied ids as an answer repeats them: a few, each bounded."""
+    shown_ids = ", ".join(repr(shown(i)) for i in ids[:SHOWN_IDS])
+    more = len(ids) - SHOWN_IDS
+    return shown_ids + (f" and {more} more" if more > 0 else "")
 
 
 class EngineFront:
@@ -315,8 +325,7 @@ class EngineFront:
         inflight, principal = self._upstreams.inflight, self._caller.principal(context)
         holders = [h for request_id in ids for h in inflight.holders(request_id, principal)]
         if not holders:
-            unknown = ", ".join(repr(i) for i in ids)
-            return self.adapter.abort_reply(False, f"request {unknown} is not in flight here")
+            return self.adapter.abort_reply(False, f"request {named(ids)} is not in flight here")
         meta = self._meta(context)
         record.targets = [h.worker.id for h in holders]
         results = await asyncio.gather(

@@ -8,6 +8,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from gateway.placement import verdicts
 from gateway.placement.verdicts import Reason
+from gateway.proxy.front import named
 from gateway.proxy.metadata import clean, read_request_meta
 from gateway.proxy.status import DOMAIN, verdict_trailers
 
@@ -179,3 +180,10 @@ def test_a_client_supplied_model_name_is_repeated_at_most_256_characters() -> No
     assert verdict.model == "x" * 256 + "..."
     total = sum(len(k) + len(v) for k, v in verdict_trailers(verdict))
     assert total < 2048
+
+
+def test_abort_answers_repeat_a_few_bounded_ids() -> None:
+    assert named(["a"]) == "'a'"
+    many = named([f"id-{i}" for i in range(20)])
+    assert many.endswith("'id-7' and 12 more") and "'id-8'" not in many
+    assert len(named(["x" * 100_000])) < 300
