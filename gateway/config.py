@@ -18,7 +18,15 @@ import yaml
 
 from gateway.roles import Role, Runtime
 
-POLICIES = ("round_robin", "random", "power_of_two", "least_inflight", "consistent_hash", "manual")
+POLICIES = (
+    "round_robin",
+    "random",
+    "power_of_two",
+    "least_inflight",
+    "consistent_hash",
+    "manual",
+    "cache_aware",
+)
 WORKER_URL_KEYS = (
     "model",
     "runtime",
@@ -171,6 +179,29 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class KvConfig:
+    """Cache-aware placement (policy `cache_aware`).
+
+    cost(worker) = uncached prompt tokens x `prefill_cost_per_token` + load, where load is
+    the worker's running + waiting requests (its KV event stream's load record, else its
+    GetLoads report, never less than the gateway's own in-flight count). Balance guard:
+    only workers whose load is at most `balance_ratio` x the least loaded candidate's +
+    `balance_slack` compete, so affinity never piles requests on one worker. Workers
+    without KV events are indexed from the gateway's own placements for `assume_ttl_s`, at
+    most `assume_capacity` blocks each. A worker that stays not ready for `grace_s` loses
+    its entries."""
+
+    events: bool = True
+    block_size: int = 16
+    prefill_cost_per_token: float = 0.01
+    balance_ratio: float = 1.5
+    balance_slack: float = 4.0
+    assume_ttl_s: float = 120.0
+    assume_capacity: int = 100_000
+    grace_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class TlsConfig:
     """TLS on the main port (PEM files). With `client_ca`, clients must present a
     certificate it signed (mTLS); their identity is the caller's principal."""
@@ -238,6 +269,7 @@ class GatewayConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     upstream_tls: UpstreamTlsConfig = field(default_factory=UpstreamTlsConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    kv: KvConfig = field(default_factory=KvConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
@@ -377,6 +409,7 @@ SECTIONS: dict[str, type] = {
     "tls": TlsConfig,
     "upstream_tls": UpstreamTlsConfig,
     "auth": AuthConfig,
+    "kv": KvConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
 }
@@ -501,6 +534,8 @@ def build_config(
         ("limits.max_inflight_requests", config.limits.max_inflight_requests),
         ("limits.max_concurrent_streams", config.limits.max_concurrent_streams),
         ("upstream.stream_window_bytes", config.upstream.stream_window_bytes),
+        ("kv.block_size", config.kv.block_size),
+        ("kv.assume_capacity", config.kv.assume_capacity),
     ):
         if threshold < 1:
             raise ConfigError(f"{what} must be at least 1")

@@ -69,6 +69,8 @@ class Gateway:
             config.retry_after_ms,
             config.loads.interval_s,
             config.loads.stale_after_s,
+            self.fleet.kv_index,
+            config.kv,
         )
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)

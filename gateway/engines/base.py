@@ -59,6 +59,8 @@ class GenerateInfo:
     multimodal: bool
     mm_items: tuple[str, ...] = ()  # items an encode worker can take (URLs), in order
     return_logprob: bool = False
+    tokens: Sequence[int] = ()  # the prompt's token ids (not copied)
+    namespace: str = ""  # what else keys the prompt's KV cache (a LoRA adapter)
 
 
 class PrefillStream(Protocol):

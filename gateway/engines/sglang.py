@@ -104,6 +104,8 @@ class SglangAdapter(EngineAdapter):
             multimodal=multimodal,
             mm_items=(*mm.image_urls, *mm.video_urls, *mm.audio_urls),
             return_logprob=request.return_logprob,
+            tokens=request.tokenized.input_ids,
+            namespace=f"lora:{request.lora_id}" if request.lora_id else "",
         )
 
     def _set_response_id(self, response: Any, request_id: str) -> None:

@@ -87,6 +87,7 @@ class VllmAdapter(EngineAdapter):
             n=max(1, request.sampling_params.n),
             multimodal=multimodal,
             return_logprob=request.sampling_params.HasField("prompt_logprobs"),
+            tokens=request.tokenized.input_ids,
         )
 
     def server_facts(self, server_info: bytes) -> ServerFacts:

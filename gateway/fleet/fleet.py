@@ -18,7 +18,7 @@ import structlog
 from grpc import aio
 
 from gateway.config import GatewayConfig, WorkerSpec
-from gateway.engines import encoder
+from gateway.engines import ADAPTERS, encoder
 from gateway.engines.base import ServerFacts
 from gateway.fleet.breaker import CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
@@ -28,7 +28,9 @@ from gateway.fleet.loads import poll_load
 from gateway.fleet.probe import judge
 from gateway.fleet.prober import ProbeLoop
 from gateway.fleet.registry import FleetEvent, Registry
-from gateway.fleet.worker import Worker
+from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.kv.index import KvIndex
+from gateway.kv.subscriber import KvFollower
 from gateway.roles import Role, Runtime
 from gateway.tls import channel_credentials
 
@@ -49,6 +51,10 @@ class Fleet:
         self.settings = settings
         self.registry = Registry()
         self.registry.subscribe(self._log_event)
+        kv = settings.kv
+        self.kv_index = KvIndex(kv.block_size, kv.assume_ttl_s, kv.assume_capacity)
+        self.followers: dict[str, KvFollower] = {}
+        self.registry.subscribe(self._forget_cache)
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._joining: set[str] = set()
         self._credentials: grpc.ChannelCredentials | None = None
@@ -85,6 +91,8 @@ class Fleet:
         """Drain, then forget the worker and close its channel."""
         emptied = await self.drain(worker, drain_timeout_s)
         self.registry.remove(worker)
+        self.followers.pop(worker.id, None)
+        self.kv_index.drop_worker(worker.id)
         for task in self._tasks.pop(worker.id, []):
             task.cancel()
         await worker.channel.close()
@@ -217,8 +225,12 @@ class Fleet:
             lambda: watch_connection(worker, self.registry, settled, prober.wake),
         )
         self._keep(worker, "probe", lambda: self._probe_loop(worker, prober))
-        if worker.role is not Role.ENCODE:  # encoders report no loads
+        if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
             self._keep(worker, "loads", lambda: self._load_loop(worker))
+            if self.settings.kv.events:
+                follower = KvFollower(worker, ADAPTERS[worker.runtime], self.kv_index)
+                self.followers[worker.id] = follower
+                self._keep(worker, "kv_events", follower.run)
         if wait_settled:
             await settled.wait()  # bounded by start()'s timeout
 
@@ -265,6 +277,19 @@ class Fleet:
                     error=worker.load_error,
                 )
             await asyncio.sleep(settings.interval_s)
+
+    def _forget_cache(self, event: FleetEvent) -> None:
+        """A worker not ready for `kv.grace_s` loses its index entries: whatever comes
+        back may have lost its cache (a restart), and its events start over anyway."""
+        if event.kind != "status" or event.old != WorkerStatus.READY.value:
+            return
+        worker = event.worker
+
+        def check() -> None:
+            if worker.status is not WorkerStatus.READY:
+                self.kv_index.drop_worker(worker.id)
+
+        asyncio.get_running_loop().call_later(self.settings.kv.grace_s, check)
 
     def _log_event(self, event: FleetEvent) -> None:
         worker = event.worker

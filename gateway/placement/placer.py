@@ -11,14 +11,23 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.config import ModelSettings
+from gateway.config import KvConfig, ModelSettings
 from gateway.engines import ADAPTERS
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
+from gateway.kv.index import KvIndex
 from gateway.placement import verdicts
+from gateway.placement.cache_aware import CacheAware
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
 from gateway.placement.overload import Limits, overload_reason
-from gateway.placement.policies import Hints, Policy, RoundRobin, make_policy, rendezvous_pick
+from gateway.placement.policies import (
+    Hints,
+    LeastInflight,
+    Policy,
+    RoundRobin,
+    make_policy,
+    rendezvous_pick,
+)
 from gateway.placement.verdicts import Verdict
 from gateway.roles import ENGINE_ROLES, Role, Runtime
 
@@ -101,7 +110,11 @@ class Placer:
         retry_after_ms: int,
         load_interval_s: float,
         stale_after_s: float,
+        kv_index: KvIndex | None = None,
+        kv_settings: KvConfig | None = None,
     ) -> None:
+        self.kv_index = kv_index if kv_index is not None else KvIndex()
+        self._kv_settings = kv_settings or KvConfig()
         self._registry = registry
         self._model_settings = model_settings
         self._retry_after_ms = retry_after_ms
@@ -135,8 +148,17 @@ class Placer:
         key = (model, runtime, leg)
         policy = self._policies.get(key)
         if policy is None:
-            policy = self._policies[key] = make_policy(self._model_settings(model).policy)
+            policy = self._policies[key] = self._make_policy(
+                self._model_settings(model).policy, leg
+            )
         return policy
+
+    def _make_policy(self, name: str, leg: Role) -> Policy:
+        if name != CacheAware.name:
+            return make_policy(name)
+        if leg is Role.DECODE:
+            return LeastInflight()  # the prompt's cache is the prefill's: decode goes by load
+        return CacheAware(self.kv_index, self._kv_settings, self._stale_after_s)
 
     def limits(self, model: str) -> Limits:
         limits = self._limits.get(model)

@@ -12,7 +12,10 @@ import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from gateway.kv.prefix import Prefix
 
 
 class Candidate(Protocol):
@@ -32,6 +35,7 @@ class Hints:
 
     routing_key: str | None = None
     target_worker: str | None = None
+    prefix: Prefix | None = None  # the prompt, for cache-aware placement
 
 
 def rotate_after(ids: Sequence[str], last: str | None) -> int:

@@ -23,6 +23,7 @@ from gateway.auth import Caller
 from gateway.config import GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.fleet.registry import Registry
+from gateway.kv.prefix import Prefix
 from gateway.placement.placer import Assignment, Placer
 from gateway.placement.verdicts import Verdict, gateway_overloaded, over_limit, shown
 from gateway.proxy.admission import Admission
@@ -199,6 +200,8 @@ class EngineFront:
         model = await self._model(context, meta, record)
         runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
         items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
+        if spec.kind is RpcKind.GENERATE:
+            hints = replace(hints, prefix=Prefix(info.tokens, info.namespace))
         legs = placer.legs(model, bool(items))
         job = self._job(spec, request, context, meta, record)
 

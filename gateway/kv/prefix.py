@@ -1,0 +1,49 @@
+"""A prompt as the prefix index sees it: chained hashes of its full token blocks.
+
+The gateway hashes token ids itself, so the engine's hash function does not matter; the
+namespace (LoRA, cache salt) seeds the chain, so two namespaces that share token ids never
+share a block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def root(namespace: str) -> int:
+    """The chain's seed for a namespace ("" is the base model with no salt)."""
+    return hash(("kv-root", namespace))
+
+
+def chain(parent: int, tokens: Sequence[int]) -> int:
+    return hash((parent, *tokens))
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, namespace: str) -> list[int]:
+    """The hash of every full block of `tokens`, each chained to the one before."""
+    hashes: list[int] = []
+    parent = root(namespace)
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = chain(parent, tokens[start : start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class Prefix:
+    """One request's prompt; its block hashes are computed once per block size asked."""
+
+    __slots__ = ("_hashes", "namespace", "tokens")
+
+    def __init__(self, tokens: Sequence[int], namespace: str = "") -> None:
+        self.tokens = tokens
+        self.namespace = namespace
+        self._hashes: dict[int, list[int]] = {}
+
+    def hashes(self, block_size: int) -> list[int]:
+        found = self._hashes.get(block_size)
+        if found is None:
+            found = self._hashes[block_size] = block_hashes(self.tokens, block_size, self.namespace)
+        return found
+
+    def __len__(self) -> int:
+        return len(self.tokens)

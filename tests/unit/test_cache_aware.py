@@ -1,0 +1,134 @@
+"""Cache-aware placement: the cost rule, the balance guard, and following KV events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from smg_grpc_proto.generated import common_pb2 as kv
+
+from gateway.config import KvConfig, WorkerSpec
+from gateway.engines import ADAPTERS
+from gateway.fleet.worker import Worker
+from gateway.kv.index import KvIndex
+from gateway.kv.prefix import Prefix
+from gateway.kv.subscriber import Gap, KvFollower
+from gateway.placement.cache_aware import CacheAware, cheapest
+from gateway.placement.policies import Hints
+from gateway.roles import Runtime
+
+SETTINGS = KvConfig()  # 0.01 per uncached token, balance 1.5 x lowest + 4
+PROMPT = list(range(1000, 1512))  # 512 tokens, 32 blocks
+
+
+def test_the_most_cached_worker_wins_when_loads_are_close() -> None:
+    # 512 uncached tokens cost 5.12 queued requests; a full hit costs nothing.
+    assert cheapest([3, 3, 3], [512, 0, 256], SETTINGS, [0, 1, 2]) == 1
+    assert cheapest([0, 4, 0], [512, 0, 512], SETTINGS, [0, 1, 2]) == 1  # 4 < 5.12
+
+
+def test_the_balance_guard_keeps_affinity_from_piling_up() -> None:
+    # Fully cached but 20 in flight, against an idle worker: 20 > 1.5 x 0 + 4.
+    assert cheapest([0, 20], [512, 0], SETTINGS, [0, 1]) == 0
+    # Within the guard (6 <= 1.5 x 2 + 4 = 7), the cache still decides.
+    assert cheapest([2, 6], [512, 0], SETTINGS, [0, 1]) == 1
+
+
+def test_ties_go_to_lower_load_then_to_rotation() -> None:
+    assert cheapest([2, 1], [0, 100], SETTINGS, [0, 1]) == 1  # 2.0 vs 2.0: load 1 wins
+    assert cheapest([1, 1], [0, 0], SETTINGS, [1, 0]) == 1
+
+
+def worker(port: int) -> Worker:
+    channel: Any = None
+    return Worker(
+        spec=WorkerSpec("h", port, "m", Runtime.SGLANG), model="m", runtime=Runtime.SGLANG,
+        channel=channel,
+    )  # fmt: skip
+
+
+def test_placements_teach_the_index_for_workers_without_events() -> None:
+    index = KvIndex()
+    policy = CacheAware(index, SETTINGS, stale_after_s=3)
+    a, b = worker(1), worker(2)
+    first = policy.pick([a, b], Hints(prefix=Prefix(PROMPT)))
+    assert first is a
+    again = policy.pick([a, b], Hints(prefix=Prefix(PROMPT)))
+    assert again is a  # assumed cached there: rotation does not move it
+    other = policy.pick([a, b], Hints(prefix=Prefix([7] * 512)))
+    assert other is b
+
+
+class FakeChannel:
+    def unary_stream(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def follower(index: KvIndex) -> KvFollower:
+    w = worker(1)
+    w.channel = FakeChannel()  # type: ignore[assignment]
+    return KvFollower(w, ADAPTERS[Runtime.SGLANG], index)
+
+
+def stored(sequence: int, engine_hashes: list[int], tokens: list[int], **extra: Any) -> Any:
+    blocks = [
+        kv.KvBlock(block_hash=h, token_ids=tokens[i * 16 : (i + 1) * 16], block_size=16)
+        for i, h in enumerate(engine_hashes)
+    ]
+    event = kv.KvCacheEvent(event_id=sequence, stored=kv.KvBlocksStored(blocks=blocks, **extra))
+    return kv.KvEventBatch(
+        sequence_number=sequence, events=[event], load=kv.EngineLoad(running_requests=2)
+    )
+
+
+def test_a_follower_applies_events_in_order_and_spots_gaps() -> None:
+    index = KvIndex()
+    f = follower(index)
+    f.apply(stored(1, [11, 12], PROMPT, tier=kv.KV_CACHE_TIER_DEVICE))
+    assert index.matched_tokens(Prefix(PROMPT), ["h:1"], 0) == {("h:1", 0): 32}
+    assert f.worker.load is not None and f.worker.load.running == 2
+    f.apply(stored(1, [11, 12], PROMPT))  # a duplicate changes nothing
+    removed = kv.KvCacheEvent(removed=kv.KvBlocksRemoved(block_hashes=[12]))
+    f.apply(kv.KvEventBatch(sequence_number=2, events=[removed]))
+    assert index.matched_tokens(Prefix(PROMPT), ["h:1"], 0) == {("h:1", 0): 16}
+    with pytest.raises(Gap):
+        f.apply(stored(4, [13], PROMPT[32:]))
+    assert f.cursors == {0: 2}
+
+
+def test_host_tier_and_remote_blocks_are_not_cached_prompts() -> None:
+    index = KvIndex()
+    f = follower(index)
+    f.apply(stored(1, [11], PROMPT, tier=kv.KV_CACHE_TIER_HOST))
+    f.apply(stored(2, [21], PROMPT, locality=kv.KV_CACHE_LOCALITY_REMOTE))
+    assert index.matched_tokens(Prefix(PROMPT), ["h:1"], 0) == {}
+
+
+def test_lora_blocks_match_only_requests_of_that_lora() -> None:
+    index = KvIndex()
+    f = follower(index)
+    f.apply(stored(1, [11, 12], PROMPT, lora_name="finance"))
+    assert index.matched_tokens(Prefix(PROMPT), ["h:1"], 0) == {}
+    assert index.matched_tokens(Prefix(PROMPT, "lora:finance"), ["h:1"], 0) == {("h:1", 0): 32}
+
+
+def test_a_snapshot_resyncs_a_rank_and_heartbeats_only_carry_load() -> None:
+    index = KvIndex()
+    f = follower(index)
+    f.apply(stored(5, [11, 12], PROMPT))
+    cleared = kv.KvCacheEvent(cleared=kv.KvCacheCleared())
+    snapshot = kv.KvEventBatch(
+        sequence_number=9, events=[cleared], snapshot=kv.KvSnapshotChunk(index=0, count=2)
+    )
+    f.apply(snapshot)
+    assert index.matched_tokens(Prefix(PROMPT), ["h:1"], 0) == {}
+    chunk = stored(10, [31], PROMPT)
+    chunk.snapshot.CopyFrom(kv.KvSnapshotChunk(index=1, count=2))
+    f.apply(chunk)
+    heartbeat = kv.KvEventBatch(
+        sequence_number=10, load=kv.EngineLoad(running_requests=7, load_only=True)
+    )
+    f.apply(heartbeat)
+    assert f.cursors == {0: 10}
+    assert f.worker.load is not None and f.worker.load.running == 7
+    assert index.matched_tokens(Prefix(PROMPT), ["h:1"], 0) == {("h:1", 0): 16}

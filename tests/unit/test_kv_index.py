@@ -1,0 +1,103 @@
+"""The prefix index: exact slots from KV events, assumed slots from placements."""
+
+from __future__ import annotations
+
+from gateway.kv.index import KvIndex, StoredBlock
+from gateway.kv.prefix import Prefix, block_hashes
+
+A, B = ("a:1", 0), ("b:1", 0)
+PROMPT = list(range(100, 150))  # 3 full blocks of 16 and 2 tokens
+
+
+def stored(tokens: list[int], engine_base: int, size: int = 16) -> list[StoredBlock]:
+    return [
+        StoredBlock(engine_base + i, tokens[i * size : (i + 1) * size])
+        for i in range(len(tokens) // size)
+    ]
+
+
+def test_blocks_are_chained_and_only_full_blocks_count() -> None:
+    hashes = block_hashes(PROMPT, 16, "")
+    assert len(hashes) == 3
+    assert block_hashes(PROMPT[:32], 16, "") == hashes[:2]
+    other_start = block_hashes([0, *PROMPT[1:]], 16, "")
+    assert not set(other_start) & set(hashes)  # a change early changes every later block
+
+
+def test_stored_blocks_match_by_content_whatever_the_engine_hashes() -> None:
+    index = KvIndex()
+    assert index.store(A, stored(PROMPT, engine_base=7_000), parent_engine_hash=None) == 3
+    index.store(B, stored(PROMPT[:16], engine_base=-42), parent_engine_hash=None)
+    matched = index.matched_tokens(Prefix(PROMPT), ["a:1", "b:1"], now=0)
+    assert matched == {A: 48, B: 16}
+    assert index.matched_tokens(Prefix(PROMPT), ["b:1"], now=0) == {B: 16}
+
+
+def test_a_child_stored_later_chains_on_its_parent_engine_hash() -> None:
+    index = KvIndex()
+    index.store(A, stored(PROMPT[:16], 1), None)
+    index.store(A, [StoredBlock(2, PROMPT[16:32])], parent_engine_hash=1)
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 32}
+    # A parent the index never saw: kept for removal, never a match.
+    index.store(B, [StoredBlock(9, PROMPT[16:32])], parent_engine_hash=12345)
+    assert index.matched_tokens(Prefix(PROMPT), ["b:1"], 0) == {}
+    assert index.size("b:1") == 1 and index.remove(B, [9]) == 1 and index.size("b:1") == 0
+
+
+def test_removal_by_engine_hash_cuts_the_prefix_there() -> None:
+    index = KvIndex()
+    index.store(A, stored(PROMPT, 10), None)
+    assert index.remove(A, [11]) == 1  # the second block
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 16}
+    assert index.remove(A, [11, 999]) == 0
+
+
+def test_physical_copies_are_counted() -> None:
+    index = KvIndex()
+    index.store(A, stored(PROMPT[:16], 1), None)
+    index.store(A, stored(PROMPT[:16], 2), None)  # same content, another copy
+    index.remove(A, [1])
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 16}
+    index.remove(A, [2])
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {}
+
+
+def test_clear_and_drop_worker_forget_everything_of_theirs() -> None:
+    index = KvIndex()
+    index.store(A, stored(PROMPT, 1), None)
+    index.store(("a:1", 1), stored(PROMPT, 1), None)
+    index.store(B, stored(PROMPT, 1), None)
+    index.clear(A)
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1", "b:1"], 0) == {("a:1", 1): 48, B: 48}
+    index.drop_worker("a:1")
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1", "b:1"], 0) == {B: 48}
+    assert index.size("a:1") == 0
+
+
+def test_namespaces_sharing_token_ids_never_match_each_other() -> None:
+    index = KvIndex()
+    index.store(A, stored(PROMPT, 1), None, namespace="lora:finance")
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {}
+    assert index.matched_tokens(Prefix(PROMPT, "lora:legal"), ["a:1"], 0) == {}
+    assert index.matched_tokens(Prefix(PROMPT, "lora:finance"), ["a:1"], 0) == {A: 48}
+
+
+def test_assumed_blocks_expire_and_are_bounded() -> None:
+    index = KvIndex(ttl_s=10, capacity=4)
+    index.assume(A, Prefix(PROMPT), now=100)
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], now=105) == {A: 48}
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], now=111) == {}
+    index.assume(A, Prefix(PROMPT), now=200)
+    index.assume(A, Prefix(list(range(900, 932))), now=201)  # 2 more: capacity 4
+    assert index.size("a:1") == 4
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], now=202) == {}  # oldest went first
+
+
+def test_events_take_over_from_assumptions() -> None:
+    index = KvIndex()
+    index.assume(A, Prefix(PROMPT), now=0)
+    index.store(A, stored(PROMPT[:16], 1), None)
+    assert index.exact("a:1")
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 16}
+    index.assume(A, Prefix(PROMPT), now=0)  # ignored: the slot has events
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 16}
