@@ -9,18 +9,20 @@ collector only copies what it reads and never changes fleet state.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.config import parse_address
 from gateway.fleet.breaker import BreakerState
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.kv.index import KvIndex
+from gateway.kv.subscriber import KvFollower
 from gateway.placement.verdicts import Reason
 from gateway.record import CallRecord
 
@@ -53,6 +55,16 @@ BREAKER_VALUE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerS
 # create series, so such calls carry model="" (the log line has the name).
 CLIENT_NAMED = frozenset({Reason.MODEL_NOT_FOUND, Reason.MODEL_REQUIRED})
 STREAMING_RPC = "Generate"
+
+
+class KvSource(Protocol):
+    """What the KV collector reads: the index and each worker's follower."""
+
+    @property
+    def kv_index(self) -> KvIndex: ...
+
+    @property
+    def followers(self) -> Mapping[str, KvFollower]: ...
 
 
 class FleetCollector(Collector):
@@ -144,11 +156,54 @@ class FleetCollector(Collector):
             usage.add_metric([wid], float(load.token_usage))
 
 
+class KvCollector(Collector):
+    """The prefix index per worker, and each worker's KV event stream, at scrape time."""
+
+    def __init__(self, fleet: KvSource) -> None:
+        self._fleet = fleet
+
+    def describe(self) -> Iterable[Any]:
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> list[Any]:
+        return [
+            GaugeMetricFamily(
+                "gateway_kv_index_blocks", "blocks the prefix index holds", labels=["worker"]
+            ),
+            CounterMetricFamily(
+                "gateway_kv_events", "KV events applied, by kind", labels=["worker", "kind"]
+            ),
+            CounterMetricFamily(
+                "gateway_kv_resyncs",
+                "KV event subscriptions started over, by reason",
+                labels=["worker", "reason"],
+            ),
+        ]
+
+    def collect(self) -> Iterable[Any]:
+        blocks, events, resyncs = families = self._families()
+        try:
+            followers = list(self._fleet.followers.items())
+            for worker_id, follower in followers:
+                blocks.add_metric([worker_id], float(self._fleet.kv_index.size(worker_id)))
+                for kind, count in list(follower.events.items()):
+                    events.add_metric([worker_id, kind], float(count))
+                for reason, count in list(follower.resyncs.items()):
+                    resyncs.add_metric([worker_id, reason], float(count))
+        except RuntimeError:  # changed under the scrape (it runs in another thread)
+            return self._families()
+        return families
+
+
 class Metrics:
     """The gateway's metrics; `observe` once per finished call, `serve` to expose them."""
 
     def __init__(
-        self, registry: Registry, prometheus_registry: CollectorRegistry | None = None
+        self,
+        registry: Registry,
+        prometheus_registry: CollectorRegistry | None = None,
+        kv: KvSource | None = None,
     ) -> None:
         self.prometheus = (
             prometheus_registry if prometheus_registry is not None else CollectorRegistry()
@@ -185,7 +240,23 @@ class Metrics:
             ["model", "reason"],
             registry=self.prometheus,
         )
+        self._prompt_tokens = Counter(
+            "gateway_prompt_tokens",
+            "prompt tokens of requests placed cache-aware",
+            ["model"],
+            registry=self.prometheus,
+        )
+        self._hit_tokens = Counter(
+            "gateway_prefix_hit_tokens",
+            "of those, the tokens the gateway's prefix index expected cached where it placed",
+            ["model"],
+            registry=self.prometheus,
+        )
+        self._prompt_children: dict[tuple[str, ...], Any] = {}
+        self._hit_children: dict[tuple[str, ...], Any] = {}
         self.prometheus.register(FleetCollector(registry))
+        if kv is not None:
+            self.prometheus.register(KvCollector(kv))
         self._request_children: dict[tuple[str, ...], Any] = {}
         self._verdict_children: dict[tuple[str, ...], Any] = {}
         self._first_children: dict[tuple[str, ...], Any] = {}
@@ -212,6 +283,10 @@ class Metrics:
             _child(self._first_children, self._first_message, where).observe(first)
         if record.retries:
             _child(self._retry_children, self._retries, (model, record.service)).inc(record.retries)
+        expected = record.expected_cached_tokens
+        if expected is not None:
+            _child(self._prompt_children, self._prompt_tokens, (model,)).inc(record.prompt_tokens)
+            _child(self._hit_children, self._hit_tokens, (model,)).inc(expected)
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
 

@@ -33,6 +33,8 @@ class CallRecord:
     worker: str | None = None  # the worker whose answer the client got
     rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
     handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
+    prompt_tokens: int = 0  # Generate: the prompt's length
+    expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
 
     def called(self, leg: Role, worker: str) -> None:
         self.legs.setdefault(leg, []).append(worker)
@@ -55,4 +57,5 @@ class CallRecord:
             "messages": self.messages,
             "request_id": self.request_id or None,
             "rooms": self.rooms or None,
+            "expected_cached_tokens": self.expected_cached_tokens,
         }

@@ -81,7 +81,7 @@ class Gateway:
         self.caller = Caller(keys, certificates=config.tls.client_ca is not None)
         if any(spec.tls for spec in config.workers):
             self.fleet.upstream_credentials()  # unreadable files stop start-up, not a join
-        self.metrics = Metrics(self.fleet.registry)
+        self.metrics = Metrics(self.fleet.registry, kv=self.fleet)
         self.health = HealthService()
         self.draining = False
         self._health_due = False

@@ -32,12 +32,15 @@ def block_hashes(tokens: Sequence[int], block_size: int, namespace: str) -> list
 class Prefix:
     """One request's prompt; its block hashes are computed once per block size asked."""
 
-    __slots__ = ("_hashes", "namespace", "tokens")
+    __slots__ = ("_hashes", "expected_cached", "namespace", "tokens")
 
     def __init__(self, tokens: Sequence[int], namespace: str = "") -> None:
         self.tokens = tokens
         self.namespace = namespace
         self._hashes: dict[int, list[int]] = {}
+        # Set by cache-aware placement: the prompt tokens the index expects the chosen
+        # worker to have cached (the last placement's, when a request is retried).
+        self.expected_cached: int | None = None
 
     def hashes(self, block_size: int) -> list[int]:
         found = self._hashes.get(block_size)

@@ -64,8 +64,8 @@ class KvFollower:
         self.index = index
         self.state = FollowState.CONNECTING
         self.cursors: dict[int, int] = {}
-        self.events = 0
-        self.resyncs = 0
+        self.events: dict[str, int] = {}  # by kind: stored, removed, cleared
+        self.resyncs: dict[str, int] = {}  # by reason: gap, data_loss, reconnect
         self._loads: dict[int, common_pb2.EngineLoad] = {}
         self._subscribe = worker.channel.unary_stream(
             adapter.path("SubscribeKvEvents"),
@@ -98,13 +98,15 @@ class KvFollower:
                     self._resync("data_loss")
                     start = 0
                     continue
+                if self.state is FollowState.FOLLOWING:
+                    self._resync("reconnect")
                 self.state = FollowState.RECONNECTING
                 start = 0
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _resync(self, reason: str) -> None:
-        self.resyncs += 1
+        self.resyncs[reason] = self.resyncs.get(reason, 0) + 1
         log.info("kv_resync", worker=self.worker.id, reason=reason)
 
     async def _follow(self, start: int) -> None:
@@ -143,8 +145,8 @@ class KvFollower:
         self.cursors[rank] = sequence
 
     def _event(self, slot: tuple[str, int], event: common_pb2.KvCacheEvent) -> None:
-        self.events += 1
-        kind = event.WhichOneof("data")
+        kind = event.WhichOneof("data") or "unknown"
+        self.events[kind] = self.events.get(kind, 0) + 1
         if kind == "stored":
             stored = event.stored
             level = stored.blocks[0].cache_level if stored.blocks else 0

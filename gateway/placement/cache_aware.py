@@ -74,8 +74,11 @@ class CacheAware(Policy):
         uncached = [total - matched.get(w.id, (0, 0))[0] for w in workers]
         start = rotate_after(ids, self.last)
         order = [*range(start, len(ids)), *range(start)]
-        chosen = workers[cheapest(loads, uncached, self.settings, order)]
+        pick = cheapest(loads, uncached, self.settings, order)
+        chosen = workers[pick]
         self.last = chosen.id
+        if prefix is not None:
+            prefix.expected_cached = total - uncached[pick]
         if prefix is not None and not self.index.exact(chosen.id):
             rank = matched.get(chosen.id, (0, 0))[1]
             self.index.assume((chosen.id, rank), prefix, now)

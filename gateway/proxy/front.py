@@ -200,13 +200,19 @@ class EngineFront:
         model = await self._model(context, meta, record)
         runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
         items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
+        prefix = None
         if spec.kind is RpcKind.GENERATE:
-            hints = replace(hints, prefix=Prefix(info.tokens, info.namespace))
+            prefix = Prefix(info.tokens, info.namespace)
+            hints = replace(hints, prefix=prefix)
+            record.prompt_tokens = len(prefix)
         legs = placer.legs(model, bool(items))
         job = self._job(spec, request, context, meta, record)
 
         def place(tried: Collection[str]) -> Assignment | Verdict:
-            return placer.place(model, runtime, hints, items, tried, legs)
+            placed = placer.place(model, runtime, hints, items, tried, legs)
+            if prefix is not None:
+                record.expected_cached_tokens = prefix.expected_cached
+            return placed
 
         if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
             job = replace(job, return_logprob=info.return_logprob)
