@@ -63,7 +63,7 @@ def worker_url(worker: Worker) -> str:
     return f"grpc://{host}:{spec.port}?{urlencode(query)}"
 
 
-def worker_message(worker: Worker) -> pb.Worker:
+def worker_message(worker: Worker, kv: pb.KvIndexState | None = None) -> pb.Worker:
     """A copy of the worker's state now; unknown vocabulary maps to UNSPECIFIED."""
     message = pb.Worker(
         id=worker.id,
@@ -80,6 +80,8 @@ def worker_message(worker: Worker) -> pb.Worker:
     )
     if worker.spec.bootstrap_port is not None:
         message.bootstrap_port = worker.spec.bootstrap_port
+    if kv is not None:
+        message.kv_index.CopyFrom(kv)
     last = worker.probe.last
     if last is not None:
         message.last_probe.kind = PROBE.get(last.kind, pb.PROBE_KIND_UNSPECIFIED)

@@ -50,6 +50,17 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._watch_queue_size = watch_queue_size
         self._removals: dict[str, asyncio.Task[bool]] = {}
 
+    def _message(self, worker: Worker) -> pb.Worker:
+        """The worker as the API shows it, with what the prefix index knows of it."""
+        fleet = self._fleet
+        follower = fleet.followers.get(worker.id)
+        kv = pb.KvIndexState(
+            blocks=fleet.kv_index.size(worker.id),
+            subscription=str(follower.state) if follower is not None else "",
+            exact=fleet.kv_index.exact(worker.id),
+        )
+        return convert.worker_message(worker, kv)
+
     async def _worker(self, worker_id: str, context: Context) -> Worker:
         if not worker_id:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
@@ -81,7 +92,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
                 f"worker {spec.address} did not tell its model and runtime within {timeout:g} s;"
                 " name both in the URL (?model=...&runtime=...) to register it before it answers",
             )
-        return pb.AddWorkerResponse(worker=convert.worker_message(worker))
+        return pb.AddWorkerResponse(worker=self._message(worker))
 
     async def RemoveWorker(
         self, request: pb.RemoveWorkerRequest, context: Context
@@ -102,7 +113,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
             task.add_done_callback(lambda done: self._removal_done(worker.id, done))
         # Shielded: a removal once accepted completes even if the caller goes away.
         drained = await asyncio.shield(task)
-        return pb.RemoveWorkerResponse(worker=convert.worker_message(worker), drained=drained)
+        return pb.RemoveWorkerResponse(worker=self._message(worker), drained=drained)
 
     def _removal_done(self, worker_id: str, task: asyncio.Task[bool]) -> None:
         if self._removals.get(worker_id) is task:
@@ -119,13 +130,13 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "wait must not be negative")
         log.info("admin_drain_worker", worker=worker.id, wait_s=wait)
         drained = await self._fleet.drain(worker, wait)
-        return pb.DrainWorkerResponse(worker=convert.worker_message(worker), drained=drained)
+        return pb.DrainWorkerResponse(worker=self._message(worker), drained=drained)
 
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
         workers = sorted(self._fleet.registry, key=lambda w: w.id)
-        return pb.ListWorkersResponse(workers=[convert.worker_message(w) for w in workers])
+        return pb.ListWorkersResponse(workers=[self._message(w) for w in workers])
 
     async def WatchWorkers(
         self, request: pb.WatchWorkersRequest, context: Context

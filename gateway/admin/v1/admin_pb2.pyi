@@ -97,7 +97,7 @@ class Load(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., token_usage: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Worker(_message.Message):
-    __slots__ = ("id", "url", "model", "runtime", "role", "status", "status_cause", "inflight", "breaker_state", "last_probe", "load", "load_error", "connected", "bootstrap_port")
+    __slots__ = ("id", "url", "model", "runtime", "role", "status", "status_cause", "inflight", "breaker_state", "last_probe", "load", "load_error", "connected", "bootstrap_port", "kv_index")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class Worker(_message.Message):
     LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     BOOTSTRAP_PORT_FIELD_NUMBER: _ClassVar[int]
+    KV_INDEX_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     model: str
@@ -126,7 +127,18 @@ class Worker(_message.Message):
     load_error: str
     connected: bool
     bootstrap_port: int
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., model: _Optional[str] = ..., runtime: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., status: _Optional[_Union[WorkerStatus, str]] = ..., status_cause: _Optional[str] = ..., inflight: _Optional[int] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., last_probe: _Optional[_Union[Probe, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., load_error: _Optional[str] = ..., connected: _Optional[bool] = ..., bootstrap_port: _Optional[int] = ...) -> None: ...
+    kv_index: KvIndexState
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., model: _Optional[str] = ..., runtime: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., status: _Optional[_Union[WorkerStatus, str]] = ..., status_cause: _Optional[str] = ..., inflight: _Optional[int] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., last_probe: _Optional[_Union[Probe, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., load_error: _Optional[str] = ..., connected: _Optional[bool] = ..., bootstrap_port: _Optional[int] = ..., kv_index: _Optional[_Union[KvIndexState, _Mapping]] = ...) -> None: ...
+
+class KvIndexState(_message.Message):
+    __slots__ = ("blocks", "subscription", "exact")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    subscription: str
+    exact: bool
+    def __init__(self, blocks: _Optional[int] = ..., subscription: _Optional[str] = ..., exact: _Optional[bool] = ...) -> None: ...
 
 class AddWorkerRequest(_message.Message):
     __slots__ = ("url",)
