@@ -175,6 +175,11 @@ class EngineAdapter(ABC):
         patch.sampling_params.n = 1
         return raw + bytes(patch.SerializeToString())
 
+    def with_dp_rank(self, raw: bytes, rank: int) -> bytes:
+        """The request pinned to one data-parallel rank of the worker."""
+        patch: Any = self.rpcs["Generate"].request_type(data_parallel_rank=rank)
+        return raw + bytes(patch.SerializeToString())
+
     def retag(self, message: bytes, index: int, request_id: str) -> bytes:
         """A choice's response as the client's: its `index`, the client's request id."""
         response: Any = self.rpcs["Generate"].response_type.FromString(message)

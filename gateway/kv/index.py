@@ -200,6 +200,10 @@ class KvIndex:
             return False
         return True
 
+    def ranks(self, worker_id: str) -> int:
+        """Data-parallel ranks the worker's KV events have shown (1 if none)."""
+        return max(1, sum(1 for slot in self._slots if slot[0] == worker_id))
+
     def size(self, worker_id: str) -> int:
         """Blocks indexed for a worker, over its ranks."""
         return sum(len(s) for slot, s in self._slots.items() if slot[0] == worker_id)

@@ -79,6 +79,9 @@ class CacheAware(Policy):
         self.last = chosen.id
         if prefix is not None:
             prefix.expected_cached = total - uncached[pick]
+            hit = matched.get(chosen.id)
+            if hit is not None and self.index.ranks(chosen.id) > 1:
+                prefix.ranks[chosen.id] = hit[1]
         if prefix is not None and not self.index.exact(chosen.id):
             rank = matched.get(chosen.id, (0, 0))[1]
             self.index.assume((chosen.id, rank), prefix, now)

@@ -96,6 +96,7 @@ class PlacedLegs:
         return room
 
     def prefill(self, request: bytes, *, background: bool) -> UpstreamCall:
+        request = self._job.for_worker(request, self._prefill)
         call = self._open(Role.PREFILL, self._prefill, request)
         if background:
             self._watch.append(call.drain())

@@ -19,6 +19,8 @@ from typing import NoReturn, TypeAlias
 from grpc import aio
 
 from gateway.engines import EngineAdapter
+from gateway.fleet.worker import Worker
+from gateway.kv.prefix import Prefix
 from gateway.placement.placer import Assignment
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.inflight import Hold
@@ -93,6 +95,12 @@ class Job:
     upstream_id: str  # the id the workers know it by: the client's, or `<id>-<i>`
     return_logprob: bool = False
     principal: str | None = None  # who sent it (mTLS identity or API key name)
+    prefix: Prefix | None = None  # Generate: the prompt, with the ranks placement chose
+
+    def for_worker(self, request: bytes, worker: Worker) -> bytes:
+        """The request as `worker` gets it: on the data-parallel rank placement chose."""
+        rank = self.prefix.ranks.get(worker.id) if self.prefix is not None else None
+        return request if rank is None else self.adapter.with_dp_rank(request, rank)
 
     def hold(self) -> Hold:
         return Hold(self.record.request_id, self.upstream_id, self.principal)
@@ -162,7 +170,7 @@ class Dispatcher:
             reserved.take(worker),
             worker.role,
             job.path,
-            job.raw,
+            job.for_worker(job.raw, worker),
             job.metadata,
             job.context.time_remaining(),
             streaming=streaming,

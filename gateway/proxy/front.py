@@ -215,7 +215,7 @@ class EngineFront:
             return placed
 
         if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
-            job = replace(job, return_logprob=info.return_logprob)
+            job = replace(job, return_logprob=info.return_logprob, prefix=prefix)
             await self._disagg.serve(job, info.n, place)
             return None
 
@@ -225,7 +225,7 @@ class EngineFront:
 
         dispatcher = self._dispatcher
         flow = dispatcher.stream if spec.server_streaming else dispatcher.unary
-        return await dispatcher.serve(job, place_receiver, flow)
+        return await dispatcher.serve(replace(job, prefix=prefix), place_receiver, flow)
 
     async def _forward_one(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord

@@ -132,3 +132,23 @@ def test_a_snapshot_resyncs_a_rank_and_heartbeats_only_carry_load() -> None:
     assert f.cursors == {0: 10}
     assert f.worker.load is not None and f.worker.load.running == 7
     assert index.matched_tokens(Prefix(PROMPT), ["h:1"], 0) == {("h:1", 0): 16}
+
+
+def test_a_data_parallel_worker_gets_the_rank_that_holds_the_prompt() -> None:
+    index = KvIndex()
+    index.follow(("h:1", 0))
+    f = follower(index)
+    batch = stored(1, [11, 12], PROMPT)
+    batch.dp_rank = 1
+    f.apply(batch)
+    policy = CacheAware(index, SETTINGS, stale_after_s=3)
+    prefix = Prefix(PROMPT)
+    busy = worker(2)
+    busy.inflight = 5  # h:1 reports 2 running: the cached one is cheaper (6.8 vs 10.12)
+    chosen = policy.pick([f.worker, busy], Hints(prefix=prefix))
+    assert chosen is f.worker
+    assert prefix.ranks == {"h:1": 1} and prefix.expected_cached == 32
+    adapter = ADAPTERS[Runtime.SGLANG]
+    raw = adapter.with_dp_rank(b"", 1)
+    request = adapter.rpcs["Generate"].request_type.FromString(raw)
+    assert request.data_parallel_rank == 1
