@@ -61,6 +61,16 @@ def _millis(value: str) -> float:
     return parsed
 
 
+def _micros(value: str) -> float:
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected microseconds, got {value!r}") from None
+    if not parsed >= 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative microseconds, got {value!r}")
+    return parsed
+
+
 def _status(value: str) -> grpc.StatusCode:
     try:
         return parse_status_code(value)
@@ -145,12 +155,64 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV token usage (0..1) GetLoads reports at least",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    _add_cache_arguments(parser)
     parser.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="... and this private key")
     parser.add_argument(
         "--tls-client-ca", metavar="FILE", help="require client certificates from this CA"
     )
     _add_role_arguments(parser)
+
+
+def _add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """The prefix cache per DP rank and its KV events (SubscribeKvEvents)."""
+    group = parser.add_argument_group("prefix cache and KV events")
+    group.add_argument(
+        "--block-size",
+        type=_positive,
+        default=16,
+        help="tokens per KV block; only full prompt blocks are cached (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-blocks",
+        type=_positive,
+        default=4096,
+        help="prefix cache capacity in blocks, per DP rank (default: %(default)s)",
+    )
+    group.add_argument(
+        "--prefill-us-per-token",
+        type=_micros,
+        default=0.0,
+        metavar="US",
+        help="prefill time per prompt token not served from the cache, added to the "
+        "time to first token (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-history",
+        type=_positive,
+        default=1024,
+        help="KV event batches kept per DP rank for subscribers that resume (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-heartbeat-ms",
+        type=_millis,
+        default=1000.0,
+        help="send a load-only batch for a DP rank quiet this long; 0: never "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-queue",
+        type=_positive,
+        default=1024,
+        help="live batches a KV event subscriber may fall behind before it is dropped "
+        "with RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-kv-events",
+        dest="kv_events",
+        action="store_false",
+        help="answer SubscribeKvEvents with UNIMPLEMENTED, as an engine without KV events",
+    )
 
 
 def _add_role_arguments(parser: argparse.ArgumentParser) -> None:
@@ -237,6 +299,13 @@ class SimConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    block_size: int = 16
+    kv_blocks: int = 4096
+    prefill_s_per_token: float = 0.0
+    kv_history: int = 1024
+    kv_heartbeat_s: float = 1.0  # 0: no heartbeats
+    kv_queue: int = 1024
+    kv_events: bool = True
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimConfig:
@@ -274,6 +343,13 @@ class SimConfig:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
+            block_size=args.block_size,
+            kv_blocks=args.kv_blocks,
+            prefill_s_per_token=args.prefill_us_per_token / 1_000_000.0,
+            kv_history=args.kv_history,
+            kv_heartbeat_s=args.kv_heartbeat_ms / 1000.0,
+            kv_queue=args.kv_queue,
+            kv_events=args.kv_events,
         )
 
     def worker_name(self, port: int) -> str:

@@ -97,12 +97,14 @@ async def run_leg(
     max_tokens: int | None,
     stream: bool,
     prepare: Callable[[], Awaitable[Start]],
+    rank: int = 0,
+    namespace: str = "",
 ) -> None:
     """Serve one PD leg: ``prepare`` (bounded by its own timeouts; INTERNAL when the KV
     or embeddings do not come, as the engines fail such a request), then the engine's
     regular responses, starting from the handed-over first token if any."""
     view = await engine.read(context)
-    entry = engine.active.add(request_id)
+    entry = engine.active.add(request_id, rank)
     try:
         try:
             start = await _unless_aborted(entry.sleep(None), prepare())
@@ -116,7 +118,16 @@ async def run_leg(
         if start.amend is not None or start.restore is not None:
             target = cast("ServicerContext[Any, Any]", _FirstWrite(context, start))
         await engine.respond(
-            target, codec, entry, view, input_ids, 1, max_tokens, stream, start.first_token
+            target,
+            codec,
+            entry,
+            view,
+            input_ids,
+            1,
+            max_tokens,
+            stream,
+            start.first_token,
+            namespace,
         )
     finally:
         engine.active.remove(entry)

@@ -17,10 +17,12 @@ from typing import Any, NoReturn
 
 import grpc
 from grpc.aio import ServicerContext
+from smg_grpc_proto.generated import common_pb2
 
 from gateway.sim.active import ActiveRequest, ActiveRequests
 from gateway.sim.behaviour import BadOverride, Behaviour, RequestView, read_request
 from gateway.sim.config import SimConfig
+from gateway.sim.kv_events import KvEvents
 
 log = logging.getLogger("gateway.sim")
 
@@ -82,7 +84,9 @@ class Codec:
             return self._pb.GenerateResponse(request_id=request_id)
         return self._pb.GenerateResponse()
 
-    def chunk(self, request_id: str, prompt_tokens: int, index: int) -> tuple[Any, Any]:
+    def chunk(
+        self, request_id: str, prompt_tokens: int, index: int, cached_tokens: int = 0
+    ) -> tuple[Any, Any]:
         """A reusable response and its stream chunk, holding one token id.
 
         The engine overwrites ``token_ids[0]`` and ``completion_tokens`` before each
@@ -93,6 +97,7 @@ class Codec:
         chunk = message.chunk
         chunk.token_ids.append(0)
         chunk.prompt_tokens = prompt_tokens
+        chunk.cached_tokens = cached_tokens
         chunk.index = index
         return message, chunk
 
@@ -103,6 +108,7 @@ class Codec:
         finish_reason: str,
         prompt_tokens: int,
         index: int,
+        cached_tokens: int = 0,
     ) -> Any:
         """The final response of choice ``index``."""
         message = self._response(request_id)
@@ -111,6 +117,7 @@ class Codec:
         complete.finish_reason = finish_reason
         complete.prompt_tokens = prompt_tokens
         complete.completion_tokens = len(output_ids)
+        complete.cached_tokens = cached_tokens
         complete.index = index
         return message
 
@@ -122,7 +129,8 @@ class SimEngine:
         self.name = name
         self.config = config
         self.behaviour: Behaviour = config.behaviour
-        self.active = ActiveRequests()
+        self.active = ActiveRequests(config.dp_ranks)
+        self.kv = KvEvents(config, self.engine_load)
         self.healthy = not config.not_serving
         self.started_at = time.time()
         self._failure_trailer = ((FAILURE_TRAILER, name),)
@@ -150,6 +158,15 @@ class SimEngine:
             (SEEN_METADATA_HEADER, view.seen_keys),
         )
 
+    def rank_of(self, request: Any) -> int:
+        """The DP rank a GenerateRequest runs on: its ``data_parallel_rank`` when set
+        and valid, else rank 0."""
+        if request.HasField("data_parallel_rank"):
+            rank = request.data_parallel_rank
+            if 0 <= rank < self.config.dp_ranks:
+                return int(rank)
+        return 0
+
     async def generate(
         self,
         context: ServicerContext[Any, Any],
@@ -159,12 +176,24 @@ class SimEngine:
         n: int,
         max_tokens: int | None,
         stream: bool,
+        rank: int = 0,
+        namespace: str = "",
     ) -> None:
         """Serve one Generate call by writing its responses to ``context``."""
         view = await self.read(context)
-        entry = self.active.add(request_id)
+        entry = self.active.add(request_id, rank)
         try:
-            await self.respond(context, codec, entry, view, input_ids, n, max_tokens, stream)
+            await self.respond(
+                context,
+                codec,
+                entry,
+                view,
+                input_ids,
+                n,
+                max_tokens,
+                stream,
+                namespace=namespace,
+            )
         finally:
             self.active.remove(entry)
 
@@ -179,9 +208,15 @@ class SimEngine:
         max_tokens: int | None,
         stream: bool,
         first_token: int | None = None,
+        namespace: str = "",
     ) -> None:
         """Write the responses of a tracked call; a PD decode passes the ``first_token``
-        its prefill handed over and the output continues from it."""
+        its prefill handed over and the output continues from it.
+
+        The prompt runs on ``entry.rank``'s prefix cache under ``namespace``: its cached
+        full blocks are reported as ``cached_tokens`` and spare their prefill time, its
+        other full blocks are stored once the prefill is done.
+        """
         behaviour = view.behaviour
         trigger = behaviour.trigger_at
         if trigger == 0:
@@ -204,47 +239,58 @@ class SimEngine:
             if first_token is None
             else tokens_from(first_token, tokens)
         )
+        cache = self.kv.caches[entry.rank]
+        lease = cache.admit(namespace, input_ids)
+        cached = lease.cached_tokens
         produced = tokens
         sent = 0
         ttft = behaviour.ttft_ms / 1000.0
+        if first_token is None:  # a PD decode has its KV handed over: no prefill
+            ttft += self.config.prefill_s_per_token * (prompt_tokens - cached)
         gap = behaviour.token_ms / 1000.0
-        if stream or ttft or gap:
-            chunks = (
-                [codec.chunk(request_id, prompt_tokens, i) for i in range(choices)]
-                if stream
-                else []
-            )
-            for k in range(tokens):
-                delay = ttft if k == 0 else gap
-                if delay:
-                    if await entry.sleep(delay):
-                        produced = k
-                        break
-                elif entry.aborted:
-                    produced = k
-                    break
-                if not stream:
-                    continue
-                token = output[k]
-                entry.generated = k + 1
-                for message, chunk in chunks:
-                    chunk.token_ids[0] = token
-                    chunk.completion_tokens = k + 1
-                    await write(message)
-                    sent += 1
-                    if sent == trigger:
-                        await self._trigger(context, behaviour, sent)
+        try:
+            if tokens and ttft and await entry.sleep(ttft):
+                produced = 0  # aborted in the prefill: nothing computed, nothing stored
+            else:
+                cache.store(lease)
+                if stream or ttft or gap:
+                    chunks = (
+                        [codec.chunk(request_id, prompt_tokens, i, cached) for i in range(choices)]
+                        if stream
+                        else []
+                    )
+                    for k in range(tokens):
+                        if k and gap:
+                            if await entry.sleep(gap):
+                                produced = k
+                                break
+                        elif entry.aborted:
+                            produced = k
+                            break
+                        if not stream:
+                            continue
+                        token = output[k]
+                        entry.generated = k + 1
+                        for message, chunk in chunks:
+                            chunk.token_ids[0] = token
+                            chunk.completion_tokens = k + 1
+                            await write(message)
+                            sent += 1
+                            if sent == trigger:
+                                await self._trigger(context, behaviour, sent)
 
-        reason = "abort" if entry.aborted else "length"
-        done = output if produced == tokens else output[:produced]
-        for index in range(choices):
-            await write(codec.complete(request_id, done, reason, prompt_tokens, index))
-            sent += 1
-            if sent == trigger:
+            reason = "abort" if entry.aborted else "length"
+            done = output if produced == tokens else output[:produced]
+            for index in range(choices):
+                await write(codec.complete(request_id, done, reason, prompt_tokens, index, cached))
+                sent += 1
+                if sent == trigger:
+                    await self._trigger(context, behaviour, sent)
+            if trigger > sent:
+                # A stream shorter than the trigger point still never ends OK.
                 await self._trigger(context, behaviour, sent)
-        if trigger > sent:
-            # A stream shorter than the trigger point still never ends OK.
-            await self._trigger(context, behaviour, sent)
+        finally:
+            cache.release(lease)
 
     async def embed(
         self, context: ServicerContext[Any, Any], request_id: str, input_ids: Sequence[int]
@@ -319,8 +365,19 @@ class SimEngine:
         }
 
     def running_on(self, dp_rank: int) -> int:
-        """Requests running on a DP rank: the simulator puts them all on rank 0."""
-        return len(self.active) if dp_rank == 0 else 0
+        """Requests running on a DP rank: the one they asked for, else rank 0."""
+        return self.active.on_rank(dp_rank)
+
+    def engine_load(self, dp_rank: int) -> Any:
+        """The load record a KV event batch of this rank carries."""
+        cache = self.kv.caches[dp_rank]
+        return common_pb2.EngineLoad(
+            running_requests=self.active.on_rank(dp_rank),
+            waiting_requests=self.config.load_waiting if dp_rank == 0 else 0,
+            token_usage=max(cache.usage, self.config.load_token_usage),
+            active_token_usage=cache.active_usage,
+            max_running_requests=MAX_RUNNING_REQUESTS,
+        )
 
     @staticmethod
     def token_usage(running: int) -> float:

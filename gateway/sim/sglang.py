@@ -37,6 +37,8 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
             params.n,
             params.max_new_tokens if params.HasField("max_new_tokens") else None,
             request.stream,
+            self._engine.rank_of(request),
+            request.lora_id,
         )
 
     async def Abort(self, request: Any, context: ServicerContext[Any, Any]) -> Any:

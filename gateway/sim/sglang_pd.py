@@ -124,7 +124,7 @@ class _PdServicer(SglangServicer):
     async def GetLoads(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
         response = await super().GetLoads(request, context)
         for load in response.loads:
-            # Like the running requests, all the rendezvous traffic sits on rank 0.
+            # The rendezvous traffic is counted on rank 0 (requests on their own rank).
             if load.dp_rank == 0:
                 load.disaggregation.CopyFrom(self._metrics())
             else:
@@ -205,7 +205,18 @@ class SglangPrefillServicer(_PdServicer):
             return Start(amend=publish)
 
         # The prefill computes the prompt and samples one token, whatever was asked.
-        await run_leg(self._engine, context, _CODEC, request_id, input_ids, 1, False, prepare)
+        await run_leg(
+            self._engine,
+            context,
+            _CODEC,
+            request_id,
+            input_ids,
+            1,
+            False,
+            prepare,
+            self._engine.rank_of(request),
+            request.lora_id,
+        )
 
 
 class SglangDecodeServicer(_PdServicer):
@@ -247,4 +258,6 @@ class SglangDecodeServicer(_PdServicer):
             _max_new_tokens(request),
             request.stream,
             prepare,
+            self._engine.rank_of(request),
+            request.lora_id,
         )

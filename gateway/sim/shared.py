@@ -68,7 +68,11 @@ class SharedRpcs:
         return self._loads(request)
 
     def _loads(self, request: Any) -> Any:
-        """Per-rank loads; the running requests all sit on rank 0."""
+        """Per-rank loads: each request runs on the rank it asked for, else rank 0.
+
+        ``token_usage`` is the larger of the rank's prefix cache occupancy and the
+        running requests over MAX_RUNNING_REQUESTS (the KV their output holds), raised to
+        ``--load-token-usage``."""
         dp_ranks = self._engine.config.dp_ranks
         if request.HasField("dp_rank"):
             ranks: range | list[int] = [request.dp_rank] if 0 <= request.dp_rank < dp_ranks else []
@@ -77,14 +81,18 @@ class SharedRpcs:
         loads = []
         for rank in ranks:
             running = self._engine.running_on(rank)
-            usage = max(self._engine.token_usage(running), self._engine.config.load_token_usage)
+            usage = max(
+                self._engine.token_usage(running),
+                self._engine.kv.caches[rank].usage,
+                self._engine.config.load_token_usage,
+            )
             loads.append(
                 self._pb.SchedulerLoad(
                     dp_rank=rank,
                     num_running_reqs=running,
                     num_waiting_reqs=self._engine.config.load_waiting if rank == 0 else 0,
                     num_total_reqs=running,
-                    num_used_tokens=self._engine.active.generated() if rank == 0 else 0,
+                    num_used_tokens=self._engine.active.generated(rank),
                     max_running_requests=MAX_RUNNING_REQUESTS,
                     max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
                     token_usage=usage,
@@ -99,9 +107,13 @@ class SharedRpcs:
         )
 
     async def FlushCache(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
+        self._engine.kv.flush()
         return common_pb2.FlushCacheResponse(
             success=True, message=f"cache flushed on {self._engine.name}"
         )
+
+    async def SubscribeKvEvents(self, request: Any, context: ServicerContext[Any, Any]) -> None:
+        await self._engine.kv.serve(request, context)
 
     async def StartProfile(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
         return common_pb2.ProfileResponse(success=True, message="profiling started")

@@ -40,6 +40,7 @@ class VllmServicer(SharedRpcs, vllm_grpc.VllmEngineServicer):  # type: ignore[mi
             params.n,
             params.max_tokens if params.HasField("max_tokens") else None,
             request.stream,
+            self._engine.rank_of(request),
         )
 
     async def Abort(self, request: Any, context: ServicerContext[Any, Any]) -> Any:

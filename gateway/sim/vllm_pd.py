@@ -98,7 +98,17 @@ class VllmPrefillServicer(_PdServicer):
         async def prepare() -> Start:
             return Start(amend=hand_over)
 
-        await run_leg(self._engine, context, _CODEC, request_id, input_ids, 1, False, prepare)
+        await run_leg(
+            self._engine,
+            context,
+            _CODEC,
+            request_id,
+            input_ids,
+            1,
+            False,
+            prepare,
+            self._engine.rank_of(request),
+        )
 
 
 class VllmDecodeServicer(_PdServicer):
@@ -124,4 +134,5 @@ class VllmDecodeServicer(_PdServicer):
             sampling.max_tokens if sampling.HasField("max_tokens") else None,
             request.stream,
             prepare,
+            self._engine.rank_of(request),
         )

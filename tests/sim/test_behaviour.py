@@ -29,6 +29,24 @@ def test_defaults() -> None:
     assert config.behaviour == Behaviour()
     assert config.worker_name(4242) == "sglang@127.0.0.1:4242"
     assert config.grpc_health and not config.not_serving and config.dp_ranks == 1
+    assert (config.block_size, config.kv_blocks, config.prefill_s_per_token) == (16, 4096, 0.0)
+    assert (config.kv_history, config.kv_heartbeat_s, config.kv_queue) == (1024, 1.0, 1024)
+    assert config.kv_events
+
+
+def test_cache_flags() -> None:
+    config = parse(
+        "--block-size=4",
+        "--kv-blocks=9",
+        "--prefill-us-per-token=250",
+        "--kv-history=3",
+        "--kv-heartbeat-ms=0",
+        "--kv-queue=2",
+        "--no-kv-events",
+    )
+    assert (config.block_size, config.kv_blocks, config.prefill_s_per_token) == (4, 9, 0.00025)
+    assert (config.kv_history, config.kv_heartbeat_s, config.kv_queue) == (3, 0.0, 2)
+    assert not config.kv_events
 
 
 def test_flags() -> None:
@@ -59,7 +77,17 @@ def test_flags() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--fail-code=OK"], ["--fail-code=NOPE"], ["--tokens=-1"], ["--listen=nohost"]]
+    "argv",
+    [
+        ["--fail-code=OK"],
+        ["--fail-code=NOPE"],
+        ["--tokens=-1"],
+        ["--listen=nohost"],
+        ["--block-size=0"],
+        ["--kv-blocks=0"],
+        ["--kv-history=0"],
+        ["--prefill-us-per-token=-1"],
+    ],
 )
 def test_bad_flags(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
