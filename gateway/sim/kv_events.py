@@ -29,7 +29,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -86,14 +85,36 @@ def cleared_event(event_id: int = 0) -> Any:
     return common_pb2.KvCacheEvent(event_id=event_id, cleared=common_pb2.KvCacheCleared())
 
 
-@dataclass(frozen=True, slots=True)
 class Batch:
-    """A batch as kept in history; the load record is added per stream when sent."""
+    """A batch as kept in history; the load record is added per stream when sent.
 
-    sequence: int
-    timestamp: float
-    events: list[Any]
-    snapshot: Any = None  # common_pb2.KvSnapshotChunk
+    A published batch keeps what changed (the blocks themselves, which never change)
+    and makes its event protos only when a subscriber first needs them: with nobody
+    subscribed, a request that stores blocks costs no proto work at all.
+    """
+
+    __slots__ = ("_changes", "_events", "sequence", "snapshot", "timestamp")
+
+    def __init__(
+        self,
+        sequence: int,
+        timestamp: float,
+        events: list[Any] | None = None,
+        snapshot: Any = None,
+        changes: Callable[[], list[Any]] | None = None,
+    ) -> None:
+        self.sequence = sequence
+        self.timestamp = timestamp
+        self.snapshot = snapshot  # common_pb2.KvSnapshotChunk
+        self._events = events
+        self._changes = changes
+
+    @property
+    def events(self) -> list[Any]:
+        if self._events is None:
+            self._events = self._changes() if self._changes is not None else []
+            self._changes = None
+        return self._events
 
 
 class Subscription:
@@ -137,19 +158,27 @@ class RankLog:
         return self._event_ids
 
     def changed(self, removed: Sequence[int], stored: Sequence[Block]) -> None:
-        events = []
-        if removed:  # room is made before the new blocks go in
-            events.append(removed_event(removed, self._event_id()))
-        if stored:
-            events.append(stored_event(stored, self._block_size, self._event_id()))
-        self._publish(events)
+        removed_id = self._event_id() if removed else 0
+        stored_id = self._event_id() if stored else 0
+        size = self._block_size
+
+        def events() -> list[Any]:
+            made = []
+            if removed:  # room is made before the new blocks go in
+                made.append(removed_event(removed, removed_id))
+            if stored:
+                made.append(stored_event(stored, size, stored_id))
+            return made
+
+        self._publish(Batch(0, 0.0, changes=events))
 
     def cleared(self) -> None:
-        self._publish([cleared_event(self._event_id())])
+        self._publish(Batch(0, 0.0, [cleared_event(self._event_id())]))
 
-    def _publish(self, events: list[Any]) -> None:
+    def _publish(self, batch: Batch) -> None:
         self.sequence += 1
-        batch = Batch(self.sequence, time.time(), events)
+        batch.sequence = self.sequence
+        batch.timestamp = time.time()
         history = self._history
         if len(history) == history.maxlen:
             self.dropped_through = history[0].sequence

@@ -61,12 +61,12 @@ class CacheListener(Protocol):
 
 def chain_hash(seed: bytes, parent: Block | None, namespace: str, tokens: Sequence[int]) -> int:
     """The engine's block hash: signed 64-bit, keyed with the process's random seed."""
-    digest = hashlib.blake2b(key=seed, digest_size=8)
-    if parent is None:
-        digest.update(b"root:" + namespace.encode() + b"\0")
-    else:
-        digest.update(parent.block_hash.to_bytes(8, "little", signed=True))
-    digest.update(array("I", tokens).tobytes())
+    head = (
+        b"root:" + namespace.encode() + b"\0"
+        if parent is None
+        else parent.block_hash.to_bytes(8, "little", signed=True)
+    )
+    digest = hashlib.blake2b(head + array("I", tokens).tobytes(), key=seed, digest_size=8)
     return int.from_bytes(digest.digest(), "little", signed=True)
 
 
