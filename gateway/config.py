@@ -188,8 +188,9 @@ class KvConfig:
     only workers whose load is at most `balance_ratio` x the least loaded candidate's +
     `balance_slack` compete, so affinity never piles requests on one worker. Workers
     without KV events are indexed from the gateway's own placements for `assume_ttl_s`, at
-    most `assume_capacity` blocks each. A worker that stays not ready for `grace_s` loses
-    its entries."""
+    most `assume_capacity` blocks each; on workers with events, a placed prompt counts as
+    cached for `pending_ttl_s` until the worker's event confirms it. A worker that stays
+    not ready for `grace_s` loses its entries."""
 
     events: bool = True
     block_size: int = 16
@@ -198,6 +199,7 @@ class KvConfig:
     balance_slack: float = 4.0
     assume_ttl_s: float = 120.0
     assume_capacity: int = 100_000
+    pending_ttl_s: float = 5.0
     grace_s: float = 10.0
 
 

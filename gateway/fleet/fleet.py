@@ -52,7 +52,9 @@ class Fleet:
         self.registry = Registry()
         self.registry.subscribe(self._log_event)
         kv = settings.kv
-        self.kv_index = KvIndex(kv.block_size, kv.assume_ttl_s, kv.assume_capacity)
+        self.kv_index = KvIndex(
+            kv.block_size, kv.assume_ttl_s, kv.assume_capacity, kv.pending_ttl_s
+        )
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}

@@ -1,11 +1,14 @@
 """The prefix index: for every block hash (the gateway's own), the worker slots holding it.
 
-A slot is (worker id, DP rank). Each slot is filled one of two ways:
-- **exact**, from the worker's KV events: stored blocks are hashed by the gateway from
-  their token ids, chained to their parent; a map engine hash -> own hash per slot lets a
-  removal find what it removes;
-- **assumed**, for workers without KV events: the prompt blocks of every request the
-  gateway placed there, kept for a TTL and up to a capacity (oldest first out).
+A slot is (worker id, DP rank). Its blocks come two ways:
+- **stored**, from the worker's KV events: the gateway hashes them from their token ids,
+  chained to their parent; a map engine hash -> own hash per slot lets a removal find what
+  it removes. A slot that gets events is *exact*;
+- **assumed**, from the gateway's own placements: the prompt blocks of every request it
+  placed there, kept for a TTL and up to a capacity (oldest first out). For a worker
+  without KV events that is all there is (long TTL); for an exact slot it covers the time
+  between placing a prompt and the worker's event saying it is stored (short TTL), so a
+  burst of requests sharing a new prefix follows the first one.
 
 Lookups follow the prompt's own blocks (no scan of the index), so routing cost grows with
 the prompt's length, never with what the fleet has cached.
@@ -34,6 +37,9 @@ class SlotState:
     def __len__(self) -> int:
         return len(self.copies) if self.exact else len(self.expiry)
 
+    def holds(self, own: int) -> bool:
+        return own in self.copies or own in self.expiry
+
 
 @dataclass(frozen=True, slots=True)
 class StoredBlock:
@@ -42,9 +48,16 @@ class StoredBlock:
 
 
 class KvIndex:
-    def __init__(self, block_size: int = 16, ttl_s: float = 120.0, capacity: int = 100_000):
+    def __init__(
+        self,
+        block_size: int = 16,
+        ttl_s: float = 120.0,
+        capacity: int = 100_000,
+        pending_ttl_s: float = 5.0,
+    ):
         self.block_size = block_size  # for assumed slots, and the default of exact ones
         self.ttl_s = ttl_s
+        self.pending_ttl_s = pending_ttl_s
         self.capacity = capacity  # assumed blocks per slot
         self._holders: dict[int, set[Slot]] = {}
         self._slots: dict[Slot, SlotState] = {}
@@ -59,7 +72,7 @@ class KvIndex:
         state = self._slots.get(slot)
         if state is None or not state.exact:
             if state is not None:
-                self.clear(slot)
+                self.clear(slot)  # guesses made before the events started go
             state = self._slots[slot] = SlotState(block_size or self.block_size, exact=True)
         if block_size:
             state.block_size = block_size
@@ -107,7 +120,7 @@ class KvIndex:
         state = self._slots.pop(slot, None)
         if state is None:
             return
-        for own in state.copies if state.exact else state.expiry:
+        for own in {*state.copies, *state.expiry}:
             holders = self._holders.get(own)
             if holders is not None:
                 holders.discard(slot)
@@ -123,6 +136,7 @@ class KvIndex:
         state.copies[own] = copies + 1
         if copies:
             return 0
+        state.expiry.pop(own, None)  # stored: no longer a guess
         self._holders.setdefault(own, set()).add(slot)
         return 1
 
@@ -132,25 +146,29 @@ class KvIndex:
             state.copies[own] = copies
             return 0
         state.copies.pop(own, None)
+        state.expiry.pop(own, None)  # the worker said it is gone: no guess survives that
+        self._unhold(slot, own)
+        return 1
+
+    def _unhold(self, slot: Slot, own: int) -> None:
         holders = self._holders.get(own)
         if holders is not None:
             holders.discard(slot)
             if not holders:
                 del self._holders[own]
-        return 1
 
     # -- assumed: from the gateway's own placements ------------------------------------
 
     def assume(self, slot: Slot, prefix: Prefix, now: float) -> None:
-        """The prompt's blocks are (probably) cached on the slot now: its worker answers
-        no KV events, so the gateway remembers where it sent what."""
+        """The prompt's blocks will be cached on the slot: the gateway just sent it there.
+        Until the worker's events say so (or for good, if it has none)."""
         state = self._slots.get(slot)
-        if state is None or state.exact:
-            if state is not None:
-                return  # events tell the truth for this slot
+        if state is None:
             state = self._slots[slot] = SlotState(self.block_size, exact=False)
-        expires = now + self.ttl_s
+        expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
         for own in prefix.hashes(state.block_size):
+            if own in state.copies:
+                continue
             if own in state.expiry:
                 state.expiry.move_to_end(own)
             else:
@@ -161,11 +179,8 @@ class KvIndex:
 
     def _forget(self, state: SlotState, slot: Slot, own: int) -> None:
         del state.expiry[own]
-        holders = self._holders.get(own)
-        if holders is not None:
-            holders.discard(slot)
-            if not holders:
-                del self._holders[own]
+        if own not in state.copies:
+            self._unhold(slot, own)
 
     # -- lookup ------------------------------------------------------------------------
 
@@ -190,7 +205,7 @@ class KvIndex:
 
     def _fresh(self, slot: Slot, own: int, now: float) -> bool:
         state = self._slots[slot]
-        if state.exact:
+        if own in state.copies:
             return True
         expires = state.expiry.get(own)
         if expires is None:

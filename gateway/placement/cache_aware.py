@@ -82,7 +82,7 @@ class CacheAware(Policy):
             hit = matched.get(chosen.id)
             if hit is not None and self.index.ranks(chosen.id) > 1:
                 prefix.ranks[chosen.id] = hit[1]
-        if prefix is not None and not self.index.exact(chosen.id):
+        if prefix is not None:
             rank = matched.get(chosen.id, (0, 0))[1]
             self.index.assume((chosen.id, rank), prefix, now)
         return cast("C", chosen)

@@ -77,7 +77,8 @@ def test_config_errors_exit_2_with_one_clear_line(tmp_path: Path) -> None:
         (
             ["--config", policy],
             "model 'm': unknown policy 'fastest' "
-            "(expected round_robin|random|power_of_two|least_inflight|consistent_hash|manual)",
+            "(expected round_robin|random|power_of_two|least_inflight|consistent_hash|manual"
+            "|cache_aware)",
         ),
         (["--config", broken], f"config file '{broken}': not valid YAML (ParserError)"),
         (["--config", typo], "config: unknown key 'wrokers'"),

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Routing benchmark: one multi-tenant, multi-turn trace through the gateway, per policy.
+
+Not a test. Every run starts N simulated SGLang workers with real prefix caches (small on
+purpose: the trace's working set is several times one worker's cache) and a gateway in
+front of them, sends the same trace at a fixed arrival rate, and reads the workers' own
+answers: `cached_tokens` of every request (hit rate = cached / prompt tokens), time to
+first token, and which worker served it (x-sim-worker).
+
+The trace: T tenants, each with a long system prompt; S sessions, each a conversation of
+several turns that extends the previous turn's prompt; a quarter of the tenants run on a
+LoRA adapter (its own cache namespace). Sessions are interleaved, so a session's next turn
+comes after many other requests.
+
+The oracle bound is the hit rate one worker with N times the capacity would reach on the
+same trace (LRU over blocks), computed offline.
+
+    python scripts/bench_routing.py                       # every policy, 4 workers
+    python scripts/bench_routing.py --policies cache_aware --drop-rate 0.01 --restart
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpc import aio
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway.launch import Child, start
+
+GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+VOCAB = 30_000
+
+
+@dataclass(frozen=True)
+class Turn:
+    session: str
+    lora: str
+    tokens: list[int]
+
+
+def make_trace(args: argparse.Namespace) -> list[Turn]:
+    rng = random.Random(args.seed)
+    systems = [
+        [rng.randrange(VOCAB) for _ in range(args.system_tokens)] for _ in range(args.tenants)
+    ]
+    loras = ["adapter-a" if t % 4 == 3 else "" for t in range(args.tenants)]
+    sessions = []
+    for s in range(args.sessions):
+        tenant = rng.randrange(args.tenants)
+        sessions.append((f"s{s}", tenant, list(systems[tenant])))
+    trace: list[Turn] = []
+    for _ in range(args.turns):
+        order = list(range(len(sessions)))
+        rng.shuffle(order)
+        for index in order:
+            name, tenant, history = sessions[index]
+            history += [rng.randrange(VOCAB) for _ in range(args.turn_tokens)]
+            trace.append(Turn(name, loras[tenant], list(history)))
+    return trace
+
+
+def oracle_hit_rate(trace: list[Turn], capacity_blocks: int, block_size: int) -> float:
+    """One worker with all the capacity: an LRU over chained blocks, namespace-aware."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    cached = prompt = 0
+    for turn in trace:
+        parent = hash(("root", turn.lora))
+        hashes = []
+        for i in range(0, len(turn.tokens) - block_size + 1, block_size):
+            parent = hash((parent, *turn.tokens[i : i + block_size]))
+            hashes.append(parent)
+        hit = 0
+        for h in hashes:
+            if h not in cache:
+                break
+            hit += 1
+        cached += hit * block_size
+        prompt += len(turn.tokens)
+        for h in hashes:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > capacity_blocks:
+            cache.popitem(last=False)
+    return cached / prompt
+
+
+@dataclass
+class Outcome:
+    policy: str
+    cached: int = 0
+    prompt: int = 0
+    ttft: list[float] = field(default_factory=list)
+    served: Counter[str] = field(default_factory=Counter)
+    failures: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached / max(self.prompt, 1)
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.ttft)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
+
+    @property
+    def imbalance(self) -> float:
+        counts = list(self.served.values())
+        return max(counts) / statistics.mean(counts) if counts else 0.0
+
+
+async def send(channel: aio.Channel, turn: Turn, outcome: Outcome, index: int) -> None:
+    request = sgl.GenerateRequest(
+        request_id=f"r{index}",
+        tokenized=sgl.TokenizedInput(input_ids=turn.tokens),
+        sampling_params=sgl.SamplingParams(max_new_tokens=4),
+        stream=True,
+        lora_id=turn.lora,
+    )
+    metadata = (("x-model-id", "m"), ("x-routing-key", turn.session))
+    started = time.perf_counter()
+    call = channel.unary_stream(GENERATE)(
+        request.SerializeToString(), metadata=metadata, timeout=60
+    )
+    first = True
+    try:
+        async for raw in call:
+            if first:
+                outcome.ttft.append(time.perf_counter() - started)
+                first = False
+            response = sgl.GenerateResponse.FromString(raw)
+            if response.HasField("complete"):
+                outcome.cached += response.complete.cached_tokens
+                outcome.prompt += len(turn.tokens)
+        outcome.served[dict(await call.initial_metadata()).get("x-sim-worker", "?")] += 1
+    except aio.AioRpcError:
+        outcome.failures += 1
+
+
+def start_workers(args: argparse.Namespace, events: bool, ports: list[int] | None) -> list[Child]:
+    flags = [
+        "--model", "m", "--tokens", "4", "--ttft-ms", str(args.ttft_ms),
+        "--block-size", str(args.block_size), "--kv-blocks", str(args.kv_blocks),
+        "--prefill-us-per-token", str(args.prefill_us_per_token),
+    ]  # fmt: skip
+    if not events:
+        flags.append("--no-kv-events")
+    if args.drop_rate:
+        flags += ["--kv-drop-rate", str(args.drop_rate)]
+    workers = []
+    for i in range(args.workers):
+        listen = f"127.0.0.1:{ports[i]}" if ports else "127.0.0.1:0"
+        workers.append(start(["sim", "--listen", listen, "--name", f"w{i}", *flags]))
+    return workers
+
+
+async def run_policy(
+    args: argparse.Namespace, policy: str, events: bool, trace: list[Turn]
+) -> Outcome:
+    label = f"{policy}{'' if events or policy != 'cache_aware' else ' (no events)'}"
+    workers = start_workers(args, events, None)
+    gateway = start(
+        [
+            "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+            "--metrics-listen", "off", "--drain-delay", "0", "--log-level", "warning",
+            "--policy", policy,
+            *(f for w in workers for f in ("--worker", f"grpc://{w.address}?model=m&runtime=sglang")),
+        ]
+    )  # fmt: skip
+    outcome = Outcome(label)
+    restart_at = len(trace) // 2 if args.restart else -1
+    try:
+        await asyncio.sleep(1.0)  # probes and subscriptions settle
+        async with aio.insecure_channel(gateway.address) as channel:
+            tasks = []
+            began = time.perf_counter()
+            for i, turn in enumerate(trace):
+                delay = began + i / args.rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if i == restart_at:
+                    victim = workers[0]
+                    port = victim.port
+                    victim.kill()
+                    workers[0] = start(["sim", "--listen", f"127.0.0.1:{port}", *victim.args[3:]])
+                tasks.append(asyncio.ensure_future(send(channel, turn, outcome, i)))
+            await asyncio.gather(*tasks)
+    finally:
+        gateway.stop()
+        for worker in workers:
+            worker.stop()
+    return outcome
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--tenants", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=48)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--system-tokens", type=int, default=1024)
+    parser.add_argument("--turn-tokens", type=int, default=96)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--kv-blocks", type=int, default=256, help="per worker")
+    parser.add_argument("--prefill-us-per-token", type=float, default=100.0)
+    parser.add_argument("--ttft-ms", type=float, default=2.0)
+    parser.add_argument("--rate", type=float, default=40.0, help="requests per second")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--drop-rate", type=float, default=0.0, help="KV event batches dropped")
+    parser.add_argument("--restart", action="store_true", help="restart a worker mid-run")
+    parser.add_argument(
+        "--policies",
+        default="round_robin,least_inflight,consistent_hash,cache_aware-approx,cache_aware",
+    )
+    args = parser.parse_args()
+    trace = make_trace(args)
+    total = sum(len(t.tokens) for t in trace)
+    oracle = oracle_hit_rate(trace, args.kv_blocks * args.workers, args.block_size)
+    print(
+        f"trace: {len(trace)} requests, {total} prompt tokens; {args.workers} workers x "
+        f"{args.kv_blocks} blocks of {args.block_size}; {args.rate:g} req/s"
+    )
+    results = []
+    for name in args.policies.split(","):
+        policy, _, variant = name.partition("-")
+        results.append(asyncio.run(run_policy(args, policy, variant != "approx", trace)))
+    print(f"\noracle hit rate (one worker, {args.workers}x capacity): {oracle:.1%}")
+    header = ("policy", "hit", "/oracle", "TTFT p50", "p90", "max/mean", "fail")
+    print("\n{:28} {:>6} {:>8} {:>10} {:>8} {:>9} {:>5}".format(*header))
+    for r in results:
+        print(
+            f"{r.policy:28} {r.hit_rate:6.1%} {r.hit_rate / oracle:8.2f} "
+            f"{r.quantile(0.5):8.1f}ms {r.quantile(0.9):6.1f}ms {r.imbalance:9.2f} {r.failures:5d}"
+        )
+
+
+if __name__ == "__main__":
+    main()
