@@ -183,23 +183,26 @@ class KvConfig:
     """Cache-aware placement (policy `cache_aware`).
 
     cost(worker) = uncached prompt tokens x `prefill_cost_per_token` + load, where load is
-    the worker's running + waiting requests (its KV event stream's load record, else its
-    GetLoads report, never less than the gateway's own in-flight count). Balance guard:
+    the gateway's own in-flight count on the worker plus what the worker last reported
+    beyond it (KV event load record or GetLoads: other clients' requests). Balance guard:
     only workers whose load is at most `balance_ratio` x the least loaded candidate's +
-    `balance_slack` compete, so affinity never piles requests on one worker. Workers
-    without KV events are indexed from the gateway's own placements for `assume_ttl_s`, at
-    most `assume_capacity` blocks each; on workers with events, a placed prompt counts as
-    cached for `pending_ttl_s` until the worker's event confirms it. A worker that stays
-    not ready for `grace_s` loses its entries."""
+    `balance_slack`, and whose share of the placements of the last `share_window_s` is at
+    most `balance_ratio` x the mean share + 1, compete: affinity never piles requests on
+    one worker. Workers without KV events are indexed from the gateway's own placements
+    for `assume_ttl_s`, at most `assume_capacity` blocks each; on workers with events,
+    where a prompt was placed is remembered for `pending_ttl_s` beside what the events say
+    (also after the worker evicted it: sending it back keeps affinity, which measured
+    better than moving it). A worker not ready for `grace_s` loses its entries."""
 
     events: bool = True
     block_size: int = 16
     prefill_cost_per_token: float = 0.01
     balance_ratio: float = 1.5
     balance_slack: float = 4.0
+    share_window_s: float = 10.0
     assume_ttl_s: float = 120.0
     assume_capacity: int = 100_000
-    pending_ttl_s: float = 5.0
+    pending_ttl_s: float = 120.0
     grace_s: float = 10.0
 
 

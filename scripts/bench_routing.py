@@ -103,6 +103,22 @@ class Outcome:
     ttft: list[float] = field(default_factory=list)
     served: Counter[str] = field(default_factory=Counter)
     failures: int = 0
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, cached, prompt)
+    restarted_at: float | None = None
+
+    def recovery(self, seconds: int = 8) -> str:
+        """Hit rate per second after the restart (by request start time)."""
+        if self.restarted_at is None:
+            return ""
+        rates = []
+        for second in range(seconds):
+            lo, hi = self.restarted_at + second, self.restarted_at + second + 1
+            cached = sum(c for t, c, _ in self.timeline if lo <= t < hi)
+            prompt = sum(p for t, _, p in self.timeline if lo <= t < hi)
+            rates.append(f"{cached / prompt:.0%}" if prompt else "-")
+        before = [(c, p) for t, c, p in self.timeline if t < self.restarted_at]
+        base = sum(c for c, _ in before) / max(1, sum(p for _, p in before))
+        return f"before the restart {base:.0%}; each second after: {' '.join(rates)}"
 
     @property
     def hit_rate(self) -> float:
@@ -128,6 +144,7 @@ async def send(channel: aio.Channel, turn: Turn, outcome: Outcome, index: int) -
     )
     metadata = (("x-model-id", "m"), ("x-routing-key", turn.session))
     started = time.perf_counter()
+    cached = 0
     call = channel.unary_stream(GENERATE)(
         request.SerializeToString(), metadata=metadata, timeout=60
     )
@@ -139,9 +156,11 @@ async def send(channel: aio.Channel, turn: Turn, outcome: Outcome, index: int) -
                 first = False
             response = sgl.GenerateResponse.FromString(raw)
             if response.HasField("complete"):
-                outcome.cached += response.complete.cached_tokens
+                cached = response.complete.cached_tokens
+                outcome.cached += cached
                 outcome.prompt += len(turn.tokens)
         outcome.served[dict(await call.initial_metadata()).get("x-sim-worker", "?")] += 1
+        outcome.timeline.append((started, cached, len(turn.tokens)))
     except aio.AioRpcError:
         outcome.failures += 1
 
@@ -161,6 +180,15 @@ def start_workers(args: argparse.Namespace, events: bool, ports: list[int] | Non
         listen = f"127.0.0.1:{ports[i]}" if ports else "127.0.0.1:0"
         workers.append(start(["sim", "--listen", listen, "--name", f"w{i}", *flags]))
     return workers
+
+
+async def restart(workers: list[Child], outcome: Outcome) -> None:
+    """Kill worker 0 and start a new one on its port (an empty cache, new sequences)."""
+    victim = workers[0]
+    victim.kill()
+    args = ["sim", "--listen", f"127.0.0.1:{victim.port}", *victim.args[3:]]
+    workers[0] = await asyncio.to_thread(start, args)
+    outcome.restarted_at = time.perf_counter()
 
 
 async def run_policy(
@@ -188,12 +216,11 @@ async def run_policy(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 if i == restart_at:
-                    victim = workers[0]
-                    port = victim.port
-                    victim.kill()
-                    workers[0] = start(["sim", "--listen", f"127.0.0.1:{port}", *victim.args[3:]])
+                    restarting = asyncio.ensure_future(restart(workers, outcome))
                 tasks.append(asyncio.ensure_future(send(channel, turn, outcome, i)))
             await asyncio.gather(*tasks)
+            if restart_at >= 0:
+                await restarting
     finally:
         gateway.stop()
         for worker in workers:
@@ -204,13 +231,13 @@ async def run_policy(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--tenants", type=int, default=8)
-    parser.add_argument("--sessions", type=int, default=48)
+    parser.add_argument("--tenants", type=int, default=16)
+    parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--system-tokens", type=int, default=1024)
-    parser.add_argument("--turn-tokens", type=int, default=96)
+    parser.add_argument("--turn-tokens", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--kv-blocks", type=int, default=256, help="per worker")
+    parser.add_argument("--kv-blocks", type=int, default=512, help="per worker")
     parser.add_argument("--prefill-us-per-token", type=float, default=100.0)
     parser.add_argument("--ttft-ms", type=float, default=2.0)
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second")
@@ -241,6 +268,8 @@ def main() -> None:
             f"{r.policy:28} {r.hit_rate:6.1%} {r.hit_rate / oracle:8.2f} "
             f"{r.quantile(0.5):8.1f}ms {r.quantile(0.9):6.1f}ms {r.imbalance:9.2f} {r.failures:5d}"
         )
+        if r.restarted_at is not None:
+            print(f"  {r.policy}, worker w0 restarted: {r.recovery()}")
 
 
 if __name__ == "__main__":

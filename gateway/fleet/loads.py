@@ -32,5 +32,5 @@ async def poll_load(worker: Worker, settings: LoadsConfig) -> None:
     except DecodeError as error:
         worker.load_error = f"bad GetLoads answer: {error}"
         return
-    worker.load = LoadReport(running, waiting, usage, time.monotonic())
+    worker.load = LoadReport(running, waiting, usage, time.monotonic(), worker.inflight)
     worker.load_error = None

@@ -31,6 +31,13 @@ class LoadReport:
     waiting: int
     token_usage: float
     at: float  # monotonic time of the poll that produced it
+    own: int = 0  # the gateway's own requests in flight on the worker at that time
+
+    def others(self) -> int:
+        """Requests the report shows beyond the gateway's own (other clients' load):
+        what the gateway's in-flight count cannot know, carried forward until the next
+        report, while its own count stays exact."""
+        return max(0, self.running + self.waiting - self.own)
 
 
 def derive_status(draining: bool, connected: bool, healthy: bool | None) -> WorkerStatus:

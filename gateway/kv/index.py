@@ -6,9 +6,10 @@ A slot is (worker id, DP rank). Its blocks come two ways:
   it removes. A slot that gets events is *exact*;
 - **assumed**, from the gateway's own placements: the prompt blocks of every request it
   placed there, kept for a TTL and up to a capacity (oldest first out). For a worker
-  without KV events that is all there is (long TTL); for an exact slot it covers the time
-  between placing a prompt and the worker's event saying it is stored (short TTL), so a
-  burst of requests sharing a new prefix follows the first one.
+  without KV events that is all there is; for an exact slot it covers the time between
+  placing a prompt and the worker's event saying it is stored (a burst sharing a new
+  prefix follows the first request), and keeps a session where it was after an eviction
+  (it is re-cached there, instead of spread to a second worker's cache).
 
 Lookups follow the prompt's own blocks (no scan of the index), so routing cost grows with
 the prompt's length, never with what the fleet has cached.
@@ -53,7 +54,7 @@ class KvIndex:
         block_size: int = 16,
         ttl_s: float = 120.0,
         capacity: int = 100_000,
-        pending_ttl_s: float = 5.0,
+        pending_ttl_s: float = 120.0,
     ):
         self.block_size = block_size  # for assumed slots, and the default of exact ones
         self.ttl_s = ttl_s
@@ -136,7 +137,6 @@ class KvIndex:
         state.copies[own] = copies + 1
         if copies:
             return 0
-        state.expiry.pop(own, None)  # stored: no longer a guess
         self._holders.setdefault(own, set()).add(slot)
         return 1
 
@@ -146,8 +146,8 @@ class KvIndex:
             state.copies[own] = copies
             return 0
         state.copies.pop(own, None)
-        state.expiry.pop(own, None)  # the worker said it is gone: no guess survives that
-        self._unhold(slot, own)
+        if own not in state.expiry:  # a placement made since is still remembered
+            self._unhold(slot, own)
         return 1
 
     def _unhold(self, slot: Slot, own: int) -> None:

@@ -176,4 +176,5 @@ class KvFollower:
             waiting=sum(x.waiting_requests for x in loads),
             token_usage=max(x.token_usage for x in loads),
             at=time.monotonic(),
+            own=self.worker.inflight,
         )

@@ -2,15 +2,23 @@
 balance guard so affinity never piles requests on one worker.
 
 cost(worker) = uncached prompt tokens x prefill_cost_per_token + load
-load(worker) = running + waiting as the worker last reported them (KV event stream load
-record or GetLoads, while fresh), never less than the gateway's own in-flight count.
+load(worker) = the gateway's own in-flight count on it, plus the requests the worker's last
+fresh report (KV event stream load record, or GetLoads) showed beyond the gateway's own at
+that time: other clients' load. A report is a snapshot; the own count is always current.
 
-Only candidates whose load is at most balance_ratio x the lowest load + balance_slack
-compete; the lowest cost wins, ties to the lower load, then to rotation.
+Balance guard, two rules, so affinity never piles requests on one worker:
+- now: only candidates whose load is at most balance_ratio x the lowest load +
+  balance_slack compete;
+- over time: only candidates whose share of recent placements (decaying with
+  `share_window_s`) is at most balance_ratio x the mean share + 1 compete. Accurate cache
+  knowledge makes affinity strong (a tenant's prompt lives on one or two workers); this
+  keeps the busiest worker within balance_ratio of the mean over the window.
+The lowest cost among those wins, ties to the lower load, then to rotation.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -22,10 +30,12 @@ from gateway.placement.policies import C, Hints, Policy, rotate_after
 
 
 def load_of(worker: Worker, now: float, stale_after_s: float) -> float:
+    """The gateway's own in-flight count (always current), plus what the worker's last
+    fresh report showed beyond it (other clients')."""
     report = worker.load
     if report is None or now - report.at > stale_after_s:
         return float(worker.inflight)
-    return float(max(worker.inflight, report.running + report.waiting))
+    return float(worker.inflight + report.others())
 
 
 def cheapest(
@@ -33,18 +43,30 @@ def cheapest(
     uncached: Sequence[int],
     settings: KvConfig,
     order: Sequence[int],
+    shares: Sequence[float] | None = None,
 ) -> int:
-    """Index of the candidate to pick (pure: loads, uncached tokens, tie-break order)."""
+    """Index of the candidate to pick (pure: loads, uncached tokens, recent placement
+    shares, tie-break order)."""
     floor = min(loads)
     bound = floor * settings.balance_ratio + settings.balance_slack
+    share_bound = (
+        sum(shares) / len(shares) * settings.balance_ratio + 1 if shares else float("inf")
+    )
     best = None
+    fallback = None
     for i in order:
         if loads[i] > bound:
+            continue
+        if fallback is None or shares is None or shares[i] < shares[fallback]:
+            fallback = i  # if every candidate is over its share: the least placed one
+        if shares is not None and shares[i] > share_bound:
             continue
         key = (uncached[i] * settings.prefill_cost_per_token + loads[i], loads[i])
         if best is None or key < best[0]:
             best = (key, i)
-    assert best is not None  # the least loaded candidate is always within the bound
+    if best is None:
+        assert fallback is not None  # the least loaded candidate is always within bound
+        return fallback
     return best[1]
 
 
@@ -56,6 +78,11 @@ class CacheAware(Policy):
         self.settings = settings
         self.stale_after_s = stale_after_s
         self.last: str | None = None
+        self._placed: dict[str, tuple[float, float]] = {}  # worker -> (decayed count, at)
+
+    def _share(self, worker_id: str, now: float) -> float:
+        count, at = self._placed.get(worker_id, (0.0, now))
+        return count * math.exp((at - now) / self.settings.share_window_s)
 
     def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
         if not candidates:
@@ -74,9 +101,11 @@ class CacheAware(Policy):
         uncached = [total - matched.get(w.id, (0, 0))[0] for w in workers]
         start = rotate_after(ids, self.last)
         order = [*range(start, len(ids)), *range(start)]
-        pick = cheapest(loads, uncached, self.settings, order)
+        shares = [self._share(i, now) for i in ids]
+        pick = cheapest(loads, uncached, self.settings, order, shares)
         chosen = workers[pick]
         self.last = chosen.id
+        self._placed[chosen.id] = (shares[pick] + 1, now)
         if prefix is not None:
             prefix.expected_cached = total - uncached[pick]
             hit = matched.get(chosen.id)

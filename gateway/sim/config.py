@@ -194,6 +194,14 @@ def _add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV event batches kept per DP rank for subscribers that resume (default: %(default)s)",
     )
     group.add_argument(
+        "--kv-drop-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="lose each live KV event batch with probability P (kept in the history, as "
+        "a relay that missed it would): subscribers see a gap (default: %(default)s)",
+    )
+    group.add_argument(
         "--kv-heartbeat-ms",
         type=_millis,
         default=1000.0,
@@ -303,6 +311,7 @@ class SimConfig:
     kv_blocks: int = 4096
     prefill_s_per_token: float = 0.0
     kv_history: int = 1024
+    kv_drop_rate: float = 0.0
     kv_heartbeat_s: float = 1.0  # 0: no heartbeats
     kv_queue: int = 1024
     kv_events: bool = True
@@ -347,6 +356,7 @@ class SimConfig:
             kv_blocks=args.kv_blocks,
             prefill_s_per_token=args.prefill_us_per_token / 1_000_000.0,
             kv_history=args.kv_history,
+            kv_drop_rate=args.kv_drop_rate,
             kv_heartbeat_s=args.kv_heartbeat_ms / 1000.0,
             kv_queue=args.kv_queue,
             kv_events=args.kv_events,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -143,9 +144,16 @@ class RankLog:
     """One rank's sequence, bounded history and fan-out; the cache's listener."""
 
     def __init__(
-        self, rank: int, history: int, block_size: int, subscriptions: set[Subscription]
+        self,
+        rank: int,
+        history: int,
+        block_size: int,
+        subscriptions: set[Subscription],
+        drop_rate: float = 0.0,
     ) -> None:
         self.rank = rank
+        self._drop_rate = drop_rate
+        self._rng = random.Random()
         self.sequence = 0
         self.dropped_through = 0  # highest sequence no longer in history
         self._history: deque[Batch] = deque(maxlen=history)
@@ -183,6 +191,8 @@ class RankLog:
         if len(history) == history.maxlen:
             self.dropped_through = history[0].sequence
         history.append(batch)
+        if self._drop_rate and self._rng.random() < self._drop_rate:
+            return  # lost on the way (kept in history: a resume from the cursor gets it)
         for subscription in self._subscriptions:
             subscription.offer(self.rank, batch)
 
@@ -238,7 +248,13 @@ class KvEvents:
         self._subscriptions: set[Subscription] = set()
         seed = os.urandom(16)  # per process: subscribers cannot recompute our hashes
         self.logs = [
-            RankLog(rank, config.kv_history, config.block_size, self._subscriptions)
+            RankLog(
+                rank,
+                config.kv_history,
+                config.block_size,
+                self._subscriptions,
+                config.kv_drop_rate,
+            )
             for rank in range(config.dp_ranks)
         ]
         self.caches = [
