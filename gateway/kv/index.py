@@ -166,14 +166,19 @@ class KvIndex:
         if state is None:
             state = self._slots[slot] = SlotState(self.block_size, exact=False)
         expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
+        copies, expiry, holders = state.copies, state.expiry, self._holders
         for own in prefix.hashes(state.block_size):
-            if own in state.copies:
+            if own in copies:
                 continue
-            if own in state.expiry:
-                state.expiry.move_to_end(own)
+            if own in expiry:
+                expiry.move_to_end(own)
             else:
-                self._holders.setdefault(own, set()).add(slot)
-            state.expiry[own] = expires
+                found = holders.get(own)
+                if found is None:
+                    holders[own] = {slot}
+                else:
+                    found.add(slot)
+            expiry[own] = expires
         while len(state.expiry) > self.capacity:
             self._forget(state, slot, next(iter(state.expiry)))
 

@@ -7,7 +7,11 @@ share a block.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+
+TOKEN = "I"  # token ids are uint32 on the wire
+WIDTH = array(TOKEN).itemsize
 
 
 def root(namespace: str) -> int:
@@ -16,15 +20,19 @@ def root(namespace: str) -> int:
 
 
 def chain(parent: int, tokens: Sequence[int]) -> int:
-    return hash((parent, *tokens))
+    """One block's hash: its tokens as bytes (hashed in C), chained to its parent's."""
+    return hash((parent, array(TOKEN, tokens).tobytes()))
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, namespace: str) -> list[int]:
-    """The hash of every full block of `tokens`, each chained to the one before."""
+    """The hash of every full block of `tokens`, each chained to the one before (the
+    prompt is packed once; each block is then a bytes slice: no per-token Python work)."""
+    packed = array(TOKEN, tokens).tobytes()
+    step = block_size * WIDTH
     hashes: list[int] = []
     parent = root(namespace)
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = chain(parent, tokens[start : start + block_size])
+    for start in range(0, len(packed) - step + 1, step):
+        parent = hash((parent, packed[start : start + step]))
         hashes.append(parent)
     return hashes
 
