@@ -49,9 +49,7 @@ def cheapest(
     shares, tie-break order)."""
     floor = min(loads)
     bound = floor * settings.balance_ratio + settings.balance_slack
-    share_bound = (
-        sum(shares) / len(shares) * settings.balance_ratio + 1 if shares else float("inf")
-    )
+    share_bound = sum(shares) / len(shares) * settings.balance_ratio + 1 if shares else float("inf")
     best = None
     fallback = None
     for i in order:
