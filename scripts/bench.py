@@ -24,6 +24,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from pathlib import Path
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-from gateway.launch import Child, start, start_sim
+from gateway.launch import Child, ready, start, start_sim
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -169,11 +170,25 @@ def run_one(
     return result
 
 
-def report(direct: Result, via: Result, pd: Result | None) -> None:
+def start_bare_relay(upstream: str) -> Child:
+    """The bare grpc.aio relay (scripts/bare_relay.py) in front of `upstream`."""
+    command = [sys.executable, str(Path(__file__).with_name("bare_relay.py"))]
+    process = subprocess.Popen(
+        [*command, "--upstream", upstream], stdout=subprocess.PIPE, text=True
+    )
+    return ready(process, ["bare_relay", upstream])
+
+
+def cpu_per_message(result: Result, name: str) -> float:
+    """Seconds of `name`'s CPU per relayed message."""
+    return result.cpu.get(name, 0.0) / result.messages if result.messages else float("nan")
+
+
+def report(direct: Result, via: Result, pd: Result | None, bare: Result | None = None) -> None:
     print(
         f"\n{'':10} {'calls':>8} {'msgs/s':>10} {'p50 ttfm ms':>12} {'p99 ttfm ms':>12} {'fail':>5}"
     )
-    for r in (direct, via, *([pd] if pd else [])):
+    for r in (direct, *([bare] if bare else []), via, *([pd] if pd else [])):
         print(
             f"{r.label:10} {r.calls:8d} {r.rate:10.0f} {r.quantile(0.5):12.2f} "
             f"{r.quantile(0.99):12.2f} {r.failures:5d}"
@@ -187,6 +202,12 @@ def report(direct: Result, via: Result, pd: Result | None) -> None:
     worker_direct, worker_via = direct.cpu.get("worker", 0.0), via.cpu.get("worker", 0.0)
     print(f"worker CPU direct {worker_direct:.2f} s, via gateway {worker_via:.2f} s")
     print(f"ratio gateway/direct (messages/s): {via.rate / direct.rate:.2f}x")
+    if bare is not None:
+        floor = cpu_per_message(bare, "bare")
+        print(
+            f"bare grpc.aio relay CPU: {floor * 1e6:.0f} us/message; gateway/bare CPU per "
+            f"message: {cpu_per_message(via, 'gateway') / floor:.2f}x"
+        )
     if pd is not None:
         print(
             f"PD through the gateway: {pd.rate / direct.rate:.2f}x of direct messages/s; "
@@ -207,6 +228,11 @@ def main() -> None:
     parser.add_argument("--client", choices=("python", "h2load"), default="python")
     parser.add_argument(
         "--gateway-arg", action="append", default=[], help="extra `gateway serve` flag"
+    )
+    parser.add_argument(
+        "--no-bare",
+        action="store_true",
+        help="skip the bare grpc.aio relay phase (the per-core floor)",
     )
     parser.add_argument(
         "--pd",
@@ -248,6 +274,12 @@ def main() -> None:
         children.append(gateway)
         pids = {"worker": worker.process.pid}
         direct = run_one(worker.address, args, "direct", pids)
+        bare = None
+        if not args.no_bare:
+            relay = start_bare_relay(worker.address)
+            children.append(relay)
+            bare = run_one(relay.address, args, "bare", {**pids, "bare": relay.process.pid})
+            relay.stop()
         pids["gateway"] = gateway.process.pid
         via = run_one(gateway.address, args, "gateway", pids)
         pd = run_one(gateway.address, args, "gateway-pd", pids, "bench-pd") if args.pd else None
@@ -255,7 +287,7 @@ def main() -> None:
             f"client={args.client} tokens={args.tokens} concurrency={args.concurrency} "
             f"duration={args.duration}s"
         )
-        report(direct, via, pd)
+        report(direct, via, pd, bare)
     finally:
         for child in reversed(children):
             child.stop()
