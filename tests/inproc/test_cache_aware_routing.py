@@ -4,6 +4,8 @@ prefill leg of SGLang PD, vLLM, and a removed worker's entries."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc import aio
@@ -55,7 +57,10 @@ async def following(gw: Gateway, *sims: Sim) -> None:
     )
 
 
-async def test_with_kv_events_a_prompt_goes_where_it_is_cached() -> None:
+@contextlib.asynccontextmanager
+async def two_workers() -> AsyncIterator[tuple[Gateway, aio.Channel, str, Sim]]:
+    """Workers a and b behind a cache-aware gateway, PROMPT sent once and its stored
+    event in the index: (gateway, channel, the worker's name, its Sim)."""
     async with (
         sim("--model", "m", "--name", "a") as a,
         sim("--model", "m", "--name", "b") as b,
@@ -67,6 +72,11 @@ async def test_with_kv_events_a_prompt_goes_where_it_is_cached() -> None:
         assert cached == 0
         holder = a if first == "a" else b
         await until(lambda: gw.fleet.kv_index.size(holder.address) == 4)  # its event
+        yield gw, ch, first, holder
+
+
+async def test_with_kv_events_a_prompt_goes_where_it_is_cached() -> None:
+    async with two_workers() as (gw, ch, first, _):
         with capture_logs() as logs:
             for i in range(4):
                 assert await generate(ch, sgl_request(PROMPT, f"p{i + 1}")) == (first, 64)
@@ -184,16 +194,7 @@ async def test_vllm_workers_route_cache_aware_too() -> None:
 
 
 async def test_a_removed_worker_leaves_the_index() -> None:
-    async with (
-        sim("--model", "m", "--name", "a") as a,
-        sim("--model", "m", "--name", "b") as b,
-        gateway(url(a), url(b), **CACHE_AWARE) as gw,
-        client(gw) as ch,
-    ):
-        await following(gw, a, b)
-        first, _ = await generate(ch, sgl_request(PROMPT, "p0"))
-        holder = a if first == "a" else b
-        await until(lambda: gw.fleet.kv_index.size(holder.address) == 4)
+    async with two_workers() as (gw, ch, first, holder):
         worker = gw.fleet.registry.get(holder.address)
         assert worker is not None
         await gw.fleet.remove(worker, drain_timeout_s=1)
