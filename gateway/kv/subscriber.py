@@ -78,6 +78,8 @@ class KvFollower:
         backoff = 0.5
         start = 0
         while True:
+            if self.state is FollowState.FOLLOWING:
+                backoff = 0.5  # it worked for a while: a new trouble starts the wait over
             try:
                 await self._follow(start)
                 start = 0  # the worker ended the stream: start over from a snapshot
