@@ -78,8 +78,6 @@ class KvFollower:
         backoff = 0.5
         start = 0
         while True:
-            if self.state is FollowState.FOLLOWING:
-                backoff = 0.5  # it worked for a while: a new trouble starts the wait over
             try:
                 await self._follow(start)
                 start = 0  # the worker ended the stream: start over from a snapshot
@@ -102,6 +100,7 @@ class KvFollower:
                     continue
                 if self.state is FollowState.FOLLOWING:
                     self._resync("reconnect")
+                    backoff = 0.5  # it worked until now: the wait starts over
                 self.state = FollowState.RECONNECTING
                 start = 0
             await asyncio.sleep(backoff)
