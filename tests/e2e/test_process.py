@@ -23,6 +23,7 @@ from tests.e2e.helpers import (
     running_on_sim,
     sgl_generate,
     sgl_grpc,
+    wait_health,
 )
 
 
@@ -80,12 +81,15 @@ async def test_a_second_signal_stops_at_once_whatever_is_in_flight(sim: Launcher
     stderr = gw.process.stderr
     assert stderr is not None
     try:
+        await wait_health(gw.address, "m")  # the worker is ready: the call is placed
         async with channel(gw.address) as ch:
             call = sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_generate(), metadata=model_md("m"))
             for _ in range(200):  # bounded: until the worker has the call
                 if await running_on_sim(worker.address) == 1:
                     break
                 await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the call never reached the worker")
             gw.process.send_signal(signal.SIGINT)  # in flight: the drain delay applies
             draining = next(
                 (line for line in iter(stderr.readline, "") if "draining" in line), ""

@@ -52,6 +52,7 @@ async def test_n_over_max_choices_is_refused_at_once_and_others_are_served(
         worker_url(regular, model="other", runtime="sglang"),
     )
     await wait_health(gw.address, "m")
+    await wait_health(gw.address, "other")
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         other = asyncio.ensure_future(

@@ -96,6 +96,7 @@ async def test_tls_front_serves_stubs_and_grpcurl_and_refuses_plaintext(
     worker = sim("--model", "m")
     gw = gateway(*tls_flags(pki), "--worker", worker_url(worker, model="m", runtime="sglang"))
     async with secure(pki, gw.address) as ch:
+        await wait_until_servable(ch)
         await generate_ok(ch)
     listed = grpcurl("-cacert", pki.path("ca.pem"), gw.address, "list")
     assert listed.returncode == 0, listed.stderr
@@ -119,6 +120,7 @@ async def test_mtls_front_requires_a_client_certificate(
         worker_url(worker, model="m", runtime="sglang"),
     )
     async with secure(pki, gw.address, client="alice") as ch:
+        await wait_until_servable(ch)
         await generate_ok(ch)
     async with secure(pki, gw.address) as anonymous:
         _, error = await collect(
@@ -143,6 +145,7 @@ async def test_certificates_reload_on_sighup_without_dropping_streams(
     worker = sim("--model", "m", "--token-ms", "100")
     gw = gateway(*tls_flags(pki), "--worker", worker_url(worker, model="m", runtime="sglang"))
     async with secure(pki, gw.address) as old:
+        await wait_until_servable(old)
         long = asyncio.ensure_future(
             collect(
                 sgl_grpc.SglangSchedulerStub(old).Generate(
@@ -186,10 +189,11 @@ async def test_tls_to_workers_with_mutual_authentication(
         await generate_ok(ch)
 
 
-async def wait_until_servable(ch: aio.Channel) -> None:
+async def wait_until_servable(ch: aio.Channel, *extra: tuple[str, str]) -> None:
+    """Until the gateway's first probe found the worker ready (its engine HealthCheck)."""
     stub = sgl_grpc.SglangSchedulerStub(ch)
-    for _ in range(100):  # bounded: the worker's first probe over TLS
-        reply = await stub.HealthCheck(sgl.HealthCheckRequest(), metadata=model_md("m"))
+    for _ in range(100):  # bounded
+        reply = await stub.HealthCheck(sgl.HealthCheckRequest(), metadata=model_md("m", *extra))
         if reply.healthy:
             return
         await asyncio.sleep(0.05)
@@ -218,6 +222,7 @@ async def test_api_keys_guard_the_main_port_but_not_health_or_reflection(
 ) -> None:
     _, gw = keyed
     async with channel(gw.address) as ch:
+        await wait_until_servable(ch, bearer("alice"))
         stub = sgl_grpc.SglangSchedulerStub(ch)
         _, error = await collect(stub.Generate(sgl_generate(), metadata=model_md("m")))
         assert error is not None and error.code() is grpc.StatusCode.UNAUTHENTICATED
@@ -245,6 +250,7 @@ async def test_an_abort_from_another_principal_leaves_the_stream_alone(
 ) -> None:
     _, gw = keyed
     async with channel(gw.address) as ch:
+        await wait_until_servable(ch, bearer("alice"))
         stub = sgl_grpc.SglangSchedulerStub(ch)
         victim = stub.Generate(sgl_generate("victim", 30), metadata=model_md("m", bearer("alice")))
         first = await victim.__aiter__().__anext__()
