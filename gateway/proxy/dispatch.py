@@ -151,6 +151,10 @@ class Dispatcher:
 
     # -- regular flows: one worker answers the whole call ------------------------------
 
+    def flow(self, streaming: bool) -> Flow:
+        """The regular flow for an RPC of this shape."""
+        return self.stream if streaming else self.unary
+
     async def stream(self, job: Job, reserved: Reserved) -> None:
         with self._lone_call(job, reserved, streaming=True) as call:
             await call.relay(job.sink, await call.first(job.sink))

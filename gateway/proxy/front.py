@@ -33,7 +33,7 @@ from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
 from gateway.proxy.metadata import RequestMeta, read_request_meta
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.upstream import UpstreamFailure, label
+from gateway.proxy.upstream import UpstreamFailure
 from gateway.record import CallRecord
 from gateway.roles import Role
 
@@ -223,9 +223,8 @@ class EngineFront:
             placed = place(tried)
             return placed if isinstance(placed, Verdict) else Assignment.single(placed.receiver)
 
-        dispatcher = self._dispatcher
-        flow = dispatcher.stream if spec.server_streaming else dispatcher.unary
-        return await dispatcher.serve(replace(job, prefix=prefix), place_receiver, flow)
+        flow = self._dispatcher.flow(spec.server_streaming)
+        return await self._dispatcher.serve(replace(job, prefix=prefix), place_receiver, flow)
 
     async def _forward_one(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
@@ -248,10 +247,8 @@ class EngineFront:
             placed = self._placer.any_worker(model, runtime, tried)
             return placed if isinstance(placed, Verdict) else Assignment.single(placed)
 
-        dispatcher = self._dispatcher
-        flow = dispatcher.stream if spec.server_streaming else dispatcher.unary
         job = self._job(spec, request, context, meta, record)
-        return await dispatcher.serve(job, pick, flow)
+        return await self._dispatcher.serve(job, pick, self._dispatcher.flow(spec.server_streaming))
 
     async def _fan_out(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
@@ -264,16 +261,7 @@ class EngineFront:
         record.targets = [w.id for w in workers]
         upstreams, timeout = self._upstreams, context.time_remaining()
         calls = [
-            upstreams.call(
-                upstreams.reserve(w),
-                w.role,
-                spec.path,
-                request,
-                meta.forward,
-                timeout,
-                streaming=False,
-                label=label(w),
-            )
+            upstreams.ask(upstreams.reserve(w), spec.path, request, meta.forward, timeout)
             for w in workers
         ]
         try:
@@ -310,16 +298,13 @@ class EngineFront:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._config.disagg.abort_wait_s):
                     await holder.started.wait()
-        upstreams, worker = self._upstreams, holder.worker
-        with upstreams.call(
-            upstreams.reserve(worker, judge=False),
-            worker.role,
+        upstreams = self._upstreams
+        with upstreams.ask(
+            upstreams.reserve(holder.worker, judge=False),
             spec.path,
             self.adapter.abort_request([holder.upstream_id], request),
             meta.forward,
             context.time_remaining(),
-            streaming=False,
-            label=label(worker),
         ) as call:
             return await call.response()
 

@@ -188,11 +188,31 @@ class Upstreams:
             started = asyncio.Event() if until_started else None
             holder = Holder(reservation.worker, hold.upstream_id, hold.principal, started)
             self.inflight.add(hold.request_id, holder)
-        deadline = None if timeout is None else time.monotonic() + timeout
         key = hold.request_id if hold is not None else ""
-        call = UpstreamCall(self, reservation, leg, rpc, label, key, holder)
-        call.deadline = deadline
-        return call
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return UpstreamCall(self, reservation, leg, rpc, label, key, holder, deadline)
+
+    def ask(
+        self,
+        reservation: Reservation,
+        path: str,
+        request: bytes,
+        metadata: Metadata,
+        timeout: float | None,
+    ) -> UpstreamCall:
+        """A unary call to one of several workers (a fan-out target, an abort holder):
+        its failure names the worker."""
+        worker = reservation.worker
+        return self.call(
+            reservation,
+            worker.role,
+            path,
+            request,
+            metadata,
+            timeout,
+            streaming=False,
+            label=label(worker),
+        )
 
     def defer(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
         task = asyncio.ensure_future(self._settle_after_start(call, first))
@@ -221,6 +241,7 @@ class UpstreamCall:
         label: str,
         key: str,
         holder: Holder | None,
+        deadline: float | None,
     ) -> None:
         self._upstreams = upstreams
         self.reservation = reservation
@@ -236,7 +257,7 @@ class UpstreamCall:
         self._first: asyncio.Future[Any] | None = None  # a decode's first read, left running
         self._drained: asyncio.Task[list[bytes]] | None = None
         self._closed = False
-        self.deadline: float | None = None  # the client's, carried upstream (monotonic)
+        self.deadline = deadline  # the client's, carried upstream (monotonic)
         self._client_ended = False  # the client's own deadline ended it: no one's fault
 
     def __enter__(self) -> UpstreamCall:
@@ -248,21 +269,18 @@ class UpstreamCall:
     # -- reading -----------------------------------------------------------------------
 
     def _failure(self, error: aio.AioRpcError) -> UpstreamFailure:
-        self.code = error.code()
+        return self._ended(error.code(), error.details() or "", clean(error.trailing_metadata()))
+
+    def _ended(self, code: grpc.StatusCode, details: str, trailers: Metadata) -> UpstreamFailure:
+        """The call ended with a status other than OK: note it, and say whose fault."""
+        self.code = code
         if (
-            self.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            code is grpc.StatusCode.DEADLINE_EXCEEDED
             and self.deadline is not None
             and time.monotonic() >= self.deadline - CLIENT_DEADLINE_SLACK_S
         ):
             self._client_ended = True
-        return UpstreamFailure(
-            self.leg,
-            self.worker,
-            error.code(),
-            error.details() or "",
-            clean(error.trailing_metadata()),
-            self._label,
-        )
+        return UpstreamFailure(self.leg, self.worker, code, details, trailers, self._label)
 
     async def response(self) -> bytes:
         """A unary call's answer."""
@@ -343,15 +361,7 @@ class UpstreamCall:
         if first is None:  # the stream ended without a message
             code = await rpc.code()
             if code is not grpc.StatusCode.OK:
-                self.code = code
-                raise UpstreamFailure(
-                    self.leg,
-                    self.worker,
-                    code,
-                    await rpc.details(),
-                    await self.trailers(),
-                    self._label,
-                )
+                raise self._ended(code, await rpc.details(), await self.trailers())
         else:
             read, write = rpc.read, sink.write
             message = first
