@@ -1,0 +1,1 @@
+"""Several serving processes behind one port: supervisor, control plane, peers."""

@@ -1,0 +1,131 @@
+"""One /metrics for several serving processes: merge their exposition texts.
+
+Each serving process has its own CollectorRegistry, so the supervisor scrapes every process
+and must show each process's numbers exactly once. What a process counts for itself (calls,
+tokens, latency histograms, its own in-flight calls) adds up across processes. What every
+process reports about the same worker (up, status, breaker, the worker's load) does not: two
+processes saying "up = 1" mean one worker that is up, so those gauges come from one process.
+
+`_created` samples are dropped. A sum of counters from processes that started at different
+times has no single creation time: the earliest one would claim the merged series existed
+unbroken since then, yet when any process restarts the sum falls and Prometheus sees a reset
+anyway. Without `_created`, the merged counter is a plain monotonic-until-reset counter.
+
+Sample timestamps are dropped too: the merged value is the value as of this scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+log = structlog.get_logger("gateway.scale")
+
+# Gauges every process reports about the same worker: summing them would say "2 = up".
+FIRST_WINS: frozenset[str] = frozenset(
+    {
+        "gateway_worker_up",
+        "gateway_worker_status",
+        "gateway_worker_breaker_state",
+        "gateway_worker_load_running",
+        "gateway_worker_load_waiting",
+        "gateway_worker_kv_token_usage",
+        "gateway_kv_index_blocks",
+    }
+)
+
+# Types whose text exposition carries `_created` timestamps (as a separate gauge family).
+_WITH_CREATED = frozenset({"counter", "histogram", "summary"})
+
+_SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class _Family:
+    """One merged family: metadata from the first process that has it, values by sample."""
+
+    name: str
+    documentation: str
+    type: str
+    first_wins: bool
+    values: dict[_SampleKey, float] = field(default_factory=dict)
+
+    def add(self, key: _SampleKey, value: float) -> None:
+        if key not in self.values:
+            self.values[key] = value
+        elif not self.first_wins:
+            self.values[key] += value
+
+    def metric(self) -> Metric:
+        out = Metric(self.name, self.documentation, self.type)
+        for (sample_name, labels), value in self.values.items():
+            out.add_sample(sample_name, dict(labels), value)
+        return out
+
+
+def _parse(text: str, index: int) -> list[Metric] | None:
+    """All of one process's families, or None if any part of its text is malformed.
+
+    The parser is a generator, so it is drained here: a text that breaks halfway must not
+    leave its first half in the merge (a partial process would undercount silently)."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except Exception as exc:  # a sick process's scrape must not take /metrics down
+        log.warning("metrics_text_unparsable", process=index, error=repr(exc))
+        return None
+
+
+def merge_expositions(
+    texts: Sequence[str], first_wins: Collection[str] = FIRST_WINS
+) -> list[Metric]:
+    """Merge the processes' exposition texts (text format 0.0.4, index 0 first) into families.
+
+    Families match by name, samples by (sample name, sorted labels). Gauges named in
+    `first_wins` take each sample from the lowest-index process that has it; everything else
+    (counters, histograms, summaries, untyped, other gauges) is summed, and summed histogram
+    buckets, `_sum` and `_count` are again a valid histogram as long as the processes share a
+    bucket layout (they run the same code). Summary quantiles do not add up, so they are
+    dropped; `_count` and `_sum` are summed. `_created` is dropped (see the module docstring).
+
+    A text that fails to parse is skipped whole: that process contributes nothing, the others
+    are merged as usual. A family whose type differs from the first process's is skipped for
+    that process. Type and help come from the first process that has the family; families
+    keep their order of first appearance. The result can be returned from a collector's
+    `collect()` and rendered by `generate_latest`.
+    """
+    parsed = [(i, families) for i, text in enumerate(texts) if (families := _parse(text, i))]
+    # Text 0.0.4 renders `X_created` as a gauge family of its own right after X.
+    created = {f.name + "_created" for _, fs in parsed for f in fs if f.type in _WITH_CREATED}
+    merged: dict[str, _Family] = {}
+    for index, families in parsed:
+        for family in families:
+            if family.type == "gauge" and family.name in created:
+                continue
+            entry = merged.get(family.name)
+            if entry is None:
+                entry = merged[family.name] = _Family(
+                    family.name,
+                    family.documentation,
+                    family.type,
+                    first_wins=family.type == "gauge" and family.name in first_wins,
+                )
+            elif entry.type != family.type:
+                log.warning(
+                    "metrics_type_mismatch",
+                    family=family.name,
+                    expected=entry.type,
+                    got=family.type,
+                    process=index,
+                )
+                continue
+            for sample in family.samples:
+                if sample.name == family.name + "_created":
+                    continue
+                if family.type == "summary" and "quantile" in sample.labels:
+                    continue
+                entry.add((sample.name, tuple(sorted(sample.labels.items()))), sample.value)
+    return [entry.metric() for entry in merged.values()]
