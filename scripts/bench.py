@@ -8,26 +8,43 @@ prints streamed messages/s, p50/p99 time to first message, the gateway's CPU sec
 1,000 relayed messages and the gateway/direct ratio.
 
 Clients: `--client python` (grpc.aio in this process; default) or `--client h2load`
-(nghttp2's load generator, one connection, C streams: far cheaper per message, so the
-worker and the gateway are what is measured; it reports no per-call time to first
-message and ignores grpc-status, so each call's message count is checked by bytes).
+(nghttp2's load generator, C streams: far cheaper per message, so the worker and the
+gateway are what is measured; it reports no per-call time to first message and ignores
+grpc-status, so each call's message count is checked by bytes).
 
     python scripts/bench.py --tokens 16 --concurrency 32 --duration 5
+
+Scaling (`--processes N`): after the direct phase (the limit: the same load spread over
+every worker), runs the gateway phase once per process count 1..N, each a fresh
+`gateway serve --processes k` in front of the same W simulated workers (`--workers`,
+default N, so one worker is not the ceiling), and prints messages/s, the gateway's CPU per
+message (the supervisor and all its serving processes, from /proc), the factor over 1
+process and the direct limit. The kernel spreads connections, not calls, over the serving
+processes, so the load uses K connections (`--connections`, default 8 with --processes):
+one grpc channel each for the python client, `h2load -c K -m C/K`. With more cores than
+the gateway, the workers and the client need, each group is pinned to its own cores;
+otherwise they share the cores, and the figures show the cost, not the ceiling.
+
+    python scripts/bench.py --processes 2 --duration 4 [--client h2load]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
+import resource
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpc import aio
@@ -37,12 +54,68 @@ from gateway.launch import Child, ready, start, start_sim
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 TICKS = os.sysconf("SC_CLK_TCK")
+LOCAL_POOL = ("grpc.use_local_subchannel_pool", 1)  # one connection per channel
+SERVING = b"gateway.scale.child"  # in a serving process's command line
+
+
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat fields after the command name (field 3 is index 0)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of one process, from /proc (no extra dependency)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid`, from every thread's /proc/PID/task/TID/children."""
+    found: set[int] = set()
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                found.update(int(p) for p in (task / "children").read_text().split())
+    return sorted(found)
+
+
+def tree_cpu_seconds(pid: int, seen: set[int] | None = None, depth: int = 0) -> float:
+    """CPU of `pid` and its children: its own user + system, what its reaped children
+    used (cutime + cstime: a serving process that exits mid-phase stays counted) and
+    every live child's tree. `seen` collects the pids visited."""
+    try:
+        fields = stat_fields(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0  # exited since listed: its time is in its parent's cutime
+    if seen is not None:
+        seen.add(pid)
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
+    if depth < 4:
+        total += sum(tree_cpu_seconds(child, seen, depth + 1) for child in children(pid))
+    return total
+
+
+def connections_per_process(port: int, pids: list[int]) -> list[int]:
+    """Established TCP connections to local `port` held by each of `pids` (how the
+    kernel spread the client's connections over the serving processes)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                if cols[3] == "01" and int(cols[1].rpartition(":")[2], 16) == port:
+                    inodes.add(cols[9])
+    counts = []
+    for pid in pids:
+        count = 0
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, PermissionError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:[") and link[8:-1] in inodes:
+                        count += 1
+        counts.append(count)
+    return counts
 
 
 def request_bytes(tokens: int) -> bytes:
@@ -63,6 +136,7 @@ class Result:
     ttfm: list[float]
     failures: int
     cpu: dict[str, float]
+    spread: list[int] = field(default_factory=list)  # connections per serving process
 
     @property
     def rate(self) -> float:
@@ -75,19 +149,38 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+@dataclass
+class Load:
+    """Where and how the load goes: addresses (connection j goes to addresses[j % n])."""
+
+    addresses: list[str]
+    connections: int = 1
+    model: str = "bench"
+    probe: Callable[[], list[int]] | None = None  # sampled mid-phase (connection spread)
+
+
+def snapshot(pids: dict[str, int]) -> dict[str, float]:
+    return {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+
+
 async def python_client(
-    address: str, args: argparse.Namespace, label: str, pids: dict[str, int], model: str
+    load: Load, args: argparse.Namespace, label: str, pids: dict[str, int]
 ) -> Result:
     payload = request_bytes(args.tokens)
     expected = args.tokens + 1
-    metadata = (("x-model-id", model),)
+    metadata = (("x-model-id", load.model),)
     calls = messages = failures = 0
     ttfm: list[float] = []
-    async with aio.insecure_channel(address) as channel:
-        method = channel.unary_stream(GENERATE)
+    spread: list[int] = []
+    channels = [
+        aio.insecure_channel(load.addresses[j % len(load.addresses)], options=[LOCAL_POOL])
+        for j in range(load.connections)
+    ]
+    try:
+        methods = [channel.unary_stream(GENERATE) for channel in channels]
         deadline = time.perf_counter() + 0.5  # warm-up: connect, first calls
 
-        async def stream_loop() -> None:
+        async def stream_loop(method: aio.UnaryStreamMultiCallable) -> None:
             nonlocal calls, messages, failures
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
@@ -104,70 +197,123 @@ async def python_client(
                 if count != expected:
                     failures += 1
 
-        await asyncio.gather(*(stream_loop() for _ in range(3)))  # warm-up connection
+        async def sample() -> None:
+            await asyncio.sleep(args.duration / 2)
+            if load.probe is not None:
+                spread.extend(load.probe())
+
+        warm = max(3, len(methods))  # every connection open before the clock starts
+        await asyncio.gather(*(stream_loop(methods[i % len(methods)]) for i in range(warm)))
         calls = messages = failures = 0
         ttfm.clear()
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        before = snapshot(pids)
+        client_before = cpu_seconds(os.getpid())
         deadline = time.perf_counter() + args.duration
         began = time.perf_counter()
-        await asyncio.gather(*(stream_loop() for _ in range(args.concurrency)))
+        sampler = asyncio.create_task(sample())
+        await asyncio.gather(
+            *(stream_loop(methods[i % len(methods)]) for i in range(args.concurrency))
+        )
         seconds = time.perf_counter() - began
-        cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-    return Result(label, calls, messages, seconds, ttfm, failures, cpu)
+        cpu = {name: value - before[name] for name, value in snapshot(pids).items()}
+        cpu["client"] = cpu_seconds(os.getpid()) - client_before
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    finally:
+        await asyncio.gather(*(channel.close() for channel in channels))
+    return Result(label, calls, messages, seconds, ttfm, failures, cpu, spread)
 
 
 def grpc_frame(payload: bytes) -> bytes:
     return struct.pack(">BI", 0, len(payload)) + payload
 
 
-def h2load_client(address: str, args: argparse.Namespace, label: str, model: str) -> Result:
+def h2load_client(load: Load, args: argparse.Namespace, label: str, pids: dict[str, int]) -> Result:
+    """One h2load per address (h2load drives one host), the connections split over them,
+    C / connections streams on each connection."""
     binary = shutil.which("h2load")
     if binary is None:
         raise SystemExit("h2load not found (apt-get install nghttp2-client)")
+    per_conn = max(1, round(args.concurrency / load.connections))
+    n = len(load.addresses)
+    shares = [load.connections // n + (1 if i < load.connections % n else 0) for i in range(n)]
+    threads = getattr(args, "client_threads", 1)
+    spread: list[int] = []
+    procs: list[subprocess.Popen[str]] = []
+    outs: list[str] = []
     with tempfile.NamedTemporaryFile(suffix=".bin") as body:
         body.write(grpc_frame(request_bytes(args.tokens)))
         body.flush()
-        command = [
-            binary,
-            f"http://{address}{GENERATE}",
-            "-c1",
-            f"-m{args.concurrency}",
-            f"-D{max(1, round(args.duration))}",
-            "-d",
-            body.name,
-            "-H",
-            "content-type: application/grpc",
-            "-H",
-            "te: trailers",
-            "-H",
-            f"x-model-id: {model}",
-        ]
+        before = snapshot(pids)
+        usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
-        out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+        try:
+            for address, conns in zip(load.addresses, shares, strict=True):
+                command = [
+                    binary,
+                    f"http://{address}{GENERATE}",
+                    f"-c{conns}",
+                    f"-t{max(1, min(threads, conns))}",
+                    f"-m{per_conn}",
+                    f"-D{max(1, round(args.duration))}",
+                    "-d",
+                    body.name,
+                    "-H",
+                    "content-type: application/grpc",
+                    "-H",
+                    "te: trailers",
+                    "-H",
+                    f"x-model-id: {load.model}",
+                ]
+                procs.append(
+                    subprocess.Popen(
+                        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                    )
+                )
+            if load.probe is not None:
+                time.sleep(args.duration / 2)
+                spread = load.probe()
+            for proc in procs:
+                outs.append(proc.communicate(timeout=args.duration + 30)[0])
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
         seconds = time.perf_counter() - began
+        cpu = {name: value - before[name] for name, value in snapshot(pids).items()}
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu["client"] = (usage.ru_utime - usage_before.ru_utime) + (
+            usage.ru_stime - usage_before.ru_stime
+        )
     calls = ok = data = 0
-    for line in out.splitlines():
-        if line.startswith("requests:"):  # requests: N total, N started, N done, N succeeded, ...
-            parts = line.replace(",", "").split()
-            calls, ok = int(parts[1]), int(parts[7])
-        elif line.startswith("traffic:"):  # traffic: ... total, ... headers (...), X (BYTES) data
-            data = int(re.findall(r"\((\d+)\) data", line)[0])
+    for out in outs:
+        for line in out.splitlines():
+            if line.startswith("requests:"):  # requests: N total, N started, N done, N succeeded
+                parts = line.replace(",", "").split()
+                calls, ok = calls + int(parts[1]), ok + int(parts[7])
+            elif line.startswith("traffic:"):  # traffic: ... total, ... X (BYTES) data
+                data += int(re.findall(r"\((\d+)\) data", line)[0])
     if calls == 0:
-        raise SystemExit(f"h2load made no calls:\n{out}")
+        raise SystemExit("h2load made no calls:\n" + "\n".join(outs))
     expected = args.tokens + 1
-    print(f"{label}: h2load {ok}/{calls} calls ok, {data / max(ok, 1):.1f} response bytes per call")
-    return Result(label, ok, ok * expected, min(seconds, args.duration), [], calls - ok, {})
+    print(
+        f"{label}: h2load {ok}/{calls} calls ok, {data / max(ok, 1):.1f} response bytes per "
+        f"call, {load.connections} connection(s) x {per_conn} streams"
+    )
+    result = Result(label, ok, ok * expected, min(seconds, args.duration), [], calls - ok, cpu)
+    result.spread = spread
+    return result
 
 
 def run_one(
-    address: str, args: argparse.Namespace, label: str, pids: dict[str, int], model: str = "bench"
+    address: str | Load, args: argparse.Namespace, label: str, pids: dict[str, int]
 ) -> Result:
+    load = address if isinstance(address, Load) else Load([address])
     if args.client == "python":
-        return asyncio.run(python_client(address, args, label, pids, model))
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    result = h2load_client(address, args, label, model)
-    result.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-    return result
+        return asyncio.run(python_client(load, args, label, pids))
+    return h2load_client(load, args, label, pids)
 
 
 def start_bare_relay(upstream: str) -> Child:
@@ -216,6 +362,205 @@ def report(direct: Result, via: Result, pd: Result | None, bare: Result | None =
         )
 
 
+# -- scaling over serving processes ---------------------------------------------------------
+
+
+@dataclass
+class Cores:
+    """Disjoint CPU sets for the gateway, the workers and the load generator."""
+
+    gateway: list[int]
+    workers: list[int]
+    client: list[int]
+
+
+def plan_cores(processes: int, workers: int) -> Cores | None:
+    """One core per serving process and per worker, the rest (at least one) for the load
+    generator; None when the machine has too few cores for that."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < processes + workers + 1:
+        return None
+    return Cores(
+        cores[:processes], cores[processes : processes + workers], cores[processes + workers :]
+    )
+
+
+@contextlib.contextmanager
+def pinned(cpus: list[int] | None) -> Iterator[None]:
+    """Run the body (which starts processes: they inherit it) on `cpus`, then restore."""
+    if not cpus:
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def alive_serving(pid: int) -> bool:
+    try:
+        return SERVING in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def stop_gateway(gateway: Child, serving: set[int]) -> None:
+    """Stop the supervisor (it drains and stops its serving processes); then end any
+    serving process it left behind (only the pids it started, checked by command line)."""
+    gateway.stop()
+    left = [pid for pid in serving if alive_serving(pid)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5.0
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [pid for pid in left if alive_serving(pid)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def gateway_args(worker_urls: list[str], extra: list[str], processes: int) -> list[str]:
+    return [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "off",
+        "--log-level",
+        "warning",
+        "--processes",
+        str(processes),
+        *worker_urls,
+        *extra,
+    ]
+
+
+def scaling_phase(
+    k: int,
+    args: argparse.Namespace,
+    worker_urls: list[str],
+    worker_pids: dict[str, int],
+    cores: Cores | None,
+    gateways: list[tuple[Child, set[int]]],
+) -> Result:
+    """A fresh `gateway serve --processes k`, the load through it, and the gateway stopped
+    (listed in `gateways` too, so an interrupted stop is finished by the caller)."""
+    serving: set[int] = set()
+    with pinned(cores.gateway[:k] if cores else None):
+        gateway = start(gateway_args(worker_urls, args.gateway_arg, k), timeout=60.0)
+    gateways.append((gateway, serving))
+    try:
+        sup = gateway.process.pid
+
+        def serving_pids() -> list[int]:
+            pids = children(sup) if k > 1 else [sup]
+            serving.update(p for p in pids if p != sup)
+            return pids
+
+        serving_pids()
+        load = Load(
+            [gateway.address],
+            args.connections,
+            probe=lambda: connections_per_process(gateway.port, serving_pids()),
+        )
+        return run_one(load, args, f"{k} proc", {**worker_pids, "gateway": sup})
+    finally:
+        stop_gateway(gateway, serving)
+
+
+def busy(result: Result, names: list[str]) -> float:
+    """Cores kept busy during the phase by the named processes."""
+    return sum(result.cpu.get(name, 0.0) for name in names) / result.seconds
+
+
+def scaling_report(
+    args: argparse.Namespace, direct: Result, runs: list[Result], cores: Cores | None
+) -> None:
+    workers = [f"worker{i}" for i in range(args.workers)]
+    print(
+        f"\n{'processes':>9} {'msgs/s':>9} {'gw CPU us/msg':>13} {'x 1 proc':>8} "
+        f"{'direct':>8} {'/direct':>7} {'fail':>5}  {'busy cores gw/wk/client':>23}  conns/proc"
+    )
+
+    def cores_used(r: Result) -> str:
+        return f"{busy(r, ['gateway']):.2f}/{busy(r, workers):.2f}/{busy(r, ['client']):.2f}"
+
+    print(
+        f"{'direct':>9} {direct.rate:9.0f} {'':>13} {'':>8} {direct.rate:8.0f} {'':>7} "
+        f"{direct.failures:5d}  {cores_used(direct):>23}"
+    )
+    base = runs[0].rate if runs else float("nan")
+    for k, r in enumerate(runs, 1):
+        spread = "/".join(map(str, r.spread)) or "-"
+        print(
+            f"{k:9d} {r.rate:9.0f} {cpu_per_message(r, 'gateway') * 1e6:13.0f} "
+            f"{r.rate / base:7.2f}x {direct.rate:8.0f} {r.rate / direct.rate:6.2f}x "
+            f"{r.failures:5d}  {cores_used(r):>23}  {spread}"
+        )
+    print()
+    for k, r in enumerate(runs, 1):
+        noun = "process " if k == 1 else "processes"
+        print(
+            f"{k} {noun}: {r.rate / base:.2f}x the messages/s of 1 ({r.rate:.0f}/s, "
+            f"{r.rate / direct.rate:.2f}x direct), gateway CPU "
+            f"{cpu_per_message(r, 'gateway') * 1e6:.0f} us/message"
+        )
+    if cores is None:
+        print(
+            f"\nnote: {args.cores} cores shared by the load generator ({args.client}), "
+            f"{args.workers} worker(s) and the gateway (up to {args.processes} serving "
+            "processes + supervisor), nothing pinned: the figures show the cost per message, "
+            "not the ceiling (one more process only helps while a core is idle)."
+        )
+    else:
+        print(
+            f"\npinned: gateway cores {cores.gateway} (k processes on the first k), "
+            f"workers {cores.workers}, load generator {cores.client}"
+        )
+    print(
+        "gw CPU: supervisor + every serving process, from /proc; busy cores: CPU seconds / "
+        "wall seconds of the phase; conns/proc: client connections each serving process held"
+    )
+
+
+def run_scaling(
+    args: argparse.Namespace, children_: list[Child], gateways: list[tuple[Child, set[int]]]
+) -> None:
+    args.cores = len(os.sched_getaffinity(0))
+    cores = plan_cores(args.processes, args.workers)
+    workers: list[Child] = []
+    for i in range(args.workers):
+        cpu = [cores.workers[i]] if cores else None
+        with pinned(cpu):
+            workers.append(start_sim("--runtime", "sglang", "--model", "bench"))
+        children_.append(workers[-1])
+    if cores:
+        os.sched_setaffinity(0, cores.client)  # the python client; h2load inherits it
+        args.client_threads = len(cores.client)
+    urls: list[str] = []
+    for w in workers:
+        urls += ["--worker", f"grpc://{w.address}?model=bench&runtime=sglang"]
+    worker_pids = {f"worker{i}": w.process.pid for i, w in enumerate(workers)}
+    direct_load = Load([w.address for w in workers], max(args.connections, args.workers))
+    direct = run_one(direct_load, args, "direct", worker_pids)
+    runs = [
+        scaling_phase(k, args, urls, worker_pids, cores, gateways)
+        for k in range(1, args.processes + 1)
+    ]
+    print(
+        f"\nclient={args.client} tokens={args.tokens} concurrency={args.concurrency} "
+        f"connections={args.connections} workers={args.workers} duration={args.duration}s "
+        f"cores={args.cores}"
+    )
+    scaling_report(args, direct, runs, cores)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -239,17 +584,55 @@ def main() -> None:
         action="store_true",
         help="also run the load through an SGLang prefill + decode pair behind the gateway",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="scaling: the direct phase, then the gateway phase with 1..N serving processes "
+        "(a fresh `gateway serve --processes k` each), instead of the bare and gateway phases",
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        metavar="K",
+        help="client connections, the streams spread over them (default 8 with --processes, "
+        "else 1); the kernel spreads connections, not calls, over serving processes",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="W",
+        help="simulated workers, all serving the model (default N with --processes, so one "
+        "worker is not the ceiling; else 1)",
+    )
     args = parser.parse_args()
+    if args.processes is None:
+        if args.connections not in (None, 1) or args.workers not in (None, 1):
+            parser.error("--connections and --workers go with --processes")
+        args.connections, args.workers = 1, 1
+    else:
+        if args.pd:
+            parser.error("--pd does not go with --processes")
+        if not 1 <= args.processes <= 64:
+            parser.error("--processes must be 1..64")
+        args.connections = args.connections or 8
+        args.workers = args.workers or args.processes
+        if not 1 <= args.connections <= args.concurrency or args.workers < 1:
+            parser.error("need 1 <= --connections <= --concurrency and --workers >= 1")
 
-    children: list[Child] = []
+    children_: list[Child] = []
+    gateways: list[tuple[Child, set[int]]] = []
     try:
+        if args.processes is not None:
+            run_scaling(args, children_, gateways)
+            return
         worker = start_sim("--runtime", "sglang", "--model", "bench")
-        children.append(worker)
+        children_.append(worker)
         workers = ["--worker", f"grpc://{worker.address}?model=bench&runtime=sglang"]
         if args.pd:
             prefill = start_sim("--role", "prefill", "--model", "bench-pd")
             decode = start_sim("--role", "decode", "--model", "bench-pd")
-            children += [prefill, decode]
+            children_ += [prefill, decode]
             workers += [
                 "--worker",
                 f"grpc://{prefill.address}",
@@ -271,25 +654,35 @@ def main() -> None:
                 *args.gateway_arg,
             ]
         )
-        children.append(gateway)
+        children_.append(gateway)
         pids = {"worker": worker.process.pid}
         direct = run_one(worker.address, args, "direct", pids)
         bare = None
         if not args.no_bare:
             relay = start_bare_relay(worker.address)
-            children.append(relay)
+            children_.append(relay)
             bare = run_one(relay.address, args, "bare", {**pids, "bare": relay.process.pid})
             relay.stop()
         pids["gateway"] = gateway.process.pid
         via = run_one(gateway.address, args, "gateway", pids)
-        pd = run_one(gateway.address, args, "gateway-pd", pids, "bench-pd") if args.pd else None
+        pd = (
+            run_one(Load([gateway.address], model="bench-pd"), args, "gateway-pd", pids)
+            if args.pd
+            else None
+        )
         print(
             f"client={args.client} tokens={args.tokens} concurrency={args.concurrency} "
             f"duration={args.duration}s"
         )
         report(direct, via, pd, bare)
+    except KeyboardInterrupt:
+        print("interrupted: stopping every process started", file=sys.stderr)
+        raise SystemExit(130) from None
     finally:
-        for child in reversed(children):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # bounded: 5 s per process at most
+        for gateway, serving in gateways:
+            stop_gateway(gateway, serving)  # again, if an interrupt cut its stop short
+        for child in reversed(children_):
             child.stop()
 
 
