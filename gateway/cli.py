@@ -9,7 +9,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.config import POLICIES, ConfigError, GatewayConfig, build_config, load_file
+from gateway.config import (
+    POLICIES,
+    ConfigError,
+    GatewayConfig,
+    build_config,
+    load_file,
+    parse_processes,
+)
 
 EPILOG = """\
 worker URL: grpc://HOST:PORT?model=NAME&runtime=sglang|vllm&role=regular|prefill|decode|encode
@@ -69,6 +76,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="HOST:PORT",
         help="Prometheus endpoint (127.0.0.1:9464; 'off' disables it)",
     )
+    p.add_argument(
+        "--processes",
+        metavar="N|auto",
+        help="serving processes sharing the main port (default 1; auto: usable cores)",
+    )
     p.add_argument("--log-format", choices=("console", "json"), help="log format (console)")
     p.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="log level (info)"
@@ -112,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
             "tls.client_ca": args.tls_client_ca,
             "admin.token": admin_token(args),
             "metrics.listen": args.metrics_listen,
+            "processes": parse_processes(args.processes) if args.processes else None,
         },
     )
 
@@ -145,18 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(coro: object) -> int:
+def run_until_done(coro: object) -> int:
     """Run to the end; 2 with one line if a port cannot be bound, 130 on a Ctrl-C that
     arrived before the process took over its signals (never a traceback)."""
     from gateway.listen import CannotListen
 
+    result: object = None
     try:
         if os.environ.get("GATEWAY_LOOP") == "uvloop":
             import uvloop
 
-            uvloop.run(coro)  # type: ignore[arg-type]
+            result = uvloop.run(coro)  # type: ignore[arg-type]
         else:
-            asyncio.run(coro)  # type: ignore[arg-type]
+            result = asyncio.run(coro)  # type: ignore[arg-type]
     except CannotListen as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -165,7 +179,7 @@ def _run(coro: object) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,8 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"gateway: config error: {exc}", file=sys.stderr)
             return 2
+        if config.processes > 1:
+            from gateway.scale.supervisor import supervise
+
+            configure(config.log_format, config.log_level, process="supervisor")
+            return run_until_done(supervise(config))
         configure(config.log_format, config.log_level)
-        return _run(serve(config))
+        return run_until_done(serve(config))
     elif args.command == "workers":
         from gateway.admin.client import run_workers
 
@@ -190,14 +209,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway.launch import NotReady
 
         try:
-            return _run(run_demo(args))
+            return run_until_done(run_demo(args))
         except NotReady as exc:  # every process it started is stopped by then
             print(f"gateway: demo: {exc}", file=sys.stderr)
             return 1
     else:
         from gateway.sim import run_sim
 
-        return _run(run_sim(args))
+        return run_until_done(run_sim(args))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ prints it and exits with status 2.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -40,6 +41,7 @@ WORKER_URL_KEYS = (
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_NAME = 256  # characters in a model name
 MAX_URL = 2048  # characters in a worker URL
+MAX_PROCESSES = 64  # serving processes of one gateway
 # Model names as engines serve them: `meta-llama/Llama-3-8B`, `qwen2.5:7b`, `org/m@v2`.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*")
 
@@ -277,6 +279,7 @@ class GatewayConfig:
     kv: KvConfig = field(default_factory=KvConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    processes: int = 1  # serving processes behind the main port (`auto`: usable cores)
 
     def model(self, name: str) -> ModelSettings:
         return self.models.get(name) or ModelSettings(policy=self.default_policy)
@@ -292,6 +295,25 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def parse_processes(value: Any) -> int:
+    """`processes`: a whole number from 1 to MAX_PROCESSES, or `auto` (usable cores)."""
+    if value == "auto":
+        return min(usable_cores(), MAX_PROCESSES)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PROCESSES:
+        raise ConfigError(f"processes must be auto or 1..{MAX_PROCESSES}, not {value!r}")
+    return value
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -486,7 +508,7 @@ def build_config(
 ) -> GatewayConfig:
     """Merge file, then flags (flags win), and validate everything."""
     data = dict(file_data or {})
-    known = set(_SCALARS) | set(SECTIONS) | {"workers", "models", "model_headers"}
+    known = set(_SCALARS) | set(SECTIONS) | {"workers", "models", "model_headers", "processes"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"config: unknown key {unknown[0]!r}")
@@ -496,6 +518,8 @@ def build_config(
             values[key] = _typed(data[key], kind.__name__, key)
     for name, cls in SECTIONS.items():
         values[name] = _section(cls, data.get(name), name)
+    if "processes" in data:
+        values["processes"] = parse_processes(data["processes"])
     for key, value in (overrides or {}).items():
         if value is None:
             continue

@@ -8,7 +8,9 @@ import sys
 import structlog
 
 
-def configure(log_format: str, level: str) -> None:
+def configure(log_format: str, level: str, process: int | str | None = None) -> None:
+    """`process`: the serving process's index, or "supervisor" (`--processes N`), on every
+    line the process logs."""
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if log_format == "json"
@@ -16,6 +18,7 @@ def configure(log_format: str, level: str) -> None:
     )
     structlog.configure(
         processors=[
+            *([_process_field(process)] if process is not None else []),
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
@@ -26,3 +29,11 @@ def configure(log_format: str, level: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _process_field(index: int | str) -> structlog.types.Processor:
+    def add(_: object, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+        event.setdefault("process", index)
+        return event
+
+    return add

@@ -261,8 +261,7 @@ class Metrics:
         self._verdict_children: dict[tuple[str, ...], Any] = {}
         self._first_children: dict[tuple[str, ...], Any] = {}
         self._retry_children: dict[tuple[str, ...], Any] = {}
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self.endpoint = Endpoint(self.prometheus)
 
     def observe(self, record: CallRecord) -> None:
         """Count one finished call (on the event loop: a few cached lookups, no allocation
@@ -293,14 +292,31 @@ class Metrics:
     def serve(self, listen: str) -> int:
         """Expose /metrics over HTTP on `listen` (HOST:PORT, port 0 allowed) in a daemon
         thread; returns the bound port. Raises OSError if it cannot bind."""
+        return self.endpoint.serve(listen)
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+
+class Endpoint:
+    """/metrics over HTTP for one registry, in a daemon thread (prometheus-client's)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def serve(self, listen: str) -> int:
+        """Listen on `listen` (HOST:PORT, port 0 allowed); returns the bound port. Raises
+        OSError if it cannot bind."""
         if self._server is not None:
             raise RuntimeError("metrics endpoint already serving")
         host, port = parse_address(listen, "metrics listen address")
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.prometheus)
+        self._server, self._thread = start_http_server(port, addr=host, registry=self._registry)
         return int(self._server.server_port)
 
     def close(self) -> None:
-        """Stop the HTTP endpoint and release its port (a no-op if not serving)."""
+        """Stop and release the port (a no-op if not serving)."""
         server, thread = self._server, self._thread
         self._server = self._thread = None
         if server is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Sequence
 
 import structlog
 from grpc import aio
@@ -21,27 +22,32 @@ from gateway.fleet.registry import FleetEvent
 from gateway.health import HealthService, desired_statuses
 from gateway.listen import CannotListen, bind
 from gateway.metrics import Metrics
+from gateway.peer.client import Siblings
+from gateway.peer.service import PeerService
 from gateway.placement.placer import Placer
 from gateway.proxy.admission import Admission
-from gateway.proxy.disagg import DisaggregatedDispatch
+from gateway.proxy.disagg import DisaggregatedDispatch, Rooms
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import EngineFront
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.upstream import Upstreams
-from gateway.tls import CertificateFiles
+from gateway.scale.member import Member
+from gateway.tls import CertificateFiles, channel_credentials
 
 log = structlog.get_logger("gateway")
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
+ADMIN_STOP_GRACE_S = 0.2  # a graceful GOAWAY: control channels close without an error
 
 
-def server_options(config: GatewayConfig) -> list[tuple[str, int]]:
-    """The main port's transport limits (see `LimitsConfig`)."""
+def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[str, int]]:
+    """The main port's transport limits (see `LimitsConfig`); SO_REUSEPORT only when the
+    port is `shared` by serving processes, so one process alone refuses a busy port."""
     limits = config.limits
     options = [
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if shared else 0),
         ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
     ]
     if limits.connection_idle_timeout_s > 0:
@@ -54,13 +60,39 @@ def server_options(config: GatewayConfig) -> list[tuple[str, int]]:
     return options
 
 
+def preflight(config: GatewayConfig) -> None:
+    """Read every file a serving process reads at start-up (API keys, certificates), so
+    that a supervisor reports a bad one in one line before it starts any process."""
+    if config.auth.api_keys_file:
+        ApiKeys.load(config.auth.api_keys_file)
+    if config.tls.enabled:
+        CertificateFiles(config.tls)
+    if any(spec.tls for spec in config.workers):
+        channel_credentials(config.upstream_tls)
+
+
+def ready_line(config: GatewayConfig, port: int, admin_port: int, metrics_port: int) -> str:
+    """`READY host:port admin=host:port [metrics=host:port]`: what scripts wait for."""
+    host = config.listen.rpartition(":")[0]
+    admin_host = config.admin.listen.rpartition(":")[0]
+    line = f"READY {host}:{port} admin={admin_host}:{admin_port}"
+    if metrics_port and config.metrics.listen:
+        line += f" metrics={config.metrics.listen.rpartition(':')[0]}:{metrics_port}"
+    return line
+
+
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    """One serving process: alone, or process `member.index` of `--processes N` (then its
+    admin and peer services listen on its private control socket, and the supervisor holds
+    the admin port and the metrics endpoint)."""
+
+    def __init__(self, config: GatewayConfig, member: Member | None = None) -> None:
         self.config = config
+        self.member = member
         self.fleet = Fleet(config)
         self.inflight = InflightTable()
         self.placer = Placer(
@@ -74,8 +106,16 @@ class Gateway:
         )
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
-        self.disagg = DisaggregatedDispatch(self.dispatcher)
-        self.admission = Admission(config.limits.max_inflight_requests)
+        limit = config.limits.max_inflight_requests
+        if member is None:
+            self.disagg = DisaggregatedDispatch(self.dispatcher)
+            self.admission = Admission(limit)
+            self.siblings: Siblings | None = None
+        else:
+            rooms = Rooms(index=member.index, count=member.count)
+            self.disagg = DisaggregatedDispatch(self.dispatcher, rooms)
+            self.admission = Admission(member.share(limit))
+            self.siblings = Siblings(member.siblings())
         keys = ApiKeys.load(config.auth.api_keys_file) if config.auth.api_keys_file else None
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
         self.caller = Caller(keys, certificates=config.tls.client_ca is not None)
@@ -88,13 +128,15 @@ class Gateway:
         self._closed = False
         self.server = aio.server(
             interceptors=[api_key_interceptor(keys)] if keys is not None else None,
-            options=server_options(config),
+            options=server_options(config, shared=member is not None),
         )
         self.admin_server: aio.Server | None = None
         self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0
 
-    async def start(self) -> int:
+    async def start(self, drained: Sequence[str] = ()) -> int:
+        """Listen and serve; `drained` workers start drained (a restarted serving process
+        takes over what the admin API did to its predecessor)."""
         self.fronts = fronts = [
             EngineFront(
                 adapter,
@@ -106,6 +148,7 @@ class Gateway:
                 self.admission,
                 self.caller,
                 self.metrics.observe,
+                self.siblings,
             )
             for adapter in ADAPTERS.values()
         ]
@@ -120,7 +163,15 @@ class Gateway:
         self.fleet.registry.subscribe(self._on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)
-        self.admin_server, self.admin_port = await start_admin_server(self.fleet, self.config)
+        for worker_id in drained:
+            worker = self.fleet.registry.get(worker_id)
+            if worker is not None:
+                await self.fleet.drain(worker, 0.0)
+        peer = None
+        if self.member is not None:
+            by_service = {front.adapter.service_name: front for front in self.fronts}
+            peer = PeerService(by_service, self.metrics.prometheus)
+        self.admin_server, self.admin_port = await start_admin_server(self.fleet, self.config, peer)
         if self.config.metrics.listen:
             try:
                 self.metrics_port = self.metrics.serve(self.config.metrics.listen)
@@ -138,13 +189,7 @@ class Gateway:
         return self.port
 
     def ready_line(self) -> str:
-        """`READY host:port admin=host:port [metrics=host:port]`: what scripts wait for."""
-        host = self.config.listen.rpartition(":")[0]
-        admin_host = self.config.admin.listen.rpartition(":")[0]
-        line = f"READY {host}:{self.port} admin={admin_host}:{self.admin_port}"
-        if self.metrics_port and self.config.metrics.listen:
-            line += f" metrics={self.config.metrics.listen.rpartition(':')[0]}:{self.metrics_port}"
-        return line
+        return ready_line(self.config, self.port, self.admin_port, self.metrics_port)
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         """Recompute health once per burst of events, after the code that changed the
@@ -190,16 +235,20 @@ class Gateway:
         self._closed = True
         await self.server.stop(None)
         if self.admin_server is not None:
-            await self.admin_server.stop(None)
+            await self.admin_server.stop(ADMIN_STOP_GRACE_S)
+        if self.siblings is not None:
+            await self.siblings.close()
         self.metrics.close()
         await self.fleet.close()
 
 
-async def serve(config: GatewayConfig) -> None:
+async def serve(
+    config: GatewayConfig, member: Member | None = None, drained: Sequence[str] = ()
+) -> None:
     """Run until SIGTERM or SIGINT, then drain. A signal during start-up stops at once;
     SIGINT with nothing in flight skips the drain delay (someone at a terminal, no load
     balancer to tell); a second signal stops at once, whatever is in flight."""
-    gateway = Gateway(config)
+    gateway = Gateway(config, member)
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
     stopped = asyncio.Event()
@@ -217,7 +266,7 @@ async def serve(config: GatewayConfig) -> None:
     if gateway.certificates is not None:
         loop.add_signal_handler(signal.SIGHUP, gateway.certificates.reload)
     try:
-        starting = asyncio.ensure_future(gateway.start())
+        starting = asyncio.ensure_future(gateway.start(drained))
         waiting = asyncio.ensure_future(stopped.wait())
         await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():

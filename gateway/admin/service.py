@@ -20,11 +20,12 @@ from gateway.admin import convert
 from gateway.admin.auth import admin_token_interceptor
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.config import ConfigError, GatewayConfig, parse_worker_url
+from gateway.config import AdminConfig, ConfigError, GatewayConfig, parse_worker_url
 from gateway.fleet.fleet import Fleet, WorkerExists
 from gateway.fleet.registry import FleetEvent
 from gateway.fleet.worker import Worker
 from gateway.listen import bind
+from gateway.peer.service import PeerService, add_peer_service
 
 log = structlog.get_logger("gateway.admin")
 
@@ -34,7 +35,7 @@ WATCH_QUEUE_SIZE = 1024  # events a slow watcher may lag behind before it is cut
 Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
 
 
-async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
+async def abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
     await context.abort(code, message)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
@@ -63,10 +64,10 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
 
     async def _worker(self, worker_id: str, context: Context) -> Worker:
         if not worker_id:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
         worker = self._fleet.registry.get(worker_id)
         if worker is None:
-            await _abort(
+            await abort(
                 context, grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r} is registered"
             )
         return worker
@@ -77,16 +78,16 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         try:
             spec = parse_worker_url(request.url)
         except ConfigError as exc:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         timeout = self._config.discovery_timeout_s
         try:
             # Only a URL without model or runtime waits: the fleet asks the worker first.
             async with asyncio.timeout(timeout):
                 worker = await self._fleet.add(spec)
         except WorkerExists as exc:
-            await _abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            await abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
         except TimeoutError:
-            await _abort(
+            await abort(
                 context,
                 grpc.StatusCode.UNAVAILABLE,
                 f"worker {spec.address} did not tell its model and runtime within {timeout:g} s;"
@@ -102,7 +103,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         if request.HasField("drain_timeout"):
             timeout = request.drain_timeout.ToTimedelta().total_seconds()
             if timeout < 0:
-                await _abort(
+                await abort(
                     context, grpc.StatusCode.INVALID_ARGUMENT, "drain_timeout must not be negative"
                 )
         task = self._removals.get(worker.id)
@@ -127,7 +128,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         worker = await self._worker(request.worker_id, context)
         wait = request.wait.ToTimedelta().total_seconds() if request.HasField("wait") else 0.0
         if wait < 0:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "wait must not be negative")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "wait must not be negative")
         log.info("admin_drain_worker", worker=worker.id, wait_s=wait)
         drained = await self._fleet.drain(worker, wait)
         return pb.DrainWorkerResponse(worker=self._message(worker), drained=drained)
@@ -164,7 +165,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
                 yield message
             while True:
                 if overflowed and queue.empty():
-                    await _abort(
+                    await abort(
                         context,
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"this watcher fell more than {self._watch_queue_size} events behind;"
@@ -175,20 +176,34 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
             registry.unsubscribe(listener)
 
 
-async def start_admin_server(fleet: Fleet, config: GatewayConfig) -> tuple[aio.Server, int]:
-    """Serve AdminService (and reflection for it) on `config.admin.listen`; returns the
-    started server and its bound port (the listen port may be 0). Raises CannotListen if the
-    address cannot be bound."""
-    token = config.admin.token
+async def start_admin_server(
+    fleet: Fleet, config: GatewayConfig, peer: PeerService | None = None
+) -> tuple[aio.Server, int]:
+    """Serve AdminService over `fleet` on `config.admin.listen`, with the `peer` service
+    of a serving process beside it. See `serve_admin`."""
+    return await serve_admin(AdminService(fleet, config), config.admin, peer)
+
+
+async def serve_admin(
+    servicer: admin_pb2_grpc.AdminServiceServicer,
+    admin: AdminConfig,
+    peer: PeerService | None = None,
+) -> tuple[aio.Server, int]:
+    """Serve an AdminService (and reflection for it) on `admin.listen`, behind its token;
+    returns the started server and its bound port (the listen port may be 0). Raises
+    CannotListen if the address cannot be bound."""
+    token = admin.token
     server = aio.server(
         interceptors=[admin_token_interceptor(token)] if token else None,
         options=[("grpc.so_reuseport", 0)],
     )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminService(fleet, config), server)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
+    if peer is not None:
+        add_peer_service(server, peer)
     reflection.enable_server_reflection([SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = bind(server, config.admin.listen)
+    port = bind(server, admin.listen)
     await server.start()
     return server, port
 
 
-__all__ = ["SERVICE_NAME", "AdminService", "start_admin_server"]
+__all__ = ["SERVICE_NAME", "AdminService", "serve_admin", "start_admin_server"]

@@ -30,15 +30,19 @@ MAX_ROOM = 2**31 - 1
 
 
 class Rooms:
-    """Bootstrap rooms: random non-negative int32s, unique among requests in flight."""
+    """Bootstrap rooms: random non-negative int32s, unique among requests in flight. With
+    several serving processes, process `index` of `count` takes only rooms congruent to
+    its index modulo the count, so rooms are unique across processes too."""
 
-    def __init__(self, rng: random.Random | None = None) -> None:
+    def __init__(self, rng: random.Random | None = None, index: int = 0, count: int = 1) -> None:
         self._rng = rng or random.Random()
         self._busy: set[int] = set()
+        self._index, self._count = index, count
+        self._top = (MAX_ROOM - index) // count
 
     def allocate(self) -> int:
         while True:
-            room = self._rng.randint(0, MAX_ROOM)
+            room = self._rng.randint(0, self._top) * self._count + self._index
             if room not in self._busy:
                 self._busy.add(room)
                 return room
@@ -177,9 +181,9 @@ class PlacedLegs:
 
 
 class DisaggregatedDispatch:
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, rooms: Rooms | None = None) -> None:
         self.dispatcher = dispatcher
-        self.rooms = Rooms()
+        self.rooms = rooms if rooms is not None else Rooms()
 
     async def serve(self, job: Job, n: int, place: Place) -> None:
         try:

@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
@@ -31,7 +31,7 @@ from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
 from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
-from gateway.proxy.metadata import RequestMeta, read_request_meta
+from gateway.proxy.metadata import Metadata, RequestMeta, read_request_meta
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import UpstreamFailure
 from gateway.record import CallRecord
@@ -42,6 +42,20 @@ log = structlog.get_logger("gateway.request")
 REGULAR_ONLY = (Role.REGULAR,)
 
 Handler = Callable[[bytes, Context], Awaitable[Any]]
+
+
+class Siblings(Protocol):
+    """The other serving processes of this gateway (`--processes N`)."""
+
+    async def abort_held(
+        self,
+        service: str,
+        request: bytes,
+        principal: str | None,
+        forward: Metadata,
+        time_left: float | None,
+    ) -> bytes | None:
+        """The merged reply of the siblings holding a named request, else None."""
 
 
 SHOWN_IDS = 8  # request ids an answer repeats (a vLLM Abort may name any number)
@@ -68,7 +82,12 @@ class EngineFront:
         admission: Admission,
         caller: Caller,
         observe: Callable[[CallRecord], None],
+        peers: Siblings | None = None,
     ) -> None:
+        self._peers = peers
+        self._abort_path = next(
+            spec.path for spec in adapter.rpcs.values() if spec.kind is RpcKind.ABORT
+        )
         self._caller = caller
         self._admission = admission
         self._disagg = disagg
@@ -112,11 +131,8 @@ class EngineFront:
             try:
                 if bounded:
                     admitted = admission.enter()
-                    if not admitted:
-                        limits = self._config.limits
-                        verdict = gateway_overloaded(
-                            limits.max_inflight_requests, self._config.retry_after_ms
-                        )
+                    if not admitted:  # its limit: this process's share with --processes
+                        verdict = gateway_overloaded(admission.limit, self._config.retry_after_ms)
                         await refuse(context, record, verdict)
                 if not streaming:
                     return await serve(spec, request, context, record)
@@ -289,7 +305,7 @@ class EngineFront:
         return self.adapter.health_check_reply(False, f"model '{model}' has no available workers")
 
     async def _abort_one(
-        self, spec: RpcSpec, request: bytes, holder: Holder, meta: RequestMeta, context: Context
+        self, path: str, request: bytes, holder: Holder, forward: Metadata, time_left: float | None
     ) -> bytes:
         """Abort one upstream call; a decode leg only once it has started (bounded), so the
         KV handoff from its prefill is not torn in the middle. An abort says nothing about
@@ -301,29 +317,33 @@ class EngineFront:
         upstreams = self._upstreams
         with upstreams.ask(
             upstreams.reserve(holder.worker, judge=False),
-            spec.path,
+            path,
             self.adapter.abort_request([holder.upstream_id], request),
-            meta.forward,
-            context.time_remaining(),
+            forward,
+            time_left,
         ) as call:
             return await call.response()
 
-    async def _abort(
-        self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
-    ) -> bytes:
-        try:
-            ids = self.adapter.abort_ids(request)
-        except DecodeError:
-            await abort_invalid(context, "Request bytes are not a valid AbortRequest")
-        record.request_id = ",".join(ids)
-        inflight, principal = self._upstreams.inflight, self._caller.principal(context)
+    async def abort_held(
+        self,
+        request: bytes,
+        ids: list[str],
+        principal: str | None,
+        forward: Metadata,
+        time_left: float | None,
+        record: CallRecord | None = None,
+    ) -> bytes | None:
+        """Abort what this process holds of `ids` for `principal`: the merged engine reply,
+        or None if it holds none of them (the peer service asks the same of siblings)."""
+        inflight = self._upstreams.inflight
         holders = [h for request_id in ids for h in inflight.holders(request_id, principal)]
         if not holders:
-            return self.adapter.abort_reply(False, f"request {named(ids)} is not in flight here")
-        meta = self._meta(context)
-        record.targets = [h.worker.id for h in holders]
+            return None
+        if record is not None:
+            record.targets = [h.worker.id for h in holders]
+        path = self._abort_path
         results = await asyncio.gather(
-            *(self._abort_one(spec, request, h, meta, context) for h in holders),
+            *(self._abort_one(path, request, h, forward, time_left) for h in holders),
             return_exceptions=True,
         )
         replies = [r for r in results if isinstance(r, bytes)]
@@ -332,3 +352,25 @@ class EngineFront:
             detail = failure.details if isinstance(failure, UpstreamFailure) else str(failure)
             return self.adapter.abort_reply(False, f"abort failed: {detail}")
         return self.adapter.merge_aborts(replies)
+
+    async def _abort(
+        self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
+    ) -> bytes:
+        """Abort where the request runs: in this process, else in a sibling process."""
+        try:
+            ids = self.adapter.abort_ids(request)
+        except DecodeError:
+            await abort_invalid(context, "Request bytes are not a valid AbortRequest")
+        record.request_id = ",".join(ids)
+        principal, forward = self._caller.principal(context), self._meta(context).forward
+        timeout = context.time_remaining()
+        reply = await self.abort_held(request, ids, principal, forward, timeout, record)
+        if reply is None and self._peers is not None:
+            reply = await self._peers.abort_held(
+                self.adapter.service_name, request, principal, forward, timeout
+            )
+            if reply is not None:
+                record.targets = ["sibling process"]
+        if reply is None:
+            return self.adapter.abort_reply(False, f"request {named(ids)} is not in flight here")
+        return reply

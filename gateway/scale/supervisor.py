@@ -1,0 +1,354 @@
+"""`gateway serve --processes N`: one supervisor, N serving processes on one port.
+
+The supervisor holds the main port (SO_REUSEPORT: the kernel spreads connections over
+the processes), starts the serving processes, restarts one that dies (with backoff),
+forwards signals, and is the one control plane: the admin API (`ControlPlane`) and a
+/metrics that sums every process's counters once. It serves no client call itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+from grpc import aio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.admin.service import serve_admin
+from gateway.admin.v1 import admin_pb2_grpc
+from gateway.config import AdminConfig, GatewayConfig, MetricsConfig
+from gateway.listen import CannotListen
+from gateway.metrics import Endpoint
+from gateway.peer.v1 import peer_pb2 as peer_pb
+from gateway.peer.v1 import peer_pb2_grpc
+from gateway.scale.child import Launch
+from gateway.scale.control import AdminStub, ControlPlane, DesiredFleet, reconcile
+from gateway.scale.member import Member
+from gateway.scale.merge import merge_expositions
+from gateway.scale.port import hold_port
+from gateway.server import preflight, ready_line
+
+log = structlog.get_logger("gateway.supervisor")
+
+STABLE_S = 10.0  # a process that ran this long is restarted at once; else backoff grows
+FIRST_BACKOFF_S = 0.25
+MAX_BACKOFF_S = 10.0
+SCRAPE_TIMEOUT_S = 5.0
+
+
+class NotStarted(RuntimeError):
+    """A serving process exited, or stayed silent, before it listened."""
+
+    def __init__(self, index: int, detail: str, code: int | None = None) -> None:
+        super().__init__(f"serving process {index} did not start: {detail}")
+        self.code = code
+
+
+@dataclass
+class Slot:
+    """One serving process position; its process is replaced when it dies."""
+
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    channel: aio.Channel | None = None
+    admin: AdminStub | None = None  # set once it listens: the control plane reaches it
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff_s: float = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+class Supervisor:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.count = config.processes
+        self.desired = DesiredFleet.of(config)
+        self.slots = [Slot(i) for i in range(self.count)]
+        self.stopping = False
+        self.signals: list[signal.Signals] = []
+        self._stop = asyncio.Event()
+        self._dir = ""
+        self.port = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def member(self, index: int) -> Member:
+        return Member(index, self.count, self._dir)
+
+    def reachable(self) -> list[Slot]:
+        """The processes that listen now, in process order."""
+        return [slot for slot in self.slots if slot.admin is not None]
+
+    def control_addresses(self) -> list[str]:
+        return [self.member(s.index).control_address() for s in self.slots if s.admin]
+
+    # -- processes ------------------------------------------------------------------------
+
+    def _launch(self, slot: Slot) -> Path:
+        """Write what the process starts with: the fleet as the admin API left it."""
+        member = self.member(slot.index)
+        host = self.config.listen.rpartition(":")[0]
+        config = replace(
+            self.config,
+            listen=f"{host}:{self.port}",
+            workers=tuple(self.desired.specs.values()),
+            admin=AdminConfig(listen=member.control_address(), token=None),
+            metrics=MetricsConfig(listen=None),
+            processes=1,
+        )
+        launch = Launch(config, member, tuple(sorted(self.desired.drained)), os.getpid())
+        path = Path(self._dir) / f"p{slot.index}.launch"
+        path.write_bytes(pickle.dumps(launch))
+        return path
+
+    async def _spawn(self, slot: Slot, timeout_s: float) -> None:
+        """Start the slot's process and wait (bounded) until it listens; raises
+        NotStarted (the process is gone by then)."""
+        path = self._launch(slot)
+        member = self.member(slot.index)
+        with contextlib.suppress(FileNotFoundError):
+            member.socket_path(slot.index).unlink()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway.scale.child",
+            str(path),
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C reaches the supervisor only; it forwards
+        )
+        slot.process, slot.started_at = process, time.monotonic()
+        if self.stopping:
+            process.send_signal(signal.SIGTERM)
+        assert process.stdout is not None
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    line = await process.stdout.readline()
+                    if line.startswith(b"READY "):
+                        break
+                    if not line:
+                        code = await process.wait()
+                        raise NotStarted(slot.index, f"exit status {code}", code)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise NotStarted(slot.index, f"not listening after {timeout_s:g} s") from None
+        self._spawn_task(_drain(process.stdout))
+        slot.channel = aio.insecure_channel(member.control_address())
+        slot.admin = admin_pb2_grpc.AdminServiceStub(slot.channel)
+        try:
+            await reconcile(slot.admin, self.desired, slot.index)
+        except aio.AioRpcError as exc:  # it died meanwhile: its keeper restarts it
+            log.warning("reconcile_failed", serving_process=slot.index, error=exc.details())
+
+    async def _keep(self, slot: Slot) -> None:
+        """Restart the slot's process whenever it exits, until the gateway stops."""
+        while True:
+            assert slot.process is not None
+            code = await slot.process.wait()
+            await self._forget(slot)
+            if self.stopping:
+                return
+            ran_s = time.monotonic() - slot.started_at
+            if ran_s >= STABLE_S:
+                slot.backoff_s = 0.0
+            else:
+                slot.backoff_s = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, slot.backoff_s * 2))
+            log.error(
+                "serving_process_exited",
+                serving_process=slot.index,
+                code=code,
+                ran_s=round(ran_s, 3),
+                restart_in_s=slot.backoff_s,
+            )
+            await asyncio.sleep(slot.backoff_s)
+            if self.stopping:
+                return
+            slot.restarts += 1
+            try:
+                await self._spawn(slot, self._start_timeout_s)
+            except NotStarted as exc:
+                log.error(
+                    "serving_process_restart_failed", serving_process=slot.index, error=str(exc)
+                )
+                continue
+            log.info(
+                "serving_process_restarted", serving_process=slot.index, restarts=slot.restarts
+            )
+
+    @property
+    def _start_timeout_s(self) -> float:
+        return self.config.discovery_timeout_s + 30.0
+
+    async def _forget(self, slot: Slot) -> None:
+        slot.admin = None
+        channel, slot.channel = slot.channel, None
+        if channel is not None:
+            await channel.close()
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- signals --------------------------------------------------------------------------
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        """Every serving process gets the signal (SIGTERM: all go NOT_SERVING at once and
+        drain; a second signal: all stop now)."""
+        self.signals.append(sig)
+        self.stopping = True
+        self._stop.set()
+        self._forward(sig)
+
+    def _forward(self, sig: signal.Signals) -> None:
+        for slot in self.slots:
+            if slot.running:
+                assert slot.process is not None
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.send_signal(sig)
+
+    # -- run ------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; 0 once every process drained and exited, non-zero
+        if a process could not start at all."""
+        preflight(self.config)
+        holder, self.port = hold_port(self.config.listen)
+        self._dir = tempfile.mkdtemp(prefix="gateway-")  # mode 0700
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
+        admin_server: aio.Server | None = None
+        endpoint = Endpoint(self.prometheus_registry())
+        try:
+            starts = await asyncio.gather(
+                *(self._spawn(s, self._start_timeout_s) for s in self.slots),
+                return_exceptions=True,
+            )
+            failures = [f for f in starts if isinstance(f, BaseException)]
+            if self.signals:  # stopped during start-up: quietly, as one process does
+                self._forward(signal.SIGTERM)
+                await self._wait_all()
+                return 0
+            if failures:
+                for failure in failures:
+                    if not isinstance(failure, NotStarted):
+                        raise failure
+                    log.error("serving_process_not_started", error=str(failure))
+                self.stopping = True
+                self._forward(signal.SIGTERM)
+                await self._wait_all()
+                exits = [f.code for f in failures if isinstance(f, NotStarted) and f.code]
+                return exits[0] if exits else 1
+            control = ControlPlane(self.config, self.desired, self.reachable)
+            admin_server, admin_port = await serve_admin(control, self.config.admin)
+            metrics_port = 0
+            if self.config.metrics.listen:
+                try:
+                    metrics_port = endpoint.serve(self.config.metrics.listen)
+                except OSError as exc:
+                    listen = self.config.metrics.listen
+                    raise CannotListen(listen, exc.strerror or str(exc)) from None
+            for slot in self.slots:
+                self._spawn_task(self._keep(slot))
+            log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
+            print(ready_line(self.config, self.port, admin_port, metrics_port), flush=True)
+            await self._stop.wait()
+            log.info("draining", processes=sum(s.running for s in self.slots))
+            codes = await self._wait_all()
+            failed = [c for c in codes if c not in (0, None)]
+            log.info("stopped", exit_codes=codes)
+            return 1 if failed else 0
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            self.stopping = True
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if admin_server is not None:
+                await admin_server.stop(None)
+            endpoint.close()
+            for slot in self.slots:
+                if slot.running:
+                    assert slot.process is not None
+                    slot.process.kill()
+                    await slot.process.wait()
+                await self._forget(slot)
+            shutil.rmtree(self._dir, ignore_errors=True)
+            holder.close()
+
+    async def _wait_all(self) -> list[int | None]:
+        """Wait for every running process to exit (they drain on their own)."""
+        return list(
+            await asyncio.gather(
+                *(s.process.wait() for s in self.slots if s.process is not None and s.running)
+            )
+        )
+
+    def prometheus_registry(self) -> CollectorRegistry:
+        registry = CollectorRegistry()
+        registry.register(ProcessesCollector(self.control_addresses, self.slots))
+        return registry
+
+
+class ProcessesCollector(Collector):
+    """Every serving process's metrics, merged (counters summed, worker states once),
+    read at scrape time in the HTTP thread over the processes' control sockets."""
+
+    def __init__(self, addresses: Callable[[], list[str]], slots: Iterable[Slot]) -> None:
+        self._addresses = addresses
+        self._slots = list(slots)
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        texts = []
+        for address in self._addresses():
+            with grpc.insecure_channel(address) as channel:
+                stub = peer_pb2_grpc.PeerServiceStub(channel)
+                try:
+                    reply = stub.Metrics(peer_pb.MetricsRequest(), timeout=SCRAPE_TIMEOUT_S)
+                except grpc.RpcError:
+                    continue  # restarting: its counters come back with it
+                texts.append(reply.text)
+        serving = GaugeMetricFamily(
+            "gateway_serving_processes", "serving processes answering on the main port"
+        )
+        serving.add_metric([], float(len(texts)))
+        restarts = CounterMetricFamily(
+            "gateway_process_restarts", "serving processes restarted", labels=["process"]
+        )
+        for slot in self._slots:
+            restarts.add_metric([str(slot.index)], float(slot.restarts))
+        return [*merge_expositions(texts), serving, restarts]
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    """Read and drop what a process prints after READY, so its pipe never fills."""
+    while await stream.readline():
+        pass
+
+
+async def supervise(config: GatewayConfig) -> int:
+    return await Supervisor(config).run()

@@ -1,0 +1,376 @@
+"""`gateway serve --processes 2`: two serving processes behind one port, one control
+plane, one /metrics; aborts across processes; drain and restart. Real processes.
+
+A connection lands on one process (SO_REUSEPORT spreads connections, not calls), so
+each test opens connections until it holds one on every process: the request log names
+the process that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from grpc import aio
+
+from gateway.admin.v1 import admin_pb2 as admin
+from gateway.admin.v1 import admin_pb2_grpc
+from gateway.launch import Child
+from tests.conftest import Launcher, worker_url
+from tests.e2e.helpers import (
+    MAX,
+    POLL_S,
+    WAIT_S,
+    collect,
+    model_md,
+    request_events,
+    sgl,
+    sgl_generate,
+    sgl_grpc,
+)
+
+PROCESSES = ("--processes", "2", "--probe-interval", "0.2")
+CONNECTIONS = 64  # P(all on one of 2 processes) = 2**-63
+
+
+def own_channel(address: str) -> aio.Channel:
+    """A channel with its own connection (channels otherwise share one per target)."""
+    return aio.insecure_channel(
+        address,
+        options=[
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.max_receive_message_length", MAX),
+            ("grpc.enable_retries", 0),
+        ],
+    )
+
+
+async def healthy(ch: aio.Channel, model: str) -> bool:
+    """The engine HealthCheck of this connection's process (False: a model it does not know)."""
+    try:
+        reply = await sgl_grpc.SglangSchedulerStub(ch).HealthCheck(
+            sgl.HealthCheckRequest(), metadata=model_md(model), timeout=2
+        )
+    except aio.AioRpcError as error:
+        assert error.code() is grpc.StatusCode.NOT_FOUND, error
+        return False
+    return bool(reply.healthy)
+
+
+async def wait_servable(ch: aio.Channel, model: str, within_s: float = WAIT_S) -> float:
+    """Poll (bounded) this connection's process until it can serve `model`; returns when."""
+    deadline = time.monotonic() + within_s
+    while not await healthy(ch, model):
+        assert time.monotonic() < deadline, f"{model!r} not servable within {within_s} s"
+        await asyncio.sleep(POLL_S / 5)
+    return time.monotonic()
+
+
+async def per_process(gw: Child, model: str = "m", count: int = 2) -> dict[int, aio.Channel]:
+    """One connection held on each serving process, found by the process the request log
+    names for a HealthCheck sent on it (the log line is written before the reply)."""
+    found: dict[int, aio.Channel] = {}
+    for _ in range(CONNECTIONS):
+        ch = own_channel(gw.address)
+        await healthy(ch, model)
+        process = request_events(gw.log_path, "HealthCheck")[-1]["process"]  # type: ignore[attr-defined]
+        if process in found:
+            await ch.close()
+        else:
+            found[process] = ch
+        if len(found) == count:
+            return found
+    raise AssertionError(f"{CONNECTIONS} connections all landed on processes {sorted(found)}")
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[list[aio.Channel]]:
+    channels: list[aio.Channel] = []
+    yield channels
+    for ch in channels:
+        await ch.close()
+
+
+def admin_stub(gw: Child) -> tuple[aio.Channel, Any]:
+    ch = aio.insecure_channel(f"127.0.0.1:{gw.port_of('admin')}")
+    return ch, admin_pb2_grpc.AdminServiceStub(ch)
+
+
+def scrape(gw: Child) -> dict[str, float]:
+    """The /metrics samples as `name{labels}` -> value."""
+    url = f"http://127.0.0.1:{gw.port_of('metrics')}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def serving_processes(gw: Child) -> list[int]:
+    """The pids of the supervisor's serving processes (its children)."""
+    pid = gw.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return sorted(int(c) for c in children)
+
+
+async def test_both_processes_serve_generate_and_the_log_names_each(
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+) -> None:
+    worker = sim("--model", "m")
+    gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    channels = await per_process(gw)
+    closing.extend(channels.values())
+    for index, ch in sorted(channels.items()):
+        await wait_servable(ch, "m")
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate(f"on-{index}"), metadata=model_md("m")
+        )
+        messages, error = await collect(call)
+        assert error is None and len(messages) == 5
+    events = request_events(gw.log_path, "Generate")  # type: ignore[attr-defined]
+    served = {e["request_id"]: (e["process"], e["code"], e["worker"]) for e in events}
+    assert served == {
+        "on-0": (0, "OK", worker.address),
+        "on-1": (1, "OK", worker.address),
+    }
+    # One /metrics: every process's calls counted once, worker state not doubled.
+    samples = scrape(gw)
+    key = 'gateway_requests_total{code="OK",model="m",rpc="Generate",service="%s"}'
+    assert samples[key % "sglang.grpc.scheduler.SglangScheduler"] == 2.0
+    assert (
+        samples[
+            f'gateway_worker_up{{model="m",role="regular",runtime="sglang",worker="{worker.address}"}}'
+        ]
+        == 1.0
+    )
+    assert samples["gateway_serving_processes"] == 2.0
+    assert gw.stop() == 0
+
+
+async def test_an_added_worker_is_used_by_every_process_within_1s(
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+) -> None:
+    first, added = sim("--model", "m"), sim("--model", "late")
+    gw = gateway(*PROCESSES, "--worker", worker_url(first, model="m", runtime="sglang"))
+    channels = await per_process(gw)
+    closing.extend(channels.values())
+    assert not any([await healthy(ch, "late") for ch in channels.values()])
+    ach, stub = admin_stub(gw)
+    closing.append(ach)
+    watch = stub.WatchWorkers(admin.WatchWorkersRequest())
+    snapshot = await watch.read()
+    assert (snapshot.kind, snapshot.worker.id) == (admin.WORKER_EVENT_KIND_SNAPSHOT, first.address)
+    url = worker_url(added, model="late", runtime="sglang")
+    reply = await stub.AddWorker(admin.AddWorkerRequest(url=url), timeout=10)
+    assert reply.worker.id == added.address
+    answered = time.monotonic()
+    servable = await asyncio.gather(
+        *(wait_servable(ch, "late", within_s=1.0) for ch in channels.values())
+    )
+    assert max(servable) - answered < 1.0
+    for ch in channels.values():
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_generate(), metadata=model_md("late"))
+        _, error = await collect(call)
+        assert error is None
+    # The one control plane: a second add is refused; the merged list has both workers.
+    with pytest.raises(aio.AioRpcError) as again:
+        await stub.AddWorker(admin.AddWorkerRequest(url=url), timeout=10)
+    assert again.value.code() is grpc.StatusCode.ALREADY_EXISTS
+    assert again.value.details() == f"worker {added.address} is already registered"
+    listed = await stub.ListWorkers(admin.ListWorkersRequest(), timeout=5)
+    assert [w.id for w in listed.workers] == sorted([first.address, added.address])
+    # A removal reaches every process too.
+    removed = await stub.RemoveWorker(
+        admin.RemoveWorkerRequest(worker_id=added.address, drain_timeout=Duration()), timeout=10
+    )
+    assert removed.drained is True
+    for ch in channels.values():
+        assert await healthy(ch, "late") is False
+    # The watch saw each change once (one process's events, not one per process).
+    seen = []
+    while not seen or seen[-1][0] != admin.WORKER_EVENT_KIND_REMOVED:
+        event = await asyncio.wait_for(watch.read(), WAIT_S)
+        seen.append((event.kind, event.worker.id, event.worker.status))
+    watch.cancel()
+    assert seen == [
+        (admin.WORKER_EVENT_KIND_ADDED, added.address, admin.WORKER_STATUS_PENDING),
+        (admin.WORKER_EVENT_KIND_STATUS, added.address, admin.WORKER_STATUS_READY),
+        (admin.WORKER_EVENT_KIND_STATUS, added.address, admin.WORKER_STATUS_DRAINING),
+        (admin.WORKER_EVENT_KIND_REMOVED, added.address, admin.WORKER_STATUS_DRAINING),
+    ]
+
+
+async def test_an_abort_on_one_process_reaches_a_stream_on_the_other(
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+) -> None:
+    worker = sim("--model", "m", "--token-ms", "50")
+    gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    channels = await per_process(gw)
+    closing.extend(channels.values())
+    holder, other = channels[0], channels[1]
+    await wait_servable(holder, "m")
+    stream = sgl_grpc.SglangSchedulerStub(holder).Generate(
+        sgl_generate("long", 100), metadata=model_md("m")
+    )
+    first = await stream.__aiter__().__anext__()
+    assert first.HasField("chunk")
+    # Both processes see it in flight through the merged admin view.
+    ach, admin_api = admin_stub(gw)
+    closing.append(ach)
+    listed = await admin_api.ListWorkers(admin.ListWorkersRequest(), timeout=5)
+    assert [w.inflight for w in listed.workers] == [1]
+    reply = await sgl_grpc.SglangSchedulerStub(other).Abort(
+        sgl.AbortRequest(request_id="long"), metadata=model_md("m"), timeout=10
+    )
+    assert reply.success is True
+    rest, error = await collect(stream)
+    assert error is None and rest[-1].complete.finish_reason == "abort"
+    assert len(rest) < 99
+    unknown = await sgl_grpc.SglangSchedulerStub(other).Abort(
+        sgl.AbortRequest(request_id="nobody"), metadata=model_md("m"), timeout=10
+    )
+    assert unknown.success is False
+    assert unknown.message == "request 'nobody' is not in flight here"
+    aborts = [e for e in request_events(gw.log_path, "Abort") if e["request_id"] == "long"]  # type: ignore[attr-defined]
+    assert [(e["process"], e["targets"]) for e in aborts] == [(1, ["sibling process"])]
+
+
+async def test_sigterm_drains_both_processes_and_exits_0(
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+) -> None:
+    worker = sim("--model", "m", "--token-ms", "40")
+    gw = gateway(
+        *PROCESSES,
+        "--drain-delay",
+        "0.5",
+        "--worker",
+        worker_url(worker, model="m", runtime="sglang"),
+    )
+    channels = await per_process(gw)
+    closing.extend(channels.values())
+    streams = []
+    for index, ch in sorted(channels.items()):
+        await wait_servable(ch, "m")
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_generate(f"drain-{index}", 40), metadata=model_md("m")
+        )
+        await call.__aiter__().__anext__()
+        streams.append(call)
+    gw.process.send_signal(signal.SIGTERM)
+    # Both say NOT_SERVING at once (within the drain delay), on the connections they hold.
+    for ch in channels.values():
+        deadline = time.monotonic() + 0.5
+        while await healthy(ch, "m"):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(POLL_S / 5)
+    for call in streams:
+        rest, error = await collect(call)
+        assert error is None and len(rest) == 40
+        assert rest[-1].complete.finish_reason != "abort"
+    assert gw.process.wait(timeout=20) == 0
+
+
+async def test_a_killed_serving_process_is_replaced_and_serving_within_2s(
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+) -> None:
+    worker = sim("--model", "m")
+    gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    before = serving_processes(gw)
+    assert len(before) == 2
+    killed = time.monotonic()
+    os.kill(before[0], signal.SIGKILL)
+    # Replaced: a new pid, listening, counted by the supervisor.
+    while True:
+        now = serving_processes(gw)
+        if len(now) == 2 and before[0] not in now and scrape(gw)["gateway_serving_processes"] == 2:
+            break
+        assert time.monotonic() - killed < 2.0, f"not replaced within 2 s: {now}"
+        await asyncio.sleep(POLL_S)
+    channels = await per_process(gw)
+    closing.extend(channels.values())
+    for ch in channels.values():
+        await wait_servable(ch, "m", within_s=max(0.1, 2.0 - (time.monotonic() - killed)))
+    assert time.monotonic() - killed < 2.5  # finding both connections adds a little
+    samples = scrape(gw)
+    assert sum(v for k, v in samples.items() if k.startswith("gateway_process_restarts_total")) == 1
+    lines = [json.loads(line) for line in gw.log_path.read_text().splitlines()]  # type: ignore[attr-defined]
+    exited = [e for e in lines if e["event"] == "serving_process_exited"]
+    assert [(e["process"], e["serving_process"], e["code"]) for e in exited] == [
+        ("supervisor", 0, -9)
+    ]
+    assert [e["restarts"] for e in lines if e["event"] == "serving_process_restarted"] == [1]
+
+
+def test_a_bad_file_is_one_line_before_any_process_starts(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.pem")
+    result = _serve_to_exit("--tls-cert", missing, "--tls-key", missing)
+    assert result.returncode == 2
+    assert (
+        result.stderr == f"gateway: config error: tls.key {missing!r}: No such file or directory\n"
+    )
+
+
+def test_a_process_that_cannot_start_fails_the_supervisor(tmp_path: Path) -> None:
+    # Control sockets live in a private directory under TMPDIR: one too deep for a Unix
+    # socket path (108 bytes) keeps every serving process from listening.
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    result = _serve_to_exit(env={"TMPDIR": str(deep)})
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    said = [line for line in lines if line.startswith("gateway: ")]
+    assert len(said) == 2  # one line from each serving process
+    assert all(line.startswith(f"gateway: cannot listen on unix:{deep}/gateway-") for line in said)
+    assert "serving process 0 did not start: exit status 2" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_busy_port_is_refused_in_one_line(busy_port: int) -> None:
+    result = _serve_to_exit(listen=f"127.0.0.1:{busy_port}")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"gateway: cannot listen on 127.0.0.1:{busy_port}: Address already in use\n"
+    )
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port another process listens on (with SO_REUSEPORT, which does not let us in)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def _serve_to_exit(
+    *args: str, listen: str = "127.0.0.1:0", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "gateway", "serve", "--listen", listen]
+    command += ["--admin-listen", "127.0.0.1:0", "--metrics-listen", "off", "--processes", "2"]
+    return subprocess.run(
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
