@@ -639,21 +639,7 @@ def main() -> None:
                 "--worker",
                 f"grpc://{decode.address}",
             ]
-        gateway = start(
-            [
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "off",
-                "--log-level",
-                "warning",
-                *workers,
-                *args.gateway_arg,
-            ]
-        )
+        gateway = start(gateway_args(workers, args.gateway_arg, 1))
         children_.append(gateway)
         pids = {"worker": worker.process.pid}
         direct = run_one(worker.address, args, "direct", pids)

@@ -20,7 +20,7 @@ from gateway.admin import convert
 from gateway.admin.auth import admin_token_interceptor
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.config import AdminConfig, ConfigError, GatewayConfig, parse_worker_url
+from gateway.config import AdminConfig, ConfigError, GatewayConfig, WorkerSpec, parse_worker_url
 from gateway.fleet.fleet import Fleet, WorkerExists
 from gateway.fleet.registry import FleetEvent
 from gateway.fleet.worker import Worker
@@ -38,6 +38,14 @@ Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to myp
 async def abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
     await context.abort(code, message)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+async def worker_spec(url: str, context: Context) -> WorkerSpec:
+    """The worker an AddWorker names; INVALID_ARGUMENT with the config error's line."""
+    try:
+        return parse_worker_url(url)
+    except ConfigError as exc:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
@@ -75,10 +83,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     async def AddWorker(
         self, request: pb.AddWorkerRequest, context: Context
     ) -> pb.AddWorkerResponse:
-        try:
-            spec = parse_worker_url(request.url)
-        except ConfigError as exc:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        spec = await worker_spec(request.url, context)
         timeout = self._config.discovery_timeout_s
         try:
             # Only a URL without model or runtime waits: the fleet asks the worker first.

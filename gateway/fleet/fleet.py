@@ -220,21 +220,24 @@ class Fleet:
         )
         self.registry.add(worker)
         prober = ProbeLoop(worker, self.settings.probe)
-        settled = asyncio.Event()
+        settled, probed = asyncio.Event(), asyncio.Event()
         self._keep(
             worker,
             "connection",
             lambda: watch_connection(worker, self.registry, settled, prober.wake),
         )
-        self._keep(worker, "probe", lambda: self._probe_loop(worker, prober))
+        self._keep(worker, "probe", lambda: self._probe_loop(worker, prober, probed))
         if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
             self._keep(worker, "loads", lambda: self._load_loop(worker))
             if self.settings.kv.events:
                 follower = KvFollower(worker, ADAPTERS[worker.runtime], self.kv_index)
                 self.followers[worker.id] = follower
                 self._keep(worker, "kv_events", follower.run)
-        if wait_settled:
-            await settled.wait()  # bounded by start()'s timeout
+        if wait_settled:  # bounded by start()'s timeout
+            # The first connection outcome and the first probe's verdict: a process that
+            # listens right after start-up (or after a restart) routes instead of refusing.
+            await settled.wait()
+            await probed.wait()
 
     async def _discover(
         self, spec: WorkerSpec, channel: aio.Channel, call_timeout: float
@@ -259,11 +262,12 @@ class Fleet:
                 log.warning("server_info_failed", worker=spec.address, error=str(exc))
         return runtime, model, facts
 
-    async def _probe_loop(self, worker: Worker, prober: ProbeLoop) -> None:
+    async def _probe_loop(self, worker: Worker, prober: ProbeLoop, probed: asyncio.Event) -> None:
         result = await prober.probe()
         while True:
             judge(worker.probe, result, self.settings.probe)
             self.registry.update(worker, f"probe: {result.detail}")
+            probed.set()
             result = await prober.next_result()
 
     async def _load_loop(self, worker: Worker) -> None:

@@ -17,10 +17,10 @@ import structlog
 from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
-from gateway.admin.service import abort
+from gateway.admin.service import abort, worker_spec
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.config import ConfigError, GatewayConfig, WorkerSpec, parse_worker_url
+from gateway.config import GatewayConfig, WorkerSpec
 
 log = structlog.get_logger("gateway.control")
 
@@ -117,10 +117,7 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     async def AddWorker(
         self, request: pb.AddWorkerRequest, context: Context
     ) -> pb.AddWorkerResponse:
-        try:
-            spec = parse_worker_url(request.url)
-        except ConfigError as exc:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        spec = await worker_spec(request.url, context)
         if spec.address in self._desired.specs:
             await abort(
                 context,

@@ -8,13 +8,14 @@ import argparse
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from grpc import aio
 
-from gateway.config import build_config
+from gateway.config import AdminConfig, build_config
 from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.scale.member import Member
 from gateway.server import Gateway
 from gateway.sim.config import SimConfig, add_sim_arguments
 from gateway.sim.server import serve
@@ -60,8 +61,11 @@ async def sim(*flags: str) -> AsyncIterator[Sim]:
 
 
 @contextlib.asynccontextmanager
-async def gateway(*urls: str, **overrides: Any) -> AsyncIterator[Gateway]:
-    """The gateway in this event loop, every worker ready before the block starts."""
+async def gateway(
+    *urls: str, member: Member | None = None, **overrides: Any
+) -> AsyncIterator[Gateway]:
+    """The gateway in this event loop, every worker ready before the block starts; with
+    `member`, one serving process of several (its own port here, so a test can pick it)."""
     config = build_config(
         worker_urls=urls,
         overrides={
@@ -73,7 +77,9 @@ async def gateway(*urls: str, **overrides: Any) -> AsyncIterator[Gateway]:
             **overrides,
         },
     )
-    gw = Gateway(config)
+    if member is not None:  # as the supervisor starts it
+        config = replace(config, admin=AdminConfig(listen=member.control_address()))
+    gw = Gateway(config, member)
     await gw.start()
     try:
         await until(lambda: all(w.status is WorkerStatus.READY for w in gw.fleet.registry))
