@@ -121,19 +121,23 @@ class Supervisor:
     async def _spawn(self, slot: Slot, timeout_s: float) -> None:
         """Start the slot's process and wait (bounded) until it listens; raises
         NotStarted (the process is gone by then)."""
+        slot.started_at = time.monotonic()  # a start that fails counts as a short run
         path = self._launch(slot)
         member = self.member(slot.index)
         with contextlib.suppress(FileNotFoundError):
             member.socket_path(slot.index).unlink()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gateway.scale.child",
-            str(path),
-            stdout=asyncio.subprocess.PIPE,
-            start_new_session=True,  # a Ctrl-C reaches the supervisor only; it forwards
-        )
-        slot.process, slot.started_at = process, time.monotonic()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway.scale.child",
+                str(path),
+                stdout=asyncio.subprocess.PIPE,
+                start_new_session=True,  # a Ctrl-C reaches the supervisor only; it forwards
+            )
+        except OSError as exc:  # e.g. out of processes or memory: try again later
+            raise NotStarted(slot.index, exc.strerror or str(exc)) from None
+        slot.process = process
         if self.stopping:
             process.send_signal(signal.SIGTERM)
         assert process.stdout is not None

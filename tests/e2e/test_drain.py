@@ -126,6 +126,11 @@ async def test_sigterm_drains_under_load_and_exits_0(sim: Launcher, gateway: Lau
     assert {"", "liveness", "readiness", "models/m"} <= during.keys()
     # Served during the delay, refused after it, never anything else.
     for started, status, details in probes:
+        if status is grpc.StatusCode.CANCELLED:
+            # grpc core's own race: a call that reaches the server in the instant its stop
+            # begins is cancelled, not refused. Only at that instant, only that call.
+            assert abs(started - first_refused) < 0.01 and details == "CANCELLED", started
+            continue
         assert status in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE), (status, details)
         if started < DRAIN_DELAY_S - 0.2:
             assert status is grpc.StatusCode.OK, (started, status, details)
