@@ -334,10 +334,9 @@ def test_a_process_that_cannot_start_fails_the_supervisor(tmp_path: Path) -> Non
     result = _serve_to_exit(env={"TMPDIR": str(deep)})
     assert result.returncode == 2
     assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    said = [line for line in lines if line.startswith("gateway: ")]
-    assert len(said) == 2  # one line from each serving process
-    assert all(line.startswith(f"gateway: cannot listen on unix:{deep}/gateway-") for line in said)
+    # One line from each serving process (grpc core's own log lines, written to the same
+    # stderr at the same moment, may split a line: count, do not parse lines).
+    assert result.stderr.count(f"gateway: cannot listen on unix:{deep}/gateway-") == 2
     assert "serving process 0 did not start: exit status 2" in result.stderr
     assert "Traceback" not in result.stderr
 
