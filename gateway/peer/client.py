@@ -41,9 +41,9 @@ class Siblings:
         principal: str | None,
         forward: Metadata,
         time_left: float | None,
-    ) -> bytes | None:
-        """Ask every sibling; the reply of the one that held the request (a sibling that
-        fails to answer held nothing we can reach), or None."""
+    ) -> list[bytes]:
+        """Ask every sibling; the replies of those that held a named request (a sibling
+        that fails to answer held nothing we can reach)."""
         message = pb.AbortHeldRequest(
             service=service, request=request, headers=metadata_to_headers(forward)
         )
@@ -54,14 +54,15 @@ class Siblings:
             *(peer.AbortHeld(message, timeout=wait) for peer in self._peers()),
             return_exceptions=True,
         )
+        held = []
         for answer in answers:
             if isinstance(answer, grpc.RpcError):
                 log.warning("sibling_abort_failed", error=str(answer.details()))
             elif isinstance(answer, BaseException):
                 raise answer
             elif answer.held:
-                return bytes(answer.response)
-        return None
+                held.append(bytes(answer.response))
+        return held
 
     async def close(self) -> None:
         for channel in self._channels:

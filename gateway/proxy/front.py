@@ -54,8 +54,8 @@ class Siblings(Protocol):
         principal: str | None,
         forward: Metadata,
         time_left: float | None,
-    ) -> bytes | None:
-        """The merged reply of the siblings holding a named request, else None."""
+    ) -> list[bytes]:
+        """The replies of the siblings that held a named request."""
 
 
 SHOWN_IDS = 8  # request ids an answer repeats (a vLLM Abort may name any number)
@@ -356,7 +356,8 @@ class EngineFront:
     async def _abort(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
     ) -> bytes:
-        """Abort where the request runs: in this process, else in a sibling process."""
+        """Abort where the requests run: in this process, and in sibling processes for
+        the ones it does not hold."""
         try:
             ids = self.adapter.abort_ids(request)
         except DecodeError:
@@ -364,13 +365,18 @@ class EngineFront:
         record.request_id = ",".join(ids)
         principal, forward = self._caller.principal(context), self._meta(context).forward
         timeout = context.time_remaining()
-        reply = await self.abort_held(request, ids, principal, forward, timeout, record)
-        if reply is None and self._peers is not None:
-            reply = await self._peers.abort_held(
+        local = await self.abort_held(request, ids, principal, forward, timeout, record)
+        replies = [local] if local is not None else []
+        inflight = self._upstreams.inflight
+        if self._peers is not None and not all(inflight.holders(i, principal) for i in ids):
+            # Some named request runs elsewhere (a vLLM Abort may name several): the
+            # siblings abort what they hold of them, nothing this process holds.
+            remote = await self._peers.abort_held(
                 self.adapter.service_name, request, principal, forward, timeout
             )
-            if reply is not None:
-                record.targets = ["sibling process"]
-        if reply is None:
+            if remote:
+                record.targets = [*(record.targets or []), "sibling process"]
+            replies += remote
+        if not replies:
             return self.adapter.abort_reply(False, f"request {named(ids)} is not in flight here")
-        return reply
+        return replies[0] if len(replies) == 1 else self.adapter.merge_aborts(replies)

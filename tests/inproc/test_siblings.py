@@ -12,12 +12,14 @@ import pytest
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway.peer.v1 import peer_pb2 as peer
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.member import Member
 from gateway.server import Gateway
-from tests.e2e.helpers import collect, model_md, sgl_generate
+from tests.e2e.helpers import collect, model_md, sgl_generate, vllm_generate
 from tests.inproc.harness import client, gateway, idle, sim
 
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}
@@ -111,3 +113,34 @@ def test_each_process_takes_its_share_of_the_gateway_wide_bounds(
     assert (first.admission.limit, second.admission.limit) == (3, 3)  # ceil(5 / 2)
     rooms = [gw.disagg.rooms.allocate() % 2 for gw in pair]
     assert rooms == [0, 1]
+
+
+async def test_one_vllm_abort_reaches_requests_on_both_processes(tmp_path: Path) -> None:
+    """A vLLM Abort may name several requests: the ones this process holds and the ones
+    a sibling holds are all aborted, in one answer."""
+    members = [Member(i, 2, str(tmp_path)) for i in range(2)]
+    async with sim("--runtime", "vllm", "--model", "v", "--token-ms", "20") as worker:
+        url = worker.url(model="v", runtime="vllm")
+        async with (
+            gateway(url, member=members[0]) as first,
+            gateway(url, member=members[1]) as second,
+            client(first) as near,
+            client(second) as far,
+        ):
+            streams = []
+            for ch, request_id in ((near, "here"), (far, "there")):
+                call = vllm_grpc.VllmEngineStub(ch).Generate(
+                    vllm_generate(request_id, 200), metadata=model_md("v")
+                )
+                await call.__aiter__().__anext__()
+                streams.append(call)
+            await vllm_grpc.VllmEngineStub(near).Abort(
+                vllm.AbortRequest(request_ids=["here", "there", "nowhere"]),
+                metadata=model_md("v"),
+            )
+            for call in streams:
+                rest, error = await collect(call)
+                assert error is None and len(rest) < 199
+                assert rest[-1].complete.finish_reason == "abort"
+            await idle(first)
+            await idle(second)
