@@ -79,7 +79,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--processes",
         metavar="N|auto",
-        help="serving processes sharing the main port (default 1; auto: usable cores)",
+        help="serving processes sharing the main port (default 1; auto: usable cores, "
+        "within the container's CPU limit)",
     )
     p.add_argument("--log-format", choices=("console", "json"), help="log format (console)")
     p.add_argument(

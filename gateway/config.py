@@ -297,12 +297,34 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2, as a container sees it
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1: cpu.cfs_quota_us, cpu.cfs_period_us
+
+
+def usable_cores(cpu_max: Path = CGROUP_CPU_MAX, v1: Path = CGROUP_V1_CPU) -> int:
+    """The cores this process may use: its CPU affinity, capped by a container's CPU
+    quota (a Kubernetes CPU limit of 2 on a 64-core node is 2), at least 1."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    quota = _cpu_quota(cpu_max, v1)
+    return max(1, min(cores, quota) if quota is not None else cores)
+
+
+def _cpu_quota(cpu_max: Path, v1: Path) -> int | None:
+    """The cgroup CPU quota in whole cores (rounded up), or None without one."""
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
+            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1") or not quota.isdigit() or not period.isdigit() or period == "0":
+        return None
+    return max(1, -(-int(quota) // int(period)))
 
 
 def parse_processes(value: Any) -> int:

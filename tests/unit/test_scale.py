@@ -3,9 +3,11 @@ decisions (fan-out, all-or-nothing add, merged lists, catching a restarted proce
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -44,6 +46,33 @@ def test_processes_is_a_count_or_auto() -> None:
     assert build_config().processes == 1
     args = build_parser().parse_args(["serve", "--processes", "2"])
     assert config_from_args(args).processes == 2
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "v1", "cores"),
+    [
+        ("150000 100000\n", None, 2),  # a CPU limit of 1.5 rounds up
+        ("100000 100000\n", None, 1),
+        ("max 100000\n", None, None),  # no limit: the affinity
+        (None, ("200000", "100000"), 2),  # cgroup v1
+        (None, ("-1", "100000"), None),
+        (None, None, None),  # no cgroup files at all
+        ("garbage", None, None),
+    ],
+)
+def test_auto_counts_a_containers_cpu_limit(
+    tmp_path: Path, cpu_max: str | None, v1: tuple[str, str] | None, cores: int | None
+) -> None:
+    v2_file, v1_dir = tmp_path / "cpu.max", tmp_path / "cpu"
+    if cpu_max is not None:
+        v2_file.write_text(cpu_max)
+    if v1 is not None:
+        v1_dir.mkdir()
+        (v1_dir / "cpu.cfs_quota_us").write_text(v1[0] + "\n")
+        (v1_dir / "cpu.cfs_period_us").write_text(v1[1] + "\n")
+    affinity = len(os.sched_getaffinity(0))
+    expected = min(affinity, cores) if cores is not None else affinity
+    assert usable_cores(v2_file, v1_dir) == expected
 
 
 @pytest.mark.parametrize("value", [0, 65, "x", True, 2.5, "-1", None])
