@@ -106,15 +106,13 @@ class Gateway:
         )
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
-        limit = config.limits.max_inflight_requests
+        self.admission = Admission(config.limits.max_inflight_requests)
         if member is None:
             self.disagg = DisaggregatedDispatch(self.dispatcher)
-            self.admission = Admission(limit)
             self.siblings: Siblings | None = None
         else:
             rooms = Rooms(index=member.index, count=member.count)
             self.disagg = DisaggregatedDispatch(self.dispatcher, rooms)
-            self.admission = Admission(member.share(limit))
             self.siblings = Siblings(member.siblings())
         keys = ApiKeys.load(config.auth.api_keys_file) if config.auth.api_keys_file else None
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None

@@ -3,8 +3,11 @@ private directory where each one's control socket lives."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from gateway.config import AdminConfig, GatewayConfig, MetricsConfig, WorkerSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,36 @@ class Member:
         return [self.control_address(i) for i in range(self.count) if i != self.index]
 
     def share(self, limit: int) -> int:
-        """This process's share of a gateway-wide limit: the shares add up to at least the
-        limit and to at most limit + count - 1 (each is at least 1)."""
-        return max(1, -(-limit // self.count))
+        """This process's share of a limit: the shares add up to at least the limit and to
+        at most limit + count - 1 (a positive limit gives each at least 1; 0 stays 0)."""
+        return -(-limit // self.count)
+
+
+def serving_config(
+    config: GatewayConfig, member: Member, port: int, workers: Iterable[WorkerSpec]
+) -> GatewayConfig:
+    """What a serving process runs with: the main port the supervisor holds, its control
+    socket for the admin API (no token: only the gateway's user can open it), no metrics
+    endpoint of its own, the fleet as the admin API left it, and its share of every bound
+    that counts the gateway's own calls (gateway-wide, or per worker), so that N processes
+    together stay within the configured numbers (plus at most N - 1)."""
+    host = config.listen.rpartition(":")[0]
+    models = {
+        name: replace(settings, max_inflight=member.share(settings.max_inflight))
+        if settings.max_inflight is not None
+        else settings
+        for name, settings in config.models.items()
+    }
+    return replace(
+        config,
+        listen=f"{host}:{port}",
+        workers=tuple(workers),
+        models=models,
+        limits=replace(
+            config.limits,
+            max_inflight_requests=member.share(config.limits.max_inflight_requests),
+        ),
+        admin=AdminConfig(listen=member.control_address(), token=None),
+        metrics=MetricsConfig(listen=None),
+        processes=1,
+    )

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,14 @@ from prometheus_client.registry import Collector
 
 from gateway.admin.service import serve_admin
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.config import AdminConfig, GatewayConfig, MetricsConfig
+from gateway.config import GatewayConfig
 from gateway.listen import CannotListen
 from gateway.metrics import Endpoint
 from gateway.peer.v1 import peer_pb2 as peer_pb
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.child import Launch
 from gateway.scale.control import AdminStub, ControlPlane, DesiredFleet, reconcile
-from gateway.scale.member import Member
+from gateway.scale.member import Member, serving_config
 from gateway.scale.merge import merge_expositions
 from gateway.scale.port import hold_port
 from gateway.server import preflight, ready_line
@@ -104,15 +104,7 @@ class Supervisor:
     def _launch(self, slot: Slot) -> Path:
         """Write what the process starts with: the fleet as the admin API left it."""
         member = self.member(slot.index)
-        host = self.config.listen.rpartition(":")[0]
-        config = replace(
-            self.config,
-            listen=f"{host}:{self.port}",
-            workers=tuple(self.desired.specs.values()),
-            admin=AdminConfig(listen=member.control_address(), token=None),
-            metrics=MetricsConfig(listen=None),
-            processes=1,
-        )
+        config = serving_config(self.config, member, self.port, self.desired.specs.values())
         launch = Launch(config, member, tuple(sorted(self.desired.drained)), os.getpid())
         path = Path(self._dir) / f"p{slot.index}.launch"
         path.write_bytes(pickle.dumps(launch))

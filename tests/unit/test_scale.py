@@ -20,7 +20,7 @@ from gateway.config import ConfigError, build_config, parse_processes, usable_co
 from gateway.listen import CannotListen
 from gateway.proxy.disagg import MAX_ROOM, Rooms
 from gateway.scale.control import ControlPlane, DesiredFleet, merge_workers, reconcile
-from gateway.scale.member import Member
+from gateway.scale.member import Member, serving_config
 from gateway.scale.port import hold_port
 
 # ------------------------------------------------------------------ member and config
@@ -37,6 +37,32 @@ def test_a_member_knows_its_control_socket_and_its_siblings() -> None:
 )
 def test_a_gateway_wide_limit_is_shared_rounding_up(limit: int, count: int, share: int) -> None:
     assert Member(0, count, "/d").share(limit) == share
+
+
+def test_a_serving_process_runs_with_its_share_and_the_supervisors_port() -> None:
+    config = build_config(
+        {
+            "listen": "0.0.0.0:0",
+            "limits": {"max_inflight_requests": 5},
+            "models": {"a": {"max_inflight": 1}, "b": {"max_inflight": 9}, "c": {}},
+            "admin": {"listen": "127.0.0.1:50052", "token": "secret"},
+        },
+        worker_urls=["grpc://w:1?model=a&runtime=sglang"],
+    )
+    added = build_config(worker_urls=["grpc://x:2?model=a&runtime=sglang"]).workers
+    member = Member(1, 2, "/run/gw")
+    served = serving_config(config, member, 4242, added)
+    assert served.listen == "0.0.0.0:4242"
+    assert [w.address for w in served.workers] == ["x:2"]
+    assert served.limits.max_inflight_requests == 3
+    assert {name: m.max_inflight for name, m in served.models.items()} == {
+        "a": 1,  # at most count - 1 over the limit in total
+        "b": 5,
+        "c": None,
+    }
+    assert (served.admin.listen, served.admin.token) == ("unix:/run/gw/p1.sock", None)
+    assert served.metrics.listen is None and served.processes == 1
+    assert served.max_attempts == config.max_attempts  # everything else as configured
 
 
 def test_processes_is_a_count_or_auto() -> None:
