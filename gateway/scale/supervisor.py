@@ -319,15 +319,24 @@ class ProcessesCollector(Collector):
         return []
 
     def collect(self) -> list[Any]:
-        texts = []
-        for address in self._addresses():
-            with grpc.insecure_channel(address) as channel:
-                stub = peer_pb2_grpc.PeerServiceStub(channel)
+        channels = [grpc.insecure_channel(address) for address in self._addresses()]
+        try:
+            # All at once: a stuck process costs one timeout, not one each.
+            asked = [
+                peer_pb2_grpc.PeerServiceStub(ch).Metrics.future(
+                    peer_pb.MetricsRequest(), timeout=SCRAPE_TIMEOUT_S
+                )
+                for ch in channels
+            ]
+            texts = []
+            for future in asked:
                 try:
-                    reply = stub.Metrics(peer_pb.MetricsRequest(), timeout=SCRAPE_TIMEOUT_S)
+                    texts.append(future.result().text)
                 except grpc.RpcError:
-                    continue  # restarting: its counters come back with it
-                texts.append(reply.text)
+                    continue  # restarting or stuck: its counters come back with it
+        finally:
+            for ch in channels:
+                ch.close()
         serving = GaugeMetricFamily(
             "gateway_serving_processes", "serving processes answering on the main port"
         )

@@ -25,6 +25,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.admin.v1 import admin_pb2 as admin
 from gateway.admin.v1 import admin_pb2_grpc
@@ -143,6 +144,12 @@ async def test_both_processes_serve_generate_and_the_log_names_each(
         )
         messages, error = await collect(call)
         assert error is None and len(messages) == 5
+    # The standard health service answers the same on either process.
+    for ch in channels.values():
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "readiness", "models/m"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
     events = request_events(gw.log_path, "Generate")  # type: ignore[attr-defined]
     served = {e["request_id"]: (e["process"], e["code"], e["worker"]) for e in events}
     assert served == {
