@@ -123,6 +123,15 @@ def scrape(gw: Child) -> dict[str, float]:
     return samples
 
 
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for whoever adopted it to reap it has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 def serving_processes(gw: Child) -> list[int]:
     """The pids of the supervisor's serving processes (its children)."""
     pid = gw.process.pid
@@ -380,3 +389,19 @@ def _serve_to_exit(
         check=False,
         env={**os.environ, **(env or {})},
     )
+
+
+async def test_serving_processes_drain_and_exit_when_the_supervisor_is_killed(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    worker = sim("--model", "m")
+    gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    serving = serving_processes(gw)
+    gw.kill()
+    deadline = time.monotonic() + WAIT_S
+    while any(alive(pid) for pid in serving):
+        assert time.monotonic() < deadline, "serving processes outlived their supervisor"
+        await asyncio.sleep(POLL_S)
+    # The port is free again: nobody is left listening on it.
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", gw.port)) != 0
