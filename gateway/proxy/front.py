@@ -82,9 +82,9 @@ class EngineFront:
         admission: Admission,
         caller: Caller,
         observe: Callable[[CallRecord], None],
-        peers: Siblings | None = None,
+        siblings: Siblings | None = None,
     ) -> None:
-        self._peers = peers
+        self._siblings = siblings
         self._abort_path = next(
             spec.path for spec in adapter.rpcs.values() if spec.kind is RpcKind.ABORT
         )
@@ -368,10 +368,10 @@ class EngineFront:
         local = await self.abort_held(request, ids, principal, forward, timeout, record)
         replies = [local] if local is not None else []
         inflight = self._upstreams.inflight
-        if self._peers is not None and not all(inflight.holders(i, principal) for i in ids):
+        if self._siblings is not None and not all(inflight.holders(i, principal) for i in ids):
             # Some named request runs elsewhere (a vLLM Abort may name several): the
             # siblings abort what they hold of them, nothing this process holds.
-            remote = await self._peers.abort_held(
+            remote = await self._siblings.abort_held(
                 self.adapter.service_name, request, principal, forward, timeout
             )
             if remote:
