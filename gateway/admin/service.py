@@ -13,6 +13,7 @@ from typing import NoReturn, TypeAlias
 
 import grpc
 import structlog
+from google.protobuf.message import Message
 from grpc import aio
 from grpc_reflection.v1alpha import reflection
 
@@ -48,6 +49,25 @@ async def worker_spec(url: str, context: Context) -> WorkerSpec:
         await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
+async def require_registered(worker_id: str, registered: bool, context: Context) -> None:
+    """INVALID_ARGUMENT for a call that names no worker, NOT_FOUND for an unknown one."""
+    if not worker_id:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
+    if not registered:
+        await abort(context, grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r} is registered")
+
+
+async def duration_s(request: Message, name: str, default: float, context: Context) -> float:
+    """A request's Duration field in seconds (`default` when unset); INVALID_ARGUMENT if
+    it is negative."""
+    if not request.HasField(name):
+        return default
+    seconds = float(getattr(request, name).ToTimedelta().total_seconds())
+    if seconds < 0:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{name} must not be negative")
+    return seconds
+
+
 class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     """AdminService over a running Fleet."""
 
@@ -71,13 +91,9 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         return convert.worker_message(worker, kv)
 
     async def _worker(self, worker_id: str, context: Context) -> Worker:
-        if not worker_id:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
         worker = self._fleet.registry.get(worker_id)
-        if worker is None:
-            await abort(
-                context, grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r} is registered"
-            )
+        await require_registered(worker_id, worker is not None, context)
+        assert worker is not None
         return worker
 
     async def AddWorker(
@@ -104,13 +120,9 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.RemoveWorkerRequest, context: Context
     ) -> pb.RemoveWorkerResponse:
         worker = await self._worker(request.worker_id, context)
-        timeout = self._config.drain.worker_timeout_s
-        if request.HasField("drain_timeout"):
-            timeout = request.drain_timeout.ToTimedelta().total_seconds()
-            if timeout < 0:
-                await abort(
-                    context, grpc.StatusCode.INVALID_ARGUMENT, "drain_timeout must not be negative"
-                )
+        timeout = await duration_s(
+            request, "drain_timeout", self._config.drain.worker_timeout_s, context
+        )
         task = self._removals.get(worker.id)
         if task is None:
             log.info("admin_remove_worker", worker=worker.id, drain_timeout_s=timeout)
@@ -131,9 +143,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.DrainWorkerRequest, context: Context
     ) -> pb.DrainWorkerResponse:
         worker = await self._worker(request.worker_id, context)
-        wait = request.wait.ToTimedelta().total_seconds() if request.HasField("wait") else 0.0
-        if wait < 0:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "wait must not be negative")
+        wait = await duration_s(request, "wait", 0.0, context)
         log.info("admin_drain_worker", worker=worker.id, wait_s=wait)
         drained = await self._fleet.drain(worker, wait)
         return pb.DrainWorkerResponse(worker=self._message(worker), drained=drained)

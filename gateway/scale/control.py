@@ -17,7 +17,7 @@ import structlog
 from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
-from gateway.admin.service import abort, worker_spec
+from gateway.admin.service import abort, duration_s, require_registered, worker_spec
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig, WorkerSpec
@@ -65,6 +65,11 @@ def merge_workers(views: Sequence[Sequence[pb.Worker]]) -> list[pb.Worker]:
     return [merged[k] for k in sorted(merged)]
 
 
+def one_worker(answers: Sequence[Any]) -> pb.Worker:
+    """The one worker several processes answered about (each answer has `.worker`)."""
+    return merge_workers([[a.worker] for a in answers])[0]
+
+
 def _error(answer: object) -> aio.AioRpcError | None:
     return answer if isinstance(answer, aio.AioRpcError) else None
 
@@ -107,12 +112,7 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         return [a for p, a in zip(asked, answers, strict=True) if p.running or _error(a) is None]
 
     async def _known(self, worker_id: str, context: Context) -> None:
-        if not worker_id:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
-        if worker_id not in self._desired.specs:
-            await abort(
-                context, grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r} is registered"
-            )
+        await require_registered(worker_id, worker_id in self._desired.specs, context)
 
     async def AddWorker(
         self, request: pb.AddWorkerRequest, context: Context
@@ -139,17 +139,13 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
                 await abort(context, failed[0].code(), str(failed[0].details()))
             await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process is running")
         log.info("control_add_worker", worker=spec.address, processes=len(added))
-        merged = merge_workers([[a.worker] for a in added])
-        return pb.AddWorkerResponse(worker=merged[0])
+        return pb.AddWorkerResponse(worker=one_worker(added))
 
     async def RemoveWorker(
         self, request: pb.RemoveWorkerRequest, context: Context
     ) -> pb.RemoveWorkerResponse:
         await self._known(request.worker_id, context)
-        if request.HasField("drain_timeout") and request.drain_timeout.ToTimedelta().days < 0:
-            await abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "drain_timeout must not be negative"
-            )
+        await duration_s(request, "drain_timeout", 0.0, context)  # checked before any change
         self._desired.remove(request.worker_id)
         log.info("control_remove_worker", worker=request.worker_id)
         # Shielded: a removal once accepted completes even if the caller goes away.
@@ -157,23 +153,22 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         removed = [a for a in answers if isinstance(a, pb.RemoveWorkerResponse)]
         if not removed:
             return pb.RemoveWorkerResponse(worker=pb.Worker(id=request.worker_id), drained=True)
-        merged = merge_workers([[a.worker] for a in removed])
-        return pb.RemoveWorkerResponse(worker=merged[0], drained=all(a.drained for a in removed))
+        drained = all(a.drained for a in removed)
+        return pb.RemoveWorkerResponse(worker=one_worker(removed), drained=drained)
 
     async def DrainWorker(
         self, request: pb.DrainWorkerRequest, context: Context
     ) -> pb.DrainWorkerResponse:
         await self._known(request.worker_id, context)
-        if request.HasField("wait") and request.wait.ToTimedelta().days < 0:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "wait must not be negative")
+        await duration_s(request, "wait", 0.0, context)  # checked before any change
         self._desired.drained.add(request.worker_id)
         log.info("control_drain_worker", worker=request.worker_id)
         answers = await self._everywhere(lambda a: a.DrainWorker(request))
         drained = [a for a in answers if isinstance(a, pb.DrainWorkerResponse)]
         if not drained:
             await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process is running")
-        merged = merge_workers([[a.worker] for a in drained])
-        return pb.DrainWorkerResponse(worker=merged[0], drained=all(a.drained for a in drained))
+        emptied = all(a.drained for a in drained)
+        return pb.DrainWorkerResponse(worker=one_worker(drained), drained=emptied)
 
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
