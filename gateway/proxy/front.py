@@ -335,8 +335,24 @@ class EngineFront:
     ) -> bytes | None:
         """Abort what this process holds of `ids` for `principal`: the merged engine reply,
         or None if it holds none of them (the peer service asks the same of siblings)."""
+        holders, _ = self._held(ids, principal)
+        return await self._abort_holders(request, holders, forward, time_left, record)
+
+    def _held(self, ids: list[str], principal: str | None) -> tuple[list[Holder], bool]:
+        """The upstream calls this process holds for the named requests, and whether it
+        holds every one of them."""
         inflight = self._upstreams.inflight
-        holders = [h for request_id in ids for h in inflight.holders(request_id, principal)]
+        found = [inflight.holders(request_id, principal) for request_id in ids]
+        return [h for holders in found for h in holders], all(found)
+
+    async def _abort_holders(
+        self,
+        request: bytes,
+        holders: list[Holder],
+        forward: Metadata,
+        time_left: float | None,
+        record: CallRecord | None,
+    ) -> bytes | None:
         if not holders:
             return None
         if record is not None:
@@ -365,10 +381,10 @@ class EngineFront:
         record.request_id = ",".join(ids)
         principal, forward = self._caller.principal(context), self._meta(context).forward
         timeout = context.time_remaining()
-        local = await self.abort_held(request, ids, principal, forward, timeout, record)
+        holders, all_here = self._held(ids, principal)  # before any await
+        local = await self._abort_holders(request, holders, forward, timeout, record)
         replies = [local] if local is not None else []
-        inflight = self._upstreams.inflight
-        if self._siblings is not None and not all(inflight.holders(i, principal) for i in ids):
+        if self._siblings is not None and not all_here:
             # Some named request runs elsewhere (a vLLM Abort may name several): the
             # siblings abort what they hold of them, nothing this process holds.
             remote = await self._siblings.abort_held(
