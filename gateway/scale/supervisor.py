@@ -97,7 +97,7 @@ class Supervisor:
         return [slot for slot in self.slots if slot.admin is not None]
 
     def control_addresses(self) -> list[str]:
-        return [self.member(s.index).control_address() for s in self.slots if s.admin]
+        return [self.member(s.index).control_address() for s in self.reachable()]
 
     # -- processes ------------------------------------------------------------------------
 
@@ -240,20 +240,21 @@ class Supervisor:
                 *(self._spawn(s, self._start_timeout_s) for s in self.slots),
                 return_exceptions=True,
             )
-            failures = [f for f in starts if isinstance(f, BaseException)]
             if self.signals:  # stopped during start-up: quietly, as one process does
                 self._forward(signal.SIGTERM)
                 await self._wait_all()
                 return 0
+            for start in starts:
+                if isinstance(start, BaseException) and not isinstance(start, NotStarted):
+                    raise start
+            failures = [f for f in starts if isinstance(f, NotStarted)]
             if failures:
                 for failure in failures:
-                    if not isinstance(failure, NotStarted):
-                        raise failure
                     log.error("serving_process_not_started", error=str(failure))
                 self.stopping = True
                 self._forward(signal.SIGTERM)
                 await self._wait_all()
-                exits = [f.code for f in failures if isinstance(f, NotStarted) and f.code]
+                exits = [f.code for f in failures if f.code]
                 return exits[0] if exits else 1
             control = ControlPlane(self.config, self.desired, self.reachable)
             admin_server, admin_port = await serve_admin(control, self.config.admin)
@@ -271,9 +272,8 @@ class Supervisor:
             await self._stop.wait()
             log.info("draining", processes=sum(s.running for s in self.slots))
             codes = await self._wait_all()
-            failed = [c for c in codes if c not in (0, None)]
             log.info("stopped", exit_codes=codes)
-            return 1 if failed else 0
+            return 1 if any(codes) else 0
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
@@ -293,7 +293,7 @@ class Supervisor:
             shutil.rmtree(self._dir, ignore_errors=True)
             holder.close()
 
-    async def _wait_all(self) -> list[int | None]:
+    async def _wait_all(self) -> list[int]:
         """Wait for every running process to exit (they drain on their own)."""
         return list(
             await asyncio.gather(
