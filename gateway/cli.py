@@ -159,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def say(line: str) -> None:
+    """One line on stderr, written at once: the serving processes of `--processes N`
+    share it, and print() would write the newline apart."""
+    sys.stderr.write(f"gateway: {line}\n")
+
+
 def run_until_done(coro: object) -> int:
     """Run to the end; 2 with one line if a port cannot be bound, 130 on a Ctrl-C that
     arrived before the process took over its signals (never a traceback)."""
@@ -173,10 +179,10 @@ def run_until_done(coro: object) -> int:
         else:
             result = asyncio.run(coro)  # type: ignore[arg-type]
     except CannotListen as exc:
-        print(f"gateway: {exc}", file=sys.stderr)
+        say(str(exc))
         return 2
     except ConfigError as exc:  # found at start-up: an unreadable certificate or key file
-        print(f"gateway: config error: {exc}", file=sys.stderr)
+        say(f"config error: {exc}")
         return 2
     except KeyboardInterrupt:
         return 130
@@ -192,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             config = config_from_args(args)
         except ConfigError as exc:
-            print(f"gateway: config error: {exc}", file=sys.stderr)
+            say(f"config error: {exc}")
             return 2
         if config.processes > 1:
             from gateway.scale.supervisor import supervise
@@ -212,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return run_until_done(run_demo(args))
         except NotReady as exc:  # every process it started is stopped by then
-            print(f"gateway: demo: {exc}", file=sys.stderr)
+            say(f"demo: {exc}")
             return 1
     else:
         from gateway.sim import run_sim

@@ -26,7 +26,9 @@ def configure(log_format: str, level: str, process: int | str | None = None) -> 
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write per line (message and newline together): the serving processes of
+        # `--processes N` share one stderr, and print() would write the newline apart.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
 
