@@ -155,7 +155,16 @@ class LimitsConfig:
     long is ended. Connections with no call for `connection_idle_timeout_s` are closed;
     every connection is asked to go away after `max_connection_age_s` (so clients
     rebalance across replicas), its calls given `connection_age_grace_s` to finish.
-    0 turns an idle timeout or the age limit off."""
+    0 turns an idle timeout or the age limit off.
+
+    `max_inflight_per_principal`: calls one principal (API key, client certificate, else
+    peer address) may have in flight; None: a quarter of `max_inflight_requests`.
+    `request_read_timeout_s`: from a stream's opening to its complete request message.
+    `max_request_reads` / `max_request_reads_per_peer`: request messages read at once,
+    over the gateway and per principal (a stream waits its turn, held back by HTTP/2 flow
+    control meanwhile), so partially sent messages hold at most that many times
+    `max_message_bytes`. `max_connections`: client connections at once (grpc core closes
+    the ones past it). `max_prompt_tokens`: prompt length a Generate may carry."""
 
     max_choices: int = 16
     max_inflight_requests: int = 4096
@@ -164,6 +173,19 @@ class LimitsConfig:
     connection_idle_timeout_s: float = 300.0
     max_connection_age_s: float = 3600.0
     connection_age_grace_s: float = 600.0
+    max_inflight_per_principal: int | None = None
+    request_read_timeout_s: float = 30.0
+    max_request_reads: int = 32
+    max_request_reads_per_peer: int = 2
+    max_connections: int = 10_000
+    max_prompt_tokens: int = 1_000_000
+
+    @property
+    def principal_share(self) -> int:
+        """The calls one principal may hold: configured, else a quarter of the total."""
+        if self.max_inflight_per_principal is not None:
+            return self.max_inflight_per_principal
+        return max(1, self.max_inflight_requests // 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,10 +256,17 @@ class UpstreamTlsConfig:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """`api_keys_file`: one `name:key` a line. When set, every call on the main port but
-    grpc.health and reflection needs `authorization: Bearer <key>`."""
+    """`api_keys_file`: one `name:key` a line, read again on SIGHUP and when it changes.
+    When set, every call on the main port needs `authorization: Bearer <key>`, but
+    reflection and the probes' health names ("", liveness, readiness).
+
+    `failure_limit` failed authentications from one peer address within
+    `failure_window_s` refuse that address's calls for `block_s`; 0 turns that off."""
 
     api_keys_file: str | None = None
+    failure_limit: int = 20
+    failure_window_s: float = 10.0
+    block_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,6 +613,11 @@ def build_config(
         ("limits.max_choices", config.limits.max_choices),
         ("limits.max_inflight_requests", config.limits.max_inflight_requests),
         ("limits.max_concurrent_streams", config.limits.max_concurrent_streams),
+        ("limits.max_inflight_per_principal", config.limits.principal_share),
+        ("limits.max_request_reads", config.limits.max_request_reads),
+        ("limits.max_request_reads_per_peer", config.limits.max_request_reads_per_peer),
+        ("limits.max_connections", config.limits.max_connections),
+        ("limits.max_prompt_tokens", config.limits.max_prompt_tokens),
         ("upstream.stream_window_bytes", config.upstream.stream_window_bytes),
         ("kv.block_size", config.kv.block_size),
         ("kv.assume_capacity", config.kv.assume_capacity),
@@ -618,4 +652,10 @@ def build_config(
         if spec.address in seen:
             raise ConfigError(f"worker {spec.address} is listed twice")
         seen.add(spec.address)
+    auth = config.auth
+    if auth.failure_limit and (auth.failure_window_s <= 0 or auth.block_s <= 0):
+        raise ConfigError(
+            "auth.failure_window_s and auth.block_s must be positive "
+            "(auth.failure_limit: 0 turns blocking off)"
+        )
     return config

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from gateway.admin.service import start_admin_server
 from gateway.auth import ApiKeys, Caller, api_key_interceptor
 from gateway.config import GatewayConfig
+from gateway.connections import ConnectionWatch, raise_fd_limit
 from gateway.engines import ADAPTERS
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
@@ -30,6 +31,7 @@ from gateway.proxy.disagg import DisaggregatedDispatch, Rooms
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import EngineFront
 from gateway.proxy.inflight import InflightTable
+from gateway.proxy.intake import ReadGate
 from gateway.proxy.upstream import Upstreams
 from gateway.scale.member import Member
 from gateway.tls import CertificateFiles, channel_credentials
@@ -37,6 +39,7 @@ from gateway.tls import CertificateFiles, channel_credentials
 log = structlog.get_logger("gateway")
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
+REQUEST_WINDOW_BYTES = 64 * 1024  # what a client may send ahead on a stream not read yet
 ADMIN_STOP_GRACE_S = 0.2  # a graceful GOAWAY: control channels close without an error
 
 
@@ -49,6 +52,12 @@ def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[st
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 1 if shared else 0),
         ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+        # Connections past it are closed by grpc core as they arrive.
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        # A stream whose request the front does not read yet is held to one fixed stream
+        # window (BDP probing would grow every stream's window to megabytes): see intake.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", REQUEST_WINDOW_BYTES),
     ]
     if limits.connection_idle_timeout_s > 0:
         options.append(("grpc.max_connection_idle_ms", _ms(limits.connection_idle_timeout_s)))
@@ -106,7 +115,9 @@ class Gateway:
         )
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
-        self.admission = Admission(config.limits.max_inflight_requests)
+        limits = config.limits
+        self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
+        self.reads = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
         if member is None:
             self.disagg = DisaggregatedDispatch(self.dispatcher)
             self.siblings: Siblings | None = None
@@ -129,6 +140,7 @@ class Gateway:
             options=server_options(config, shared=member is not None),
         )
         self.admin_server: aio.Server | None = None
+        self.connections: ConnectionWatch | None = None
         self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0
 
@@ -144,6 +156,7 @@ class Gateway:
                 self.dispatcher,
                 self.disagg,
                 self.admission,
+                self.reads,
                 self.caller,
                 self.metrics.observe,
                 self.siblings,
@@ -158,6 +171,8 @@ class Gateway:
         )
         credentials = self.certificates.credentials() if self.certificates else None
         self.port = bind(self.server, self.config.listen, credentials)
+        raise_fd_limit(self.config.limits.max_connections)
+        self.connections = ConnectionWatch(self.port, self.config.limits.max_connections)
         self.fleet.registry.subscribe(self._on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)
@@ -176,6 +191,7 @@ class Gateway:
             except OSError as exc:
                 raise CannotListen(self.config.metrics.listen, exc.strerror or str(exc)) from None
         await self.server.start()
+        self.connections.start()
         log.info(
             "serving",
             listen=self.config.listen,
@@ -185,6 +201,12 @@ class Gateway:
             workers=len(self.fleet.registry),
         )
         return self.port
+
+    def reload(self) -> None:
+        """SIGHUP: read the certificate files again (when serving TLS); logged either way."""
+        if self.certificates is not None:
+            self.certificates.reload()
+        log.info("reloaded", certificates=self.certificates is not None)
 
     def ready_line(self) -> str:
         return ready_line(self.config, self.port, self.admin_port, self.metrics_port)
@@ -231,6 +253,8 @@ class Gateway:
         if self._closed:
             return
         self._closed = True
+        if self.connections is not None:
+            await self.connections.stop()
         await self.server.stop(None)
         if self.admin_server is not None:
             await self.admin_server.stop(ADMIN_STOP_GRACE_S)
@@ -261,8 +285,9 @@ async def serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    if gateway.certificates is not None:
-        loop.add_signal_handler(signal.SIGHUP, gateway.certificates.reload)
+    # SIGHUP reloads what can be reloaded, in every mode: its default action would end
+    # the process and every stream it serves.
+    loop.add_signal_handler(signal.SIGHUP, gateway.reload)
     try:
         starting = asyncio.ensure_future(gateway.start(drained))
         waiting = asyncio.ensure_future(stopped.wait())

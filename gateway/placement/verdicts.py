@@ -24,6 +24,8 @@ class Reason(Enum):
     MODEL_REQUIRED = (grpc.StatusCode.INVALID_ARGUMENT, 400, "model_required", False, False)
     GATEWAY_OVERLOADED = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "gateway_overloaded", True, True)
     REQUEST_OVER_LIMIT = (grpc.StatusCode.INVALID_ARGUMENT, 400, "request_over_limit", False, False)
+    BAD_METADATA = (grpc.StatusCode.INVALID_ARGUMENT, 400, "bad_metadata", False, False)
+    CALLER_OVER_SHARE = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "caller_over_share", True, True)
 
     def __init__(
         self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
@@ -146,4 +148,27 @@ def over_limit(model: str, path: str, value: int, limit: int, setting: str) -> V
         model=model,
         extra={"field": path, "limit": str(limit)},
         violation=(path, f"must be at most {limit} ({setting})"),
+    )
+
+
+def bad_metadata(key: str) -> Verdict:
+    """A request header whose value grpc would refuse to send upstream: refused at the
+    front, so it never reaches a worker channel (whose local failure would otherwise look
+    like the worker's)."""
+    key = shown(key)
+    return Verdict(
+        Reason.BAD_METADATA,
+        f"Metadata '{key}' has a value that cannot be forwarded: only printable ASCII is "
+        "allowed, except in keys ending in -bin",
+        extra={"key": key},
+        violation=(key, "must be printable ASCII (binary values go in keys ending in -bin)"),
+    )
+
+
+def caller_over_share(caller: str, share: int, retry_after_ms: int) -> Verdict:
+    return Verdict(
+        Reason.CALLER_OVER_SHARE,
+        f"This caller ({shown(caller)}) already has {share} requests in flight, its share "
+        "of this gateway (limits.max_inflight_per_principal)",
+        retry_after_ms=retry_after_ms,
     )

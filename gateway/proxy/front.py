@@ -25,12 +25,20 @@ from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.fleet.registry import Registry
 from gateway.kv.prefix import Prefix
 from gateway.placement.placer import Assignment, Placer
-from gateway.placement.verdicts import Verdict, gateway_overloaded, over_limit, shown
-from gateway.proxy.admission import Admission
+from gateway.placement.verdicts import (
+    Verdict,
+    bad_metadata,
+    caller_over_share,
+    gateway_overloaded,
+    over_limit,
+    shown,
+)
+from gateway.proxy.admission import Admission, Refusal
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
 from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
+from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
 from gateway.proxy.metadata import Metadata, RequestMeta, read_request_meta
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import UpstreamFailure
@@ -41,7 +49,17 @@ log = structlog.get_logger("gateway.request")
 
 REGULAR_ONLY = (Role.REGULAR,)
 
-Handler = Callable[[bytes, Context], Awaitable[Any]]
+Handler = Callable[[RpcSpec, bytes, Context, CallRecord], Awaitable[Any]]
+
+
+def peer_host(peer: str | None) -> str:
+    """`ipv4:10.0.0.1:5555` -> `10.0.0.1`, `ipv6:[::1]:5555` -> `[::1]`: a client's
+    connections share its host, whatever their ports."""
+    if not peer:
+        return "unknown"
+    address = peer.partition(":")[2] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    host, sep, port = address.rpartition(":")
+    return host if sep and port.isdigit() else address
 
 
 class Siblings(Protocol):
@@ -80,6 +98,7 @@ class EngineFront:
         dispatcher: Dispatcher,
         disagg: DisaggregatedDispatch,
         admission: Admission,
+        gate: ReadGate,
         caller: Caller,
         observe: Callable[[CallRecord], None],
         siblings: Siblings | None = None,
@@ -90,6 +109,7 @@ class EngineFront:
         )
         self._caller = caller
         self._admission = admission
+        self._gate = gate
         self._disagg = disagg
         self.draining = False  # set on SIGTERM: the engine HealthCheck then says unhealthy
         self.adapter = adapter
@@ -101,16 +121,18 @@ class EngineFront:
         self._upstreams = dispatcher.upstreams
 
     def handler(self) -> grpc.GenericRpcHandler:
+        """Every method served as request-streaming (the same on the wire for the client):
+        the front reads the request itself, so the read is bounded (see `intake`)."""
         handlers = {}
         for spec in self.adapter.rpcs.values():
             run = self._make(spec)
             if spec.server_streaming:
-                handlers[spec.name] = grpc.unary_stream_rpc_method_handler(run)
+                handlers[spec.name] = grpc.stream_stream_rpc_method_handler(run)
             else:
-                handlers[spec.name] = grpc.unary_unary_rpc_method_handler(run)
+                handlers[spec.name] = grpc.stream_unary_rpc_method_handler(run)
         return grpc.method_handlers_generic_handler(self.adapter.service_name, handlers)
 
-    def _make(self, spec: RpcSpec) -> Handler:
+    def _make(self, spec: RpcSpec) -> Callable[[Any, Context], Awaitable[Any]]:
         serve = {
             RpcKind.GENERATE: self._placed,
             RpcKind.EMBED: self._placed,
@@ -120,20 +142,35 @@ class EngineFront:
             RpcKind.FAN_OUT: self._fan_out,
         }[spec.kind]
 
-        admission = self._admission
+        admission, gate, limits = self._admission, self._gate, self._config.limits
+        retry_after_ms = self._config.retry_after_ms
         # The engine HealthCheck is answered from memory: it stays cheap and open under load.
         bounded = spec.kind is not RpcKind.HEALTH_CHECK
-        streaming, idle_s = spec.server_streaming, self._config.limits.stream_idle_timeout_s
+        streaming, idle_s = spec.server_streaming, limits.stream_idle_timeout_s
+        read_s = limits.request_read_timeout_s
 
-        async def run(request: bytes, context: Context) -> Any:
+        async def run(_requests: Any, context: Context) -> Any:
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
+            caller = self._who(context, record)
             admitted = False
             try:
-                if bounded:
-                    admitted = admission.enter()
-                    if not admitted:  # its limit: this process's share with --processes
-                        verdict = gateway_overloaded(admission.limit, self._config.retry_after_ms)
+                if bounded:  # from the stream's opening: streams that send nothing count
+                    refusal = admission.enter(caller)
+                    admitted = refusal is None
+                    if refusal is Refusal.GATEWAY_FULL:  # this process's share (--processes)
+                        await refuse(
+                            context, record, gateway_overloaded(admission.limit, retry_after_ms)
+                        )
+                    if refusal is Refusal.CALLER_FULL:
+                        verdict = caller_over_share(caller, admission.per_caller, retry_after_ms)
                         await refuse(context, record, verdict)
+                deadline = asyncio.get_running_loop().time() + read_s
+                try:
+                    request = await read_request(context, gate, caller, deadline, read_s)
+                except ReadTimeout as late:
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, str(late), (("x-http-status", "408"),)
+                    )
                 if not streaming:
                     return await serve(spec, request, context, record)
                 try:
@@ -150,24 +187,35 @@ class EngineFront:
                 raise
             finally:
                 if admitted:
-                    admission.leave()
+                    admission.leave(caller)
                 self._log(record)
 
         return run
+
+    def _who(self, context: Context, record: CallRecord) -> str:
+        """The caller whose share a call takes: its principal, else its peer's address."""
+        principal = self._caller.principal(context)
+        record.principal = principal
+        return principal if principal is not None else "peer:" + peer_host(context.peer())
 
     def _log(self, record: CallRecord) -> None:
         self._observe(record)
         log.info("request", **record.log_fields())
 
-    def _meta(self, context: Context) -> RequestMeta:
+    async def _meta(self, context: Context, record: CallRecord) -> RequestMeta:
+        """The call's metadata, read once; a value no worker channel would accept is
+        refused here (BAD_METADATA), before anything goes upstream."""
         config = self._config
-        return read_request_meta(
+        meta = read_request_meta(
             context.invocation_metadata(),
             config.model_headers,
             config.routing_key_header,
             config.target_worker_header,
             self._caller.private_keys,
         )
+        if meta.bad_key is not None:
+            await refuse(context, record, bad_metadata(meta.bad_key))
+        return meta
 
     async def _model(self, context: Context, meta: RequestMeta, record: CallRecord) -> str:
         resolved = self._placer.resolve(meta.model, self.adapter.runtime)
@@ -189,7 +237,7 @@ class EngineFront:
             record,
             Downstream(context, record),
             record.request_id,
-            principal=self._caller.principal(context),
+            principal=record.principal,
         )
 
     async def _placed(
@@ -201,10 +249,19 @@ class EngineFront:
             except DecodeError:
                 await abort_invalid(context, "Request bytes are not a valid GenerateRequest")
             record.request_id = info.request_id
-            max_choices = self._config.limits.max_choices
-            if info.n > max_choices:
+            limits = self._config.limits
+            if info.n > limits.max_choices:
                 verdict = over_limit(
-                    "", "sampling_params.n", info.n, max_choices, "limits.max_choices"
+                    "", "sampling_params.n", info.n, limits.max_choices, "limits.max_choices"
+                )
+                await refuse(context, record, verdict)
+            if len(info.tokens) > limits.max_prompt_tokens:
+                verdict = over_limit(
+                    "",
+                    "tokenized.input_ids",
+                    len(info.tokens),
+                    limits.max_prompt_tokens,
+                    "limits.max_prompt_tokens",
                 )
                 await refuse(context, record, verdict)
         else:
@@ -212,7 +269,7 @@ class EngineFront:
                 spec.request_type.FromString(request)
             except DecodeError:
                 await abort_invalid(context, f"Request bytes are not a valid {spec.name} request")
-        meta = self._meta(context)
+        meta = await self._meta(context, record)
         model = await self._model(context, meta, record)
         runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
         items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
@@ -245,7 +302,7 @@ class EngineFront:
     async def _forward_one(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
     ) -> bytes | None:
-        meta = self._meta(context)
+        meta = await self._meta(context, record)
         model = await self._model(context, meta, record)
         runtime = self.adapter.runtime
         target = meta.hints.target_worker
@@ -269,7 +326,7 @@ class EngineFront:
     async def _fan_out(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
     ) -> bytes:
-        meta = self._meta(context)
+        meta = await self._meta(context, record)
         model = await self._model(context, meta, record)
         workers = self._placer.every_worker(model, self.adapter.runtime)
         if isinstance(workers, Verdict):
@@ -296,7 +353,7 @@ class EngineFront:
     async def _health_check(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
     ) -> bytes:
-        meta = self._meta(context)
+        meta = await self._meta(context, record)
         model = await self._model(context, meta, record)
         if self.draining:
             return self.adapter.health_check_reply(False, "the gateway is shutting down")
@@ -379,7 +436,7 @@ class EngineFront:
         except DecodeError:
             await abort_invalid(context, "Request bytes are not a valid AbortRequest")
         record.request_id = ",".join(ids)
-        principal, forward = self._caller.principal(context), self._meta(context).forward
+        principal, forward = record.principal, (await self._meta(context, record)).forward
         timeout = context.time_remaining()
         holders, all_here = self._held(ids, principal)  # before any await
         local = await self._abort_holders(request, holders, forward, timeout, record)

@@ -36,11 +36,20 @@ def clean(metadata: Iterable[tuple[str, str | bytes]] | None) -> Metadata:
     return tuple((k, v) for k, v in metadata if forwardable(k))
 
 
+def forwardable_value(key: str, value: str | bytes) -> bool:
+    """What a grpc channel accepts: printable ASCII (space to tilde), any bytes in -bin
+    keys. grpc core refuses anything else when the call starts, locally."""
+    if isinstance(value, bytes):
+        return key.endswith("-bin")
+    return key.endswith("-bin") or (value.isascii() and value.isprintable())
+
+
 @dataclass(frozen=True, slots=True)
 class RequestMeta:
     model: str | None
     hints: Hints
     forward: Metadata
+    bad_key: str | None = None  # the first key whose value cannot go upstream
 
 
 def read_request_meta(
@@ -57,9 +66,12 @@ def read_request_meta(
     routing_key: str | None = None
     target: str | None = None
     forward: list[tuple[str, str | bytes]] = []
+    bad_key: str | None = None
     for key, value in metadata or ():
         if not forwardable(key) or key in private_keys:
             continue
+        if bad_key is None and not forwardable_value(key, value):
+            bad_key = key
         forward.append((key, value))
         if isinstance(value, bytes):
             continue
@@ -75,4 +87,5 @@ def read_request_meta(
         model=model or None,
         hints=Hints(routing_key=routing_key, target_worker=target),
         forward=tuple(forward),
+        bad_key=bad_key,
     )

@@ -61,6 +61,7 @@ def test_the_main_port_runs_with_the_configured_transport_limits() -> None:
                 "max_concurrent_streams": 8,
                 "connection_idle_timeout_s": 30,
                 "max_connection_age_s": 0,
+                "max_connections": 100,
             },
             "max_message_bytes": 1024,
         }
@@ -71,6 +72,9 @@ def test_the_main_port_runs_with_the_configured_transport_limits() -> None:
         "grpc.so_reuseport": 0,
         "grpc.max_concurrent_streams": 8,
         "grpc.max_connection_idle_ms": 30_000,
+        "grpc.max_allowed_incoming_connections": 100,
+        "grpc.http2.bdp_probe": 0,
+        "grpc.http2.lookahead_bytes": 65536,
     }
     default = dict(server_options(build_config()))
     assert default["grpc.max_connection_age_ms"] == 3_600_000

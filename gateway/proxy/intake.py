@@ -1,0 +1,131 @@
+"""Reading a call's request message: bounded in time, and in how many are read at once.
+
+grpc core buffers a request message until it is complete, up to `max_message_bytes`, but
+only while the application reads it: a stream nobody reads is held back by HTTP/2 flow
+control after its first stream window. So the front reads requests itself (every method
+is served as request-streaming, which is the same on the wire) and lets at most
+`max_request_reads` reads run at once, `max_request_reads_per_peer` per caller: what
+partially sent messages can make the gateway hold is that many times the message limit,
+whatever the number of streams. A stream waits its turn in order, and the whole read,
+wait included, must end within `request_read_timeout_s` of the stream opening, so a
+stream that sends its headers, or half a message, and stops is ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+
+from grpc import aio
+
+from gateway.proxy.status import abort_invalid
+
+
+class ReadGate:
+    """Turns to read a request: at most `total` at once and `per_caller` for one caller;
+    callers waiting for a turn are served in rotation, each caller's streams in order."""
+
+    __slots__ = ("_busy", "_queues", "_ready", "_ready_set", "per_caller", "reading", "total")
+
+    def __init__(self, total: int, per_caller: int) -> None:
+        self.total, self.per_caller = total, per_caller
+        self.reading = 0
+        self._busy: dict[str, int] = {}  # caller -> reads running
+        self._queues: dict[str, deque[asyncio.Future[None]]] = {}  # caller -> waiting
+        self._ready: deque[str] = deque()  # callers with waiters, under their own bound
+        self._ready_set: set[str] = set()
+
+    def _take(self, caller: str) -> None:
+        self.reading += 1
+        self._busy[caller] = self._busy.get(caller, 0) + 1
+
+    def _give(self, caller: str) -> None:
+        self.reading -= 1
+        left = self._busy[caller] - 1
+        if left:
+            self._busy[caller] = left
+        else:
+            del self._busy[caller]
+        self._mark_ready(caller)
+        self._wake()
+
+    def _mark_ready(self, caller: str) -> None:
+        if caller in self._queues and caller not in self._ready_set:
+            self._ready.append(caller)
+            self._ready_set.add(caller)
+
+    def _wake(self) -> None:
+        """Hand free turns to waiting callers in rotation (a caller at its own bound
+        waits for its own reads, never blocking the callers behind it)."""
+        while self.reading < self.total and self._ready:
+            caller = self._ready.popleft()
+            self._ready_set.discard(caller)
+            queue = self._queues[caller]
+            while queue and queue[0].done():  # cancelled while waiting
+                queue.popleft()
+            if not queue:
+                del self._queues[caller]
+                continue
+            if self._busy.get(caller, 0) >= self.per_caller:
+                continue  # back in rotation when one of its reads ends
+            self._take(caller)
+            queue.popleft().set_result(None)
+            if queue:
+                self._mark_ready(caller)
+            else:
+                del self._queues[caller]
+
+    @contextlib.asynccontextmanager
+    async def turn(self, caller: str) -> AsyncIterator[None]:
+        if (
+            caller not in self._queues
+            and self.reading < self.total
+            and self._busy.get(caller, 0) < self.per_caller
+        ):
+            self._take(caller)
+        else:
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._queues.setdefault(caller, deque()).append(turn)
+            self._mark_ready(caller)
+            self._wake()
+            try:
+                await turn
+            except BaseException:
+                if turn.done() and not turn.cancelled():
+                    self._give(caller)  # handed a turn in the instant it was cancelled
+                else:
+                    turn.cancel()  # dropped from its queue when the rotation reaches it
+                raise
+        try:
+            yield
+        finally:
+            self._give(caller)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for queue in self._queues.values() for turn in queue if not turn.done())
+
+
+class ReadTimeout(Exception):
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"No complete request message within {timeout_s:g} s of the stream opening "
+            "(limits.request_read_timeout_s)"
+        )
+
+
+async def read_request(
+    context: aio.ServicerContext, gate: ReadGate, caller: str, deadline: float, timeout_s: float
+) -> bytes:
+    """The call's one request message, read in the caller's turn before the loop time
+    `deadline`; raises ReadTimeout past it, answers INVALID_ARGUMENT when there is none."""
+    try:
+        async with asyncio.timeout_at(deadline), gate.turn(caller):
+            message = await context.read()
+    except TimeoutError:
+        raise ReadTimeout(timeout_s) from None
+    if message is aio.EOF or message is None:
+        await abort_invalid(context, "The call carried no request message")
+    return message  # type: ignore[no-any-return]

@@ -1,0 +1,332 @@
+"""Hardening with real processes: odd header values, requests that never finish arriving,
+one caller holding every slot, connections past the cap, SIGHUP without TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from gateway.admin.v1 import admin_pb2 as admin_pb
+from tests.conftest import Launcher, worker_url
+from tests.e2e.availability_helpers import admin_address, list_workers
+from tests.e2e.helpers import (
+    assert_verdict,
+    channel,
+    collect,
+    model_md,
+    sgl,
+    sgl_generate,
+    sgl_grpc,
+    wait_health,
+    write_config,
+)
+from tests.e2e.rawclient import RawClient
+
+GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+BAD_VALUES = {
+    "non-ascii": "café".encode(),
+    "tab": b"a\tb",
+    "cr-lf": b"a\r\nb",
+    "nul": b"a\x00b",
+    "esc": b"a\x1bb",
+    "del": b"a\x7fb",
+}
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def until(condition, within_s: float, step_s: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while not await condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(step_s)
+
+
+def details_of(stream_headers: dict[bytes, bytes]) -> tuple[error_details_pb2.ErrorInfo, list[str]]:
+    import base64
+
+    raw = stream_headers[b"grpc-status-details-bin"]
+    status = status_pb2.Status.FromString(base64.b64decode(raw + b"=" * (-len(raw) % 4)))
+    info = error_details_pb2.ErrorInfo()
+    fields = []
+    for packed in status.details:
+        if packed.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            packed.Unpack(info)
+        if packed.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            packed.Unpack(bad)
+            fields += [v.field for v in bad.field_violations]
+    return info, fields
+
+
+async def test_bad_header_values_are_refused_at_the_front_and_never_open_a_breaker(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    """Each class of value grpc refuses upstream gets INVALID_ARGUMENT BAD_METADATA naming
+    the key, before placement. Rounds of 20 bad requests interleaved with good calls: every
+    good call succeeds and no breaker opens (it used to open after 10)."""
+    worker = sim("--model", "m")
+    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    request = sgl_generate("bad").SerializeToString()
+    client = RawClient("127.0.0.1", gw.port)
+    await client.connect()
+    try:
+        async with channel(gw.address) as ch:
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            for _ in range(3):
+                streams = []
+                for index in range(20):
+                    value = list(BAD_VALUES.values())[index % len(BAD_VALUES)]
+                    md = [(b"x-model-id", b"m"), (b"x-odd", value)]
+                    streams.append(client.open(GENERATE, md, request))
+                good = await collect(stub.Generate(sgl_generate("good"), metadata=model_md("m")))
+                assert good[1] is None and len(good[0]) == 5
+                for stream in streams:
+                    await asyncio.wait_for(stream.ended.wait(), 5)
+                    if stream.reset:  # grpc core refused the header itself: fine too
+                        continue
+                    assert stream.status == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                    assert stream.message.startswith("Metadata 'x-odd' has a value")
+                    info, fields = details_of(stream.headers)
+                    assert info.reason == "BAD_METADATA"
+                    assert info.metadata["key"] == "x-odd"
+                    assert fields == ["x-odd"]
+                    assert stream.headers[b"x-http-status"] == b"400"
+            answered = [s for s in client.streams.values() if not s.reset]
+            assert len(answered) >= 40  # most values reach the front: it is what refuses them
+        workers = await list_workers(admin_address(gw))
+        (state,) = workers.values()
+        assert state.breaker_state == admin_pb.BREAKER_STATE_CLOSED
+    finally:
+        await client.close()
+
+
+async def test_partial_messages_hold_bounded_memory_and_end_at_the_read_timeout(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    """2 connections x 20 streams announce 60 MiB and send 30 MiB: only the reads the gate
+    lets run take more than a stream window, so RSS grows by far less than the 1.2 GB sent
+    at it; every stream ends at the read timeout; a normal call is served meanwhile."""
+    worker = sim("--model", "m")
+    config = write_config(
+        tmp_path,
+        {"limits": {"request_read_timeout_s": 4, "max_request_reads": 4}},
+    )
+    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    before = rss_mib(gw.process.pid)
+    part = b"\0" * (30 * 1024 * 1024)
+    clients = [RawClient("127.0.0.1", gw.port) for _ in range(2)]
+    started = time.monotonic()
+    try:
+        for client in clients:
+            await client.connect()
+            for _ in range(20):
+                client.open(GENERATE, [(b"x-model-id", b"m")], part, announce=60 << 20, end=False)
+        peak = before
+        while time.monotonic() - started < 3:
+            peak = max(peak, rss_mib(gw.process.pid))
+            await asyncio.sleep(0.1)
+        async with channel(gw.address) as ch:
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            good = await collect(stub.Generate(sgl_generate("good"), metadata=model_md("m")))
+        assert good[1] is None
+        streams = [s for c in clients for s in c.streams.values()]
+        for stream in streams:
+            await asyncio.wait_for(stream.ended.wait(), 10)
+        assert all(s.status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] for s in streams)
+        assert all(s.message.startswith("No complete request message within 4 s") for s in streams)
+        assert peak - before < 128, f"RSS grew {peak - before:.0f} MiB"
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def test_header_only_streams_count_against_admission_and_end_at_the_read_timeout(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    """Streams that send headers and never a message take admission slots (the caller's
+    share) and are ended by the read timeout; another caller is served meanwhile."""
+    worker = sim("--model", "m")
+    config = write_config(
+        tmp_path,
+        {"limits": {"request_read_timeout_s": 3, "max_inflight_per_principal": 50}},
+    )
+    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    client = RawClient("127.0.0.1", gw.port)
+    await client.connect()
+    try:
+        streams = [client.open(GENERATE, [(b"x-model-id", b"m")], end=False) for _ in range(60)]
+        refused = []
+        for stream in streams[50:]:
+            await asyncio.wait_for(stream.ended.wait(), 5)
+            refused.append(stream)
+        assert all(s.status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] for s in refused)
+        info, _ = details_of(refused[0].headers)
+        assert info.reason == "CALLER_OVER_SHARE"
+        assert refused[0].message == (
+            "This caller (peer:127.0.0.1) already has 50 requests in flight, its share "
+            "of this gateway (limits.max_inflight_per_principal)"
+        )
+        for stream in streams[:50]:
+            await asyncio.wait_for(stream.ended.wait(), 6)
+            assert stream.status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        async with channel(gw.address) as ch:
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            good = await collect(stub.Generate(sgl_generate("good"), metadata=model_md("m")))
+        assert good[1] is None
+    finally:
+        await client.close()
+
+
+async def test_one_caller_cannot_take_every_slot(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    """Caller alice holds her share of streams on a stalled worker; her next call is
+    CALLER_OVER_SHARE, while bob's calls to another model still succeed."""
+    stalled = sim("--model", "m", "--ttft-ms", "60000")
+    other = sim("--model", "other")
+    keys = tmp_path / "keys"
+    keys.write_text("alice:alice-key-0123456789\nbob:bob-key-01234567890\n")
+    config = write_config(
+        tmp_path,
+        {
+            "auth": {"api_keys_file": str(keys)},
+            "limits": {"max_inflight_requests": 40, "max_inflight_per_principal": 20},
+        },
+    )
+    gw = gateway(
+        "--config",
+        config,
+        "--worker",
+        worker_url(stalled, model="m", runtime="sglang"),
+        "--worker",
+        worker_url(other, model="other", runtime="sglang"),
+    )
+    alice = ("authorization", "Bearer alice-key-0123456789")
+    bob = ("authorization", "Bearer bob-key-01234567890")
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+
+        async def both_ready() -> bool:
+            for model in ("m", "other"):
+                reply = await stub.HealthCheck(
+                    sgl.HealthCheckRequest(), metadata=model_md(model, bob), timeout=2
+                )
+                if not reply.healthy:
+                    return False
+            return True
+
+        await until(both_ready, 20)
+        held = [
+            stub.Generate(sgl_generate(f"a{i}"), metadata=model_md("m", alice)) for i in range(20)
+        ]
+        try:
+            await asyncio.sleep(0)
+
+            async def alice_full() -> bool:
+                _, error = await collect(
+                    stub.Generate(sgl_generate("a-more"), metadata=model_md("m", alice))
+                )
+                return error is not None and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+            await until(alice_full, 10)
+            _, error = await collect(
+                stub.Generate(sgl_generate("a-more"), metadata=model_md("m", alice))
+            )
+            assert error is not None
+            assert_verdict(
+                error,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "CALLER_OVER_SHARE",
+                "This caller (key:alice) already has 20 requests in flight, its share of "
+                "this gateway (limits.max_inflight_per_principal)",
+                {"model": "", "leg": "", "httpStatus": "429", "code": "caller_over_share"},
+                retry_s=1,
+                pushback_ms=1000,
+            )
+            for i in range(20):
+                messages, error = await collect(
+                    stub.Generate(sgl_generate(f"b{i}"), metadata=model_md("other", bob))
+                )
+                assert error is None and len(messages) == 5
+        finally:
+            for call in held:
+                call.cancel()
+
+
+async def test_connections_past_the_cap_are_refused_and_logged_then_served_again(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    worker = sim("--model", "m")
+    config = write_config(tmp_path, {"limits": {"max_connections": 20}})
+    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    idle = []
+    for _ in range(20):
+        client = RawClient("127.0.0.1", gw.port)
+        await client.connect()
+        idle.append(client)
+    try:
+        await asyncio.sleep(0.2)
+        async with channel(gw.address) as ch:
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            with_deadline = stub.Generate(sgl_generate("late"), metadata=model_md("m"), timeout=1)
+            _, error = await collect(with_deadline)
+        assert error is not None
+        assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        log_path: Path = gw.log_path  # type: ignore[attr-defined]
+
+        async def logged() -> bool:
+            text = await asyncio.to_thread(log_path.read_text)
+            return '"connection_limit_reached"' in text
+
+        await until(logged, 10)
+    finally:
+        for client in idle:
+            await client.close()
+
+    async def served() -> bool:  # once the gateway has seen them close (a fresh channel)
+        async with channel(gw.address) as ch:
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            call = stub.Generate(sgl_generate("ok"), metadata=model_md("m"), timeout=2)
+            messages, error = await collect(call)
+        return error is None and len(messages) == 5
+
+    await until(served, 10, step_s=0.2)
+
+
+async def test_sighup_without_tls_reloads_and_ends_nothing(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    worker = sim("--model", "m", "--token-ms", "100")
+    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        streams = [
+            asyncio.ensure_future(
+                collect(stub.Generate(sgl_generate(f"s{i}", tokens=20), metadata=model_md("m")))
+            )
+            for i in range(4)
+        ]
+        await asyncio.sleep(0.3)
+        for _ in range(10):
+            os.kill(gw.process.pid, signal.SIGHUP)
+            await asyncio.sleep(0.05)
+        for messages, error in await asyncio.gather(*streams):
+            assert error is None and len(messages) == 21
+    assert gw.process.poll() is None
