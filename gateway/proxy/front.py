@@ -133,7 +133,7 @@ class EngineFront:
         return grpc.method_handlers_generic_handler(self.adapter.service_name, handlers)
 
     def _make(self, spec: RpcSpec) -> Callable[[Any, Context], Awaitable[Any]]:
-        serve = {
+        serve: Handler = {
             RpcKind.GENERATE: self._placed,
             RpcKind.EMBED: self._placed,
             RpcKind.ABORT: self._abort,

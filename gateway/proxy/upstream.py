@@ -41,6 +41,11 @@ log = structlog.get_logger("gateway.upstream")
 # that arrive as it stops; the client's own cancel never reaches this code as a status).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
+# Failures the gateway's own channel makes before anything reaches the worker: grpc core
+# refusing metadata the gateway built. They say nothing about the worker (the front
+# refuses such metadata first; this keeps any that slips through off the breakers).
+LOCAL_FAILURES = frozenset({(grpc.StatusCode.INTERNAL, "Invalid metadata")})
+
 # An upstream DEADLINE_EXCEEDED this close to the client's own deadline (which the call
 # carries) is the client's deadline: it says nothing about the worker.
 CLIENT_DEADLINE_SLACK_S = 0.05
@@ -258,7 +263,9 @@ class UpstreamCall:
         self._drained: asyncio.Task[list[bytes]] | None = None
         self._closed = False
         self.deadline = deadline  # the client's, carried upstream (monotonic)
-        self._client_ended = False  # the client's own deadline ended it: no one's fault
+        # The client's own deadline ended it, or the gateway's channel refused it: not
+        # the worker's doing, so it neither counts against it nor decides a trial.
+        self._client_ended = False
 
     def __enter__(self) -> UpstreamCall:
         return self
@@ -278,7 +285,7 @@ class UpstreamCall:
             code is grpc.StatusCode.DEADLINE_EXCEEDED
             and self.deadline is not None
             and time.monotonic() >= self.deadline - CLIENT_DEADLINE_SLACK_S
-        ):
+        ) or (code, details) in LOCAL_FAILURES:
             self._client_ended = True
         return UpstreamFailure(self.leg, self.worker, code, details, trailers, self._label)
 

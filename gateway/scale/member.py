@@ -41,9 +41,10 @@ def serving_config(
     """What a serving process runs with: the main port the supervisor holds, its control
     socket for the admin API (no token: only the gateway's user can open it), no metrics
     endpoint of its own, the fleet as the admin API left it, and its share of every bound
-    that counts the gateway's own calls (gateway-wide, or per worker), so that N processes
-    together stay within the configured numbers (plus at most N - 1)."""
-    host = config.listen.rpartition(":")[0]
+    that counts the gateway's own calls, reads or connections (gateway-wide, per caller or
+    per worker), so that N processes together stay within the configured numbers (plus
+    at most N - 1)."""
+    host, limits = config.listen.rpartition(":")[0], config.limits
     models = {
         name: replace(settings, max_inflight=member.share(settings.max_inflight))
         if settings.max_inflight is not None
@@ -56,8 +57,12 @@ def serving_config(
         workers=tuple(workers),
         models=models,
         limits=replace(
-            config.limits,
-            max_inflight_requests=member.share(config.limits.max_inflight_requests),
+            limits,
+            max_inflight_requests=member.share(limits.max_inflight_requests),
+            max_inflight_per_principal=member.share(limits.principal_share),
+            max_request_reads=member.share(limits.max_request_reads),
+            max_request_reads_per_peer=member.share(limits.max_request_reads_per_peer),
+            max_connections=member.share(limits.max_connections),
         ),
         admin=AdminConfig(listen=member.control_address(), token=None),
         metrics=MetricsConfig(listen=None),

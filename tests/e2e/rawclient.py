@@ -52,6 +52,7 @@ class RawClient:
         )
         self.streams: dict[int, Stream] = {}
         self.closed = asyncio.Event()
+        self.error: Exception | None = None  # why the connection ended, if it failed
         self._writer: asyncio.StreamWriter | None = None
         self._pump: asyncio.Task[None] | None = None
 
@@ -148,8 +149,8 @@ class RawClient:
                         stream.reset = True
                         stream.ended.set()
                 self._send_pending()
-        except (ConnectionError, h2.exceptions.ProtocolError):
-            pass
+        except (ConnectionError, h2.exceptions.ProtocolError) as exc:
+            self.error = exc
         finally:
             for stream in self.streams.values():
                 stream.ended.set()

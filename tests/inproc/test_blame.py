@@ -1,0 +1,50 @@
+"""A failure the gateway's own channel makes (metadata grpc refuses to send) is never the
+worker's: it neither counts towards opening its breaker nor decides a half-open trial."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gateway.fleet.breaker import BreakerState
+from gateway.proxy.upstream import UpstreamFailure
+from gateway.roles import Role
+from tests.e2e.helpers import sgl_generate
+from tests.inproc.harness import SGL, gateway, idle, sim, worker
+
+
+class Nowhere:
+    delivered = False
+
+    async def headers(self, metadata: object, *, always: bool = False) -> None:
+        return None
+
+    async def write(self, message: bytes) -> None:
+        raise AssertionError("nothing to relay")
+
+    def trailers(self, metadata: object) -> None:
+        return None
+
+
+async def test_the_gateways_own_channel_failure_is_not_the_workers() -> None:
+    async with sim("--model", "m") as w, gateway(w.url(model="m", runtime="sglang")) as gw:
+        target = worker(gw, w)
+        request = sgl_generate("r").SerializeToString()
+        for _ in range(2 * gw.config.breaker.failure_threshold):
+            reservation = gw.upstreams.reserve(target)
+            with gw.upstreams.call(
+                reservation,
+                Role.REGULAR,
+                SGL + "Generate",
+                request,
+                (("x-odd", "café"),),
+                5.0,
+                streaming=True,
+            ) as call:
+                with pytest.raises(UpstreamFailure) as failed:
+                    await call.first(Nowhere())
+                assert failed.value.code is grpc.StatusCode.INTERNAL
+                assert failed.value.details == "Invalid metadata"
+        await idle(gw)
+        assert target.breaker.state is BreakerState.CLOSED
+        assert target.breaker.failures == 0
