@@ -7,17 +7,26 @@ updates when one of several watchers leaves. Names served:
   <engine service name>    SERVING iff a model served over that protocol is servable
   "models/<model-id>"      SERVING iff that model is servable
 Check answers from memory; Watch streams every change to every watcher; List returns all.
+
+With API keys (`guard`), Check and Watch on any name but the probes' ("", liveness,
+readiness: a load balancer's or kubelet's probe carries no key) need a key, as List does
+(that one at the interceptor): the other names tell which models are served. Watch
+streams are bounded (`max_watches`, and names no longer than the longest entry), and a
+watcher that does not read holds at most a few pending statuses.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
 import grpc
+import structlog
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.config import MAX_NAME
 from gateway.engines import ADAPTERS
 from gateway.roles import Runtime
 
@@ -26,13 +35,31 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
+log = structlog.get_logger("gateway.health")
+
 LIVENESS = ("", "liveness")
 _CLOSED = -1  # not a ServingStatus: tells a Watch stream to end
 READINESS = "readiness"
+PROBE_NAMES = frozenset({*LIVENESS, READINESS})  # open to callers without an API key
+MAX_WATCHES = 1024
+MAX_SHOWN = 256  # characters of an unknown name that NOT_FOUND repeats
+WATCH_BACKLOG = 4  # statuses kept for a watcher that does not read: the newest ones
+CHECK = "/grpc.health.v1.Health/Check"
+WATCH = "/grpc.health.v1.Health/Watch"
+# Asked before a Check or Watch of a name that is not a probe's: returns, or aborts the
+# call (UNAUTHENTICATED). `ApiKeyAuth.require(context, method)`.
+Guard = Callable[[aio.ServicerContext, str], Awaitable[None]]
 
 
 def model_entry(model: str) -> str:
     return f"models/{model}"
+
+
+MAX_SERVICE_NAME = len(model_entry("m" * MAX_NAME))  # the longest name an entry can have
+
+
+def shown(name: str) -> str:
+    return name if len(name) <= MAX_SHOWN else name[:MAX_SHOWN] + "..."
 
 
 def desired_statuses(
@@ -58,11 +85,37 @@ def desired_statuses(
     return statuses
 
 
-class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+class _Watcher:
+    """One Watch stream's pending statuses: the newest WATCH_BACKLOG (a watcher that
+    reads sees every change; one that stalls holds a few ints, not every change)."""
+
+    __slots__ = ("pending", "wake")
+
     def __init__(self) -> None:
+        self.pending: deque[int] = deque(maxlen=WATCH_BACKLOG)
+        self.wake = asyncio.Event()
+
+    def push(self, status: int) -> None:
+        self.pending.append(status)
+        self.wake.set()
+
+
+class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """`max_watches`: Watch streams at once (over it: RESOURCE_EXHAUSTED); `guard`: asked
+    before a Check or Watch of a name other than the probes' (API keys on)."""
+
+    def __init__(self, max_watches: int = MAX_WATCHES, guard: Guard | None = None) -> None:
         self._statuses: dict[str, int] = {}
-        self._watchers: dict[str, set[asyncio.Queue[int]]] = {}
+        self._watchers: dict[str, set[_Watcher]] = {}
         self._closed = False
+        self._max_watches = max_watches
+        self._watching = 0
+        self._full = False  # the cap was hit and logged; logged again once below it
+        self._guard = guard
+
+    @property
+    def watching(self) -> int:
+        return self._watching
 
     def status(self, name: str) -> int | None:
         return self._statuses.get(name)
@@ -74,8 +127,8 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         for name, status in statuses.items():
             if self._statuses.get(name) != status:
                 self._statuses[name] = status
-                for queue in self._watchers.get(name, ()):
-                    queue.put_nowait(status)
+                for watcher in self._watchers.get(name, ()):
+                    watcher.push(status)
 
     def close_watches(self) -> None:
         """End every Watch stream (after the NOT_SERVING it has already been sent).
@@ -84,9 +137,9 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         ends when its client leaves: without this, every client that health-checks over
         Watch would hold the shutdown for the whole grace."""
         self._closed = True
-        for queues in self._watchers.values():
-            for queue in queues:
-                queue.put_nowait(_CLOSED)
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                watcher.push(_CLOSED)
 
     def names(self) -> Iterable[str]:
         return list(self._statuses)
@@ -94,9 +147,12 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: aio.ServicerContext
     ) -> health_pb2.HealthCheckResponse:
-        status = self._statuses.get(request.service)
+        name = request.service
+        if self._guard is not None and name not in PROBE_NAMES:
+            await self._guard(context, CHECK)
+        status = self._statuses.get(name)
         if status is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {shown(name)!r}")
         return health_pb2.HealthCheckResponse(status=status)
 
     async def List(
@@ -111,22 +167,43 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
 
     async def Watch(
         self, request: health_pb2.HealthCheckRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+    ) -> AsyncGenerator[health_pb2.HealthCheckResponse, None]:
         name = request.service
-        queue: asyncio.Queue[int] = asyncio.Queue()
+        if len(name) > MAX_SERVICE_NAME:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"service name longer than {MAX_SERVICE_NAME} characters",
+            )
+        if self._guard is not None and name not in PROBE_NAMES:
+            await self._guard(context, WATCH)
+        if self._watching >= self._max_watches:
+            if not self._full:
+                self._full = True
+                log.warning("health watches at their cap: refusing more", max=self._max_watches)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many health watches")
+        self._watching += 1
+        watcher = _Watcher()
         watchers = self._watchers.setdefault(name, set())
-        watchers.add(queue)
+        watchers.add(watcher)
         try:
             last = self._statuses.get(name, SERVICE_UNKNOWN)
             yield health_pb2.HealthCheckResponse(status=last)
-            while not self._closed:
-                status = await queue.get()
-                if status == _CLOSED:
+            while not self._closed or watcher.pending:
+                watcher.wake.clear()
+                while watcher.pending:
+                    status = watcher.pending.popleft()
+                    if status == _CLOSED:
+                        return
+                    if status != last:
+                        last = status
+                        yield health_pb2.HealthCheckResponse(status=status)
+                if self._closed:
                     return
-                if status != last:
-                    last = status
-                    yield health_pb2.HealthCheckResponse(status=status)
+                await watcher.wake.wait()
         finally:
-            watchers.discard(queue)
+            self._watching -= 1
+            if self._full and self._watching < self._max_watches // 2:
+                self._full = False
+            watchers.discard(watcher)
             if not watchers:
                 self._watchers.pop(name, None)

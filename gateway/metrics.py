@@ -8,6 +8,7 @@ collector only copies what it reads and never changes fleet state.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -78,9 +79,9 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterable[Any]:
         families = self._families()
-        up, status, breaker, inflight, running, waiting, usage = families
+        up, status, breaker, inflight, running, waiting, usage, rejected = families
         for worker in self._workers():
-            self._add(worker, up, status, breaker, inflight, running, waiting, usage)
+            self._add(worker, up, status, breaker, inflight, running, waiting, usage, rejected)
         return families
 
     def _workers(self) -> list[Worker]:
@@ -93,7 +94,7 @@ class FleetCollector(Collector):
         return []
 
     @staticmethod
-    def _families() -> list[GaugeMetricFamily]:
+    def _families() -> list[Any]:
         return [
             GaugeMetricFamily(
                 "gateway_worker_up",
@@ -130,6 +131,12 @@ class FleetCollector(Collector):
                 "KV cache token usage (0..1) the worker last reported (GetLoads)",
                 labels=["worker"],
             ),
+            CounterMetricFamily(
+                "gateway_worker_load_rejected",
+                "load figures of the worker's reports ignored as out of range (not "
+                "finite, negative, overflowing)",
+                labels=["worker"],
+            ),
         ]
 
     @staticmethod
@@ -142,6 +149,7 @@ class FleetCollector(Collector):
         running: GaugeMetricFamily,
         waiting: GaugeMetricFamily,
         usage: GaugeMetricFamily,
+        rejected: CounterMetricFamily,
     ) -> None:
         wid, current, load = worker.id, worker.status, worker.load  # one read of each
         ready = 1.0 if current is WorkerStatus.READY else 0.0
@@ -151,9 +159,16 @@ class FleetCollector(Collector):
         breaker.add_metric([wid], BREAKER_VALUE.get(worker.breaker.state, 0.0))
         inflight.add_metric([wid], float(worker.inflight))
         if load is not None:  # no report yet: absent, not zero
-            running.add_metric([wid], float(load.running))
-            waiting.add_metric([wid], float(load.waiting))
-            usage.add_metric([wid], float(load.token_usage))
+            # Reports are checked when made (LoadReport.checked); a number that is not
+            # finite still never reaches the exposition.
+            for family, value in (
+                (running, float(load.running)),
+                (waiting, float(load.waiting)),
+                (usage, float(load.token_usage)),
+            ):
+                if math.isfinite(value):
+                    family.add_metric([wid], value)
+            rejected.add_metric([wid], float(load.rejected))
 
 
 class KvCollector(Collector):
@@ -262,6 +277,24 @@ class Metrics:
         self._first_children: dict[tuple[str, ...], Any] = {}
         self._retry_children: dict[tuple[str, ...], Any] = {}
         self.endpoint = Endpoint(self.prometheus)
+        # Failed authentications on the main port (gateway.auth), by reason: every reason
+        # shown from the start, at 0, so an alert can rate() it.
+        self._auth_failures = Counter(
+            "gateway_auth_failures",
+            "calls refused by API-key authentication: missing, rejected, throttled",
+            ["reason"],
+            registry=self.prometheus,
+        )
+        self._auth_children = {
+            reason: self._auth_failures.labels(reason)
+            for reason in ("missing", "rejected", "throttled")
+        }
+
+    def auth_failure(self, reason: str) -> None:
+        """Count one refused authentication (`ApiKeyAuth(count=metrics.auth_failure)`)."""
+        child = self._auth_children.get(reason)
+        if child is not None:
+            child.inc()
 
     def observe(self, record: CallRecord) -> None:
         """Count one finished call (on the event loop: a few cached lookups, no allocation

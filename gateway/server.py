@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gateway.admin.service import start_admin_server
-from gateway.auth import ApiKeys, Caller, api_key_interceptor
+from gateway.auth import ApiKeyAuth, ApiKeys, Caller
 from gateway.config import GatewayConfig
 from gateway.connections import ConnectionWatch, raise_fd_limit
 from gateway.engines import ADAPTERS
@@ -125,18 +125,21 @@ class Gateway:
             rooms = Rooms(index=member.index, count=member.count)
             self.disagg = DisaggregatedDispatch(self.dispatcher, rooms)
             self.siblings = Siblings(member.siblings())
-        keys = ApiKeys.load(config.auth.api_keys_file) if config.auth.api_keys_file else None
+        self.metrics = Metrics(self.fleet.registry, kv=self.fleet)
+        self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
-        self.caller = Caller(keys, certificates=config.tls.client_ca is not None)
+        self.caller = Caller(self.auth, certificates=config.tls.client_ca is not None)
         if any(spec.tls for spec in config.workers):
             self.fleet.upstream_credentials()  # unreadable files stop start-up, not a join
-        self.metrics = Metrics(self.fleet.registry, kv=self.fleet)
-        self.health = HealthService()
+        self.health = HealthService(
+            max_watches=limits.max_concurrent_streams * 4,
+            guard=self.auth.require if self.auth is not None else None,
+        )
         self.draining = False
         self._health_due = False
         self._closed = False
         self.server = aio.server(
-            interceptors=[api_key_interceptor(keys)] if keys is not None else None,
+            interceptors=[self.auth.interceptor()] if self.auth is not None else None,
             options=server_options(config, shared=member is not None),
         )
         self.admin_server: aio.Server | None = None
@@ -192,6 +195,8 @@ class Gateway:
                 raise CannotListen(self.config.metrics.listen, exc.strerror or str(exc)) from None
         await self.server.start()
         self.connections.start()
+        if self.auth is not None:
+            self.auth.start()
         log.info(
             "serving",
             listen=self.config.listen,
@@ -206,6 +211,8 @@ class Gateway:
         """SIGHUP: read the certificate files again (when serving TLS); logged either way."""
         if self.certificates is not None:
             self.certificates.reload()
+        if self.auth is not None:
+            self.auth.reload()
         log.info("reloaded", certificates=self.certificates is not None)
 
     def ready_line(self) -> str:
@@ -255,6 +262,8 @@ class Gateway:
         self._closed = True
         if self.connections is not None:
             await self.connections.stop()
+        if self.auth is not None:
+            await self.auth.stop()
         await self.server.stop(None)
         if self.admin_server is not None:
             await self.admin_server.stop(ADMIN_STOP_GRACE_S)

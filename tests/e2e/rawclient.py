@@ -39,8 +39,9 @@ class Stream:
 
 
 class RawClient:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, source: str | None = None) -> None:
         self._host, self._port = host, port
+        self._source = source  # the local address to connect from (another loopback one)
         self._conn = h2.connection.H2Connection(
             h2.config.H2Configuration(
                 client_side=True,
@@ -57,7 +58,8 @@ class RawClient:
         self._pump: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
-        reader, writer = await asyncio.open_connection(self._host, self._port)
+        local = (self._source, 0) if self._source else None
+        reader, writer = await asyncio.open_connection(self._host, self._port, local_addr=local)
         self._writer = writer
         self._conn.local_settings = h2.settings.Settings(
             client=True,
