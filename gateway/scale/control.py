@@ -3,6 +3,11 @@
 Every change goes to every running serving process (each keeps its own fleet view) and
 into the desired fleet, from which a restarted process starts. Answers are merged: a
 worker as the lowest-numbered process sees it, with in-flight summed over processes.
+
+Every call to a process has a deadline of its own (`READ_TIMEOUT_S` for what a process
+answers from memory, the wait a change asks for plus `CHANGE_SLACK_S` for a change): a
+wedged process (stopped, or its event loop stuck) costs one deadline, never a hang, and
+the answer comes from the processes that answered.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig, WorkerSpec
 
 log = structlog.get_logger("gateway.control")
+
+READ_TIMEOUT_S = 2.0  # a list, a watch event's in-flight merge: answered from memory
+CHANGE_SLACK_S = 3.0  # a change's deadline: the wait it asks for (discovery, drain) + this
+RECONCILE_TIMEOUT_S = 5.0  # each catch-up call to a process that just started
 
 Context: TypeAlias = aio.ServicerContext
 AdminStub: TypeAlias = admin_pb2_grpc.AdminServiceStub
@@ -74,6 +83,28 @@ def _error(answer: object) -> aio.AioRpcError | None:
     return answer if isinstance(answer, aio.AioRpcError) else None
 
 
+class NoAnswer(Exception):
+    """A process did not answer within its deadline (stopped, wedged or overloaded)."""
+
+
+async def within(call: Awaitable[Any], timeout_s: float) -> Any:
+    """The call's answer, its error (an exception, returned), or NoAnswer once `timeout_s`
+    passed (the call is cancelled: the process sees a cancelled RPC)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await call
+    except TimeoutError:
+        return NoAnswer(f"no answer within {timeout_s:g} s")
+    except aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return NoAnswer(f"no answer within {timeout_s:g} s")
+        return exc
+
+
+def _no_replacement(admin: AdminStub, reason: str) -> None:
+    """Without a supervisor (tests): a process that did not answer is only left out."""
+
+
 class Reachable(Protocol):
     """A serving process as the control plane reaches it."""
 
@@ -87,29 +118,58 @@ class Reachable(Protocol):
 class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     """AdminService over every running serving process (`processes` lists them in process
     order, at call time: a process being restarted is absent and catches up from the
-    desired fleet when it is back)."""
+    desired fleet when it is back).
+
+    A process that does not answer within its deadline is left out of the answer. If
+    the call was a change (add, remove, drain), nobody knows whether that process made
+    it, so `replace(admin, reason)` is called: the supervisor kills that process and
+    restarts it from the desired fleet, as it restarts one that died."""
 
     def __init__(
         self,
         config: GatewayConfig,
         desired: DesiredFleet,
         processes: Callable[[], Sequence[Reachable]],
+        replace: Callable[[AdminStub, str], None] = _no_replacement,
+        *,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        change_slack_s: float = CHANGE_SLACK_S,
     ) -> None:
         self._config = config
         self._desired = desired
         self._processes = processes
+        self._replace = replace
+        self._read_timeout_s = read_timeout_s
+        self._change_slack_s = change_slack_s
 
     def _admins(self) -> list[AdminStub]:
         return [p.admin for p in self._processes() if p.admin is not None]
 
-    async def _everywhere(self, call: Callable[[AdminStub], Awaitable[Any]]) -> list[Any]:
-        """Ask every running process; each answer or its error, in process order. A
-        process that died meanwhile is left out: it restarts from the desired fleet."""
-        asked = [p for p in self._processes() if p.admin is not None]
+    async def _everywhere(
+        self,
+        call: Callable[[AdminStub], Awaitable[Any]],
+        timeout_s: float | None = None,
+        *,
+        change: str = "",
+    ) -> list[Any]:
+        """Ask every running process at once, each within `timeout_s` (default: the read
+        deadline); each answer or its error, in process order. A process that died
+        meanwhile is left out: it restarts from the desired fleet. So is one that did not
+        answer in time; if the call was a `change` (its name), that process is replaced."""
+        deadline_s = self._read_timeout_s if timeout_s is None else timeout_s
+        asked = [(p, p.admin) for p in self._processes() if p.admin is not None]
         answers = await asyncio.gather(
-            *(call(p.admin) for p in asked if p.admin is not None), return_exceptions=True
+            *(within(call(admin), deadline_s) for _, admin in asked), return_exceptions=True
         )
-        return [a for p, a in zip(asked, answers, strict=True) if p.running or _error(a) is None]
+        kept = []
+        for (process, admin), answer in zip(asked, answers, strict=True):
+            if isinstance(answer, NoAnswer):
+                if change and process.running:
+                    self._replace(admin, f"{change}: {answer}")
+                continue
+            if process.running or _error(answer) is None:
+                kept.append(answer)
+        return kept
 
     async def _known(self, worker_id: str, context: Context) -> None:
         await require_registered(worker_id, worker_id in self._desired.specs, context)
@@ -117,6 +177,13 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     async def AddWorker(
         self, request: pb.AddWorkerRequest, context: Context
     ) -> pb.AddWorkerResponse:
+        """All or nothing over the processes that answer: one refusing (an error) undoes
+        the add everywhere. A process that does not answer within the discovery timeout
+        plus `CHANGE_SLACK_S` is not a refusal but a broken process: it is replaced
+        (killed and restarted from the desired fleet, which holds the worker if the add
+        stands and not if it was undone), so every process ends up with the same fleet.
+        Counting it as a refusal instead would send it an undo it would not answer
+        either, and leave it with a worker nobody else has if it woke up."""
         spec = await worker_spec(request.url, context)
         if spec.address in self._desired.specs:
             await abort(
@@ -125,8 +192,10 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
                 f"worker {spec.address} is already registered",
             )
         self._desired.add(spec, request.url)  # claimed before any await
-        timeout = self._config.discovery_timeout_s + 5.0
-        answers = await self._everywhere(lambda a: a.AddWorker(request, timeout=timeout))
+        timeout = self._config.discovery_timeout_s + self._change_slack_s
+        answers = await self._everywhere(
+            lambda a: a.AddWorker(request), timeout, change="AddWorker"
+        )
         failed = [e for e in map(_error, answers) if e is not None]
         added = [a for a in answers if isinstance(a, pb.AddWorkerResponse)]
         if failed or not added:
@@ -134,10 +203,12 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
             # a fleet nobody can reason about.
             self._desired.remove(spec.address)
             undo = pb.RemoveWorkerRequest(worker_id=spec.address, drain_timeout=Duration())
-            await self._everywhere(lambda a: a.RemoveWorker(undo, timeout=timeout))
+            await self._everywhere(
+                lambda a: a.RemoveWorker(undo), self._change_slack_s, change="RemoveWorker"
+            )
             if failed:
                 await abort(context, failed[0].code(), str(failed[0].details()))
-            await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process is running")
+            await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process answered in time")
         log.info("control_add_worker", worker=spec.address, processes=len(added))
         return pb.AddWorkerResponse(worker=one_worker(added))
 
@@ -145,11 +216,19 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.RemoveWorkerRequest, context: Context
     ) -> pb.RemoveWorkerResponse:
         await self._known(request.worker_id, context)
-        await duration_s(request, "drain_timeout", 0.0, context)  # checked before any change
+        drain_s = await duration_s(  # checked before any change
+            request, "drain_timeout", self._config.drain.worker_timeout_s, context
+        )
         self._desired.remove(request.worker_id)
         log.info("control_remove_worker", worker=request.worker_id)
         # Shielded: a removal once accepted completes even if the caller goes away.
-        answers = await asyncio.shield(self._everywhere(lambda a: a.RemoveWorker(request)))
+        answers = await asyncio.shield(
+            self._everywhere(
+                lambda a: a.RemoveWorker(request),
+                drain_s + self._change_slack_s,
+                change="RemoveWorker",
+            )
+        )
         removed = [a for a in answers if isinstance(a, pb.RemoveWorkerResponse)]
         if not removed:
             return pb.RemoveWorkerResponse(worker=pb.Worker(id=request.worker_id), drained=True)
@@ -160,13 +239,15 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.DrainWorkerRequest, context: Context
     ) -> pb.DrainWorkerResponse:
         await self._known(request.worker_id, context)
-        await duration_s(request, "wait", 0.0, context)  # checked before any change
+        wait_s = await duration_s(request, "wait", 0.0, context)  # checked before any change
         self._desired.drained.add(request.worker_id)
         log.info("control_drain_worker", worker=request.worker_id)
-        answers = await self._everywhere(lambda a: a.DrainWorker(request))
+        answers = await self._everywhere(
+            lambda a: a.DrainWorker(request), wait_s + self._change_slack_s, change="DrainWorker"
+        )
         drained = [a for a in answers if isinstance(a, pb.DrainWorkerResponse)]
         if not drained:
-            await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process is running")
+            await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process answered in time")
         emptied = all(a.drained for a in drained)
         return pb.DrainWorkerResponse(worker=one_worker(drained), drained=emptied)
 
@@ -176,6 +257,8 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         return pb.ListWorkersResponse(workers=await self.merged())
 
     async def merged(self) -> list[pb.Worker]:
+        """Every process's list, merged: a process that does not answer within the read
+        deadline is left out (the supervisor's liveness check replaces a wedged one)."""
         answers = await self._everywhere(lambda a: a.ListWorkers(pb.ListWorkersRequest()))
         lists = [a.workers for a in answers if isinstance(a, pb.ListWorkersResponse)]
         return merge_workers(lists)
@@ -184,8 +267,10 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.WatchWorkersRequest, context: Context
     ) -> AsyncIterator[pb.WatchWorkersResponse]:
         """The merged snapshot, then the events of the lowest-numbered running process
-        (every process sees the same fleet), each with in-flight summed over processes.
-        If that process stops, the watch ends with UNAVAILABLE: watch again."""
+        (every process sees the same fleet), each with in-flight summed over processes
+        (from those that answer within the read deadline). If that process stops, or is
+        replaced because it stopped answering, the watch ends with UNAVAILABLE: watch
+        again."""
         admins = self._admins()
         if not admins:
             await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process is running")
@@ -209,21 +294,32 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         )
 
 
-async def reconcile(admin: AdminStub, desired: DesiredFleet, index: int) -> None:
+async def reconcile(
+    admin: AdminStub,
+    desired: DesiredFleet,
+    index: int,
+    discovery_timeout_s: float = 5.0,
+    timeout_s: float = RECONCILE_TIMEOUT_S,
+) -> None:
     """Bring a (re)started process's fleet to the desired one: what the admin API added,
-    removed or drained since the process's start-up state was written."""
-    listed = await admin.ListWorkers(pb.ListWorkersRequest(), timeout=10.0)
+    removed or drained since the process's start-up state was written. Each call has a
+    deadline (`timeout_s`; an add: the discovery timeout on top): a process that does
+    not answer raises AioRpcError (DEADLINE_EXCEEDED) here, and the supervisor's
+    liveness check replaces it."""
+    listed = await admin.ListWorkers(pb.ListWorkersRequest(), timeout=timeout_s)
     have = {w.id: w for w in listed.workers}
+    add_s = discovery_timeout_s + timeout_s
     for worker_id, url in list(desired.urls.items()):
         if worker_id not in have:
-            await _quiet(admin.AddWorker(pb.AddWorkerRequest(url=url), timeout=10.0))
+            await _quiet(admin.AddWorker(pb.AddWorkerRequest(url=url), timeout=add_s))
     for worker_id in have:
         if worker_id not in desired.specs:
             request = pb.RemoveWorkerRequest(worker_id=worker_id, drain_timeout=Duration())
-            await _quiet(admin.RemoveWorker(request, timeout=10.0))
+            await _quiet(admin.RemoveWorker(request, timeout=timeout_s))
     for worker_id in list(desired.drained):
         if worker_id in have and have[worker_id].status != pb.WORKER_STATUS_DRAINING:
-            await _quiet(admin.DrainWorker(pb.DrainWorkerRequest(worker_id=worker_id)))
+            drain = pb.DrainWorkerRequest(worker_id=worker_id)
+            await _quiet(admin.DrainWorker(drain, timeout=timeout_s))
     log.debug("reconciled", serving_process=index, workers=len(desired.specs))
 
 

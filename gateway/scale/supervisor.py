@@ -1,9 +1,10 @@
 """`gateway serve --processes N`: one supervisor, N serving processes on one port.
 
 The supervisor holds the main port (SO_REUSEPORT: the kernel spreads connections over
-the processes), starts the serving processes, restarts one that dies (with backoff),
-forwards signals, and is the one control plane: the admin API (`ControlPlane`) and a
-/metrics that sums every process's counters once. It serves no client call itself.
+the processes), starts the serving processes, restarts one that dies (with backoff) or
+stops answering on its control socket (killed first), forwards signals, and is the one
+control plane: the admin API (`ControlPlane`) and a /metrics that sums every process's
+counters once. It serves no client call itself.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.admin.service import serve_admin
+from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig
 from gateway.listen import CannotListen
@@ -49,6 +51,14 @@ STABLE_S = 10.0  # a process that ran this long is restarted at once; else backo
 FIRST_BACKOFF_S = 0.25
 MAX_BACKOFF_S = 10.0
 SCRAPE_TIMEOUT_S = 5.0
+# Liveness: every listening process is asked (ListWorkers on its control socket) every
+# LIVENESS_INTERVAL_S, each check within LIVENESS_TIMEOUT_S (a missed check is followed
+# by the next at once); LIVENESS_MISSES checks in a row without an answer (at least 4 s
+# of silence: a GC pause is not a kill) and it is killed and restarted like one that
+# died. A process wedged at T is killed by T + 5 s, and serving again ~1.5 s later.
+LIVENESS_INTERVAL_S = 1.0
+LIVENESS_TIMEOUT_S = 2.0
+LIVENESS_MISSES = 2
 
 
 class NotStarted(RuntimeError):
@@ -88,6 +98,9 @@ class Supervisor:
         self._dir = ""
         self.port = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.liveness_interval_s = LIVENESS_INTERVAL_S
+        self.liveness_timeout_s = LIVENESS_TIMEOUT_S
+        self.liveness_misses = LIVENESS_MISSES
 
     def member(self, index: int) -> Member:
         return Member(index, self.count, self._dir)
@@ -150,8 +163,8 @@ class Supervisor:
         slot.channel = aio.insecure_channel(member.control_address())
         slot.admin = admin_pb2_grpc.AdminServiceStub(slot.channel)
         try:
-            await reconcile(slot.admin, self.desired, slot.index)
-        except aio.AioRpcError as exc:  # it died meanwhile: its keeper restarts it
+            await reconcile(slot.admin, self.desired, slot.index, self.config.discovery_timeout_s)
+        except aio.AioRpcError as exc:  # it died meanwhile, or is stuck: it is replaced
             log.warning("reconcile_failed", serving_process=slot.index, error=exc.details())
 
     async def _keep(self, slot: Slot) -> None:
@@ -189,6 +202,56 @@ class Supervisor:
                 "serving_process_restarted", serving_process=slot.index, restarts=slot.restarts
             )
 
+    async def _watch(self, slot: Slot) -> None:
+        """Liveness: ask the slot's process, once it listens, whether it answers on its
+        control socket; after `liveness_misses` checks in a row without an answer it is
+        killed (its keeper restarts it, with the same backoff as after a death). A process
+        still starting, or any process once the gateway stops (it drains and closes its
+        control socket), is not checked."""
+        misses = 0
+        while not self.stopping:
+            started = time.monotonic()
+            admin = slot.admin
+            if admin is not None and slot.running:
+                answered = await self._answers(admin)
+                if answered or slot.admin is not admin or self.stopping:
+                    misses = 0
+                else:
+                    misses += 1
+                    if misses >= self.liveness_misses:
+                        timeout_s = self.liveness_timeout_s
+                        self.replace(admin, f"no answer to {misses} checks of {timeout_s:g} s")
+                        misses = 0
+            else:
+                misses = 0
+            await asyncio.sleep(max(0.0, self.liveness_interval_s - (time.monotonic() - started)))
+
+    async def _answers(self, admin: AdminStub) -> bool:
+        timeout_s = self.liveness_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await admin.ListWorkers(admin_pb.ListWorkersRequest(), timeout=timeout_s)
+        except (TimeoutError, aio.AioRpcError):
+            return False
+        return True
+
+    def replace(self, admin: AdminStub, reason: str) -> None:
+        """The process behind `admin` stopped answering: SIGKILL it (it may be stopped or
+        wedged, past SIGTERM) and let its keeper restart it from the desired fleet. Only
+        that process: if it was replaced meanwhile, nothing is done."""
+        for slot in self.slots:
+            if slot.admin is admin and slot.running and not self.stopping:
+                assert slot.process is not None
+                log.error(
+                    "serving_process_unresponsive",
+                    serving_process=slot.index,
+                    pid=slot.process.pid,
+                    reason=reason,
+                )
+                slot.admin = None  # no more calls to it: the control plane leaves it out
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.kill()
+
     @property
     def _start_timeout_s(self) -> float:
         return self.config.discovery_timeout_s + 30.0
@@ -221,6 +284,15 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     slot.process.send_signal(sig)
 
+    def _reload(self) -> None:
+        """SIGHUP: passed on to every process that listens (each reloads what it can). One
+        still starting reads its files as it starts, and ignores SIGHUP until then."""
+        for slot in self.slots:
+            if slot.running and slot.admin is not None:
+                assert slot.process is not None
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.send_signal(signal.SIGHUP)
+
     # -- run ------------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -228,14 +300,18 @@ class Supervisor:
         if a process could not start at all."""
         preflight(self.config)
         holder, self.port = hold_port(self.config.listen)
-        self._dir = tempfile.mkdtemp(prefix="gateway-")  # mode 0700
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         admin_server: aio.Server | None = None
-        endpoint = Endpoint(self.prometheus_registry())
+        endpoint: Endpoint | None = None
         try:
+            # Mode 0700: launch files and control sockets. Removed below on every exit this
+            # process lives through; if it is killed outright, the last serving process to
+            # exit removes it (see `gateway.scale.child`).
+            self._dir = tempfile.mkdtemp(prefix="gateway-")
+            endpoint = Endpoint(self.prometheus_registry())
             starts = await asyncio.gather(
                 *(self._spawn(s, self._start_timeout_s) for s in self.slots),
                 return_exceptions=True,
@@ -256,7 +332,7 @@ class Supervisor:
                 await self._wait_all()
                 exits = [f.code for f in failures if f.code]
                 return exits[0] if exits else 1
-            control = ControlPlane(self.config, self.desired, self.reachable)
+            control = ControlPlane(self.config, self.desired, self.reachable, self.replace)
             admin_server, admin_port = await serve_admin(control, self.config.admin)
             metrics_port = 0
             if self.config.metrics.listen:
@@ -267,6 +343,7 @@ class Supervisor:
                     raise CannotListen(listen, exc.strerror or str(exc)) from None
             for slot in self.slots:
                 self._spawn_task(self._keep(slot))
+                self._spawn_task(self._watch(slot))
             log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
             print(ready_line(self.config, self.port, admin_port, metrics_port), flush=True)
             await self._stop.wait()
@@ -275,23 +352,27 @@ class Supervisor:
             log.info("stopped", exit_codes=codes)
             return 1 if any(codes) else 0
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
+            # The signal handlers stay until the end: a signal now (say a second Ctrl-C)
+            # must not end this process before it removed its directory.
             self.stopping = True
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if admin_server is not None:
                 await admin_server.stop(None)
-            endpoint.close()
+            if endpoint is not None:
+                endpoint.close()
             for slot in self.slots:
                 if slot.running:
                     assert slot.process is not None
                     slot.process.kill()
                     await slot.process.wait()
                 await self._forget(slot)
-            shutil.rmtree(self._dir, ignore_errors=True)
+            if self._dir:
+                shutil.rmtree(self._dir, ignore_errors=True)
             holder.close()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
 
     async def _wait_all(self) -> list[int]:
         """Wait for every running process to exit (they drain on their own)."""
@@ -311,9 +392,15 @@ class ProcessesCollector(Collector):
     """Every serving process's metrics, merged (counters summed, worker states once),
     read at scrape time in the HTTP thread over the processes' control sockets."""
 
-    def __init__(self, addresses: Callable[[], list[str]], slots: Iterable[Slot]) -> None:
+    def __init__(
+        self,
+        addresses: Callable[[], list[str]],
+        slots: Iterable[Slot],
+        timeout_s: float = SCRAPE_TIMEOUT_S,
+    ) -> None:
         self._addresses = addresses
         self._slots = list(slots)
+        self._timeout_s = timeout_s
 
     def describe(self) -> list[Any]:
         return []
@@ -324,7 +411,7 @@ class ProcessesCollector(Collector):
             # All at once: a stuck process costs one timeout, not one each.
             asked = [
                 peer_pb2_grpc.PeerServiceStub(ch).Metrics.future(
-                    peer_pb.MetricsRequest(), timeout=SCRAPE_TIMEOUT_S
+                    peer_pb.MetricsRequest(), timeout=self._timeout_s
                 )
                 for ch in channels
             ]
