@@ -596,13 +596,6 @@ class BearerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         return handler
 
 
-def api_key_interceptor(keys: ApiKeyAuth | KeyFile | ApiKeys) -> ApiKeyInterceptor:
-    """The main port: a known API key on every call but reflection and the probes'
-    health names (`ApiKeyAuth` with the default settings if given bare keys)."""
-    auth = keys if isinstance(keys, ApiKeyAuth) else ApiKeyAuth(keys)
-    return auth.interceptor()
-
-
 class Caller:
     """Tells who a call comes from, where the gateway knows callers at all (client
     certificates or API keys); everyone is nobody otherwise, at no cost per call.

@@ -228,6 +228,18 @@ class KvConfig:
     assume_capacity: int = 100_000
     pending_ttl_s: float = 120.0
     grace_s: float = 10.0
+    # Worker input is untrusted (see "Limits and security"): per worker at most
+    # `max_ranks` DP ranks and `max_block_sizes` distinct block sizes are indexed (the
+    # excess is refused, logged once); stored blocks are capped per worker and in all
+    # (the worker's oldest entries go first); one KV event message may be at most
+    # `max_event_bytes` (a bigger one is refused and the subscription starts again);
+    # subscriptions that keep failing start again after up to `resubscribe_max_s`.
+    max_ranks: int = 256
+    max_block_sizes: int = 4
+    max_blocks_per_worker: int = 250_000
+    max_blocks: int = 2_000_000
+    max_event_bytes: int = 4 * 1024 * 1024
+    resubscribe_max_s: float = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,6 +633,11 @@ def build_config(
         ("upstream.stream_window_bytes", config.upstream.stream_window_bytes),
         ("kv.block_size", config.kv.block_size),
         ("kv.assume_capacity", config.kv.assume_capacity),
+        ("kv.max_ranks", config.kv.max_ranks),
+        ("kv.max_block_sizes", config.kv.max_block_sizes),
+        ("kv.max_blocks_per_worker", config.kv.max_blocks_per_worker),
+        ("kv.max_blocks", config.kv.max_blocks),
+        ("kv.max_event_bytes", config.kv.max_event_bytes),
     ):
         if threshold < 1:
             raise ConfigError(f"{what} must be at least 1")

@@ -6,6 +6,7 @@ watch listener (called synchronously inside fleet updates) does nothing but this
 
 from __future__ import annotations
 
+import math
 import time
 from urllib.parse import urlencode
 
@@ -17,6 +18,8 @@ from gateway.fleet.probe import ProbeKind
 from gateway.fleet.registry import FleetEvent
 from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.roles import Role
+
+UINT32_MAX = 2**32 - 1
 
 STATUS: dict[str, pb.WorkerStatus] = {
     WorkerStatus.PENDING.value: pb.WORKER_STATUS_PENDING,
@@ -90,9 +93,12 @@ def worker_message(worker: Worker, kv: pb.KvIndexState | None = None) -> pb.Work
             message.last_probe.time.CopyFrom(timestamp(worker.probe.last_at))
     load = worker.load
     if load is not None:
-        message.load.running = max(0, load.running)
-        message.load.waiting = max(0, load.waiting)
-        message.load.token_usage = load.token_usage
+        # A worker's numbers never fail the answer: within the fields' uint32 range,
+        # usage finite (reports are checked when made; this is the last guard).
+        message.load.running = min(max(0, load.running), UINT32_MAX)
+        message.load.waiting = min(max(0, load.waiting), UINT32_MAX)
+        usage = load.token_usage
+        message.load.token_usage = usage if math.isfinite(usage) else 0.0
         # The report carries monotonic time; the API speaks wall-clock time.
         message.load.time.CopyFrom(timestamp(time.time() - (time.monotonic() - load.at)))
     return message

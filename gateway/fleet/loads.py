@@ -4,6 +4,8 @@ A failed poll keeps the last report and records the error; the report then ages.
 it is older than `stale_after_s` placement stops trusting it (see placement/overload.py),
 so a worker that cannot report its load is judged by what the gateway itself knows (its
 own in-flight count), never by numbers that may be minutes old, and never as idle.
+Figures out of range (NaN, infinite, negative, past LoadReport.MAX_REQUESTS) are ignored
+and counted (`LoadReport.checked`).
 """
 
 from __future__ import annotations
@@ -32,5 +34,8 @@ async def poll_load(worker: Worker, settings: LoadsConfig) -> None:
     except DecodeError as error:
         worker.load_error = f"bad GetLoads answer: {error}"
         return
-    worker.load = LoadReport(running, waiting, usage, time.monotonic(), worker.inflight)
+    # Worker numbers are untrusted: figures out of range keep the last report's.
+    worker.load = LoadReport.checked(
+        running, waiting, usage, time.monotonic(), worker.inflight, worker.load
+    )
     worker.load_error = None

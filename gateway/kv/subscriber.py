@@ -7,27 +7,55 @@ drops the worker's entries and starts over from a snapshot, and a broken connect
 starts over from a snapshot too (the worker may have restarted, its sequences with it).
 A worker that answers UNIMPLEMENTED has no KV events: the index then learns from the
 gateway's own placements. Every batch's load record refreshes the worker's load.
+
+A worker's events are untrusted input:
+- the subscription has its own channel, whose receive limit is `kv.max_event_bytes`: a
+  bigger message is refused by grpc before it is decoded (the subscription then starts
+  again, logged);
+- a message is decoded and applied in pieces (`CHUNK_BYTES` of events at a time) that
+  yield to the event loop once `SLICE_S` of work has been done, for as long as the work
+  took (a flood gets at most half of the loop);
+- a stored block whose token count is not its block size, a chain whose parent the slot
+  does not hold, a rank or block size past the caps (`kv.max_ranks`,
+  `kv.max_block_sizes`) and load figures out of range are skipped and counted (as
+  `rejected_*` kinds of `gateway_kv_events_total`); a cap refusal is logged once;
+- a subscription that keeps failing (gaps, DATA_LOSS, too large, broken) starts again
+  after an exponential backoff (capped at `kv.resubscribe_max_s`), logged once per
+  episode; an episode ends after `RESET_BATCHES` batches applied in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
+from typing import Any
 
 import grpc
+import numpy as np
 import structlog
+from google.protobuf.message import DecodeError
 from grpc import aio
 from smg_grpc_proto.generated import common_pb2
 
+from gateway.config import KvConfig, UpstreamConfig
 from gateway.engines.base import EngineAdapter
+from gateway.fleet.channels import open_channel
 from gateway.fleet.worker import LoadReport, Worker
-from gateway.kv.index import KvIndex, StoredBlock
+from gateway.kv.index import KvIndex
 
 log = structlog.get_logger("gateway.kv")
 
 DEVICE_TIERS = (common_pb2.KV_CACHE_TIER_UNSPECIFIED, common_pb2.KV_CACHE_TIER_DEVICE)
 MAX_BACKOFF_S = 8.0
+FIRST_BACKOFF_S = 0.1
+RESET_BATCHES = 32  # batches applied in order that end a failure episode
+RESET_AFTER_S = 30.0  # or a subscription that lasted this long
+CHUNK_BYTES = 4 * 1024  # events (or stored blocks) decoded at once: < 1 ms of work
+SLICE_S = 0.002  # work between two yields to the event loop
+SCAN_TICK = 512  # records scanned between two looks at the clock
+MAX_BLOCK_TOKENS = 4096  # a block size beyond this is not a real engine's
 
 
 class FollowState(StrEnum):
@@ -58,33 +86,145 @@ def on_device(tier: int, cache_level: int | None, locality: int) -> bool:
     return tier in DEVICE_TIERS and not cache_level
 
 
+# -- protobuf wire format: just enough to cut a message into pieces -------------------
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise DecodeError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise DecodeError("varint too long")
+
+
+def records(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, record start, record end) of each field record in buf[pos:end]."""
+    while pos < end:
+        start = pos
+        tag, pos = _varint(buf, pos)
+        kind = tag & 7
+        if kind == 0:
+            _, pos = _varint(buf, pos)
+        elif kind == 1:
+            pos += 8
+        elif kind == 2:
+            length, pos = _varint(buf, pos)
+            pos += length
+        elif kind == 5:
+            pos += 4
+        else:
+            raise DecodeError(f"unsupported wire type {kind}")
+        if pos > end:
+            raise DecodeError("truncated record")
+        yield tag >> 3, start, pos
+
+
+def payload(buf: bytes, start: int) -> int:
+    """Where a length-delimited record's payload starts."""
+    _, pos = _varint(buf, start)
+    _, pos = _varint(buf, pos)
+    return pos
+
+
+class Backoff:
+    """Exponential waits between subscriptions that failed; one log line per episode."""
+
+    def __init__(self, cap_s: float) -> None:
+        self.cap_s = cap_s
+        self.delay = 0.0
+        self.episode = False
+
+    def fail(self) -> tuple[float, bool]:
+        """The wait before the next try, and whether this failure starts an episode."""
+        first = not self.episode
+        self.episode = True
+        delay = self.delay
+        self.delay = min(self.cap_s, max(FIRST_BACKOFF_S, self.delay * 2))
+        return delay, first
+
+    def ok(self) -> None:
+        self.delay = 0.0
+        self.episode = False
+
+
 class KvFollower:
-    def __init__(self, worker: Worker, adapter: EngineAdapter, index: KvIndex) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        adapter: EngineAdapter,
+        index: KvIndex,
+        *,
+        settings: KvConfig | None = None,
+        upstream: UpstreamConfig | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.worker = worker
         self.index = index
+        self.settings = settings or KvConfig(block_size=index.block_size)
         self.state = FollowState.CONNECTING
         self.cursors: dict[int, int] = {}
-        self.events: dict[str, int] = {}  # by kind: stored, removed, cleared
-        self.resyncs: dict[str, int] = {}  # by reason: gap, data_loss, reconnect
-        self._loads: dict[int, common_pb2.EngineLoad] = {}
-        self._subscribe = worker.channel.unary_stream(
-            adapter.path("SubscribeKvEvents"),
-            request_serializer=common_pb2.SubscribeKvEventsRequest.SerializeToString,
-            response_deserializer=common_pb2.KvEventBatch.FromString,
+        self.events: dict[str, int] = {}  # by kind: stored, removed, cleared, rejected_*
+        self.resyncs: dict[str, int] = {}  # by reason: gap, data_loss, reconnect, too_large
+        self._loads: dict[int, tuple[int, int, float]] = {}
+        self._warned: set[str] = set()
+        self._backoff = Backoff(self.settings.resubscribe_max_s)
+        self._in_order = 0
+        self._since = time.monotonic()
+        self._ranks: set[int] = set()
+        self._path = adapter.path("SubscribeKvEvents")
+        self._upstream = upstream or UpstreamConfig()
+        self._credentials = credentials
+        # A TLS worker without credentials given: its shared channel, the size checked
+        # before decoding (received up to the channel's own limit, never decoded).
+        self._shared = worker.spec.tls and credentials is None
+
+    # -- the subscription --------------------------------------------------------------
+
+    def _open(self) -> aio.Channel:
+        if self._shared:
+            return self.worker.channel
+        return open_channel(
+            self.worker.spec.address,
+            self.settings.max_event_bytes,
+            self._upstream,
+            self._credentials,
         )
 
     async def run(self) -> None:
         """Follow until cancelled (or until the worker turns out to have no KV events)."""
-        backoff = 0.5
+        channel = self._open()
+        try:
+            await self._run(channel)
+        finally:
+            if channel is not self.worker.channel:
+                await channel.close()
+
+    async def _run(self, channel: aio.Channel) -> None:
+        subscribe = channel.unary_stream(
+            self._path,
+            request_serializer=common_pb2.SubscribeKvEventsRequest.SerializeToString,
+            response_deserializer=None,  # raw bytes: decoded in pieces (apply_raw)
+        )
         start = 0
         while True:
+            reason = ""
             try:
-                await self._follow(start)
+                await self._follow(subscribe, start)
                 start = 0  # the worker ended the stream: start over from a snapshot
+                reason = "ended"
             except Gap:
-                start = min(self.cursors.values())
-                self._resync("gap")
-                continue
+                start = min(self.cursors.values(), default=0)
+                reason = "gap"
+            except (DecodeError, TooLarge) as error:
+                start = min(self.cursors.values(), default=0)
+                reason = "too_large" if isinstance(error, TooLarge) else "undecodable"
             except aio.AioRpcError as error:
                 code = error.code()
                 if code is grpc.StatusCode.UNIMPLEMENTED:
@@ -95,41 +235,152 @@ class KvFollower:
                 if code is grpc.StatusCode.DATA_LOSS:
                     self.index.drop_worker(self.worker.id)
                     self.cursors.clear()
-                    self._resync("data_loss")
-                    start = 0
-                    continue
-                if self.state is FollowState.FOLLOWING:
-                    self._resync("reconnect")
-                    backoff = 0.5  # it worked until now: the wait starts over
-                self.state = FollowState.RECONNECTING
+                    reason = "data_loss"
+                elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    reason = "too_large"  # the channel refused a message over the cap
+                else:
+                    reason = "reconnect"
+                    self.state = FollowState.RECONNECTING
                 start = 0
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
+                if reason == "too_large":
+                    start = min(self.cursors.values(), default=0)
+            await self._again(reason)
 
-    def _resync(self, reason: str) -> None:
-        self.resyncs[reason] = self.resyncs.get(reason, 0) + 1
-        log.info("kv_resync", worker=self.worker.id, reason=reason)
+    async def _again(self, reason: str) -> None:
+        if self._in_order >= RESET_BATCHES or time.monotonic() - self._since >= RESET_AFTER_S:
+            self._backoff.ok()  # it worked for a while: a new episode
+        self._in_order = 0
+        if reason != "ended" and (reason != "reconnect" or self.state is FollowState.FOLLOWING):
+            self.resyncs[reason] = self.resyncs.get(reason, 0) + 1
+        delay, first = self._backoff.fail()
+        if first:
+            log.info(
+                "kv_resync",
+                worker=self.worker.id,
+                reason=reason,
+                limit_bytes=self.settings.max_event_bytes if reason == "too_large" else None,
+            )
+        await asyncio.sleep(delay)
+        self._since = time.monotonic()
 
-    async def _follow(self, start: int) -> None:
+    async def _follow(self, subscribe: Any, start: int) -> None:
         request = common_pb2.SubscribeKvEventsRequest(
             start_sequence_number=start, load_records_before_first_batch=True
         )
-        call = self._subscribe(request)
+        call = subscribe(request)
         try:
-            async for batch in call:
+            async for raw in call:
                 self.state = FollowState.FOLLOWING
-                self.apply(batch)
+                await self.apply_raw(raw)
         finally:
             call.cancel()
 
+    # -- one batch ---------------------------------------------------------------------
+
     def apply(self, batch: common_pb2.KvEventBatch) -> None:
-        """One batch: its load record, then its events if they are the next ones."""
+        """One batch, at once: its load record, then its events if they are the next
+        ones (`apply_raw` is the same in slices)."""
+        slot = self._head(batch)
+        if slot is None:
+            return
+        for event in batch.events:
+            self._event(slot, event)
+        self._done(slot, batch.sequence_number)
+
+    async def apply_raw(self, raw: bytes) -> None:
+        """One serialized batch, decoded and applied in pieces that yield to the loop."""
+        if len(raw) > self.settings.max_event_bytes:
+            raise TooLarge(len(raw))
+        head: list[bytes] = []
+        events: list[tuple[int, int]] = []
+        clock = Clock()
+        for n, (number, start, end) in enumerate(records(raw, 0, len(raw))):
+            if number == 3:
+                events.append((start, end))
+            else:
+                head.append(raw[start:end])
+            if not n % SCAN_TICK:
+                await clock.tick()
+        batch = common_pb2.KvEventBatch.FromString(b"".join(head))
+        slot = self._head(batch)
+        if slot is None:
+            return
+        piece: list[bytes] = []
+        size = 0
+        for start, end in events:
+            if end - start > CHUNK_BYTES:
+                await self._events(slot, piece, clock)
+                piece, size = [], 0
+                await self._large_event(slot, raw, start, end, clock)
+                continue
+            piece.append(raw[start:end])
+            size += end - start
+            if size >= CHUNK_BYTES:
+                await self._events(slot, piece, clock)
+                piece, size = [], 0
+        await self._events(slot, piece, clock)
+        self._done(slot, batch.sequence_number)
+
+    async def _events(self, slot: tuple[str, int], piece: list[bytes], clock: Clock) -> None:
+        if not piece:
+            return
+        for event in common_pb2.KvEventBatch.FromString(b"".join(piece)).events:
+            self._event(slot, event)
+        await clock.tick()
+
+    async def _large_event(
+        self, slot: tuple[str, int], raw: bytes, start: int, end: int, clock: Clock
+    ) -> None:
+        """One event bigger than a piece: a stored event's blocks go a piece at a time."""
+        body = payload(raw, start)
+        stored_at = None
+        for number, first, last in records(raw, body, end):
+            if number == 2:
+                stored_at = (payload(raw, first), last)
+        if stored_at is None:  # removed (packed hashes decode fast) or cleared
+            self._event(slot, common_pb2.KvCacheEvent.FromString(raw[body:end]))
+            await clock.tick()
+            return
+        self.events["stored"] = self.events.get("stored", 0) + 1
+        head: list[bytes] = []
+        edges: list[int] = []  # start, end of each block record (ints: no GC work)
+        for n, (number, first, last) in enumerate(records(raw, *stored_at)):
+            if number == 1:
+                edges += (first, last)
+            else:
+                head.append(raw[first:last])
+            if not n % SCAN_TICK:
+                await clock.tick()  # the header may follow the blocks: a first pass
+        stored = common_pb2.KvBlocksStored.FromString(b"".join(head))
+        parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
+        piece: list[bytes] = []
+        size = 0
+        for index in range(0, len(edges), 2):
+            first, last = edges[index], edges[index + 1]
+            piece.append(raw[first:last])
+            size += last - first
+            if size >= CHUNK_BYTES or index == len(edges) - 2:
+                part = common_pb2.KvBlocksStored.FromString(b"".join(piece)).blocks
+                piece, size = [], 0
+                parent = self._store(slot, stored, part, parent)
+                await clock.tick()
+                if parent is None:
+                    return  # the chain broke: the rest has no known parent
+
+    def _head(self, batch: common_pb2.KvEventBatch) -> tuple[str, int] | None:
+        """The batch's slot if its events are to be applied (after its load record);
+        None to skip it; raises Gap when batches are missing."""
         rank = batch.dp_rank if batch.HasField("dp_rank") else 0
         slot = (self.worker.id, rank)
+        if rank not in self._ranks:
+            if rank < 0 or len(self._ranks) >= self.index.max_ranks or self.index.admit(slot):
+                self._reject("rank", f"DP ranks past kv.max_ranks ({self.index.max_ranks})")
+                return None
+            self._ranks.add(rank)
         if batch.HasField("load"):
             self._load(rank, batch.load)
             if batch.load.load_only:
-                return
+                return None
         sequence = batch.sequence_number
         cursor = self.cursors.get(rank)
         if batch.HasField("snapshot"):
@@ -137,29 +388,23 @@ class KvFollower:
                 self.index.clear(slot)
         elif cursor is not None:
             if sequence <= cursor:
-                return  # seen already (a replay overlapping what arrived)
+                return None  # seen already (a replay overlapping what arrived)
             if sequence != cursor + 1:
                 raise Gap
         self.index.follow(slot)
-        for event in batch.events:
-            self._event(slot, event)
-        self.cursors[rank] = sequence
+        return slot
+
+    def _done(self, slot: tuple[str, int], sequence: int) -> None:
+        self.cursors[slot[1]] = sequence
+        self._in_order += 1
 
     def _event(self, slot: tuple[str, int], event: common_pb2.KvCacheEvent) -> None:
         kind = event.WhichOneof("data") or "unknown"
         self.events[kind] = self.events.get(kind, 0) + 1
         if kind == "stored":
             stored = event.stored
-            level = stored.blocks[0].cache_level if stored.blocks else 0
-            if not on_device(stored.tier, level, stored.locality):
-                return
-            self.index.store(
-                slot,
-                [StoredBlock(b.block_hash, b.token_ids) for b in stored.blocks],
-                stored.parent_block_hash if stored.HasField("parent_block_hash") else None,
-                namespace_of(stored),
-                stored.blocks[0].block_size or None if stored.blocks else None,
-            )
+            parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
+            self._store(slot, stored, stored.blocks, parent)
         elif kind == "removed":
             removed = event.removed
             if on_device(removed.tier, removed.cache_level, removed.locality):
@@ -168,14 +413,100 @@ class KvFollower:
             self.index.clear(slot)
             self.index.follow(slot)
 
+    def _store(
+        self,
+        slot: tuple[str, int],
+        stored: common_pb2.KvBlocksStored,
+        blocks: Sequence[common_pb2.KvBlock],
+        parent: int | None,
+    ) -> int | None:
+        """Validated blocks into the index; returns the engine hash of the last block
+        stored (the parent of what follows), None if the chain broke."""
+        if not blocks:
+            return parent
+        level = blocks[0].cache_level
+        if not on_device(stored.tier, level, stored.locality):
+            return None
+        size = blocks[0].block_size or self.settings.block_size
+        if not 0 < size <= MAX_BLOCK_TOKENS:
+            self._reject("tokens", count=len(blocks))
+            return None
+        if self.index.admit(slot, size) == "block_sizes":
+            limit = self.index.max_block_sizes
+            self._reject("block_size", f"block sizes past kv.max_block_sizes ({limit})")
+            return None
+        if parent is not None and not self.index.knows(slot, parent):
+            self._reject("parent", count=len(blocks))
+            return None
+        hashes: list[int] = []
+        ids: list[int] = []
+        for block in blocks:  # one pass: a wrapper object per block, and no more
+            tokens = block.token_ids
+            if len(tokens) != size or (block.block_size or size) != size:
+                break
+            hashes.append(block.block_hash)
+            ids += tokens
+        good = len(hashes)
+        if good < len(blocks):
+            self._reject("tokens", count=len(blocks) - good)
+        if not good:
+            return None
+        array = np.array(ids, dtype=np.uint32)
+        self.index.store_tokens(slot, hashes, array, parent, namespace_of(stored), size)
+        if not self.index.knows(slot, hashes[-1]):
+            return None  # refused by the index (a cap)
+        return hashes[-1] if good == len(blocks) else None
+
+    def _reject(self, reason: str, warning: str = "", count: int = 1) -> None:
+        kind = f"rejected_{reason}"
+        self.events[kind] = self.events.get(kind, 0) + count
+        if warning and reason not in self._warned:
+            self._warned.add(reason)  # once per worker: the count says the rest
+            log.warning("kv_events_refused", worker=self.worker.id, reason=warning)
+
     def _load(self, rank: int, load: common_pb2.EngineLoad) -> None:
-        """The worker's load, summed over its ranks, as fresh as its last batch."""
-        self._loads[rank] = load
+        """The worker's load, summed over its ranks, as fresh as its last batch; figures
+        out of range keep the rank's previous ones (counted)."""
+        before = self._loads.get(rank, (0, 0, 0.0))
+        running, waiting, usage = load.running_requests, load.waiting_requests, load.token_usage
+        bad = 0
+        if not LoadReport.count_ok(running):
+            running, bad = before[0], bad + 1
+        if not LoadReport.count_ok(waiting):
+            waiting, bad = before[1], bad + 1
+        if not LoadReport.usage_ok(usage):
+            usage, bad = before[2], bad + 1
+        if bad:
+            self._reject("load", count=bad)
+        self._loads[rank] = (running, waiting, usage)
         loads = self._loads.values()
+        previous = self.worker.load
         self.worker.load = LoadReport(
-            running=sum(x.running_requests for x in loads),
-            waiting=sum(x.waiting_requests for x in loads),
-            token_usage=max(x.token_usage for x in loads),
+            running=min(LoadReport.MAX_REQUESTS, sum(x[0] for x in loads)),
+            waiting=min(LoadReport.MAX_REQUESTS, sum(x[1] for x in loads)),
+            token_usage=max(x[2] for x in loads),
             at=time.monotonic(),
             own=self.worker.inflight,
+            rejected=(previous.rejected if previous is not None else 0) + bad,
         )
+
+
+class TooLarge(Exception):
+    """A KV event message over `kv.max_event_bytes` (on a channel that let it through)."""
+
+
+class Clock:
+    """Yields to the event loop once SLICE_S of work has been done since the last yield,
+    for as long as the work took (a big batch takes at most half of the loop's time: what
+    else is ready runs at once instead of after every slice)."""
+
+    __slots__ = ("_since",)
+
+    def __init__(self) -> None:
+        self._since = time.perf_counter()
+
+    async def tick(self) -> None:
+        busy = time.perf_counter() - self._since
+        if busy >= SLICE_S:
+            await asyncio.sleep(busy)
+            self._since = time.perf_counter()

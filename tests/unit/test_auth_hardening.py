@@ -32,7 +32,6 @@ from gateway.auth import (
     Caller,
     FailureTable,
     KeyFile,
-    api_key_interceptor,
     peer_address,
 )
 from gateway.config import AuthConfig, ConfigError, build_config
@@ -332,7 +331,7 @@ async def test_unlogged_failures_are_summed_in_one_line(keys_path: Path) -> None
 
 def test_the_interceptor_follows_the_reloaded_keys(keys_path: Path) -> None:
     auth, _, _ = auth_of(keys_path)
-    interceptor = api_key_interceptor(auth)
+    interceptor = auth.interceptor()
     assert interceptor._auth is auth
     write_keys(keys_path, bob=BOB)
     auth.reload()
