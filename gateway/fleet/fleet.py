@@ -52,9 +52,7 @@ class Fleet:
         self.registry = Registry()
         self.registry.subscribe(self._log_event)
         kv = settings.kv
-        self.kv_index = KvIndex(
-            kv.block_size, kv.assume_ttl_s, kv.assume_capacity, kv.pending_ttl_s
-        )
+        self.kv_index = KvIndex.from_config(kv)
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
@@ -230,7 +228,14 @@ class Fleet:
         if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
             self._keep(worker, "loads", lambda: self._load_loop(worker))
             if self.settings.kv.events:
-                follower = KvFollower(worker, ADAPTERS[worker.runtime], self.kv_index)
+                follower = KvFollower(
+                    worker,
+                    ADAPTERS[worker.runtime],
+                    self.kv_index,
+                    settings=self.settings.kv,
+                    upstream=self.settings.upstream,
+                    credentials=self.upstream_credentials() if worker.spec.tls else None,
+                )
                 self.followers[worker.id] = follower
                 self._keep(worker, "kv_events", follower.run)
         if wait_settled:  # bounded by start()'s timeout

@@ -160,7 +160,7 @@ class Prefix:
 
     __slots__ = ("_hashes", "expected_cached", "namespace", "ranks", "tokens")
 
-    def __init__(self, tokens: Sequence[int], namespace: str = "") -> None:
+    def __init__(self, tokens: Sequence[int] | npt.NDArray[np.uint32], namespace: str = "") -> None:
         self.tokens = tokens
         self.namespace = namespace
         self._hashes: dict[int, list[int]] = {}

@@ -15,7 +15,7 @@ Balance guard, two rules, so affinity never piles requests on one worker:
   keeps the busiest worker within balance_ratio of the mean over the window.
 The lowest cost among those wins, ties to the lower load, then to rotation.
 
-Loop time: the prompt is hashed before placement (`prepare_prefix`, in a thread for long
+Loop time: the prompt is hashed before placement (`Placer.prepare`, in a thread for long
 prompts); a placement then costs a lookup per cached block of the prompt (a dict get and
 an AND, in C) plus remembering at most ASSUME_BLOCKS blocks where it went.
 """
@@ -30,12 +30,10 @@ from typing import TYPE_CHECKING, cast
 from gateway.config import KvConfig
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
-from gateway.kv.prefix import Prefix
 from gateway.placement.policies import C, Hints, Policy, rotate_after
-from gateway.roles import Role, Runtime
 
 if TYPE_CHECKING:
-    from gateway.placement.placer import Placer
+    pass
 
 
 def load_of(worker: Worker, now: float, stale_after_s: float) -> float:
@@ -129,16 +127,3 @@ class CacheAware(Policy):
             rank = matched.get(chosen.id, (0, 0))[1]
             self.index.assume((chosen.id, rank), prefix, now)
         return cast("C", chosen)
-
-
-async def prepare_prefix(
-    placer: Placer, model: str, runtime: Runtime, legs: Sequence[Role], prefix: Prefix
-) -> None:
-    """Hash the prompt before placement, off the event loop when it is long, for the
-    block sizes cache-aware placement of this model will look up (nothing to do for a
-    model placed by another policy). Placement itself (synchronous) then only looks the
-    keys up: its loop time grows with the prompt's cached blocks, not with hashing."""
-    leg = Role.PREFILL if Role.PREFILL in legs else Role.REGULAR
-    policy = placer.policy(model, runtime, leg)
-    if isinstance(policy, CacheAware):
-        await prefix.prepare(policy.block_sizes())

@@ -279,6 +279,8 @@ class EngineFront:
             hints = replace(hints, prefix=prefix)
             record.prompt_tokens = len(prefix)
         legs = placer.legs(model, bool(items))
+        if prefix is not None:  # hashed ahead, off the loop for long prompts (cache_aware)
+            await placer.prepare(model, runtime, legs, prefix)
         job = self._job(spec, request, context, meta, record)
 
         def place(tried: Collection[str]) -> Assignment | Verdict:
