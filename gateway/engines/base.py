@@ -17,7 +17,11 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
+from gateway.engines.tokens import TokenIds, Unusual, split_tokens
 from gateway.roles import Role, Runtime
+
+# A Generate request this long has its token ids decoded apart (numpy, off the loop).
+SPLIT_MIN_BYTES = 256 * 1024
 
 
 class RpcKind(Enum):
@@ -59,7 +63,7 @@ class GenerateInfo:
     multimodal: bool
     mm_items: tuple[str, ...] = ()  # items an encode worker can take (URLs), in order
     return_logprob: bool = False
-    tokens: Sequence[int] = ()  # the prompt's token ids (not copied)
+    tokens: TokenIds = ()  # the prompt's token ids (not copied)
     namespace: str = ""  # what else keys the prompt's KV cache (a LoRA adapter)
 
 
@@ -131,9 +135,26 @@ class EngineAdapter(ABC):
     def path(self, name: str) -> str:
         return self.rpcs[name].path
 
-    @abstractmethod
     def generate_info(self, raw: bytes) -> GenerateInfo:
-        """Decode a Generate request; raises google.protobuf.message.DecodeError."""
+        """Decode a Generate request; raises google.protobuf.message.DecodeError. A long
+        one's token ids are cut out and decoded apart, with numpy (see engines/tokens):
+        what protobuf then decodes is small, so a thread can take the work off the loop."""
+        request_type = self.rpcs["Generate"].request_type
+        if len(raw) >= SPLIT_MIN_BYTES:
+            tokenized = request_type.DESCRIPTOR.fields_by_name["tokenized"]
+            ids_field = tokenized.message_type.fields_by_name["input_ids"]  # type: ignore[union-attr]
+            try:
+                rest, ids = split_tokens(raw, tokenized.number, ids_field.number)
+            except Unusual:
+                pass  # any other shape: protobuf decodes all of it
+            else:
+                return self._generate_info(request_type.FromString(rest), ids)
+        request: Any = request_type.FromString(raw)
+        return self._generate_info(request, request.tokenized.input_ids)
+
+    @abstractmethod
+    def _generate_info(self, request: Any, tokens: TokenIds) -> GenerateInfo:
+        """The routing fields of a decoded Generate request, its prompt being `tokens`."""
 
     @abstractmethod
     def abort_ids(self, raw: bytes) -> list[str]:

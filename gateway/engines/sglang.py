@@ -15,6 +15,7 @@ from gateway.engines.base import (
     RpcKind,
     ServerFacts,
 )
+from gateway.engines.tokens import TokenIds
 from gateway.roles import Role, Runtime
 
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -86,8 +87,7 @@ class SglangAdapter(EngineAdapter):
         "ListLoadedLoRAAdapters": RpcKind.FAN_OUT,
     }
 
-    def generate_info(self, raw: bytes) -> GenerateInfo:
-        request = pb.GenerateRequest.FromString(raw)
+    def _generate_info(self, request: Any, tokens: TokenIds) -> GenerateInfo:
         mm = request.mm_inputs
         multimodal = request.HasField("mm_inputs") and bool(
             mm.image_urls
@@ -104,7 +104,7 @@ class SglangAdapter(EngineAdapter):
             multimodal=multimodal,
             mm_items=(*mm.image_urls, *mm.video_urls, *mm.audio_urls),
             return_logprob=request.return_logprob,
-            tokens=request.tokenized.input_ids,
+            tokens=tokens,
             namespace=f"lora:{request.lora_id}" if request.lora_id else "",
         )
 

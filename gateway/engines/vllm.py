@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
@@ -15,6 +16,7 @@ from gateway.engines.base import (
     RpcKind,
     ServerFacts,
 )
+from gateway.engines.tokens import TokenIds
 from gateway.roles import Role, Runtime
 
 PREFILL_KV_PARAMS = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
@@ -75,8 +77,7 @@ class VllmAdapter(EngineAdapter):
         "StopProfile": RpcKind.FAN_OUT,
     }
 
-    def generate_info(self, raw: bytes) -> GenerateInfo:
-        request = pb.GenerateRequest.FromString(raw)
+    def _generate_info(self, request: Any, tokens: TokenIds) -> GenerateInfo:
         multimodal = (
             request.HasField("mm_inputs")
             or bool(request.extra_mm_inputs)
@@ -87,7 +88,7 @@ class VllmAdapter(EngineAdapter):
             n=max(1, request.sampling_params.n),
             multimodal=multimodal,
             return_logprob=request.sampling_params.HasField("prompt_logprobs"),
-            tokens=request.tokenized.input_ids,
+            tokens=tokens,
         )
 
     def server_facts(self, server_info: bytes) -> ServerFacts:

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gateway.engines.tokens import TokenIds
+
 DEPTH_BITS = 20
 MAX_DEPTH = (1 << DEPTH_BITS) - 1  # blocks of one chain that are indexed; deeper ones are not
 KEY_BITS = 60
@@ -160,7 +162,7 @@ class Prefix:
 
     __slots__ = ("_hashes", "expected_cached", "namespace", "ranks", "tokens")
 
-    def __init__(self, tokens: Sequence[int] | npt.NDArray[np.uint32], namespace: str = "") -> None:
+    def __init__(self, tokens: TokenIds, namespace: str = "") -> None:
         self.tokens = tokens
         self.namespace = namespace
         self._hashes: dict[int, list[int]] = {}

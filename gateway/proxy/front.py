@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from gateway.auth import Caller
 from gateway.config import GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
+from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.fleet.registry import Registry
 from gateway.kv.prefix import Prefix
 from gateway.placement.placer import Assignment, Placer
@@ -245,7 +246,10 @@ class EngineFront:
     ) -> bytes | None:
         if spec.kind is RpcKind.GENERATE:
             try:
-                info = self.adapter.generate_info(request)
+                if len(request) < SPLIT_MIN_BYTES:
+                    info = self.adapter.generate_info(request)
+                else:  # a long prompt: its ids are decoded without the GIL, off the loop
+                    info = await asyncio.to_thread(self.adapter.generate_info, request)
             except DecodeError:
                 await abort_invalid(context, "Request bytes are not a valid GenerateRequest")
             record.request_id = info.request_id
