@@ -18,10 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError
 
-LENGTH_DELIMITED = 2
-VARINT = 0
-FIXED64, FIXED32 = 1, 5
+from gateway.wire import LENGTH_DELIMITED, encode_varint, payload, records
 
 Tokens = npt.NDArray[np.uint32]
 TokenIds = Sequence[int] | Tokens  # a decoded request's repeated field, or these
@@ -31,86 +30,33 @@ class Unusual(Exception):
     """Not the one shape `split_tokens` handles: decode it the usual way."""
 
 
-def _varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise Unusual
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _fields(data: bytes | memoryview, start: int, end: int) -> list[tuple[int, int, int, int]]:
-    """(field number, wire type, start of the field's tag, end of the field) for each
-    field in data[start:end]; the value of a length-delimited field ends at its end."""
-    found = []
-    at = start
-    while at < end:
-        tag_at = at
-        tag, at = _varint(data, at)
-        number, wire = tag >> 3, tag & 7
-        if wire == VARINT:
-            _, at = _varint(data, at)
-        elif wire == LENGTH_DELIMITED:
-            length, at = _varint(data, at)
-            at += length
-        elif wire == FIXED64:
-            at += 8
-        elif wire == FIXED32:
-            at += 4
-        else:
-            raise Unusual  # groups: not in these protocols
-        if at > end:
-            raise Unusual
-        found.append((number, wire, tag_at, at))
-    return found
-
-
 def split_tokens(raw: bytes, outer: int, inner: int) -> tuple[bytes, Tokens]:
     """The request without its packed token ids (field `inner` of the message in field
     `outer`), and the ids. Raises Unusual for any other shape."""
     view = memoryview(raw)
-    top = [f for f in _fields(view, 0, len(raw)) if f[0] == outer]
-    if len(top) != 1 or top[0][1] != LENGTH_DELIMITED:
-        raise Unusual
-    _, _, tag_at, end = top[0]
-    _, at = _varint(view, tag_at)
-    length, content = _varint(view, at)
-    fields = _fields(view, content, end)
-    ids = [f for f in fields if f[0] == inner]
-    if len(ids) != 1 or ids[0][1] != LENGTH_DELIMITED:
-        raise Unusual  # absent, repeated, or unpacked
-    _, _, ids_tag, ids_end = ids[0]
-    _, at = _varint(view, ids_tag)
-    ids_length, ids_start = _varint(view, at)
-    tokens = decode_varints(view[ids_start:ids_end])
-    kept = bytes(view[content:ids_tag]) + bytes(view[ids_end:end])
+    try:
+        top = [r for r in records(view, 0, len(raw)) if r[0] == outer]
+        if len(top) != 1 or top[0][1] != LENGTH_DELIMITED:
+            raise Unusual
+        _, _, start, end = top[0]
+        content = payload(view, start)
+        ids = [r for r in records(view, content, end) if r[0] == inner]
+        if len(ids) != 1 or ids[0][1] != LENGTH_DELIMITED:
+            raise Unusual  # absent, repeated, or unpacked
+        _, _, ids_start, ids_end = ids[0]
+        tokens = decode_varints(view[payload(view, ids_start) : ids_end])
+    except DecodeError:
+        raise Unusual from None
+    kept = bytes(view[content:ids_start]) + bytes(view[ids_end:end])
     rest = b"".join(
         (
-            bytes(view[:tag_at]),
-            _encode_varint(outer << 3 | LENGTH_DELIMITED),
-            _encode_varint(len(kept)),
+            bytes(view[:start]),
+            encode_varint(outer << 3 | LENGTH_DELIMITED),
+            encode_varint(len(kept)),
             kept,
             bytes(view[end:]),
         )
     )
-    del length, ids_length
     return rest, tokens
 
 

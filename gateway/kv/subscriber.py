@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -44,6 +44,7 @@ from gateway.engines.base import EngineAdapter
 from gateway.fleet.channels import open_channel
 from gateway.fleet.worker import LoadReport, Worker
 from gateway.kv.index import KvIndex
+from gateway.wire import payload, records
 
 log = structlog.get_logger("gateway.kv")
 
@@ -84,53 +85,6 @@ def on_device(tier: int, cache_level: int | None, locality: int) -> bool:
     if locality == common_pb2.KV_CACHE_LOCALITY_REMOTE:
         return False
     return tier in DEVICE_TIERS and not cache_level
-
-
-# -- protobuf wire format: just enough to cut a message into pieces -------------------
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise DecodeError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise DecodeError("varint too long")
-
-
-def records(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(field number, record start, record end) of each field record in buf[pos:end]."""
-    while pos < end:
-        start = pos
-        tag, pos = _varint(buf, pos)
-        kind = tag & 7
-        if kind == 0:
-            _, pos = _varint(buf, pos)
-        elif kind == 1:
-            pos += 8
-        elif kind == 2:
-            length, pos = _varint(buf, pos)
-            pos += length
-        elif kind == 5:
-            pos += 4
-        else:
-            raise DecodeError(f"unsupported wire type {kind}")
-        if pos > end:
-            raise DecodeError("truncated record")
-        yield tag >> 3, start, pos
-
-
-def payload(buf: bytes, start: int) -> int:
-    """Where a length-delimited record's payload starts."""
-    _, pos = _varint(buf, start)
-    _, pos = _varint(buf, pos)
-    return pos
 
 
 class Backoff:
@@ -294,7 +248,7 @@ class KvFollower:
         head: list[bytes] = []
         events: list[tuple[int, int]] = []
         clock = Clock()
-        for n, (number, start, end) in enumerate(records(raw, 0, len(raw))):
+        for n, (number, _, start, end) in enumerate(records(raw, 0, len(raw))):
             if number == 3:
                 events.append((start, end))
             else:
@@ -334,7 +288,7 @@ class KvFollower:
         """One event bigger than a piece: a stored event's blocks go a piece at a time."""
         body = payload(raw, start)
         stored_at = None
-        for number, first, last in records(raw, body, end):
+        for number, _, first, last in records(raw, body, end):
             if number == 2:
                 stored_at = (payload(raw, first), last)
         if stored_at is None:  # removed (packed hashes decode fast) or cleared
@@ -344,7 +298,7 @@ class KvFollower:
         self.events["stored"] = self.events.get("stored", 0) + 1
         head: list[bytes] = []
         edges: list[int] = []  # start, end of each block record (ints: no GC work)
-        for n, (number, first, last) in enumerate(records(raw, *stored_at)):
+        for n, (number, _, first, last) in enumerate(records(raw, *stored_at)):
             if number == 1:
                 edges += (first, last)
             else:

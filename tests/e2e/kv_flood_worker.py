@@ -31,25 +31,15 @@ from grpc_health.v1.health import aio as health_aio
 from smg_grpc_proto.generated import common_pb2 as kv
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
+from gateway.wire import encode_varint
+
 SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 BATCH_BLOCKS = 20_000
 HASH_BASE = 1 << 56  # block hashes from here take 9 varint bytes: fixed-size records
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def field(number: int, payload: bytes) -> bytes:
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def block_records(first_hash: int, count: int, rng: np.random.Generator) -> bytes:
@@ -74,11 +64,11 @@ def batch(
     snapshot: bool = False,
     load: Any = None,
 ) -> bytes:
-    out = varint(1 << 3) + varint(sequence)
+    out = encode_varint(1 << 3) + encode_varint(sequence)
     if stored:
         out += field(3, field(2, stored))  # events: KvCacheEvent.stored
     if rank is not None:
-        out += varint(4 << 3) + varint(rank)
+        out += encode_varint(4 << 3) + encode_varint(rank)
     if snapshot:
         out += field(7, kv.KvSnapshotChunk(index=0, count=1).SerializeToString())
     if load is not None:

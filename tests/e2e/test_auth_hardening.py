@@ -21,6 +21,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.launch import Child
+from gateway.wire import encode_varint
 from tests.conftest import Launcher, worker_url
 from tests.e2e.helpers import channel, collect, model_md, sgl, sgl_generate, sgl_grpc, write_config
 
@@ -294,7 +295,7 @@ async def test_an_unauthenticated_30_mib_request_is_refused_unread(
         big = sgl_generate("big")
         big.tokenized.original_text = "x" * (30 << 20)
         # field 15, length-delimited: an unknown field the gateway would have to read
-        raw_list = b"\x7a" + _varint(30 << 20) + b"\0" * (30 << 20)
+        raw_list = b"\x7a" + encode_varint(30 << 20) + b"\0" * (30 << 20)
         stub = sgl_grpc.SglangSchedulerStub(ch)
         list_call = ch.unary_unary("/grpc.health.v1.Health/List")
 
@@ -320,12 +321,3 @@ async def test_an_unauthenticated_30_mib_request_is_refused_unread(
         assert grew_mib < 24, f"the gateway's peak RSS grew {grew_mib:.0f} MiB"
         assert took < 5.0
         assert await health_check(ch, KEYS["alice"]) is grpc.StatusCode.OK
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)

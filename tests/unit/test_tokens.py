@@ -70,9 +70,10 @@ def test_varints_out_of_shape_are_unusual(data: bytes) -> None:
 
 def test_unpacked_or_repeated_fields_are_left_to_protobuf() -> None:
     packed = sgl.GenerateRequest(tokenized=sgl.TokenizedInput(input_ids=[5, 6])).SerializeToString()
-    twice = packed + sgl.GenerateRequest(
-        tokenized=sgl.TokenizedInput(input_ids=[7])
-    ).SerializeToString()
+    twice = (
+        packed
+        + sgl.GenerateRequest(tokenized=sgl.TokenizedInput(input_ids=[7])).SerializeToString()
+    )
     with pytest.raises(Unusual):
         split_tokens(twice, TOKENIZED, INPUT_IDS)  # protobuf merges the two
     # input_ids unpacked: tag 0x10 (field 2, varint) per element, inside tokenized
