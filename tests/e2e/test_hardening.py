@@ -426,3 +426,43 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
     print(f"small call: unloaded max {base * 1000:.1f} ms, loaded max {slowest * 1000:.1f} ms")
     assert slowest <= base + 1.0
     assert statistics.median(loaded) <= statistics.median(unloaded) + 0.05
+
+
+async def test_ten_thousand_health_watches_are_bounded_and_calls_are_served(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    """10,000 health Watch streams (40 connections from 127.0.0.2): at most the watch cap
+    (max_concurrent_streams x 4 = 1,024) stay open, the rest are RESOURCE_EXHAUSTED (or
+    shed by grpc core while thousands arrive at once); a normal call is served meanwhile."""
+    worker = sim("--model", "m")
+    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    watch = "/grpc.health.v1.Health/Watch"
+    clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(40)]
+    try:
+        for client in clients:
+            await client.connect()
+            for _ in range(250):
+                client.open(watch, [], b"")
+        streams = [s for c in clients for s in c.streams.values()]
+
+        async def settled() -> bool:  # every stream refused, or sent its first status
+            return all(s.ended.is_set() or s.data for s in streams)
+
+        await until(settled, 30, step_s=0.2)
+        async with channel(gw.address) as ch:
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            messages, error = await collect(
+                stub.Generate(sgl_generate("good"), metadata=model_md("m"), timeout=5)
+            )
+        assert error is None and len(messages) == 5
+        open_watches = [s for s in streams if not s.ended.is_set()]
+        refused = [s for s in streams if s.status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]]
+        cancelled = grpc.StatusCode.CANCELLED.value[0]
+        shed = [s for s in streams if s.status in (None, cancelled) and s.ended.is_set()]
+        assert 0 < len(open_watches) <= 1024
+        assert len(open_watches) + len(refused) + len(shed) == 10_000
+        assert refused and refused[0].message == "too many health watches"
+    finally:
+        for client in clients:
+            await client.close()
