@@ -6,11 +6,14 @@ import argparse
 import asyncio
 import signal
 import subprocess
+from typing import TYPE_CHECKING
 
 from gateway.config import build_config
 from gateway.launch import ready, sim_args, spawn, stop_all
 from gateway.logs import configure
-from gateway.server import Gateway
+
+if TYPE_CHECKING:  # the server (numpy, the fleet) is imported only when the demo runs
+    from gateway.server import Gateway
 
 SGLANG_MODEL = "llama-3-8b"
 VLLM_MODEL = "qwen-2.5-7b"
@@ -116,6 +119,8 @@ async def run_demo(args: argparse.Namespace) -> None:
                 "drain.grace_s": 2.0,
             },
         )
+        from gateway.server import Gateway
+
         gateway = Gateway(config)
         port = await gateway.start()
         host = args.listen.rpartition(":")[0]
