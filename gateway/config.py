@@ -164,7 +164,9 @@ class LimitsConfig:
     over the gateway and per principal (a stream waits its turn, held back by HTTP/2 flow
     control meanwhile), so partially sent messages hold at most that many times
     `max_message_bytes`. `max_connections`: client connections at once (grpc core closes
-    the ones past it). `max_prompt_tokens`: prompt length a Generate may carry."""
+    the ones past it); `max_connections_per_peer`: one client address's share of them (the
+    newest past it are closed within a few seconds). `max_prompt_tokens`: prompt length a
+    Generate may carry."""
 
     max_choices: int = 16
     max_inflight_requests: int = 4096
@@ -178,6 +180,7 @@ class LimitsConfig:
     max_request_reads: int = 32
     max_request_reads_per_peer: int = 2
     max_connections: int = 10_000
+    max_connections_per_peer: int = 1_000
     max_prompt_tokens: int = 1_000_000
 
     @property
@@ -629,6 +632,7 @@ def build_config(
         ("limits.max_request_reads", config.limits.max_request_reads),
         ("limits.max_request_reads_per_peer", config.limits.max_request_reads_per_peer),
         ("limits.max_connections", config.limits.max_connections),
+        ("limits.max_connections_per_peer", config.limits.max_connections_per_peer),
         ("limits.max_prompt_tokens", config.limits.max_prompt_tokens),
         ("upstream.stream_window_bytes", config.upstream.stream_window_bytes),
         ("kv.block_size", config.kv.block_size),

@@ -1,19 +1,24 @@
-"""Client connections: file-descriptor headroom for the cap, and a watch that says when
-the cap is reached.
+"""Client connections: file-descriptor headroom for the cap, a watch that says when the
+cap is reached, and the per-peer cap.
 
 grpc core enforces `limits.max_connections` itself (`grpc.max_allowed_incoming_connections`:
-it closes the connections past it as they arrive) but tells nobody. So a watch counts
-this process's established connections on the main port every few seconds (from
-/proc, in a thread) and logs once when the cap is reached and once when it is not any
-more: an operator sees why new clients are refused.
+it closes the connections past it as they arrive) but tells nobody, and it has no bound
+per peer. So a watch reads this process's established connections on the main port
+every few seconds (from /proc, in a thread): it logs once when the cap is reached and
+once when it is not any more, and shuts down a peer's newest connections past
+`limits.max_connections_per_peer` under grpc core (which drops them as if the peer had),
+so one client address cannot keep the whole connection budget for long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import resource
+import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -44,22 +49,24 @@ def raise_fd_limit(max_connections: int) -> int:
     return soft
 
 
-def _socket_inodes() -> set[str]:
-    inodes = set()
+def _socket_fds() -> dict[str, int]:
+    """This process's sockets: inode -> file descriptor."""
+    sockets = {}
     fd_dir = Path("/proc/self/fd")
     for name in os.listdir(fd_dir):
         with contextlib.suppress(OSError):
             target = os.readlink(fd_dir / name)
             if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    return inodes
+                sockets[target[8:-1]] = int(name)
+    return sockets
 
 
-def count_connections(port: int) -> int:
-    """This process's established TCP connections whose local port is `port`."""
-    ours = _socket_inodes()
+def connections(port: int) -> dict[str, list[tuple[int, int]]]:
+    """This process's established TCP connections on local port `port`, by peer address
+    (as /proc spells it, hex): (inode, file descriptor) each, oldest (lowest inode) first."""
+    ours = _socket_fds()
     wanted = f":{port:04X}"
-    count = 0
+    by_peer: dict[str, list[tuple[int, int]]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -67,32 +74,86 @@ def count_connections(port: int) -> int:
             continue
         for line in lines:
             fields = line.split()
-            if (
-                len(fields) > 9
-                and fields[3] == ESTABLISHED
-                and fields[1].endswith(wanted)
-                and fields[9] in ours
-            ):
-                count += 1
-    return count
+            if len(fields) > 9 and fields[3] == ESTABLISHED and fields[1].endswith(wanted):
+                fd = ours.get(fields[9])
+                if fd is not None:
+                    peer = fields[2].rpartition(":")[0]
+                    by_peer.setdefault(peer, []).append((int(fields[9]), fd))
+    for held in by_peer.values():
+        held.sort()
+    return by_peer
+
+
+def peer_ip(hex_address: str) -> str:
+    """/proc's hex address (little-endian 32-bit words) as an IP address."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    address = ipaddress.ip_address(words)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+def close_connection(inode: int, fd: int) -> bool:
+    """Shut the connection down under grpc core (which then drops it as a peer would);
+    only if `fd` still is that socket (its number may have been reused meanwhile)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return False
+    try:
+        if os.fstat(dup).st_ino != inode:
+            return False
+        with socket.socket(fileno=dup) as sock:
+            dup = -1  # the socket object owns it now
+            sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        if dup >= 0:
+            os.close(dup)
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    total: int
+    over: dict[str, int]  # peer IP -> connections closed past its cap
+
+
+def census(port: int, per_peer: int) -> Census:
+    """Count the connections; close each peer's newest ones past `per_peer`."""
+    by_peer = connections(port)
+    over: dict[str, int] = {}
+    for peer, held in by_peer.items():
+        extra = held[per_peer:]
+        if extra:
+            over[peer_ip(peer)] = sum(close_connection(inode, fd) for inode, fd in extra)
+    return Census(sum(len(held) for held in by_peer.values()), over)
 
 
 class ConnectionWatch:
-    """Logs `connection_limit_reached` / `connection_limit_cleared` as the count crosses
-    the cap; `count` is the last count seen."""
+    """Every few seconds: logs `connection_limit_reached` / `connection_limit_cleared` as
+    the count crosses `cap` (grpc core enforces it), and closes a peer's connections past
+    `per_peer` (grpc core has no such bound), newest first, logging
+    `connection_per_peer_limit` once per peer until it is back under. `count` is the
+    last count seen."""
 
-    def __init__(self, port: int, cap: int, interval_s: float = WATCH_INTERVAL_S) -> None:
-        self.port, self.cap, self.interval_s = port, cap, interval_s
+    def __init__(
+        self, port: int, cap: int, per_peer: int, interval_s: float = WATCH_INTERVAL_S
+    ) -> None:
+        self.port, self.cap, self.per_peer, self.interval_s = port, cap, per_peer, interval_s
         self.count = 0
         self.at_cap = False
+        self.over_peers: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if Path("/proc/net/tcp").exists():
             self._task = asyncio.ensure_future(self._run())
 
-    def observe(self, count: int) -> None:
-        self.count = count
+    def observe(self, seen: Census) -> None:
+        count = self.count = seen.total
         if count >= self.cap and not self.at_cap:
             self.at_cap = True
             log.warning(
@@ -104,11 +165,20 @@ class ConnectionWatch:
         elif count < self.cap and self.at_cap:
             self.at_cap = False
             log.info("connection_limit_cleared", connections=count, max_connections=self.cap)
+        for peer, closed in seen.over.items():
+            if peer not in self.over_peers:
+                log.warning(
+                    "connection_per_peer_limit",
+                    peer=peer,
+                    closed=closed,
+                    max_connections_per_peer=self.per_peer,
+                )
+        self.over_peers = set(seen.over)
 
     async def _run(self) -> None:
         while True:
             try:
-                self.observe(await asyncio.to_thread(count_connections, self.port))
+                self.observe(await asyncio.to_thread(census, self.port, self.per_peer))
             except Exception:
                 log.exception("connection_count_failed")
             await asyncio.sleep(self.interval_s)

@@ -175,7 +175,10 @@ class Gateway:
         credentials = self.certificates.credentials() if self.certificates else None
         self.port = bind(self.server, self.config.listen, credentials)
         raise_fd_limit(self.config.limits.max_connections)
-        self.connections = ConnectionWatch(self.port, self.config.limits.max_connections)
+        limits = self.config.limits
+        self.connections = ConnectionWatch(
+            self.port, limits.max_connections, limits.max_connections_per_peer
+        )
         self.fleet.registry.subscribe(self._on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)

@@ -63,6 +63,7 @@ def serving_config(
             max_request_reads=member.share(limits.max_request_reads),
             max_request_reads_per_peer=member.share(limits.max_request_reads_per_peer),
             max_connections=member.share(limits.max_connections),
+            max_connections_per_peer=member.share(limits.max_connections_per_peer),
         ),
         admin=AdminConfig(listen=member.control_address(), token=None),
         metrics=MetricsConfig(listen=None),

@@ -466,3 +466,38 @@ async def test_ten_thousand_health_watches_are_bounded_and_calls_are_served(
     finally:
         for client in clients:
             await client.close()
+
+
+async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    """grpc core has no per-peer bound: the gateway's connection watch closes a peer's
+    newest connections past `max_connections_per_peer`, logs it once, and other peers are
+    served as before."""
+    worker = sim("--model", "m")
+    config = write_config(tmp_path, {"limits": {"max_connections_per_peer": 5}})
+    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    crowd = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(12)]
+    try:
+        for client in crowd:
+            await client.connect()
+
+        async def trimmed() -> bool:
+            return sum(c.closed.is_set() for c in crowd) == 7
+
+        await until(trimmed, 10, step_s=0.1)
+        assert all(not c.closed.is_set() for c in crowd[:5])  # the oldest five stay
+        log_path: Path = gw.log_path  # type: ignore[attr-defined]
+        text = await asyncio.to_thread(log_path.read_text)
+        lines = [line for line in text.splitlines() if "connection_per_peer_limit" in line]
+        assert len(lines) == 1 and '"peer": "127.0.0.2"' in lines[0]
+        async with channel(gw.address) as ch:
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            messages, error = await collect(
+                stub.Generate(sgl_generate("ok"), metadata=model_md("m"))
+            )
+        assert error is None and len(messages) == 5
+    finally:
+        for client in crowd:
+            await client.close()

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from gateway.config import build_config
+from gateway.connections import peer_ip
 from gateway.proxy.admission import Admission, Refusal
 from gateway.proxy.front import peer_host
 from gateway.proxy.intake import ReadGate
@@ -129,3 +130,16 @@ async def test_a_turn_handed_over_as_its_waiter_is_cancelled_goes_back() -> None
     assert gate.reading == 0
     async with gate.turn("c"):
         assert gate.reading == 1
+
+
+@pytest.mark.parametrize(
+    ("hex_address", "ip"),
+    [
+        ("0100007F", "127.0.0.1"),
+        ("0200007F", "127.0.0.2"),
+        ("0000000000000000FFFF00000100007F", "127.0.0.1"),  # IPv4-mapped IPv6
+        ("00000000000000000000000001000000", "::1"),
+    ],
+)
+def test_proc_addresses_read_as_ips(hex_address: str, ip: str) -> None:
+    assert peer_ip(hex_address) == ip
