@@ -7,6 +7,7 @@ gateway answers itself (HealthCheck, Abort, merged fan-out answers).
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -135,16 +136,21 @@ class EngineAdapter(ABC):
     def path(self, name: str) -> str:
         return self.rpcs[name].path
 
+    @functools.cached_property
+    def _token_field(self) -> tuple[int, int]:
+        """Field numbers of `tokenized` in a GenerateRequest and of `input_ids` in it."""
+        tokenized = self.rpcs["Generate"].request_type.DESCRIPTOR.fields_by_name["tokenized"]
+        input_ids = tokenized.message_type.fields_by_name["input_ids"]  # type: ignore[union-attr]
+        return tokenized.number, input_ids.number
+
     def generate_info(self, raw: bytes) -> GenerateInfo:
         """Decode a Generate request; raises google.protobuf.message.DecodeError. A long
         one's token ids are cut out and decoded apart, with numpy (see engines/tokens):
         what protobuf then decodes is small, so a thread can take the work off the loop."""
         request_type = self.rpcs["Generate"].request_type
         if len(raw) >= SPLIT_MIN_BYTES:
-            tokenized = request_type.DESCRIPTOR.fields_by_name["tokenized"]
-            ids_field = tokenized.message_type.fields_by_name["input_ids"]  # type: ignore[union-attr]
             try:
-                rest, ids = split_tokens(raw, tokenized.number, ids_field.number)
+                rest, ids = split_tokens(raw, *self._token_field)
             except Unusual:
                 pass  # any other shape: protobuf decodes all of it
             else:

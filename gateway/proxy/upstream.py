@@ -265,7 +265,7 @@ class UpstreamCall:
         self.deadline = deadline  # the client's, carried upstream (monotonic)
         # The client's own deadline ended it, or the gateway's channel refused it: not
         # the worker's doing, so it neither counts against it nor decides a trial.
-        self._client_ended = False
+        self._blameless = False
 
     def __enter__(self) -> UpstreamCall:
         return self
@@ -286,7 +286,7 @@ class UpstreamCall:
             and self.deadline is not None
             and time.monotonic() >= self.deadline - CLIENT_DEADLINE_SLACK_S
         ) or (code, details) in LOCAL_FAILURES:
-            self._client_ended = True
+            self._blameless = True
         return UpstreamFailure(self.leg, self.worker, code, details, trailers, self._label)
 
     async def response(self) -> bytes:
@@ -411,7 +411,7 @@ class UpstreamCall:
                     reading.cancel()
             self._leave_table()
         finally:
-            self.reservation.release(None if self._client_ended else self.code)
+            self.reservation.release(None if self._blameless else self.code)
 
     def _leave_table(self) -> None:
         if self._in_table and self._holder is not None:
