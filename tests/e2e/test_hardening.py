@@ -43,6 +43,28 @@ BAD_VALUES = {
 }
 
 
+async def model_m_gateway(
+    sim: Launcher, gateway: Launcher, tmp_path: Path, limits: dict[str, object] | None = None
+) -> Child:
+    """A gateway (with these `limits`) in front of one simulated worker of model m, ready."""
+    worker = sim("--model", "m")
+    args = ["--worker", worker_url(worker, model="m", runtime="sglang")]
+    if limits:
+        args += ["--config", write_config(tmp_path, {"limits": limits})]
+    gw = gateway(*args)
+    await wait_health(gw.address, "m")
+    return gw
+
+
+async def assert_served(gw: Child) -> None:
+    """A normal call to model m, on its own channel, streams its five messages."""
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        call = stub.Generate(sgl_generate("good"), metadata=model_md("m"), timeout=5)
+        messages, error = await collect(call)
+    assert error is None and len(messages) == 5
+
+
 def start_sink() -> Child:
     """A worker that holds Generate calls without reading them (tests/e2e/sink_worker)."""
     args = [sys.executable, "-m", "tests.e2e.sink_worker"]
@@ -81,14 +103,12 @@ def details_of(stream_headers: dict[bytes, bytes]) -> tuple[error_details_pb2.Er
 
 
 async def test_bad_header_values_are_refused_at_the_front_and_never_open_a_breaker(
-    sim: Launcher, gateway: Launcher
+    sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
     """Each class of value grpc refuses upstream gets INVALID_ARGUMENT BAD_METADATA naming
     the key, before placement. Rounds of 20 bad requests interleaved with good calls: every
     good call succeeds and no breaker opens (it used to open after 10)."""
-    worker = sim("--model", "m")
-    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
-    await wait_health(gw.address, "m")
+    gw = await model_m_gateway(sim, gateway, tmp_path)
     request = sgl_generate("bad").SerializeToString()
     client = RawClient("127.0.0.1", gw.port)
     await client.connect()
@@ -131,13 +151,7 @@ async def test_partial_messages_hold_bounded_memory_and_end_at_the_read_timeout(
     (grpc core lets a raw client send ~4 MiB ahead on a read stream: 40 unbounded reads
     would hold ~170 MiB); every stream ends at the read timeout; a normal call is served
     meanwhile."""
-    worker = sim("--model", "m")
-    config = write_config(
-        tmp_path,
-        {"limits": {"request_read_timeout_s": 4}},
-    )
-    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
-    await wait_health(gw.address, "m")
+    gw = await model_m_gateway(sim, gateway, tmp_path, {"request_read_timeout_s": 4})
     before = rss_mib(gw.process.pid)
     part = b"\0" * (30 * 1024 * 1024)
     clients = [RawClient("127.0.0.1", gw.port) for _ in range(2)]
@@ -178,10 +192,7 @@ async def test_ten_thousand_header_only_streams_are_refused_or_ended_by_the_boun
     message: each takes an admission slot from its opening, so past the peer's share
     (a quarter of 4096) they are CALLER_OVER_SHARE at once, and the read timeout ends the
     rest; a client on 127.0.0.1 is served meanwhile."""
-    worker = sim("--model", "m")
-    config = write_config(tmp_path, {"limits": {"request_read_timeout_s": 5}})
-    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
-    await wait_health(gw.address, "m")
+    gw = await model_m_gateway(sim, gateway, tmp_path, {"request_read_timeout_s": 5})
     clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(40)]
     try:
         for client in clients:
@@ -194,12 +205,7 @@ async def test_ten_thousand_header_only_streams_are_refused_or_ended_by_the_boun
             return sum(s.ended.is_set() for s in streams) >= 10_000 - 1024
 
         await until(flood_sorted, 20)
-        async with channel(gw.address) as ch:  # while the peer's share is held
-            stub = sgl_grpc.SglangSchedulerStub(ch)
-            messages, error = await collect(
-                stub.Generate(sgl_generate("good"), metadata=model_md("m"), timeout=5)
-            )
-        assert error is None and len(messages) == 5
+        await assert_served(gw)  # while the peer's share is held
         await asyncio.wait_for(asyncio.gather(*(s.ended.wait() for s in streams)), 30)
         refused = [s for s in streams if s.status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]]
         timed_out = [s for s in streams if s.status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]]
@@ -302,10 +308,7 @@ async def test_one_caller_cannot_take_every_slot(
 async def test_connections_past_the_cap_are_refused_and_logged_then_served_again(
     sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
-    worker = sim("--model", "m")
-    config = write_config(tmp_path, {"limits": {"max_connections": 20}})
-    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
-    await wait_health(gw.address, "m")
+    gw = await model_m_gateway(sim, gateway, tmp_path, {"max_connections": 20})
     idle = []
     for _ in range(20):
         client = RawClient("127.0.0.1", gw.port)
@@ -429,14 +432,12 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
 
 
 async def test_ten_thousand_health_watches_are_bounded_and_calls_are_served(
-    sim: Launcher, gateway: Launcher
+    sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
     """10,000 health Watch streams (40 connections from 127.0.0.2): at most the watch cap
     (max_concurrent_streams x 4 = 1,024) stay open, the rest are RESOURCE_EXHAUSTED (or
     shed by grpc core while thousands arrive at once); a normal call is served meanwhile."""
-    worker = sim("--model", "m")
-    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
-    await wait_health(gw.address, "m")
+    gw = await model_m_gateway(sim, gateway, tmp_path)
     watch = "/grpc.health.v1.Health/Watch"
     clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(40)]
     try:
@@ -450,12 +451,7 @@ async def test_ten_thousand_health_watches_are_bounded_and_calls_are_served(
             return all(s.ended.is_set() or s.data for s in streams)
 
         await until(settled, 30, step_s=0.2)
-        async with channel(gw.address) as ch:
-            stub = sgl_grpc.SglangSchedulerStub(ch)
-            messages, error = await collect(
-                stub.Generate(sgl_generate("good"), metadata=model_md("m"), timeout=5)
-            )
-        assert error is None and len(messages) == 5
+        await assert_served(gw)
         open_watches = [s for s in streams if not s.ended.is_set()]
         refused = [s for s in streams if s.status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]]
         cancelled = grpc.StatusCode.CANCELLED.value[0]
@@ -474,10 +470,7 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
     """grpc core has no per-peer bound: the gateway's connection watch closes a peer's
     newest connections past `max_connections_per_peer`, logs it once, and other peers are
     served as before."""
-    worker = sim("--model", "m")
-    config = write_config(tmp_path, {"limits": {"max_connections_per_peer": 5}})
-    gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
-    await wait_health(gw.address, "m")
+    gw = await model_m_gateway(sim, gateway, tmp_path, {"max_connections_per_peer": 5})
     crowd = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(12)]
     try:
         for client in crowd:
@@ -492,12 +485,7 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
         text = await asyncio.to_thread(log_path.read_text)
         lines = [line for line in text.splitlines() if "connection_per_peer_limit" in line]
         assert len(lines) == 1 and '"peer": "127.0.0.2"' in lines[0]
-        async with channel(gw.address) as ch:
-            stub = sgl_grpc.SglangSchedulerStub(ch)
-            messages, error = await collect(
-                stub.Generate(sgl_generate("ok"), metadata=model_md("m"))
-            )
-        assert error is None and len(messages) == 5
+        await assert_served(gw)
     finally:
         for client in crowd:
             await client.close()
