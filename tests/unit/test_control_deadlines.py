@@ -25,23 +25,13 @@ from gateway.config import build_config
 from gateway.scale.child import Orphan, share_directory, tidy
 from gateway.scale.control import ControlPlane, DesiredFleet, NoAnswer, reconcile, within
 from gateway.scale.supervisor import ProcessesCollector, Slot, Supervisor
+from tests.unit.test_scale import Aborted, FakeContext
 
 READ_S = 0.2  # the read deadline in these tests
 SLACK_S = 0.2  # a change's deadline on top of the wait it asks for
 LATE_S = 0.4  # how late a timer may fire on a busy machine
 URL = "grpc://127.0.0.1:7001?model=m&runtime=sglang"
 ADDED = "127.0.0.1:7001"
-
-
-class Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(code, details)
-        self.code, self.details = code, details
-
-
-class FakeContext:
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise Aborted(code, details)
 
 
 def rpc_error(code: grpc.StatusCode, details: str = "") -> aio.AioRpcError:
