@@ -8,6 +8,10 @@ every few seconds (from /proc, in a thread): it logs once when the cap is reache
 once when it is not any more, and shuts down a peer's newest connections past
 `limits.max_connections_per_peer` under grpc core (which drops them as if the peer had),
 so one client address cannot keep the whole connection budget for long.
+
+"Newest" is by when the watch first saw a connection: /proc keeps no creation time, and
+socket inode numbers are handed out in per-CPU batches, so they are not in creation order.
+Connections first seen in the same census are ordered by inode, the best guess left.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import ipaddress
 import os
 import resource
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +33,7 @@ log = structlog.get_logger("gateway.connections")
 FD_HEADROOM = 256  # descriptors beyond client connections: workers, files, the admin port
 WATCH_INTERVAL_S = 2.0
 ESTABLISHED = "01"
+NOT_SEEN = 1 << 62  # the census number of a connection no census has seen: after all others
 
 
 def raise_fd_limit(max_connections: int) -> int:
@@ -63,7 +69,7 @@ def _socket_fds() -> dict[str, int]:
 
 def connections(port: int) -> dict[str, list[tuple[int, int]]]:
     """This process's established TCP connections on local port `port`, by peer address
-    (as /proc spells it, hex): (inode, file descriptor) each, oldest (lowest inode) first."""
+    (as /proc spells it, hex): (inode, file descriptor) each, lowest inode first."""
     ours = _socket_fds()
     wanted = f":{port:04X}"
     by_peer: dict[str, list[tuple[int, int]]] = {}
@@ -119,17 +125,24 @@ def close_connection(inode: int, fd: int) -> bool:
 class Census:
     total: int
     over: dict[str, int]  # peer IP -> connections closed past its cap
+    seen: frozenset[int]  # the inodes of the connections counted
 
 
-def census(port: int, per_peer: int) -> Census:
-    """Count the connections; close each peer's newest ones past `per_peer`."""
+def census(port: int, per_peer: int, first_seen: Mapping[int, int]) -> Census:
+    """Count the connections; close each peer's newest ones past `per_peer`, by the
+    census that first saw them (`first_seen`: inode -> its number), then by inode."""
     by_peer = connections(port)
+
+    def age(entry: tuple[int, int]) -> int:  # a stable sort keeps inode order within one
+        return first_seen.get(entry[0], NOT_SEEN)
+
     over: dict[str, int] = {}
     for peer, held in by_peer.items():
-        extra = held[per_peer:]
+        extra = sorted(held, key=age)[per_peer:]
         if extra:
             over[peer_ip(peer)] = sum(close_connection(inode, fd) for inode, fd in extra)
-    return Census(sum(len(held) for held in by_peer.values()), over)
+    seen = frozenset(inode for held in by_peer.values() for inode, _ in held)
+    return Census(sum(len(held) for held in by_peer.values()), over, seen)
 
 
 class ConnectionWatch:
@@ -137,15 +150,23 @@ class ConnectionWatch:
     the count crosses `cap` (grpc core enforces it), and closes a peer's connections past
     `per_peer` (grpc core has no such bound), newest first, logging
     `connection_per_peer_limit` once per peer until it is back under. `count` is the
-    last count seen."""
+    last count seen; `report(count, closed)` hears each census (metrics)."""
 
     def __init__(
-        self, port: int, cap: int, per_peer: int, interval_s: float = WATCH_INTERVAL_S
+        self,
+        port: int,
+        cap: int,
+        per_peer: int,
+        interval_s: float = WATCH_INTERVAL_S,
+        report: Callable[[int, int], None] | None = None,
     ) -> None:
         self.port, self.cap, self.per_peer, self.interval_s = port, cap, per_peer, interval_s
         self.count = 0
         self.at_cap = False
         self.over_peers: set[str] = set()
+        self.first_seen: dict[int, int] = {}  # inode -> the census that first saw it
+        self.censuses = 0
+        self._report = report
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -153,6 +174,10 @@ class ConnectionWatch:
             self._task = asyncio.ensure_future(self._run())
 
     def observe(self, seen: Census) -> None:
+        self.censuses += 1
+        self.first_seen = {inode: self.first_seen.get(inode, self.censuses) for inode in seen.seen}
+        if self._report is not None:
+            self._report(seen.total, sum(seen.over.values()))
         count = self.count = seen.total
         if count >= self.cap and not self.at_cap:
             self.at_cap = True
@@ -178,7 +203,8 @@ class ConnectionWatch:
     async def _run(self) -> None:
         while True:
             try:
-                self.observe(await asyncio.to_thread(census, self.port, self.per_peer))
+                seen = await asyncio.to_thread(census, self.port, self.per_peer, self.first_seen)
+                self.observe(seen)
             except Exception:
                 log.exception("connection_count_failed")
             await asyncio.sleep(self.interval_s)

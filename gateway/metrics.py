@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -289,6 +289,26 @@ class Metrics:
             reason: self._auth_failures.labels(reason)
             for reason in ("missing", "rejected", "throttled")
         }
+
+        # Client connections on the main port, as the connection watch last counted them
+        # (every 2 s), and the ones it closed past a peer's cap.
+        self._connections = Gauge(
+            "gateway_client_connections",
+            "client connections open on the main port (counted every 2 s)",
+            registry=self.prometheus,
+        )
+        self._connections_closed = Counter(
+            "gateway_client_connections_closed_per_peer",
+            "client connections closed because their peer address was past "
+            "limits.max_connections_per_peer",
+            registry=self.prometheus,
+        )
+
+    def connections(self, count: int, closed: int) -> None:
+        """One census of client connections (`ConnectionWatch(report=metrics.connections)`)."""
+        self._connections.set(count)
+        if closed:
+            self._connections_closed.inc(closed)
 
     def auth_failure(self, reason: str) -> None:
         """Count one refused authentication (`ApiKeyAuth(count=metrics.auth_failure)`)."""

@@ -177,7 +177,10 @@ class Gateway:
         raise_fd_limit(self.config.limits.max_connections)
         limits = self.config.limits
         self.connections = ConnectionWatch(
-            self.port, limits.max_connections, limits.max_connections_per_peer
+            self.port,
+            limits.max_connections,
+            limits.max_connections_per_peer,
+            report=self.metrics.connections,
         )
         self.fleet.registry.subscribe(self._on_fleet_event)
         self._refresh_health()

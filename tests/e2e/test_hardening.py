@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -18,7 +19,7 @@ from google.rpc import error_details_pb2, status_pb2
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.launch import Child, ready
 from tests.conftest import Launcher, worker_url
-from tests.e2e.availability_helpers import admin_address, list_workers
+from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
 from tests.e2e.helpers import (
     assert_verdict,
     channel,
@@ -472,8 +473,20 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
     served as before."""
     gw = await model_m_gateway(sim, gateway, tmp_path, {"max_connections_per_peer": 5})
     crowd = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(12)]
+
+    def counted(expected: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            text = await asyncio.to_thread(scrape, gw)
+            return samples(text, "gateway_client_connections")[frozenset()] == expected
+
+        return check
+
     try:
-        for client in crowd:
+        await until(counted(0), 10, step_s=0.1)  # the readiness check's connection is gone
+        for client in crowd[:5]:
+            await client.connect()
+        await until(counted(5), 10, step_s=0.1)  # the watch has seen the first five
+        for client in crowd[5:]:
             await client.connect()
 
         async def trimmed() -> bool:
@@ -485,6 +498,10 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
         text = await asyncio.to_thread(log_path.read_text)
         lines = [line for line in text.splitlines() if "connection_per_peer_limit" in line]
         assert len(lines) == 1 and '"peer": "127.0.0.2"' in lines[0]
+        closed = samples(
+            await asyncio.to_thread(scrape, gw), "gateway_client_connections_closed_per_peer_total"
+        )
+        assert closed[frozenset()] == 7
         await assert_served(gw)
     finally:
         for client in crowd:
