@@ -23,6 +23,7 @@ from gateway.fleet.registry import FleetEvent
 from gateway.health import HealthService, desired_statuses
 from gateway.listen import CannotListen, bind
 from gateway.metrics import Metrics
+from gateway.offload import Offload
 from gateway.peer.client import Siblings
 from gateway.peer.service import PeerService
 from gateway.placement.placer import Placer
@@ -113,6 +114,7 @@ class Gateway:
             self.fleet.kv_index,
             config.kv,
         )
+        self.offload = Offload()  # a long prompt's decoding and hashing
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
         limits = config.limits
@@ -162,6 +164,7 @@ class Gateway:
                 self.reads,
                 self.caller,
                 self.metrics.observe,
+                self.offload,
                 self.siblings,
             )
             for adapter in ADAPTERS.values()
@@ -276,6 +279,7 @@ class Gateway:
         if self.siblings is not None:
             await self.siblings.close()
         self.metrics.close()
+        self.offload.close()
         await self.fleet.close()
 
 

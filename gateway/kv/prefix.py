@@ -18,16 +18,15 @@ from its parent's key. Keys stay below 2**60 (small Python ints).
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from gateway.engines.tokens import TokenIds
+from gateway.offload import Offload
 
 DEPTH_BITS = 20
 MAX_DEPTH = (1 << DEPTH_BITS) - 1  # blocks of one chain that are indexed; deeper ones are not
@@ -145,18 +144,6 @@ def depth_of(key: int) -> int:
     return key & MAX_DEPTH
 
 
-_HASHER: list[ThreadPoolExecutor] = []
-
-
-def _hasher() -> ThreadPoolExecutor:
-    """One thread hashes long prompts, one at a time: more threads contend with the event
-    loop for the GIL between numpy calls (measured: 20 concurrent 1M-token prompts
-    stalled the loop ~12 ms with one thread, 40-90 ms with several)."""
-    if not _HASHER:
-        _HASHER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-hash"))
-    return _HASHER[0]
-
-
 class Prefix:
     """One request's prompt; its block hashes are computed once per block size asked."""
 
@@ -189,8 +176,8 @@ class Prefix:
                     array = as_tokens(self.tokens)
                 self._hashes[size] = extend(start, array, size)
 
-    async def prepare(self, block_sizes: Iterable[int]) -> None:
-        """Hash ahead of placement, off the event loop for a long prompt, so the
+    async def prepare(self, block_sizes: Iterable[int], offload: Offload) -> None:
+        """Hash ahead of placement, on `offload`'s thread for a long prompt, so the
         (synchronous) placement that follows only looks the keys up."""
         missing = [s for s in set(block_sizes) if s > 0 and s not in self._hashes]
         if not missing:
@@ -198,8 +185,7 @@ class Prefix:
         if len(self.tokens) < THREAD_MIN_TOKENS:
             self.compute(missing)
         else:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(_hasher(), self.compute, missing)
+            await offload.run(self.compute, missing)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -15,7 +15,7 @@ Balance guard, two rules, so affinity never piles requests on one worker:
   keeps the busiest worker within balance_ratio of the mean over the window.
 The lowest cost among those wins, ties to the lower load, then to rotation.
 
-Loop time: the prompt is hashed before placement (`Placer.prepare`, in a thread for long
+Loop time: the prompt is hashed before placement (`Prefix.prepare`, in a thread for long
 prompts); a placement then costs a lookup per cached block of the prompt (a dict get and
 an AND, in C) plus remembering at most ASSUME_BLOCKS blocks where it went.
 """

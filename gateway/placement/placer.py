@@ -16,7 +16,6 @@ from gateway.engines import ADAPTERS
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
-from gateway.kv.prefix import Prefix
 from gateway.placement import verdicts
 from gateway.placement.cache_aware import CacheAware
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
@@ -145,17 +144,14 @@ class Placer:
         elsewhere = [ADAPTERS[r].service_name for r in self._registry.runtimes(model)]
         return verdicts.model_not_found(model, ADAPTERS[runtime].service_name, elsewhere)
 
-    async def prepare(
-        self, model: str, runtime: Runtime, legs: Sequence[Role], prefix: Prefix
-    ) -> None:
-        """Hash the prompt before placement, off the event loop when it is long, for the
-        block sizes cache-aware placement of this model will look up (nothing to do for a
-        model placed by another policy). Placement itself (synchronous) then only looks
-        the keys up: its loop time grows with the prompt's cached blocks, not hashing."""
+    def block_sizes(self, model: str, runtime: Runtime, legs: Sequence[Role]) -> set[int]:
+        """The block sizes cache-aware placement of this model will hash the prompt by
+        (none for a model placed by another policy): the caller hashes ahead, off the
+        event loop when the prompt is long, so placement itself (synchronous) only looks
+        the keys up and its loop time grows with the prompt's cached blocks."""
         leg = Role.PREFILL if Role.PREFILL in legs else Role.REGULAR
         policy = self.policy(model, runtime, leg)
-        if isinstance(policy, CacheAware):
-            await prefix.prepare(policy.block_sizes())
+        return policy.block_sizes() if isinstance(policy, CacheAware) else set()
 
     def policy(self, model: str, runtime: Runtime, leg: Role) -> Policy:
         key = (model, runtime, leg)

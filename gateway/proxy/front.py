@@ -25,6 +25,7 @@ from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.fleet.registry import Registry
 from gateway.kv.prefix import Prefix
+from gateway.offload import Offload
 from gateway.placement.placer import Assignment, Placer
 from gateway.placement.verdicts import (
     Verdict,
@@ -102,9 +103,11 @@ class EngineFront:
         gate: ReadGate,
         caller: Caller,
         observe: Callable[[CallRecord], None],
+        offload: Offload,
         siblings: Siblings | None = None,
     ) -> None:
         self._siblings = siblings
+        self._offload = offload
         self._abort_path = next(
             spec.path for spec in adapter.rpcs.values() if spec.kind is RpcKind.ABORT
         )
@@ -249,7 +252,7 @@ class EngineFront:
                 if len(request) < SPLIT_MIN_BYTES:
                     info = self.adapter.generate_info(request)
                 else:  # a long prompt: its ids are decoded without the GIL, off the loop
-                    info = await asyncio.to_thread(self.adapter.generate_info, request)
+                    info = await self._offload.run(self.adapter.generate_info, request)
             except DecodeError:
                 await abort_invalid(context, "Request bytes are not a valid GenerateRequest")
             record.request_id = info.request_id
@@ -284,7 +287,7 @@ class EngineFront:
             record.prompt_tokens = len(prefix)
         legs = placer.legs(model, bool(items))
         if prefix is not None:  # hashed ahead, off the loop for long prompts (cache_aware)
-            await placer.prepare(model, runtime, legs, prefix)
+            await prefix.prepare(placer.block_sizes(model, runtime, legs), self._offload)
         job = self._job(spec, request, context, meta, record)
 
         def place(tried: Collection[str]) -> Assignment | Verdict:

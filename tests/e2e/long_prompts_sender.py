@@ -1,11 +1,13 @@
 """Sends N concurrent Generate calls with a long prompt, from its own process (so the
 measuring test's event loop is not the one serializing megabytes): `python -m
 tests.e2e.long_prompts_sender ADDRESS MODEL API_KEY TOKENS N`. Prints `sent` once every
-call is under way, then holds them until it is killed."""
+call is under way, then holds them until it is killed. It runs at nice 19: it stands for
+clients on other machines, so its CPU must not be taken from the gateway's."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import numpy as np
@@ -35,4 +37,5 @@ async def main(address: str, model: str, key: str, tokens: int, calls: int) -> N
 
 if __name__ == "__main__":
     address, model, key, tokens, calls = sys.argv[1:6]
+    os.nice(19)
     asyncio.run(main(address, model, key, int(tokens), int(calls)))

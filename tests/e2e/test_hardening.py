@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -371,11 +370,10 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
     sim: Launcher, gateway: Launcher, tmp_path: Path, processes: list[Child]
 ) -> None:
     """20 concurrent 1M-token prompts to a cache_aware model (from another process and
-    principal) while a small call to another model repeats: no call waits for the long
-    prompts' decoding and hashing (it used to stall 5.5 s). Measured on this 2-core
-    machine: slowest 0.2-0.35 s, median unchanged; the gateway's own loop blocks at most
-    ~11 ms a step, the rest is the two cores shared by every process of the test (grpc
-    spends ~100 ms of CPU per 4 MB message relayed). The bound leaves room for CI."""
+    principal) while a small call to another model repeats: the small call's slowest is
+    within 100 ms of its unloaded slowest (it used to stall 5.5 s). The sender runs at
+    nice 19: it stands for clients on other machines, and its own CPU (serializing 60 MB)
+    is not the gateway's to answer for on a 2-core box. Measured here: 25-40 ms."""
     held = start_sink()
     processes.append(held)
     other = sim("--model", "b")
@@ -423,13 +421,15 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
             started = time.monotonic()
             while time.monotonic() - started < 4:
                 loaded.append(await small())
+            # Every long prompt was decoded, hashed and placed within the window measured.
+            workers = await list_workers(admin_address(gw))
+            assert workers[held.address].inflight == 20
         finally:
             sender.kill()  # its calls end with its connection
             await sender.wait()
     slowest, base = max(loaded), max(unloaded)
     print(f"small call: unloaded max {base * 1000:.1f} ms, loaded max {slowest * 1000:.1f} ms")
-    assert slowest <= base + 1.0
-    assert statistics.median(loaded) <= statistics.median(unloaded) + 0.05
+    assert slowest <= base + 0.1
 
 
 async def test_ten_thousand_health_watches_are_bounded_and_calls_are_served(

@@ -23,6 +23,7 @@ from gateway.kv.index import STRIDE, KvIndex, StoredBlock
 from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, root
 from gateway.kv.subscriber import CHUNK_BYTES, Backoff, KvFollower, TooLarge
 from gateway.metrics import FleetCollector
+from gateway.offload import Offload
 from gateway.placement.cache_aware import CacheAware
 from gateway.placement.policies import Hints
 from gateway.roles import Runtime
@@ -88,7 +89,7 @@ def test_prompts_and_stored_blocks_hash_the_same_way() -> None:
 def test_a_long_prompt_is_hashed_in_a_thread_with_the_same_result() -> None:
     tokens = np.arange(40_000, dtype=np.uint32)
     prefix = Prefix(tokens)
-    asyncio.run(prefix.prepare({16, 32}))
+    asyncio.run(prefix.prepare({16, 32}, Offload()))
     assert prefix.hashes(16) == block_hashes(tokens, 16, "")
     assert len(prefix.hashes(32)) == 1250
 
@@ -344,7 +345,7 @@ def test_placement_hashes_each_block_size_once_ahead_of_the_pick() -> None:
     policy = CacheAware(index, KvConfig(), stale_after_s=3)
     a = Worker(WorkerSpec("a", 1, "m", Runtime.SGLANG), "m", Runtime.SGLANG, channel=None)
     prefix = Prefix(PROMPT)
-    asyncio.run(prefix.prepare(policy.block_sizes()))
+    asyncio.run(prefix.prepare(policy.block_sizes(), Offload()))
     assert set(prefix._hashes) == {16}
     assert policy.pick([a], Hints(prefix=prefix)) is a
     assert prefix.expected_cached == 16
