@@ -73,9 +73,9 @@ async def place_128k(rounds: int) -> float:
         prefix = Prefix(prompt)
         await prefix.prepare(policy.block_sizes() | {16}, OFFLOAD)  # in a thread (numpy)
         start = time.perf_counter()
-        chosen = policy.pick(hosts, Hints(prefix=prefix))
+        chosen = policy.choose(hosts, Hints(prefix=prefix))
         times.append(time.perf_counter() - start)
-        assert chosen is not None and prefix.expected_cached == 128 * 1024
+        assert chosen is not None and chosen.expected_cached == 128 * 1024
     return statistics.median(times)
 
 

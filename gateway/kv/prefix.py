@@ -147,18 +147,12 @@ def depth_of(key: int) -> int:
 class Prefix:
     """One request's prompt; its block hashes are computed once per block size asked."""
 
-    __slots__ = ("_hashes", "expected_cached", "namespace", "ranks", "tokens")
+    __slots__ = ("_hashes", "namespace", "tokens")
 
     def __init__(self, tokens: TokenIds, namespace: str = "") -> None:
         self.tokens = tokens
         self.namespace = namespace
         self._hashes: dict[int, list[int]] = {}
-        # Set by cache-aware placement: the prompt tokens the index expects the chosen
-        # worker to have cached (the last placement's, when a request is retried).
-        self.expected_cached: int | None = None
-        # Data-parallel workers: the rank whose cache holds the prompt, per worker, so
-        # the request names it (`data_parallel_rank`) instead of leaving it to chance.
-        self.ranks: dict[str, int] = {}
 
     def hashes(self, block_size: int) -> list[int]:
         found = self._hashes.get(block_size)

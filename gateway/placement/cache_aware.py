@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 from gateway.config import KvConfig
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
-from gateway.placement.policies import C, Hints, Policy, rotate_after
+from gateway.placement.policies import C, Choice, Hints, Policy, rotate_after
 
 if TYPE_CHECKING:
     pass
@@ -96,6 +96,10 @@ class CacheAware(Policy):
         return count * math.exp((at - now) / self.settings.share_window_s)
 
     def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
+        chosen = self.choose(candidates, hints)
+        return None if chosen is None else chosen.worker
+
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
         if not candidates:
             return None
         workers = cast("Sequence[Worker]", candidates)  # placement's candidates are workers
@@ -118,12 +122,11 @@ class CacheAware(Policy):
         chosen = workers[pick]
         self.last = chosen.id
         self._placed[chosen.id] = (shares[pick] + 1, now)
-        if prefix is not None:
-            prefix.expected_cached = total - uncached[pick]
-            hit = matched.get(chosen.id)
-            if hit is not None and self.index.ranks(chosen.id) > 1:
-                prefix.ranks[chosen.id] = hit[1]
-        if prefix is not None:
-            rank = matched.get(chosen.id, (0, 0))[1]
-            self.index.assume((chosen.id, rank), prefix, now)
-        return cast("C", chosen)
+        if prefix is None:
+            return Choice(cast("C", chosen))
+        hit = matched.get(chosen.id)
+        self.index.assume((chosen.id, hit[1] if hit else 0), prefix, now)
+        # A data-parallel worker: name the rank whose cache holds the prompt, rather than
+        # leave it to the engine's own balancing.
+        on_rank = hit[1] if hit is not None and self.index.ranks(chosen.id) > 1 else None
+        return Choice(cast("C", chosen), on_rank, total - uncached[pick])

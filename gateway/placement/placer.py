@@ -8,8 +8,8 @@ it happen without another request in between.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from types import MappingProxyType
 
 from gateway.config import KvConfig, ModelSettings
 from gateway.engines import ADAPTERS
@@ -18,9 +18,11 @@ from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
 from gateway.placement import verdicts
 from gateway.placement.cache_aware import CacheAware
+from gateway.placement.decision import Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
 from gateway.placement.overload import Limits, overload_reason
 from gateway.placement.policies import (
+    Choice,
     Hints,
     LeastInflight,
     Policy,
@@ -32,38 +34,6 @@ from gateway.placement.verdicts import Verdict
 from gateway.roles import ENGINE_ROLES, Role, Runtime
 
 Placement = Worker | Verdict
-
-
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """The workers one request goes to: regular, or prefill + decode; plus the encode
-    workers with the items each one encodes (EPD)."""
-
-    workers: Mapping[Role, Worker]
-    encoders: tuple[tuple[Worker, tuple[str, ...]], ...] = ()
-
-    @property
-    def primary(self) -> Worker:
-        """The worker whose stream the client gets."""
-        return self.workers.get(Role.DECODE) or self.workers[Role.REGULAR]
-
-    @property
-    def receiver(self) -> Worker:
-        """The worker that takes the prompt (and an encoder's embeddings)."""
-        return self.workers.get(Role.PREFILL) or self.workers[Role.REGULAR]
-
-    @property
-    def lone(self) -> Worker:
-        """The one worker of a call that a single worker answers."""
-        (worker,) = self.workers.values()
-        return worker
-
-    @classmethod
-    def single(cls, worker: Worker) -> Assignment:
-        return cls({worker.role: worker})
-
-    def all(self) -> list[Worker]:
-        return [*self.workers.values(), *(w for w, _ in self.encoders)]
 
 
 def _group(worker: Worker) -> str:
@@ -184,7 +154,7 @@ class Placer:
         items: Sequence[str] = (),
         exclude: Collection[str] = (),
         legs: tuple[Role, ...] | None = None,
-    ) -> Assignment | Verdict:
+    ) -> Decision | Verdict:
         """Pick a worker for every leg the request demands (`legs`, when the caller already
         knows them), never one in `exclude` (workers that already failed this request); or
         the verdict saying why not."""
@@ -247,8 +217,8 @@ class Placer:
         fitting: dict[Role, list[Worker]],
         hints: Hints,
         items: Sequence[str],
-    ) -> Assignment | Verdict:
-        chosen: dict[Role, Worker] = {}
+    ) -> Decision | Verdict:
+        chosen: dict[Role, Choice[Worker]] = {}
         if Role.REGULAR in fitting:
             picked = self._choose(model, runtime, Role.REGULAR, fitting[Role.REGULAR], hints)
             if isinstance(picked, Verdict):
@@ -262,7 +232,15 @@ class Placer:
         encoders: tuple[tuple[Worker, tuple[str, ...]], ...] = ()
         if Role.ENCODE in legs:
             encoders = spread_items(items, fitting[Role.ENCODE])
-        return Assignment(chosen, encoders)
+        receiver = chosen.get(Role.PREFILL) or chosen[Role.REGULAR]
+        receiving_leg = Role.PREFILL if Role.PREFILL in chosen else Role.REGULAR
+        return Decision(
+            MappingProxyType({leg: c.worker for leg, c in chosen.items()}),
+            encoders,
+            MappingProxyType({c.worker.id: c.rank for c in chosen.values() if c.rank is not None}),
+            receiver.expected_cached,
+            self.policy(model, runtime, receiving_leg).name,
+        )
 
     def _pair(
         self,
@@ -270,7 +248,7 @@ class Placer:
         runtime: Runtime,
         fitting: dict[Role, list[Worker]],
         hints: Hints,
-    ) -> dict[Role, Worker] | Verdict:
+    ) -> dict[Role, Choice[Worker]] | Verdict:
         """A prefill and a decode that can hand KV to each other: search every pairing
         group that has both legs, not just the group of whichever prefill comes first."""
         groups = sorted(
@@ -280,7 +258,7 @@ class Placer:
             return self._incompatible(model, runtime, PD_LEGS)
         declined: Verdict | None = None
         for group in groups:
-            pair: dict[Role, Worker] = {}
+            pair: dict[Role, Choice[Worker]] = {}
             for leg in PD_LEGS:
                 candidates = [w for w in fitting[leg] if w.pairing == group]
                 picked = self._choose(model, runtime, leg, candidates, hints)
@@ -295,9 +273,9 @@ class Placer:
 
     def _choose(
         self, model: str, runtime: Runtime, leg: Role, candidates: list[Worker], hints: Hints
-    ) -> Worker | Verdict:
+    ) -> Choice[Worker] | Verdict:
         policy = self.policy(model, runtime, leg)
-        picked = policy.pick(candidates, hints)
+        picked = policy.choose(candidates, hints)
         if picked is None:
             return verdicts.policy_declined(model, leg.value, policy.name, self._retry_after_ms)
         return picked

@@ -12,7 +12,7 @@ import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from gateway.kv.prefix import Prefix
@@ -27,6 +27,7 @@ class Candidate(Protocol):
 
 
 C = TypeVar("C", bound=Candidate)
+W = TypeVar("W")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,17 @@ class Hints:
     routing_key: str | None = None
     target_worker: str | None = None
     prefix: Prefix | None = None  # the prompt, for cache-aware placement
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Generic[W]):
+    """A policy's answer for one leg: the worker, and what the policy learned on the way
+    (a cache-aware policy: the data-parallel rank holding the prompt, the tokens it
+    expects cached there). A value: policies never write into the hints instead."""
+
+    worker: W
+    rank: int | None = None  # the data-parallel rank to run on (None: the engine's choice)
+    expected_cached: int | None = None  # prompt tokens the index expects cached there
 
 
 def rotate_after(ids: Sequence[str], last: str | None) -> int:
@@ -63,6 +75,11 @@ class Policy:
 
     def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
         raise NotImplementedError
+
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
+        """The pick as a `Choice` (a policy that learns more says so by overriding this)."""
+        picked = self.pick(candidates, hints)
+        return None if picked is None else Choice(picked)
 
 
 class RoundRobin(Policy):

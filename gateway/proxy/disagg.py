@@ -11,7 +11,6 @@ leg is closed. n > 1 is split into n single-sample requests, each with its own p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from dataclasses import replace
 from typing import Any
@@ -84,7 +83,7 @@ class PlacedLegs:
         self._upstreams = dispatch.dispatcher.upstreams
         self._rooms = dispatch.rooms
         self._job, self._reserved = job, reserved
-        workers = reserved.assignment.workers
+        workers = reserved.decision.workers
         self._prefill, self._decode = workers[Role.PREFILL], workers[Role.DECODE]
         self.raw, self.return_logprob = job.raw, job.return_logprob
         self.prefill_host = self._prefill.bootstrap_host
@@ -100,7 +99,7 @@ class PlacedLegs:
         return room
 
     def prefill(self, request: bytes, *, background: bool) -> UpstreamCall:
-        request = self._job.for_worker(request, self._prefill)
+        request = self._job.for_worker(request, self._reserved.decision, self._prefill)
         call = self._open(Role.PREFILL, self._prefill, request)
         if background:
             self._watch.append(call.drain())
@@ -124,7 +123,7 @@ class PlacedLegs:
     def encode(self) -> None:
         """Each encoder its part of the items, naming the worker that takes the prompt as
         the receiver of the embeddings; concurrently with the other legs."""
-        job, assignment = self._job, self._reserved.assignment
+        job, assignment = self._job, self._reserved.decision
         receiver = assignment.receiver
         parts = assignment.encoders
         for index, (worker, items) in enumerate(parts):
@@ -227,5 +226,6 @@ class DisaggregatedDispatch:
         finally:
             for task in tasks:
                 task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(*tasks, return_exceptions=True)
+            # The legs' own errors are collected, not raised; a cancel of this call is not
+            # swallowed.
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -20,8 +20,7 @@ from grpc import aio
 
 from gateway.engines import EngineAdapter
 from gateway.fleet.worker import Worker
-from gateway.kv.prefix import Prefix
-from gateway.placement.placer import Assignment
+from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.inflight import Hold
 from gateway.proxy.metadata import Metadata
@@ -37,7 +36,7 @@ from gateway.proxy.upstream import (
 from gateway.record import CallRecord
 
 Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
-Place = Callable[[Collection[str]], Assignment | Verdict]
+Place = Callable[[Collection[str]], Decision | Verdict]
 
 
 async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:
@@ -95,11 +94,10 @@ class Job:
     upstream_id: str  # the id the workers know it by: the client's, or `<id>-<i>`
     return_logprob: bool = False
     principal: str | None = None  # who sent it (mTLS identity or API key name)
-    prefix: Prefix | None = None  # Generate: the prompt, with the ranks placement chose
 
-    def for_worker(self, request: bytes, worker: Worker) -> bytes:
+    def for_worker(self, request: bytes, decision: Decision, worker: Worker) -> bytes:
         """The request as `worker` gets it: on the data-parallel rank placement chose."""
-        rank = self.prefix.ranks.get(worker.id) if self.prefix is not None else None
+        rank = decision.rank_of(worker)
         return request if rank is None else self.adapter.with_dp_rank(request, rank)
 
     def hold(self) -> Hold:
@@ -167,14 +165,14 @@ class Dispatcher:
             return reply
 
     def _lone_call(self, job: Job, reserved: Reserved, *, streaming: bool) -> UpstreamCall:
-        worker = reserved.assignment.lone
+        worker = reserved.decision.lone
         job.record.called(worker.role, worker.id)
         job.record.worker = worker.id
         return self.upstreams.call(
             reserved.take(worker),
             worker.role,
             job.path,
-            job.for_worker(job.raw, worker),
+            job.for_worker(job.raw, reserved.decision, worker),
             job.metadata,
             job.context.time_remaining(),
             streaming=streaming,

@@ -26,7 +26,8 @@ from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.fleet.registry import Registry
 from gateway.kv.prefix import Prefix
 from gateway.offload import Offload
-from gateway.placement.placer import Assignment, Placer
+from gateway.placement.decision import Decision
+from gateway.placement.placer import Placer
 from gateway.placement.verdicts import (
     Verdict,
     bad_metadata,
@@ -290,23 +291,23 @@ class EngineFront:
             await prefix.prepare(placer.block_sizes(model, runtime, legs), self._offload)
         job = self._job(spec, request, context, meta, record)
 
-        def place(tried: Collection[str]) -> Assignment | Verdict:
-            placed = placer.place(model, runtime, hints, items, tried, legs)
-            if prefix is not None:
-                record.expected_cached_tokens = prefix.expected_cached
-            return placed
+        def place(tried: Collection[str]) -> Decision | Verdict:
+            decided = placer.place(model, runtime, hints, items, tried, legs)
+            if isinstance(decided, Decision) and prefix is not None:
+                record.expected_cached_tokens = decided.expected_cached_tokens
+            return decided
 
         if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
-            job = replace(job, return_logprob=info.return_logprob, prefix=prefix)
+            job = replace(job, return_logprob=info.return_logprob)
             await self._disagg.serve(job, info.n, place)
             return None
 
-        def place_receiver(tried: Collection[str]) -> Assignment | Verdict:
-            placed = place(tried)
-            return placed if isinstance(placed, Verdict) else Assignment.single(placed.receiver)
+        def place_receiver(tried: Collection[str]) -> Decision | Verdict:
+            decided = place(tried)
+            return decided if isinstance(decided, Verdict) else decided.only(decided.receiver)
 
         flow = self._dispatcher.flow(spec.server_streaming)
-        return await self._dispatcher.serve(replace(job, prefix=prefix), place_receiver, flow)
+        return await self._dispatcher.serve(job, place_receiver, flow)
 
     async def _forward_one(
         self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
@@ -316,7 +317,7 @@ class EngineFront:
         runtime = self.adapter.runtime
         target = meta.hints.target_worker
 
-        def pick(tried: Collection[str]) -> Assignment | Verdict:
+        def pick(tried: Collection[str]) -> Decision | Verdict:
             if target is not None and target not in tried:
                 worker = self._registry.get(target)
                 if (
@@ -325,9 +326,9 @@ class EngineFront:
                     and worker.role is not Role.ENCODE
                     and worker.available(time.monotonic())
                 ):
-                    return Assignment.single(worker)
+                    return Decision.single(worker)
             placed = self._placer.any_worker(model, runtime, tried)
-            return placed if isinstance(placed, Verdict) else Assignment.single(placed)
+            return placed if isinstance(placed, Verdict) else Decision.single(placed)
 
         job = self._job(spec, request, context, meta, record)
         return await self._dispatcher.serve(job, pick, self._dispatcher.flow(spec.server_streaming))

@@ -17,7 +17,6 @@ everywhere:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from grpc import aio
 
 from gateway.fleet.breaker import Outcome, outcome_of
 from gateway.fleet.worker import Worker
-from gateway.placement.placer import Assignment
+from gateway.placement.decision import Decision
 from gateway.proxy.inflight import Hold, Holder, InflightTable
 from gateway.proxy.metadata import Metadata, clean
 from gateway.roles import Role
@@ -134,7 +133,7 @@ class Reservation:
 class Reserved:
     """A placement with a reservation on each worker it picked."""
 
-    assignment: Assignment
+    decision: Decision
     slots: dict[Worker, Reservation] = field(default_factory=dict)
 
     def take(self, worker: Worker) -> Reservation:
@@ -158,9 +157,9 @@ class Upstreams:
     def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
         return Reservation(worker, self._outcomes, judge=judge)
 
-    def reserve_all(self, assignment: Assignment) -> Reserved:
+    def reserve_all(self, decision: Decision) -> Reserved:
         """Reserve every worker of a placement at once (call right after placing)."""
-        return Reserved(assignment, {w: self.reserve(w) for w in assignment.all()})
+        return Reserved(decision, {w: self.reserve(w) for w in decision.all()})
 
     def call(
         self,
@@ -226,9 +225,15 @@ class Upstreams:
 
     async def _settle_after_start(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
         try:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                async with asyncio.timeout(self._abort_wait_s):
-                    await first
+            async with asyncio.timeout(self._abort_wait_s):
+                await first
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task's own cancel (the gateway closing): settle, then end
+            # else `first` itself was cancelled: the leg ended, settle it
+        except Exception:
+            pass  # the leg's failure is the request's business; here it only ends the wait
         finally:
             call.settle()
 

@@ -14,7 +14,7 @@ from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
 from gateway.kv.subscriber import Gap, KvFollower
 from gateway.placement.cache_aware import CacheAware, cheapest
-from gateway.placement.policies import Hints
+from gateway.placement.policies import Choice, Hints
 from gateway.roles import Runtime
 
 SETTINGS = KvConfig()  # 0.01 per uncached token, balance 1.5 x lowest + 4
@@ -145,9 +145,9 @@ def test_a_data_parallel_worker_gets_the_rank_that_holds_the_prompt() -> None:
     prefix = Prefix(PROMPT)
     busy = worker(2)
     busy.inflight = 5  # h:1 reports 2 running: the cached one is cheaper (6.8 vs 10.12)
-    chosen = policy.pick([f.worker, busy], Hints(prefix=prefix))
-    assert chosen is f.worker
-    assert prefix.ranks == {"h:1": 1} and prefix.expected_cached == 32
+    hints = Hints(prefix=prefix)
+    assert policy.choose([f.worker, busy], hints) == Choice(f.worker, 1, 32)
+    assert hints == Hints(prefix=prefix)  # the hints are not written into
     adapter = ADAPTERS[Runtime.SGLANG]
     raw = adapter.with_dp_rank(b"", 1)
     request = adapter.rpcs["Generate"].request_type.FromString(raw)

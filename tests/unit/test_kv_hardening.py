@@ -25,7 +25,7 @@ from gateway.kv.subscriber import CHUNK_BYTES, Backoff, KvFollower, TooLarge
 from gateway.metrics import FleetCollector
 from gateway.offload import Offload
 from gateway.placement.cache_aware import CacheAware
-from gateway.placement.policies import Hints
+from gateway.placement.policies import Choice, Hints
 from gateway.roles import Runtime
 
 A = ("a:1", 0)
@@ -347,5 +347,4 @@ def test_placement_hashes_each_block_size_once_ahead_of_the_pick() -> None:
     prefix = Prefix(PROMPT)
     asyncio.run(prefix.prepare(policy.block_sizes(), Offload()))
     assert set(prefix._hashes) == {16}
-    assert policy.pick([a], Hints(prefix=prefix)) is a
-    assert prefix.expected_cached == 16
+    assert policy.choose([a], Hints(prefix=prefix)) == Choice(a, None, 16)

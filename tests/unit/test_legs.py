@@ -10,8 +10,9 @@ import pytest
 from gateway.config import ModelSettings, WorkerSpec
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
+from gateway.placement.decision import Decision
 from gateway.placement.legs import demanded_legs, most_permanent
-from gateway.placement.placer import Assignment, Placer
+from gateway.placement.placer import Placer
 from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Reason, Verdict, leg_not_deployed, workers_overloaded
 from gateway.placement.verdicts import workers_unavailable as unavailable
@@ -50,11 +51,11 @@ class Fleet:
         self.registry.update(worker, "test")
         return worker
 
-    def place(self, runtime: Runtime = SGL, items: tuple[str, ...] = ()) -> Assignment | Verdict:
+    def place(self, runtime: Runtime = SGL, items: tuple[str, ...] = ()) -> Decision | Verdict:
         return self.placer.place("m", runtime, Hints(), items)
 
 
-def verdict_of(placed: Assignment | Verdict) -> Verdict:
+def verdict_of(placed: Decision | Verdict) -> Verdict:
     assert isinstance(placed, Verdict), placed
     return placed
 
@@ -98,7 +99,7 @@ def test_pd_pair_is_placed_on_its_legs() -> None:
     fleet = Fleet()
     p, d = fleet.add(P), fleet.add(D)
     placed = fleet.place()
-    assert isinstance(placed, Assignment)
+    assert isinstance(placed, Decision)
     assert placed.workers == {P: p, D: d}
     assert placed.primary is d and placed.receiver is p
 
@@ -135,7 +136,7 @@ def test_text_requests_are_served_when_the_encode_leg_is_missing() -> None:
     fleet = Fleet(encode_leg=True)
     fleet.add(P)
     fleet.add(D)
-    assert isinstance(fleet.place(), Assignment)
+    assert isinstance(fleet.place(), Decision)
 
 
 def test_encode_leg_spreads_items_and_names_the_receiver() -> None:
@@ -144,13 +145,13 @@ def test_encode_leg_spreads_items_and_names_the_receiver() -> None:
     e1, e2 = fleet.add(E), fleet.add(E)
     items = tuple(f"http://img/{i}.png" for i in range(12))
     placed = fleet.place(items=items)
-    assert isinstance(placed, Assignment)
+    assert isinstance(placed, Decision)
     assert placed.receiver is p
     parts = dict(placed.encoders)
     assert set(parts) == {e1, e2}  # 12 items hash onto both encoders
     assert sorted(i for part in parts.values() for i in part) == sorted(items)
     again = fleet.place(items=items)
-    assert isinstance(again, Assignment) and dict(again.encoders) == parts  # content-stable
+    assert isinstance(again, Decision) and dict(again.encoders) == parts  # content-stable
 
 
 def test_encoders_all_down_is_unavailable_for_the_encode_leg() -> None:
@@ -179,7 +180,7 @@ def test_pairing_search_covers_every_group_not_the_first_prefills() -> None:
     p_b = fleet.add(P, VLLM, pairing="nixl|b")
     d_b = fleet.add(D, VLLM, pairing="nixl|b")
     placed = fleet.place(VLLM)
-    assert isinstance(placed, Assignment)
+    assert isinstance(placed, Decision)
     assert placed.workers == {P: p_b, D: d_b}
 
 
@@ -217,8 +218,8 @@ def test_each_leg_rotates_on_its_own() -> None:
     p1, p2 = fleet.add(P), fleet.add(P)
     d1, d2 = fleet.add(D), fleet.add(D)
     picks = [fleet.place() for _ in range(4)]
-    assert [a.workers[P] for a in picks if isinstance(a, Assignment)] == [p1, p2, p1, p2]
-    assert [a.workers[D] for a in picks if isinstance(a, Assignment)] == [d1, d2, d1, d2]
+    assert [a.workers[P] for a in picks if isinstance(a, Decision)] == [p1, p2, p1, p2]
+    assert [a.workers[D] for a in picks if isinstance(a, Decision)] == [d1, d2, d1, d2]
 
 
 def test_servable_needs_a_compatible_pair() -> None:

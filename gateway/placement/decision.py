@@ -1,0 +1,68 @@
+"""What placement decided for one request, as a value nothing changes afterwards.
+
+A policy answers with a `Choice` per leg (`gateway.placement.policies`); the placer
+assembles them into a `Decision`. The proxy reads only the
+decision: which worker takes which leg, on which rank, and what to log. Nothing is
+written back into the request's hints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gateway.fleet.worker import Worker
+from gateway.roles import Role
+
+NO_RANKS: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The workers one request goes to: regular, or prefill + decode; plus the encode
+    workers with the items each one encodes (EPD). `ranks`: worker id -> data-parallel
+    rank, for the workers placement put on a rank; `expected_cached_tokens` and `policy`
+    are the prompt-receiving leg's."""
+
+    workers: Mapping[Role, Worker]
+    encoders: tuple[tuple[Worker, tuple[str, ...]], ...] = ()
+    ranks: Mapping[str, int] = field(default_factory=lambda: NO_RANKS)
+    expected_cached_tokens: int | None = None
+    policy: str = ""
+
+    @property
+    def primary(self) -> Worker:
+        """The worker whose stream the client gets."""
+        return self.workers.get(Role.DECODE) or self.workers[Role.REGULAR]
+
+    @property
+    def receiver(self) -> Worker:
+        """The worker that takes the prompt (and an encoder's embeddings)."""
+        return self.workers.get(Role.PREFILL) or self.workers[Role.REGULAR]
+
+    @property
+    def lone(self) -> Worker:
+        """The one worker of a call that a single worker answers."""
+        (worker,) = self.workers.values()
+        return worker
+
+    @classmethod
+    def single(cls, worker: Worker, policy: str = "") -> Decision:
+        return cls(MappingProxyType({worker.role: worker}), policy=policy)
+
+    def only(self, worker: Worker) -> Decision:
+        """This decision narrowed to one of its workers (keeping its rank)."""
+        rank = self.ranks.get(worker.id)
+        return Decision(
+            MappingProxyType({worker.role: worker}),
+            ranks=NO_RANKS if rank is None else MappingProxyType({worker.id: rank}),
+            expected_cached_tokens=self.expected_cached_tokens,
+            policy=self.policy,
+        )
+
+    def rank_of(self, worker: Worker) -> int | None:
+        return self.ranks.get(worker.id)
+
+    def all(self) -> list[Worker]:
+        return [*self.workers.values(), *(w for w, _ in self.encoders)]
