@@ -1,5 +1,30 @@
+"""The `gateway` command (console script) and `python -m gateway`.
+
+SIGINT and SIGTERM are made quiet first, before the command line and whatever its command
+needs (grpc, numpy, the server) are imported: a Ctrl-C at any instant of the start-up ends
+the process with 130 and no traceback.
+"""
+
+from __future__ import annotations
+
 import sys
+from collections.abc import Sequence
 
-from gateway.cli import main
+from gateway.run import quiet_signals
 
-sys.exit(main())
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_signals()
+    try:
+        from gateway.cli import main as command
+
+        code = command(argv)
+    except KeyboardInterrupt:  # a Ctrl-C the work let through as KeyboardInterrupt
+        code = 130
+    # On the way out (threads joined, buffers flushed) a signal ends it quietly too.
+    quiet_signals()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,12 +1,19 @@
-"""`gateway serve | demo | sim`: the command line."""
+"""`gateway serve | demo | sim | workers`: the command line.
+
+`gateway serve`, `--version` and `--help` import what serving needs and nothing else: the
+simulated workers and the demo (package `gateway_sim`, its own distribution
+`grpc-model-gateway-sim`, in `sim/`) and the admin client are imported by their own
+sub-commands, when they run. Entered through `gateway.__main__` (the `gateway` command,
+`python -m gateway`), which makes SIGINT and SIGTERM quiet before this module (or
+anything slow) is imported.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gateway.config import (
@@ -17,6 +24,9 @@ from gateway.config import (
     load_file,
     parse_processes,
 )
+from gateway.run import own_signals, run_until_done, say
+
+__all__ = ["build_parser", "config_from_args", "main", "run_until_done", "say"]
 
 EPILOG = """\
 worker URL: grpc://HOST:PORT?model=NAME&runtime=sglang|vllm&role=regular|prefill|decode|encode
@@ -140,91 +150,114 @@ def version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from gateway.admin.client import add_workers_arguments
-    from gateway.demo import add_demo_arguments
-    from gateway.sim import add_sim_arguments
+# The sub-commands whose modules are imported only when they run (each parses its own flags).
+LAZY = {
+    "demo": "run a simulated fleet behind the gateway (needs gateway_sim)",
+    "sim": "run one simulated SGLang or vLLM worker (needs gateway_sim)",
+    "workers": "list, add, remove, drain or watch workers (admin API)",
+}
+NO_SIMULATOR = (
+    "the simulator is not installed (package gateway_sim, distribution "
+    "grpc-model-gateway-sim): pip install -e ./sim from the repository, or make run"
+)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """`gateway` with `serve`; the other sub-commands are listed here but parsed by
+    `main`, which hands their flags to their own modules."""
     parser = argparse.ArgumentParser(
         prog="gateway", description="A gRPC-native model gateway for SGLang and vLLM workers."
     )
     parser.add_argument("--version", action="version", version=f"gateway {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
-    add_demo_arguments(sub.add_parser("demo", help="run a simulated fleet behind the gateway"))
-    add_sim_arguments(sub.add_parser("sim", help="run one simulated SGLang or vLLM worker"))
-    add_workers_arguments(
-        sub.add_parser("workers", help="list, add, remove, drain or watch workers (admin API)")
-    )
+    for name, text in LAZY.items():
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
-def say(line: str) -> None:
-    """One line on stderr, written at once: the serving processes of `--processes N`
-    share it, and print() would write the newline apart."""
-    sys.stderr.write(f"gateway: {line}\n")
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.logs import configure
+    from gateway.server import serve
 
-
-def run_until_done(coro: object) -> int:
-    """Run to the end; 2 with one line if a port cannot be bound, 130 on a Ctrl-C that
-    arrived before the process took over its signals (never a traceback)."""
-    from gateway.listen import CannotListen
-
-    result: object = None
     try:
-        if os.environ.get("GATEWAY_LOOP") == "uvloop":
-            import uvloop
-
-            result = uvloop.run(coro)  # type: ignore[arg-type]
-        else:
-            result = asyncio.run(coro)  # type: ignore[arg-type]
-    except CannotListen as exc:
-        say(str(exc))
-        return 2
-    except ConfigError as exc:  # found at start-up: an unreadable certificate or key file
+        config = config_from_args(args)
+    except ConfigError as exc:
         say(f"config error: {exc}")
         return 2
-    except KeyboardInterrupt:
-        return 130
-    return result if isinstance(result, int) else 0
+    if config.processes > 1:
+        from gateway.scale.supervisor import supervise
+
+        configure(config.log_format, config.log_level, process="supervisor")
+        return run_until_done(supervise(config))
+    configure(config.log_format, config.log_level)
+    return run_until_done(serve(config))
+
+
+def _parser(command: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"gateway {command}", description=description)
+
+
+def _has_simulator(command: str) -> bool:
+    """Whether `gateway_sim` can be imported; if not, says so in one line."""
+    try:
+        import gateway_sim  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "gateway_sim":
+            raise
+        say(f"{command}: {NO_SIMULATOR}")
+        return False
+    return True
+
+
+def _demo(argv: Sequence[str]) -> int:
+    if not _has_simulator("demo"):
+        return 2
+    from gateway.launch import NotReady
+    from gateway_sim.demo import add_demo_arguments, run_demo
+
+    parser = _parser("demo", "A simulated fleet behind the gateway, with grpcurl lines to paste.")
+    add_demo_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_until_done(run_demo(args))
+    except NotReady as exc:  # every process it started is stopped by then
+        say(f"demo: {exc}")
+        return 1
+
+
+def _sim(argv: Sequence[str]) -> int:
+    if not _has_simulator("sim"):
+        return 2
+    from gateway_sim import add_sim_arguments, run_sim
+
+    parser = _parser(
+        "sim", "Simulated SGLang/vLLM gRPC worker (prints 'READY <port>' when listening)."
+    )
+    add_sim_arguments(parser)
+    return run_until_done(run_sim(parser.parse_args(argv)))
+
+
+def _workers(argv: Sequence[str]) -> int:
+    from gateway.admin.client import add_workers_arguments, run_workers
+
+    parser = _parser("workers", "List, add, remove, drain or watch workers (admin API).")
+    add_workers_arguments(parser)
+    args = parser.parse_args(argv)
+    own_signals()
+    return run_workers(args)
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "demo": _demo,
+    "sim": _sim,
+    "workers": _workers,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        from gateway.logs import configure
-        from gateway.server import serve
-
-        try:
-            config = config_from_args(args)
-        except ConfigError as exc:
-            say(f"config error: {exc}")
-            return 2
-        if config.processes > 1:
-            from gateway.scale.supervisor import supervise
-
-            configure(config.log_format, config.log_level, process="supervisor")
-            return run_until_done(supervise(config))
-        configure(config.log_format, config.log_level)
-        return run_until_done(serve(config))
-    elif args.command == "workers":
-        from gateway.admin.client import run_workers
-
-        return run_workers(args)
-    elif args.command == "demo":
-        from gateway.demo import run_demo
-        from gateway.launch import NotReady
-
-        try:
-            return run_until_done(run_demo(args))
-        except NotReady as exc:  # every process it started is stopped by then
-            say(f"demo: {exc}")
-            return 1
-    else:
-        from gateway.sim import run_sim
-
-        return run_until_done(run_sim(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:  # no option comes before a sub-command but -h/--version
+        return COMMANDS[argv[0]](argv[1:])
+    args = build_parser().parse_args(argv)  # --help, --version, serve, or a usage error
+    return _serve(args)

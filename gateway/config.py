@@ -1,33 +1,44 @@
 """Typed configuration: a YAML file and command-line flags, validated with clear errors.
 
-Every problem raises `ConfigError` with one line that names the bad value; the CLI
+The settings are frozen pydantic dataclasses: every field's type and bounds are declared
+once, next to its default, and checked whether the value comes from the file, from a flag
+(`build_config` merges the flags into the file's data before validating) or from code
+(`dataclasses.replace` and the constructors validate too). Every problem raises
+`ConfigError` with one line that names the bad value by its path in the file
+(`limits.max_choices: must be at least 1, not 0`, `workers[0].role: ...`); the CLI
 prints it and exits with status 2.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import ipaddress
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic_core import ErrorDetails, PydanticCustomError
 
+from gateway.policy_names import POLICIES as POLICIES  # re-exported: --policy choices
+from gateway.policy_names import PolicyName
 from gateway.roles import Role, Runtime
 
-POLICIES = (
-    "round_robin",
-    "random",
-    "power_of_two",
-    "least_inflight",
-    "consistent_hash",
-    "manual",
-    "cache_aware",
-)
 WORKER_URL_KEYS = (
     "model",
     "runtime",
@@ -36,9 +47,10 @@ WORKER_URL_KEYS = (
     "bootstrap_port",
     "embedding_port",
 )
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+LogFormat = Literal["console", "json"]
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 MAX_NAME = 256  # characters in a model name
 MAX_URL = 2048  # characters in a worker URL
 MAX_PROCESSES = 64  # serving processes of one gateway
@@ -50,30 +62,85 @@ class ConfigError(ValueError):
     """A configuration problem, told in one line."""
 
 
-def check_model_name(name: str, what: str) -> str:
+def _problem(message: str) -> PydanticCustomError:
+    """A validation error whose message follows the field's path: `PATH: message`."""
+    return PydanticCustomError("config", "{message}", {"message": message})
+
+
+def _whole_line(message: str) -> PydanticCustomError:
+    """A validation error whose message is the whole line (it names its fields itself)."""
+    return PydanticCustomError("config_line", "{message}", {"message": message})
+
+
+def _model_name_problem(name: str) -> str | None:
     if len(name) > MAX_NAME:
-        raise ConfigError(f"{what}: model name longer than {MAX_NAME} characters")
+        return f"model name longer than {MAX_NAME} characters"
     if not MODEL_NAME.fullmatch(name):
-        raise ConfigError(
-            f"{what}: model name {name[:64]!r} has characters other than letters, digits "
-            "and . _ : / @ + -"
+        return (
+            f"model name {name[:64]!r} has characters other than letters, digits and . _ : / @ + -"
         )
+    return None
+
+
+def check_model_name(name: str, what: str) -> str:
+    problem = _model_name_problem(name)
+    if problem is not None:
+        raise ConfigError(f"{what}: {problem}")
     return name
 
 
-@dataclass(frozen=True, slots=True)
+def _model_name(name: str) -> str:
+    problem = _model_name_problem(name)
+    if problem is not None:
+        raise _problem(problem)
+    return name
+
+
+def _processes(value: Any) -> int:
+    try:
+        return parse_processes(value)
+    except ConfigError as exc:
+        raise _whole_line(str(exc)) from None
+
+
+def _off_is_none(value: Any) -> Any:
+    return None if value == "off" else value
+
+
+# -- the types of the fields: YAML's own type must match (no "3" for 3), bounds declared --
+
+Flag = Annotated[bool, Strict()]
+Text = Annotated[str, Strict()]
+Name = Annotated[str, Strict(), Field(min_length=1)]  # a path, token, header or host
+Whole = Annotated[int, Strict(), Field(ge=0)]
+AtLeastOne = Annotated[int, Strict(), Field(ge=1)]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+Number = Annotated[float, Strict(), Field(ge=0)]  # a whole number is a number too
+Seconds = Annotated[float, Strict(), Field(ge=0)]  # 0: off, or at once
+Interval = Annotated[float, Strict(), Field(gt=0)]  # a period or timeout that must pass
+Fraction = Annotated[float, Strict(), Field(ge=0, le=1)]
+ModelName = Annotated[str, Strict(), AfterValidator(_model_name)]
+HeaderName = Annotated[str, Strict(), Field(min_length=1), AfterValidator(str.lower)]
+Processes = Annotated[int, BeforeValidator(_processes)]
+MetricsListen = Annotated[Text | None, BeforeValidator(_off_is_none)]
+
+# Unknown keys are errors; NaN and infinities are not numbers a setting can take.
+SETTINGS = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class WorkerSpec:
     """One worker as configured; unknown `model`/`runtime` are discovered from the worker."""
 
-    host: str
-    port: int
-    model: str | None = None
+    host: Name
+    port: Port
+    model: ModelName | None = None
     runtime: Runtime | None = None
     role: Role | None = None  # None: asked from the worker (GetServerInfo), else regular
-    bootstrap_port: int | None = None
-    bootstrap_host: str | None = None  # a prefill's rendezvous host; default: its URL host
-    embedding_port: int | None = None  # a prefill's port for encoder embeddings (EPD)
-    tls: bool = False  # grpcs://: TLS to the worker (see UpstreamTlsConfig)
+    bootstrap_port: Port | None = None
+    bootstrap_host: Name | None = None  # a prefill's rendezvous host; default: its URL host
+    embedding_port: Port | None = None  # a prefill's port for encoder embeddings (EPD)
+    tls: Flag = False  # grpcs://: TLS to the worker (see UpstreamTlsConfig)
 
     @property
     def address(self) -> str:
@@ -84,7 +151,101 @@ class WorkerSpec:
         return f"{'grpcs' if self.tls else 'grpc'}://{self.address}"
 
 
-@dataclass(frozen=True, slots=True)
+# -- workers: a URL, or a mapping with a url and the URL's query keys ----------------------
+
+
+class _UrlProblem(ValueError):
+    """What is wrong with a worker URL itself (not with one of its values)."""
+
+
+def _port(key: str, value: str) -> int:
+    if not value.isdigit() or not 0 < int(value) <= 65535:
+        raise _UrlProblem(f"{key} {value!r} is not a port number")
+    return int(value)
+
+
+def _url_fields(url: str) -> dict[str, Any]:
+    """A worker URL's fields, left for WorkerSpec to validate (ports made numbers)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("grpc", "grpcs"):
+        raise _UrlProblem("scheme must be grpc:// or grpcs://")
+    if parts.path not in ("", "/"):
+        raise _UrlProblem(f"unexpected path {parts.path!r}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise _UrlProblem(str(exc)) from None
+    if not host or port is None:
+        raise _UrlProblem("needs HOST:PORT")
+    if not 0 < port <= 65535:
+        raise _UrlProblem(f"port {port} is not a port number")
+    query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
+    unknown = sorted(set(query) - set(WORKER_URL_KEYS))
+    if unknown:
+        raise _UrlProblem(f"unknown key {unknown[0]!r} (known: {', '.join(WORKER_URL_KEYS)})")
+    fields: dict[str, Any] = {"host": host, "port": port, "tls": parts.scheme == "grpcs"}
+    for key, values in query.items():
+        value = values[-1]
+        if value:  # `model=` is no model
+            fields[key] = _port(key, value) if key.endswith("_port") else value
+    return fields
+
+
+def _checked_url_fields(url: str) -> dict[str, Any]:
+    if len(url) > MAX_URL:
+        raise _problem(f"URL longer than {MAX_URL} characters")
+    try:
+        return _url_fields(url)
+    except _UrlProblem as exc:
+        raise PydanticCustomError(
+            "worker_url", "{url}: {problem}", {"url": repr(url), "problem": str(exc)}
+        ) from None
+
+
+def _worker_entry(entry: Any) -> Any:
+    """One `workers:` entry as WorkerSpec's fields: a URL string, or a mapping whose
+    `url` the other keys (the URL's query keys) add to or override."""
+    if isinstance(entry, WorkerSpec):
+        return entry
+    if isinstance(entry, str):
+        return _checked_url_fields(entry)
+    if not isinstance(entry, Mapping):
+        raise _problem(f"must be a worker URL or a mapping with a url, not {_show(entry)}")
+    if "url" not in entry:
+        raise _problem(f"{_show(dict(entry))} needs a url")
+    known = ("url", *WORKER_URL_KEYS)
+    unknown = sorted(str(k) for k in entry if k not in known)
+    if unknown:
+        raise _problem(f"unknown key {unknown[0]!r} (known: {', '.join(known)})")
+    url = entry["url"]
+    if not isinstance(url, str):
+        raise _problem(f"url must be a string, not {_show(url)}")
+    fields = _checked_url_fields(url)
+    fields.update({k: v for k, v in entry.items() if k != "url" and v is not None})
+    return fields
+
+
+# A `workers:` entry: validated into a WorkerSpec whatever its form.
+WorkerEntry = Annotated[WorkerSpec, BeforeValidator(_worker_entry)]
+_WORKER: TypeAdapter[WorkerSpec] = TypeAdapter(WorkerEntry)
+
+
+def parse_worker_url(url: str) -> WorkerSpec:
+    """`grpc://HOST:PORT?model=M&runtime=sglang|vllm&role=...&bootstrap_port=N`."""
+    if len(url) > MAX_URL:
+        raise ConfigError(f"worker URL longer than {MAX_URL} characters")
+    try:
+        return _WORKER.validate_python(url)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        if error["type"] == "worker_url":
+            message = str((error.get("ctx") or {})["problem"])
+        else:
+            message = _message(error)
+        raise ConfigError(f"worker {url!r}: {message}") from None
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class ModelSettings:
     """Per-model routing and limits (limits apply per worker; None means no limit).
 
@@ -92,32 +253,32 @@ class ModelSettings:
     registered (so a missing encoder is LEG_NOT_DEPLOYED, not a silent text-only answer).
     """
 
-    policy: str = "round_robin"
-    encode_leg: bool = False
-    max_inflight: int | None = None
-    max_waiting: int | None = None
-    max_token_usage: float | None = None
+    policy: PolicyName = "round_robin"
+    encode_leg: Flag = False
+    max_inflight: Whole | None = None
+    max_waiting: Whole | None = None
+    max_token_usage: Fraction | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class ProbeConfig:
-    interval_s: float = 1.0
-    timeout_s: float = 1.0
-    success_threshold: int = 2
-    failure_threshold: int = 2
+    interval_s: Interval = 1.0
+    timeout_s: Interval = 1.0
+    success_threshold: AtLeastOne = 2
+    failure_threshold: AtLeastOne = 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class BreakerConfig:
-    failure_threshold: int = 5
-    cooldown_s: float = 5.0
-    success_threshold: int = 2
+    failure_threshold: AtLeastOne = 5
+    cooldown_s: Seconds = 5.0
+    success_threshold: AtLeastOne = 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class LoadsConfig:
-    interval_s: float = 1.0
-    timeout_s: float = 1.0
+    interval_s: Interval = 1.0
+    timeout_s: Interval = 1.0
 
     @property
     def stale_after_s(self) -> float:
@@ -125,25 +286,25 @@ class LoadsConfig:
         return 3 * self.interval_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class DrainConfig:
     """SIGTERM: NOT_SERVING at once, serve `delay_s` more, then finish in-flight within
     `grace_s`. `worker_timeout_s` bounds the drain of one worker removed by the admin API."""
 
-    delay_s: float = 5.0
-    grace_s: float = 20.0
-    worker_timeout_s: float = 60.0
+    delay_s: Seconds = 5.0
+    grace_s: Seconds = 20.0
+    worker_timeout_s: Seconds = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class DisaggConfig:
     """`abort_wait_s`: how long an abort or cancel waits for a decode leg's first message
     before cutting it (a KV handoff torn in the middle can wedge the engines)."""
 
-    abort_wait_s: float = 30.0
+    abort_wait_s: Seconds = 30.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class LimitsConfig:
     """Bounds on what one client can make the gateway do.
 
@@ -168,20 +329,20 @@ class LimitsConfig:
     newest past it are closed within a few seconds). `max_prompt_tokens`: prompt length a
     Generate may carry."""
 
-    max_choices: int = 16
-    max_inflight_requests: int = 4096
-    max_concurrent_streams: int = 256
-    stream_idle_timeout_s: float = 300.0
-    connection_idle_timeout_s: float = 300.0
-    max_connection_age_s: float = 3600.0
-    connection_age_grace_s: float = 600.0
-    max_inflight_per_principal: int | None = None
-    request_read_timeout_s: float = 30.0
-    max_request_reads: int = 32
-    max_request_reads_per_peer: int = 2
-    max_connections: int = 10_000
-    max_connections_per_peer: int = 1_000
-    max_prompt_tokens: int = 1_000_000
+    max_choices: AtLeastOne = 16
+    max_inflight_requests: AtLeastOne = 4096
+    max_concurrent_streams: AtLeastOne = 256
+    stream_idle_timeout_s: Seconds = 300.0
+    connection_idle_timeout_s: Seconds = 300.0
+    max_connection_age_s: Seconds = 3600.0
+    connection_age_grace_s: Seconds = 600.0
+    max_inflight_per_principal: AtLeastOne | None = None
+    request_read_timeout_s: Interval = 30.0
+    max_request_reads: AtLeastOne = 32
+    max_request_reads_per_peer: AtLeastOne = 2
+    max_connections: AtLeastOne = 10_000
+    max_connections_per_peer: AtLeastOne = 1_000
+    max_prompt_tokens: AtLeastOne = 1_000_000
 
     @property
     def principal_share(self) -> int:
@@ -191,21 +352,21 @@ class LimitsConfig:
         return max(1, self.max_inflight_requests // 4)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class UpstreamConfig:
     """HTTP/2 keepalive on worker channels: a worker that stops answering pings (frozen,
     or its host gone without a FIN) has its connection closed after `keepalive_time_s`
     + `keepalive_timeout_s`, and its calls fail over. Workers must accept pings that often
     (see the README); 0 turns keepalive off."""
 
-    keepalive_time_s: float = 10.0
-    keepalive_timeout_s: float = 5.0
+    keepalive_time_s: Seconds = 10.0
+    keepalive_timeout_s: Seconds = 5.0
     # What a worker may send ahead on one stream before the gateway's client reads it:
     # the fixed HTTP/2 stream window of worker channels (grpc's default grows to 4 MiB).
-    stream_window_bytes: int = 256 * 1024
+    stream_window_bytes: AtLeastOne = 256 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class KvConfig:
     """Cache-aware placement (policy `cache_aware`).
 
@@ -221,55 +382,67 @@ class KvConfig:
     (also after the worker evicted it: sending it back keeps affinity, which measured
     better than moving it). A worker not ready for `grace_s` loses its entries."""
 
-    events: bool = True
-    block_size: int = 16
-    prefill_cost_per_token: float = 0.01
-    balance_ratio: float = 1.5
-    balance_slack: float = 4.0
-    share_window_s: float = 10.0
-    assume_ttl_s: float = 120.0
-    assume_capacity: int = 100_000
-    pending_ttl_s: float = 120.0
-    grace_s: float = 10.0
+    events: Flag = True
+    block_size: AtLeastOne = 16
+    prefill_cost_per_token: Number = 0.01
+    balance_ratio: Number = 1.5
+    balance_slack: Number = 4.0
+    share_window_s: Interval = 10.0  # shares decay by exp(-age / share_window_s)
+    assume_ttl_s: Seconds = 120.0
+    assume_capacity: AtLeastOne = 100_000
+    pending_ttl_s: Seconds = 120.0
+    grace_s: Seconds = 10.0
     # Worker input is untrusted (see "Limits and security"): per worker at most
     # `max_ranks` DP ranks and `max_block_sizes` distinct block sizes are indexed (the
     # excess is refused, logged once); stored blocks are capped per worker and in all
     # (the worker's oldest entries go first); one KV event message may be at most
     # `max_event_bytes` (a bigger one is refused and the subscription starts again);
     # subscriptions that keep failing start again after up to `resubscribe_max_s`.
-    max_ranks: int = 256
-    max_block_sizes: int = 4
-    max_blocks_per_worker: int = 250_000
-    max_blocks: int = 2_000_000
-    max_event_bytes: int = 4 * 1024 * 1024
-    resubscribe_max_s: float = 8.0
+    max_ranks: AtLeastOne = 256
+    max_block_sizes: AtLeastOne = 4
+    max_blocks_per_worker: AtLeastOne = 250_000
+    max_blocks: AtLeastOne = 2_000_000
+    max_event_bytes: AtLeastOne = 4 * 1024 * 1024
+    resubscribe_max_s: Seconds = 8.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class TlsConfig:
     """TLS on the main port (PEM files). With `client_ca`, clients must present a
     certificate it signed (mTLS); their identity is the caller's principal."""
 
-    cert: str | None = None
-    key: str | None = None
-    client_ca: str | None = None
+    cert: Name | None = None
+    key: Name | None = None
+    client_ca: Name | None = None
 
     @property
     def enabled(self) -> bool:
         return self.cert is not None
 
+    @model_validator(mode="after")
+    def _pairs(self) -> TlsConfig:
+        if (self.cert is None) != (self.key is None) or (self.client_ca and not self.cert):
+            raise _problem("cert and key go together (and client_ca needs both)")
+        return self
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class UpstreamTlsConfig:
     """TLS to `grpcs://` workers: `ca` verifies them (default: the system roots); `cert`
     and `key` are the gateway's client certificate where workers require mTLS."""
 
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
+    ca: Name | None = None
+    cert: Name | None = None
+    key: Name | None = None
+
+    @model_validator(mode="after")
+    def _pairs(self) -> UpstreamTlsConfig:
+        if (self.cert is None) != (self.key is None):
+            raise _problem("cert and key go together")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class AuthConfig:
     """`api_keys_file`: one `name:key` a line, read again on SIGHUP and when it changes.
     When set, every call on the main port needs `authorization: Bearer <key>`, but
@@ -278,58 +451,92 @@ class AuthConfig:
     `failure_limit` failed authentications from one peer address within
     `failure_window_s` refuse that address's calls for `block_s`; 0 turns that off."""
 
-    api_keys_file: str | None = None
-    failure_limit: int = 20
-    failure_window_s: float = 10.0
-    block_s: float = 30.0
+    api_keys_file: Name | None = None
+    failure_limit: Whole = 20
+    failure_window_s: Seconds = 10.0
+    block_s: Seconds = 30.0
+
+    @model_validator(mode="after")
+    def _blocking(self) -> AuthConfig:
+        if self.failure_limit and (self.failure_window_s <= 0 or self.block_s <= 0):
+            raise _whole_line(
+                "auth.failure_window_s and auth.block_s must be positive "
+                "(auth.failure_limit: 0 turns blocking off)"
+            )
+        return self
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class AdminConfig:
-    listen: str = "127.0.0.1:50052"
-    token: str | None = None
+    # HOST:PORT, checked by build_config (a serving process's is its `unix:` control socket)
+    listen: Text = "127.0.0.1:50052"
+    token: Name | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class MetricsConfig:
-    listen: str | None = "127.0.0.1:9464"
+    listen: MetricsListen = "127.0.0.1:9464"  # "off": None, no endpoint
 
 
-@dataclass(frozen=True, slots=True)
+@functools.cache
+def _default_settings(policy: PolicyName) -> ModelSettings:
+    """What a model without settings of its own runs with (built once per policy)."""
+    return ModelSettings(policy=policy)
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class GatewayConfig:
-    listen: str = "127.0.0.1:50051"
-    workers: tuple[WorkerSpec, ...] = ()
-    models: Mapping[str, ModelSettings] = field(default_factory=dict)
-    default_policy: str = "round_robin"
-    model_headers: tuple[str, ...] = ("x-model-id", "x-gateway-model-name")
-    routing_key_header: str = "x-routing-key"
-    target_worker_header: str = "x-target-worker"
-    max_attempts: int = 3
-    retry_after_ms: int = 1000
-    discovery_timeout_s: float = 5.0
-    max_message_bytes: int = 64 * 1024 * 1024
-    log_format: str = "console"
-    log_level: str = "info"
-    probe: ProbeConfig = field(default_factory=ProbeConfig)
-    breaker: BreakerConfig = field(default_factory=BreakerConfig)
-    loads: LoadsConfig = field(default_factory=LoadsConfig)
-    drain: DrainConfig = field(default_factory=DrainConfig)
-    disagg: DisaggConfig = field(default_factory=DisaggConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
-    tls: TlsConfig = field(default_factory=TlsConfig)
-    upstream_tls: UpstreamTlsConfig = field(default_factory=UpstreamTlsConfig)
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    kv: KvConfig = field(default_factory=KvConfig)
-    admin: AdminConfig = field(default_factory=AdminConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    processes: int = 1  # serving processes behind the main port (`auto`: usable cores)
+    listen: Text = "127.0.0.1:50051"
+    workers: tuple[WorkerEntry, ...] = ()
+    models: Mapping[ModelName, ModelSettings] = dataclasses.field(default_factory=dict)
+    default_policy: PolicyName = "round_robin"
+    model_headers: tuple[HeaderName, ...] = ("x-model-id", "x-gateway-model-name")
+    routing_key_header: Name = "x-routing-key"
+    target_worker_header: Name = "x-target-worker"
+    max_attempts: AtLeastOne = 3
+    retry_after_ms: Whole = 1000
+    discovery_timeout_s: Seconds = 5.0
+    max_message_bytes: AtLeastOne = 64 * 1024 * 1024
+    log_format: LogFormat = "console"
+    log_level: LogLevel = "info"
+    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)
+    breaker: BreakerConfig = dataclasses.field(default_factory=BreakerConfig)
+    loads: LoadsConfig = dataclasses.field(default_factory=LoadsConfig)
+    drain: DrainConfig = dataclasses.field(default_factory=DrainConfig)
+    disagg: DisaggConfig = dataclasses.field(default_factory=DisaggConfig)
+    limits: LimitsConfig = dataclasses.field(default_factory=LimitsConfig)
+    upstream: UpstreamConfig = dataclasses.field(default_factory=UpstreamConfig)
+    tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
+    upstream_tls: UpstreamTlsConfig = dataclasses.field(default_factory=UpstreamTlsConfig)
+    auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
+    kv: KvConfig = dataclasses.field(default_factory=KvConfig)
+    admin: AdminConfig = dataclasses.field(default_factory=AdminConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    processes: Processes = 1  # serving processes behind the main port (`auto`: usable cores)
 
     def model(self, name: str) -> ModelSettings:
-        return self.models.get(name) or ModelSettings(policy=self.default_policy)
+        found = self.models.get(name)
+        return found if found is not None else _default_settings(self.default_policy)
 
     def policy_for(self, model: str) -> str:
         return self.model(model).policy
+
+
+SECTIONS: dict[str, type] = {
+    "probe": ProbeConfig,
+    "breaker": BreakerConfig,
+    "loads": LoadsConfig,
+    "drain": DrainConfig,
+    "disagg": DisaggConfig,
+    "limits": LimitsConfig,
+    "upstream": UpstreamConfig,
+    "tls": TlsConfig,
+    "upstream_tls": UpstreamTlsConfig,
+    "auth": AuthConfig,
+    "kv": KvConfig,
+    "admin": AdminConfig,
+    "metrics": MetricsConfig,
+}
 
 
 def _loopback(host: str) -> bool:
@@ -382,188 +589,264 @@ def parse_processes(value: Any) -> int:
     return value
 
 
-def parse_address(text: str, what: str) -> tuple[str, int]:
+def _host_port(text: str) -> tuple[str, int] | None:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} {text!r} is not HOST:PORT")
+        return None
     return host.strip("[]"), int(port)
 
 
-def _enum(kind: type[Runtime] | type[Role], value: str, what: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = "|".join(m.value for m in kind)
-        raise ConfigError(f"{what}: unknown value {value!r} (expected {allowed})") from None
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    address = _host_port(text)
+    if address is None:
+        raise ConfigError(f"{what} {text!r} is not HOST:PORT")
+    return address
 
 
-def _port(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not str(value).isdigit() or not 0 < int(value) <= 65535:
-        raise ConfigError(f"{what}: {value!r} is not a port number")
-    return int(value)
+# -- reading the file --------------------------------------------------------------------
 
 
-def parse_worker_url(url: str) -> WorkerSpec:
-    """`grpc://HOST:PORT?model=M&runtime=sglang|vllm&role=...&bootstrap_port=N`."""
-    if len(url) > MAX_URL:
-        raise ConfigError(f"worker URL longer than {MAX_URL} characters")
-    parts = urlsplit(url)
-    what = f"worker {url!r}"
-    if parts.scheme not in ("grpc", "grpcs"):
-        raise ConfigError(f"{what}: scheme must be grpc:// or grpcs://")
-    if parts.path not in ("", "/"):
-        raise ConfigError(f"{what}: unexpected path {parts.path!r}")
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
-    if not host or port is None:
-        raise ConfigError(f"{what}: needs HOST:PORT")
-    query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
-    unknown = sorted(set(query) - set(WORKER_URL_KEYS))
-    if unknown:
-        raise ConfigError(
-            f"{what}: unknown key {unknown[0]!r} (known: {', '.join(WORKER_URL_KEYS)})"
-        )
-    spec = _worker_from_fields(host, port, {k: v[-1] for k, v in query.items()}, what)
-    return replace(spec, tls=parts.scheme == "grpcs")
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader that also refuses a key given twice in one mapping (YAML
+    forbids it; PyYAML would keep the last value without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base`: the keys it brings may be overridden here
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:
+                continue  # an unhashable key: the safe loader's own error says so
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found key {key!r} twice",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
 
 
-def _worker_from_fields(host: str, port: int, fields: Mapping[str, Any], what: str) -> WorkerSpec:
-    model = fields.get("model") or None
-    runtime = _enum(Runtime, str(fields["runtime"]), what) if fields.get("runtime") else None
-    role = _enum(Role, str(fields["role"]), what) if fields.get("role") else None
-    bootstrap = fields.get("bootstrap_port")
-    embedding = fields.get("embedding_port")
-    return WorkerSpec(
-        host=host,
-        port=_port(port, what),
-        model=check_model_name(str(model), what) if model is not None else None,
-        runtime=runtime,
-        role=role,
-        bootstrap_port=_port(bootstrap, what) if bootstrap not in (None, "") else None,
-        bootstrap_host=str(fields["bootstrap_host"]) if fields.get("bootstrap_host") else None,
-        embedding_port=_port(embedding, what) if embedding not in (None, "") else None,
-    )
-
-
-def _worker_from_yaml(entry: Any) -> WorkerSpec:
-    if isinstance(entry, str):
-        return parse_worker_url(entry)
-    if not isinstance(entry, dict) or "url" not in entry:
-        raise ConfigError(f"workers: entry {entry!r} needs a url")
-    spec = parse_worker_url(str(entry["url"]))
-    extra = {k: v for k, v in entry.items() if k != "url"}
-    unknown = sorted(set(extra) - set(WORKER_URL_KEYS))
-    if unknown:
-        raise ConfigError(f"worker {entry['url']!r}: unknown key {unknown[0]!r}")
-    merged = {
-        "model": spec.model,
-        "runtime": spec.runtime,
-        "role": spec.role,
-        "bootstrap_port": spec.bootstrap_port,
-        "bootstrap_host": spec.bootstrap_host,
-        "embedding_port": spec.embedding_port,
-    }
-    merged.update({k: v for k, v in extra.items() if v is not None})
-    return _worker_from_fields(spec.host, spec.port, merged, f"worker {entry['url']!r}")
-
-
-def _check_policy(policy: str, what: str) -> str:
-    if policy not in POLICIES:
-        raise ConfigError(f"{what}: unknown policy {policy!r} (expected {'|'.join(POLICIES)})")
-    return policy
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        problem = " ".join(str(exc.problem or exc.context or "").split())
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"not valid YAML{where}: {problem}" if problem else f"not valid YAML{where}"
+    return f"not valid YAML ({' '.join(str(exc).split())})"
 
 
 def load_file(path: str) -> dict[str, Any]:
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"config file {path!r}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text) or {}
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path!r}: not UTF-8 (byte {exc.start})") from None
+    try:
+        data = yaml.load(text, Loader=_Loader) or {}  # a SafeLoader
     except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"config file {path!r}: not valid YAML ({exc.__class__.__name__})"
-        ) from None
+        raise ConfigError(f"config file {path!r}: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path!r}: top level must be a mapping")
     return data
 
 
-SECTIONS: dict[str, type] = {
-    "probe": ProbeConfig,
-    "breaker": BreakerConfig,
-    "loads": LoadsConfig,
-    "drain": DrainConfig,
-    "disagg": DisaggConfig,
-    "limits": LimitsConfig,
-    "upstream": UpstreamConfig,
-    "tls": TlsConfig,
-    "upstream_tls": UpstreamTlsConfig,
-    "auth": AuthConfig,
-    "kv": KvConfig,
-    "admin": AdminConfig,
-    "metrics": MetricsConfig,
-}
+# -- one line per problem ----------------------------------------------------------------
+
+_PLAIN_KEY = re.compile(r"[^.\[\]'\"\s]+")
 
 
-def _typed(value: Any, annotation: str, what: str) -> Any:
-    """Coerce one YAML value to the field's declared type (`int`, `float | None`, ...)."""
-    optional = annotation.endswith("| None")
+def _path(loc: Sequence[int | str]) -> str:
+    """`limits.max_choices`, `workers[0].role`, `models['qwen2.5:7b'].policy`."""
+    text = ""
+    for item in loc:
+        if item == "[key]":  # the mapping key itself was wrong: the path names it already
+            continue
+        if isinstance(item, int):
+            text += f"[{item}]"
+        elif _PLAIN_KEY.fullmatch(item):
+            text += f".{item}" if text else item
+        else:
+            text += f"[{item!r}]"
+    return text
+
+
+def _show(value: Any) -> str:
+    """A value as the file would have it (YAML's true/false/null), at most 80 characters."""
     if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"{what} must not be empty")
-    base = annotation.removesuffix(" | None")
-    if base == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{what} must be true or false, not {value!r}")
-        return value
-    kind = {"int": int, "float": float, "str": str}[base]
-    if kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{what} must be a string, not {value!r}")
-        return value
-    if isinstance(value, bool | str):
-        raise ConfigError(f"{what} must be a number, not {value!r}")
-    if kind is int and isinstance(value, float):
-        raise ConfigError(f"{what} must be a whole number, not {value!r}")
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be {base}, not {value!r}") from None
-    if kind is not str and number < 0:
-        raise ConfigError(f"{what} must not be negative")
-    return number
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _section(cls: type[Any], data: Any, what: str, base: Any = None) -> Any:
-    """Build a settings dataclass from a YAML mapping, refusing unknown keys."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} must be a mapping")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ConfigError(f"{what}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
-    values = {k: _typed(v, str(known[k].type), f"{what}.{k}") for k, v in data.items()}
-    return replace(base if base is not None else cls(), **values)
+def _bool_hint(value: Any, loc: Sequence[int | str]) -> str:
+    """YAML 1.1 reads bare on/off/yes/no as booleans, where a string was meant."""
+    if value is True:
+        return " (YAML reads a bare on, yes or true as true: put the value in quotes)"
+    if value is False and tuple(loc[-2:]) == ("metrics", "listen"):
+        return " (YAML reads a bare off as false: write listen: 'off' to turn metrics off)"
+    if value is False:
+        return " (YAML reads a bare off, no or false as false: put the value in quotes)"
+    return ""
 
 
-_SCALARS: dict[str, type] = {
-    "listen": str,
-    "default_policy": str,
-    "routing_key_header": str,
-    "target_worker_header": str,
-    "max_attempts": int,
-    "retry_after_ms": int,
-    "discovery_timeout_s": float,
-    "max_message_bytes": int,
-    "log_format": str,
-    "log_level": str,
-}
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _choices(expected: str) -> str:
+    """`'a', 'b' or 'c'` (pydantic's list of allowed values) as `a|b|c`."""
+    return "|".join(re.findall(r"'([^']*)'", expected))
+
+
+def _message(error: ErrorDetails) -> str:
+    """What is wrong, without the path."""
+    kind, value, ctx = error["type"], error["input"], error.get("ctx") or {}
+    loc = error["loc"]
+    shown = _show(value)
+    if kind in ("config", "config_line"):
+        return str(ctx["message"])
+    if kind == "worker_url":
+        return f"{ctx['url']}: {ctx['problem']}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be a whole number, not {shown}"
+    if kind in ("float_type", "float_parsing"):
+        return f"must be a number, not {shown}"
+    if kind == "finite_number":
+        return f"must be a finite number, not {shown}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"must be true or false, not {shown}"
+    if kind == "string_type":
+        return f"must be a string, not {shown}{_bool_hint(value, loc)}"
+    if kind in ("list_type", "tuple_type", "set_type", "iterable_type"):
+        return f"must be a list, not {shown}"
+    if kind in ("dict_type", "mapping_type", "dataclass_type", "dataclass_exact_type"):
+        return f"must be a mapping, not {shown}"
+    if kind == "greater_than_equal":
+        return f"must be at least {_number(ctx['ge'])}, not {shown}"
+    if kind == "greater_than":
+        return f"must be greater than {_number(ctx['gt'])}, not {shown}"
+    if kind == "less_than_equal":
+        return f"must be at most {_number(ctx['le'])}, not {shown}"
+    if kind == "less_than":
+        return f"must be less than {_number(ctx['lt'])}, not {shown}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_too_long":
+        return f"must be at most {ctx['max_length']} characters"
+    if kind in ("literal_error", "enum"):
+        what = "policy" if loc and loc[-1] in ("policy", "default_policy") else "value"
+        expected = _choices(str(ctx.get("expected", "")))
+        return f"unknown {what} {shown} (expected {expected})"
+    if kind in ("missing", "missing_argument"):
+        return "must be given"
+    return str(error["msg"]).replace("Input should be", "must be").replace("Value error, ", "")
+
+
+def _known_keys(parent: Sequence[int | str]) -> tuple[str, ...]:
+    """The keys a section takes, for an unknown-key message (none listed at the top)."""
+    if len(parent) == 1 and parent[0] in SECTIONS:
+        cls = SECTIONS[str(parent[0])]
+    elif len(parent) == 2 and parent[0] == "models":
+        cls = ModelSettings
+    else:
+        return ()
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _line(error: ErrorDetails) -> str:
+    """One error as `PATH: problem`."""
+    loc = error["loc"]
+    if error["type"] == "config_line":
+        return _message(error)
+    if error["type"] in ("unexpected_keyword_argument", "extra_forbidden", "invalid_key"):
+        parent, key = loc[:-1], loc[-1]
+        known = _known_keys(parent)
+        listed = f" (known: {', '.join(known)})" if known else ""
+        return f"{_path(parent) or 'config'}: unknown key {key!r}{listed}"
+    return f"{_path(loc) or 'config'}: {_message(error)}"
+
+
+def _one_line(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    more = len(errors) - 1
+    if more:  # still one line: the others show once this one is fixed
+        return f"{_line(errors[0])} (and {more} more problem{'s' if more > 1 else ''})"
+    return _line(errors[0])
+
+
+# -- putting it together -----------------------------------------------------------------
+
+_GATEWAY = TypeAdapter(GatewayConfig)
+
+
+def _merged(
+    file_data: Mapping[str, Any] | None, overrides: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The file's data with the flags written in (`section.key` into its section), so
+    both go through the same validation. An empty section (`probe:`) is the defaults."""
+    data = dict(file_data or {})
+    for key in (*SECTIONS, "workers", "models"):
+        if key in data and data[key] is None:
+            del data[key]
+    for key, value in (overrides or {}).items():
+        if value is None:  # the flag was not given
+            continue
+        section, dot, name = key.partition(".")
+        if not dot:
+            data[key] = value
+        elif isinstance(data.get(section, {}), Mapping):
+            data[section] = {**data.get(section, {}), name: value}
+        # else: the section is not a mapping, which validation reports
+    models = data.get("models")
+    policy = data.get("default_policy", "round_robin")
+    if isinstance(models, Mapping) and isinstance(policy, str) and policy in POLICIES:
+        data["models"] = {name: _inherit(settings, policy) for name, settings in models.items()}
+    return data
+
+
+def _inherit(settings: Any, policy: str) -> Any:
+    """A model's settings with the default policy where they name none (`m:` alone too)."""
+    if settings is None:
+        settings = {}
+    if isinstance(settings, Mapping) and "policy" not in settings:
+        return {"policy": policy, **settings}
+    return settings
+
+
+def _check_addresses(config: GatewayConfig) -> None:
+    """HOST:PORT where the gateway listens, and no open admin port without a token."""
+    listens = [("listen", config.listen), ("admin.listen", config.admin.listen)]
+    if config.metrics.listen is not None:
+        listens.append(("metrics.listen", config.metrics.listen))
+    for path, text in listens:
+        if _host_port(text) is None:
+            raise ConfigError(f"{path}: {text!r} is not HOST:PORT")
+    admin_host, _ = parse_address(config.admin.listen, "admin.listen")
+    if not config.admin.token and not _loopback(admin_host):
+        raise ConfigError(
+            f"admin.listen: {config.admin.listen!r} is not loopback: give the admin "
+            "API a token (admin.token, --admin-token-file or GATEWAY_ADMIN_TOKEN)"
+        )
+
+
+def _check_workers(workers: Sequence[WorkerSpec]) -> None:
+    seen: set[str] = set()
+    for spec in workers:
+        if spec.role is Role.ENCODE and not spec.model:
+            raise ConfigError(f"worker {spec.address}: an encode worker needs model=")
+        if spec.address in seen:
+            raise ConfigError(f"worker {spec.address} is listed twice")
+        seen.add(spec.address)
 
 
 def build_config(
@@ -573,110 +856,13 @@ def build_config(
     overrides: Mapping[str, Any] | None = None,
 ) -> GatewayConfig:
     """Merge file, then flags (flags win), and validate everything."""
-    data = dict(file_data or {})
-    known = set(_SCALARS) | set(SECTIONS) | {"workers", "models", "model_headers", "processes"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"config: unknown key {unknown[0]!r}")
-    values: dict[str, Any] = {}
-    for key, kind in _SCALARS.items():
-        if key in data:
-            values[key] = _typed(data[key], kind.__name__, key)
-    for name, cls in SECTIONS.items():
-        values[name] = _section(cls, data.get(name), name)
-    if "processes" in data:
-        values["processes"] = parse_processes(data["processes"])
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        section, dot, field_name = key.partition(".")
-        if dot:
-            values[section] = _section(
-                SECTIONS[section], {field_name: value}, section, values[section]
-            )
-        else:
-            values[key] = value
-    workers = [_worker_from_yaml(w) for w in data.get("workers") or []]
-    workers += [parse_worker_url(u) for u in worker_urls]
-    models_raw = data.get("models") or {}
-    if not isinstance(models_raw, dict):
-        raise ConfigError("config: models must be a mapping of model name to settings")
-    models: dict[str, ModelSettings] = {}
-    default_policy = str(values.get("default_policy", "round_robin"))
-    for name, settings in models_raw.items():
-        what = f"model {name!r}"
-        model = _section(ModelSettings, settings, what, ModelSettings(policy=default_policy))
-        _check_policy(model.policy, what)
-        models[str(name)] = model
-    if "model_headers" in data:
-        headers = data["model_headers"]
-        if not isinstance(headers, list) or not all(isinstance(h, str) and h for h in headers):
-            raise ConfigError(f"model_headers must be a list of header names, not {headers!r}")
-        values["model_headers"] = tuple(h.lower() for h in headers)
-    config = replace(GatewayConfig(), workers=tuple(workers), models=models, **values)
-    parse_address(config.listen, "listen address")
-    parse_address(config.admin.listen, "admin listen address")
-    if config.metrics.listen == "off":
-        config = replace(config, metrics=MetricsConfig(listen=None))
-    if config.metrics.listen:
-        parse_address(config.metrics.listen, "metrics listen address")
-    for what, threshold in (
-        ("probe.success_threshold", config.probe.success_threshold),
-        ("probe.failure_threshold", config.probe.failure_threshold),
-        ("breaker.failure_threshold", config.breaker.failure_threshold),
-        ("breaker.success_threshold", config.breaker.success_threshold),
-        ("limits.max_choices", config.limits.max_choices),
-        ("limits.max_inflight_requests", config.limits.max_inflight_requests),
-        ("limits.max_concurrent_streams", config.limits.max_concurrent_streams),
-        ("limits.max_inflight_per_principal", config.limits.principal_share),
-        ("limits.max_request_reads", config.limits.max_request_reads),
-        ("limits.max_request_reads_per_peer", config.limits.max_request_reads_per_peer),
-        ("limits.max_connections", config.limits.max_connections),
-        ("limits.max_connections_per_peer", config.limits.max_connections_per_peer),
-        ("limits.max_prompt_tokens", config.limits.max_prompt_tokens),
-        ("upstream.stream_window_bytes", config.upstream.stream_window_bytes),
-        ("kv.block_size", config.kv.block_size),
-        ("kv.assume_capacity", config.kv.assume_capacity),
-        ("kv.max_ranks", config.kv.max_ranks),
-        ("kv.max_block_sizes", config.kv.max_block_sizes),
-        ("kv.max_blocks_per_worker", config.kv.max_blocks_per_worker),
-        ("kv.max_blocks", config.kv.max_blocks),
-        ("kv.max_event_bytes", config.kv.max_event_bytes),
-    ):
-        if threshold < 1:
-            raise ConfigError(f"{what} must be at least 1")
-    if config.probe.interval_s <= 0 or config.loads.interval_s <= 0:
-        raise ConfigError("probe and load intervals must be positive")
-    _check_policy(config.default_policy, "default_policy")
-    if config.log_format not in ("console", "json"):
-        raise ConfigError(f"log_format: {config.log_format!r} (expected console|json)")
-    tls = config.tls
-    if (tls.cert is None) != (tls.key is None) or (tls.client_ca and not tls.cert):
-        raise ConfigError("tls: cert and key go together (and client_ca needs both)")
-    upstream_tls = config.upstream_tls
-    if (upstream_tls.cert is None) != (upstream_tls.key is None):
-        raise ConfigError("upstream_tls: cert and key go together")
-    if config.log_level not in LOG_LEVELS:
-        raise ConfigError(f"log_level: {config.log_level!r} (expected {'|'.join(LOG_LEVELS)})")
-    admin_host, _ = parse_address(config.admin.listen, "admin listen address")
-    if not config.admin.token and not _loopback(admin_host):
-        raise ConfigError(
-            f"admin listen address {config.admin.listen!r} is not loopback: give the admin "
-            "API a token (admin.token, --admin-token-file or GATEWAY_ADMIN_TOKEN)"
-        )
-    if config.max_attempts < 1:
-        raise ConfigError("max_attempts must be at least 1")
-    seen: set[str] = set()
-    for spec in config.workers:
-        if spec.role is Role.ENCODE and not spec.model:
-            raise ConfigError(f"worker {spec.address}: an encode worker needs model=")
-        if spec.address in seen:
-            raise ConfigError(f"worker {spec.address} is listed twice")
-        seen.add(spec.address)
-    auth = config.auth
-    if auth.failure_limit and (auth.failure_window_s <= 0 or auth.block_s <= 0):
-        raise ConfigError(
-            "auth.failure_window_s and auth.block_s must be positive "
-            "(auth.failure_limit: 0 turns blocking off)"
-        )
+    try:
+        config = _GATEWAY.validate_python(_merged(file_data, overrides))
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+    flagged = tuple(parse_worker_url(url) for url in worker_urls)
+    if flagged:
+        config = dataclasses.replace(config, workers=config.workers + flagged)
+    _check_addresses(config)
+    _check_workers(config.workers)
     return config

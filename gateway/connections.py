@@ -210,7 +210,9 @@ class ConnectionWatch:
             await asyncio.sleep(self.interval_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # Not suppress(CancelledError): that would swallow a cancellation of stop()'s
+            # own caller too; gather returns the task's and raises the caller's.
+            await asyncio.gather(task, return_exceptions=True)

@@ -11,8 +11,16 @@ Check answers from memory; Watch streams every change to every watcher; List ret
 With API keys (`guard`), Check and Watch on any name but the probes' ("", liveness,
 readiness: a load balancer's or kubelet's probe carries no key) need a key, as List does
 (that one at the interceptor): the other names tell which models are served. Watch
-streams are bounded (`max_watches`, and names no longer than the longest entry), and a
-watcher that does not read holds at most a few pending statuses.
+streams are bounded (`max_watches` in all, `max_names_per_peer` distinct names per client
+connection, and names no longer than the longest entry), and a watcher that does not read
+holds at most a few pending statuses.
+
+No name a client sends becomes a key of long-lived state: entries are the fleet's names
+only. A Check of an unknown name is NOT_FOUND (the health protocol's answer for Check); a
+Watch of one is sent SERVICE_UNKNOWN once and stays open (the protocol's answer for
+Watch: the name may appear), held in one set of such watchers (not keyed by name) until
+its name appears or it ends. The per-connection count of watched names lives only as long
+as that connection's watches do.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ _CLOSED = -1  # not a ServingStatus: tells a Watch stream to end
 READINESS = "readiness"
 PROBE_NAMES = frozenset({*LIVENESS, READINESS})  # open to callers without an API key
 MAX_WATCHES = 1024
+MAX_NAMES_PER_PEER = 16  # distinct names one client connection may watch at once
 MAX_SHOWN = 256  # characters of an unknown name that NOT_FOUND repeats
 WATCH_BACKLOG = 4  # statuses kept for a watcher that does not read: the newest ones
 CHECK = "/grpc.health.v1.Health/Check"
@@ -86,12 +95,14 @@ def desired_statuses(
 
 
 class _Watcher:
-    """One Watch stream's pending statuses: the newest WATCH_BACKLOG (a watcher that
-    reads sees every change; one that stalls holds a few ints, not every change)."""
+    """One Watch stream: its name and pending statuses, the newest WATCH_BACKLOG (a
+    watcher that reads sees every change; one that stalls holds a few ints, not every
+    change)."""
 
-    __slots__ = ("pending", "wake")
+    __slots__ = ("name", "pending", "wake")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.pending: deque[int] = deque(maxlen=WATCH_BACKLOG)
         self.wake = asyncio.Event()
 
@@ -101,14 +112,26 @@ class _Watcher:
 
 
 class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
-    """`max_watches`: Watch streams at once (over it: RESOURCE_EXHAUSTED); `guard`: asked
+    """`max_watches`: Watch streams at once; `max_names_per_peer`: distinct names one
+    client connection watches at once (over either: RESOURCE_EXHAUSTED); `guard`: asked
     before a Check or Watch of a name other than the probes' (API keys on)."""
 
-    def __init__(self, max_watches: int = MAX_WATCHES, guard: Guard | None = None) -> None:
-        self._statuses: dict[str, int] = {}
-        self._watchers: dict[str, set[_Watcher]] = {}
+    def __init__(
+        self,
+        max_watches: int = MAX_WATCHES,
+        guard: Guard | None = None,
+        *,
+        max_names_per_peer: int = MAX_NAMES_PER_PEER,
+    ) -> None:
+        self._statuses: dict[str, int] = {}  # the fleet's names only, never a client's
+        self._watchers: dict[str, set[_Watcher]] = {}  # keys: names in _statuses only
+        self._unknown: set[_Watcher] = set()  # watchers of names not (yet) served
+        # Client connection -> the names its open watches follow, with how many watch each:
+        # an entry lives only as long as the watch that made it.
+        self._peers: dict[str, dict[str, int]] = {}
         self._closed = False
         self._max_watches = max_watches
+        self._max_names_per_peer = max_names_per_peer
         self._watching = 0
         self._full = False  # the cap was hit and logged; logged again once below it
         self._guard = guard
@@ -121,9 +144,15 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         return self._statuses.get(name)
 
     def update(self, statuses: dict[str, int]) -> None:
-        """Replace every entry; entries that disappear (a removed model) go NOT_SERVING."""
+        """Replace every entry; entries that disappear (a removed model) go NOT_SERVING.
+        Watchers of a name that appears move from the unknown set to that name's own."""
         for name in set(self._statuses) - set(statuses):
             statuses[name] = NOT_SERVING
+        appeared = statuses.keys() - self._statuses.keys()
+        if appeared and self._unknown:
+            for watcher in [w for w in self._unknown if w.name in appeared]:
+                self._unknown.discard(watcher)
+                self._watchers.setdefault(watcher.name, set()).add(watcher)
         for name, status in statuses.items():
             if self._statuses.get(name) != status:
                 self._statuses[name] = status
@@ -140,6 +169,8 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         for watchers in self._watchers.values():
             for watcher in watchers:
                 watcher.push(_CLOSED)
+        for watcher in self._unknown:
+            watcher.push(_CLOSED)
 
     def names(self) -> Iterable[str]:
         return list(self._statuses)
@@ -181,12 +212,26 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                 self._full = True
                 log.warning("health watches at their cap: refusing more", max=self._max_watches)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many health watches")
+        peer = str(context.peer() or "")
+        names = self._peers.get(peer)
+        if names is not None and name not in names and len(names) >= self._max_names_per_peer:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many services watched on this connection: at most "
+                f"{self._max_names_per_peer} distinct names at once",
+            )
+        # Registered with no await since the checks: the caps hold however many arrive.
         self._watching += 1
-        watcher = _Watcher()
-        watchers = self._watchers.setdefault(name, set())
-        watchers.add(watcher)
+        names = self._peers.setdefault(peer, {})
+        names[name] = names.get(name, 0) + 1
+        watcher = _Watcher(name)
+        last = self._statuses.get(name)
+        if last is None:
+            self._unknown.add(watcher)  # no state keyed by a name nobody serves
+            last = SERVICE_UNKNOWN
+        else:
+            self._watchers.setdefault(name, set()).add(watcher)
         try:
-            last = self._statuses.get(name, SERVICE_UNKNOWN)
             yield health_pb2.HealthCheckResponse(status=last)
             while not self._closed or watcher.pending:
                 watcher.wake.clear()
@@ -201,9 +246,23 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                     return
                 await watcher.wake.wait()
         finally:
-            self._watching -= 1
-            if self._full and self._watching < self._max_watches // 2:
-                self._full = False
+            self._forget(watcher, peer)
+
+    def _forget(self, watcher: _Watcher, peer: str) -> None:
+        """A Watch ended: every trace of it goes (the name's entry if it was the last)."""
+        self._watching -= 1
+        if self._full and self._watching < self._max_watches // 2:
+            self._full = False
+        name = watcher.name
+        self._unknown.discard(watcher)
+        watchers = self._watchers.get(name)
+        if watchers is not None:
             watchers.discard(watcher)
             if not watchers:
-                self._watchers.pop(name, None)
+                del self._watchers[name]
+        names = self._peers[peer]
+        names[name] -= 1
+        if not names[name]:
+            del names[name]
+            if not names:
+                del self._peers[peer]

@@ -68,10 +68,15 @@ def escape_controls(
 def configure(log_format: str, level: str, process: int | str | None = None) -> None:
     """`process`: the serving process's index, or "supervisor" (`--processes N`), on every
     line the process logs."""
+    # Tracebacks (log.exception): one "exception" string field in JSON; plain text on the
+    # console, never the local variables (which may hold keys or request bytes).
+    json = log_format == "json"
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
-        if log_format == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        if json
+        else structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     )
     structlog.configure(
         processors=[
@@ -79,6 +84,8 @@ def configure(log_format: str, level: str, process: int | str | None = None) -> 
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             escape_controls,
+            # After the escaping: JSON escapes the traceback's newlines itself.
+            *([structlog.processors.format_exc_info] if json else []),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(

@@ -22,6 +22,7 @@ from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
 from gateway.health import HealthService, desired_statuses
 from gateway.listen import CannotListen, bind
+from gateway.member import Member
 from gateway.metrics import Metrics
 from gateway.offload import Offload
 from gateway.peer.client import Siblings
@@ -34,7 +35,6 @@ from gateway.proxy.front import EngineFront
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.upstream import Upstreams
-from gateway.scale.member import Member
 from gateway.tls import CertificateFiles, channel_credentials
 
 log = structlog.get_logger("gateway")

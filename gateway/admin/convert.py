@@ -42,6 +42,9 @@ PROBE: dict[ProbeKind, pb.ProbeKind] = {
     ProbeKind.SERVING: pb.PROBE_KIND_SERVING,
     ProbeKind.NOT_SERVING: pb.PROBE_KIND_NOT_SERVING,
     ProbeKind.ERROR: pb.PROBE_KIND_ERROR,
+    # The probe failed inside the gateway (a bug, logged): not the worker's error; the
+    # detail says so.
+    ProbeKind.INTERNAL: pb.PROBE_KIND_UNSPECIFIED,
 }
 EVENT: dict[str, pb.WorkerEventKind] = {
     "added": pb.WORKER_EVENT_KIND_ADDED,

@@ -1,8 +1,12 @@
 """The fleet: turns worker specs into registered workers and keeps their signals current.
 
 Per worker it runs three loops: connection watching (unroutable the moment the channel
-drops), active probes, and load polling. The circuit breaker is fed by dispatch through
-`record_outcome`. Every status change is logged once, with its cause.
+drops), active probes, and load polling (and, with KV events, a follower). The circuit
+breaker is fed by dispatch through `record_outcome`. Every status change is logged once,
+with its cause.
+
+Every task and timer the fleet starts for a worker is cancelled when the worker is
+removed, and every one of them when the fleet closes.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Fleet:
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._timers: dict[str, set[asyncio.TimerHandle]] = {}
         self._joining: set[str] = set()
         self._credentials: grpc.ChannelCredentials | None = None
 
@@ -88,23 +93,23 @@ class Fleet:
         return worker.inflight == 0
 
     async def remove(self, worker: Worker, drain_timeout_s: float) -> bool:
-        """Drain, then forget the worker and close its channel."""
+        """Drain, then forget the worker: its loops and timers stopped, its channel closed."""
         emptied = await self.drain(worker, drain_timeout_s)
         self.registry.remove(worker)
         self.followers.pop(worker.id, None)
         self.kv_index.drop_worker(worker.id)
-        for task in self._tasks.pop(worker.id, []):
-            task.cancel()
+        for timer in self._timers.pop(worker.id, ()):
+            timer.cancel()
+        await _stopped(self._tasks.pop(worker.id, []))
         await worker.channel.close()
         return emptied
 
     async def close(self) -> None:
-        tasks = [t for ts in self._tasks.values() for t in ts]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for timers in self._timers.values():
+            for timer in timers:
+                timer.cancel()
+        self._timers.clear()
+        await _stopped([t for ts in self._tasks.values() for t in ts])
         for worker in self.registry:
             await worker.channel.close()
 
@@ -129,12 +134,28 @@ class Fleet:
         self.registry.publish(FleetEvent("breaker", worker, old, new, cause))
         if new == "open":
             # Health answers change when the cool-down ends, with no request to say so.
-            loop = asyncio.get_running_loop()
-            loop.call_later(
-                worker.breaker.settings.cooldown_s,
-                self.registry.publish,
-                FleetEvent("breaker", worker, new, new, "cool-down over"),
-            )
+            event = FleetEvent("breaker", worker, new, new, "cool-down over")
+            self._later(worker, worker.breaker.settings.cooldown_s, self.registry.publish, event)
+
+    def _later(
+        self,
+        worker: Worker,
+        delay_s: float,
+        callback: Callable[[FleetEvent], None],
+        event: FleetEvent,
+    ) -> None:
+        """`callback(event)` after `delay_s`, while the worker stays registered: the timer
+        is cancelled when the worker is removed or the fleet closes."""
+        if self.registry.get(worker.id) is not worker:
+            return  # removed already (a request that ended after the removal)
+        timers = self._timers.setdefault(worker.id, set())
+
+        def fire() -> None:
+            timers.discard(handle)
+            callback(event)
+
+        handle = asyncio.get_running_loop().call_later(delay_s, fire)
+        timers.add(handle)
 
     def upstream_credentials(self) -> grpc.ChannelCredentials:
         """Credentials for grpcs:// workers, read once (a bad file fails at start-up)."""
@@ -156,8 +177,8 @@ class Fleet:
         def forget(done: asyncio.Task[None]) -> None:
             if done in tasks:
                 tasks.remove(done)
-            if not done.cancelled() and done.exception() is not None:
-                log.error("task_failed", worker=key, error=repr(done.exception()))
+            if not done.cancelled() and (error := done.exception()) is not None:
+                log.error("task_failed", worker=key, error=repr(error), exc_info=error)
 
         task.add_done_callback(forget)
         return task
@@ -233,8 +254,7 @@ class Fleet:
                     ADAPTERS[worker.runtime],
                     self.kv_index,
                     settings=self.settings.kv,
-                    upstream=self.settings.upstream,
-                    credentials=self.upstream_credentials() if worker.spec.tls else None,
+                    connect=self._kv_channel(worker),
                 )
                 self.followers[worker.id] = follower
                 self._keep(worker, "kv_events", follower.run)
@@ -243,6 +263,17 @@ class Fleet:
             # listens right after start-up (or after a restart) routes instead of refusing.
             await settled.wait()
             await probed.wait()
+
+    def _kv_channel(self, worker: Worker) -> Callable[[int], aio.Channel]:
+        """How a worker's KV-event subscription opens its own channel: the worker's
+        channel settings and credentials, with its own receive limit."""
+        credentials = self.upstream_credentials() if worker.spec.tls else None
+
+        def connect(max_receive_bytes: int) -> aio.Channel:
+            address, upstream = worker.spec.address, self.settings.upstream
+            return open_channel(address, max_receive_bytes, upstream, credentials)
+
+        return connect
 
     async def _discover(
         self, spec: WorkerSpec, channel: aio.Channel, call_timeout: float
@@ -294,13 +325,12 @@ class Fleet:
         back may have lost its cache (a restart), and its events start over anyway."""
         if event.kind != "status" or event.old != WorkerStatus.READY.value:
             return
+        self._later(event.worker, self.settings.kv.grace_s, self._drop_if_unready, event)
+
+    def _drop_if_unready(self, event: FleetEvent) -> None:
         worker = event.worker
-
-        def check() -> None:
-            if worker.status is not WorkerStatus.READY:
-                self.kv_index.drop_worker(worker.id)
-
-        asyncio.get_running_loop().call_later(self.settings.kv.grace_s, check)
+        if self.registry.get(worker.id) is worker and worker.status is not WorkerStatus.READY:
+            self.kv_index.drop_worker(worker.id)
 
     def _log_event(self, event: FleetEvent) -> None:
         worker = event.worker
@@ -322,3 +352,12 @@ class Fleet:
                 new=event.new,
                 cause=event.cause,
             )
+
+
+async def _stopped(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the tasks and wait until they end. Their own cancellation is theirs to
+    swallow; a cancellation of the caller (while it waits) propagates: gather raises it."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -17,7 +17,8 @@ from grpc import aio
 
 from gateway.config import LoadsConfig
 from gateway.engines import ADAPTERS
-from gateway.fleet.worker import LoadReport, Worker
+from gateway.fleet.worker import Worker
+from gateway.load import LoadReport
 
 
 async def poll_load(worker: Worker, settings: LoadsConfig) -> None:

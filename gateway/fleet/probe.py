@@ -1,7 +1,9 @@
 """Active health: the probe result vocabulary and the pure threshold logic.
 
 A worker that answers NOT_SERVING is believed at once; a probe that times out or errors
-counts towards the failure threshold (a missed probe may be a hiccup). Recovery needs
+counts towards the failure threshold (a missed probe may be a hiccup); a probe that
+failed inside the gateway (a bug: INTERNAL) says nothing about the worker and changes
+nothing but the last result shown. Recovery needs
 `success_threshold` consecutive good probes; the very first good probe of a new worker
 is enough, so a fleet comes up at the speed of one probe.
 """
@@ -18,6 +20,7 @@ class ProbeKind(Enum):
     SERVING = "serving"
     NOT_SERVING = "not_serving"  # the worker said so: authoritative
     ERROR = "error"  # timeout, connection error, unexpected status: counts to threshold
+    INTERNAL = "internal"  # the probe itself failed (a gateway bug): no verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,8 @@ class ProbeState:
 def judge(state: ProbeState, result: ProbeResult, settings: ProbeConfig) -> bool | None:
     """Fold one probe result into the state; returns the new `healthy` value."""
     state.last = result
+    if result.kind is ProbeKind.INTERNAL:
+        return state.healthy  # the gateway's failure, not the worker's: nothing counted
     if result.kind is ProbeKind.SERVING:
         state.successes += 1
         state.failures = 0

@@ -3,6 +3,11 @@
 Falls back to the engine's own HealthCheck RPC only where grpc.health is unimplemented
 (SGLang's runs a real generation, so it is the expensive choice). Probing never stops:
 there is no terminal state a worker needs a restart to leave.
+
+What a probe can say about the worker is a verdict: an answer (SERVING, NOT_SERVING), an
+RPC error or timeout, an answer that does not decode. Any other exception is the
+gateway's own bug, not the worker's: it is logged with its traceback (once while it
+repeats) and the probe's result is `ProbeKind.INTERNAL`, which `judge` does not count.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import contextlib
 import time
 
 import grpc
+import structlog
+from google.protobuf.message import DecodeError
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
@@ -25,8 +32,12 @@ from gateway.roles import Role
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
+log = structlog.get_logger("gateway.fleet")
+
 
 async def probe_once(worker: Worker, settings: ProbeConfig, engine_rpc: bool) -> ProbeResult:
+    """One probe's verdict. An exception other than an RPC error or an undecodable answer
+    (a bug in the gateway) is raised, never turned into a verdict about the worker."""
     adapter = ADAPTERS[worker.runtime]
     try:
         if engine_rpc:
@@ -36,21 +47,22 @@ async def probe_once(worker: Worker, settings: ProbeConfig, engine_rpc: bool) ->
             healthy, message = adapter.health_check_answer(raw)
             kind = ProbeKind.SERVING if healthy else ProbeKind.NOT_SERVING
             return ProbeResult(kind, f"HealthCheck healthy={healthy} {message}".strip())
+        # Raw bytes, decoded here: grpc's own deserializer would log and return None.
         check = worker.channel.unary_unary(
             HEALTH_CHECK,
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString,
         )
         service = ENCODER_SERVICE if worker.role is Role.ENCODE else adapter.service_name
-        reply = await check(
+        raw = await check(
             health_pb2.HealthCheckRequest(service=service),
             timeout=settings.timeout_s,
         )
+        reply = health_pb2.HealthCheckResponse.FromString(raw)
     except aio.AioRpcError as error:
         if error.code() is grpc.StatusCode.NOT_FOUND and not engine_rpc:
             return ProbeResult(ProbeKind.NOT_SERVING, "grpc.health: service unknown")
         return ProbeResult(ProbeKind.ERROR, f"{error.code().name}: {error.details()}")
-    except Exception as error:  # an answer that does not decode is a failed probe too
+    except DecodeError as error:  # an answer that does not decode is a failed probe too
         return ProbeResult(ProbeKind.ERROR, f"bad answer: {error!r}")
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     kind = ProbeKind.SERVING if reply.status == SERVING else ProbeKind.NOT_SERVING
@@ -65,6 +77,7 @@ class ProbeLoop:
         self.settings = settings
         self._wake = asyncio.Event()
         self._engine_rpc = False  # switched on once grpc.health says UNIMPLEMENTED
+        self._bug = ""  # the last internal error logged: logged again once it changes
 
     def wake(self) -> None:
         self._wake.set()
@@ -78,9 +91,23 @@ class ProbeLoop:
         return await self.probe()
 
     async def probe(self) -> ProbeResult:
-        result = await probe_once(self.worker, self.settings, self._engine_rpc)
-        if not self._engine_rpc and result.detail.startswith("UNIMPLEMENTED"):
-            self._engine_rpc = True
-            result = await probe_once(self.worker, self.settings, True)
+        try:
+            result = await probe_once(self.worker, self.settings, self._engine_rpc)
+            if not self._engine_rpc and result.detail.startswith("UNIMPLEMENTED"):
+                self._engine_rpc = True
+                result = await probe_once(self.worker, self.settings, True)
+        except Exception as error:
+            result = self._internal(error)
+        else:
+            self._bug = ""
         self.worker.probe.last_at = time.time()
         return result
+
+    def _internal(self, error: Exception) -> ProbeResult:
+        """A bug in the probe (the gateway's, not the worker's): logged at error level with
+        its traceback, once while the same error repeats; no verdict about the worker."""
+        detail = f"gateway error (not a verdict on the worker): {error!r}"
+        if repr(error) != self._bug:
+            self._bug = repr(error)
+            log.exception("probe_internal_error", worker=self.worker.id, error=repr(error))
+        return ProbeResult(ProbeKind.INTERNAL, detail)

@@ -22,15 +22,19 @@ A worker's events are untrusted input:
 - a subscription that keeps failing (gaps, DATA_LOSS, too large, broken) starts again
   after an exponential backoff (capped at `kv.resubscribe_max_s`), logged once per
   episode; an episode ends after `RESET_BATCHES` batches applied in order.
+
+The KV index sits below the fleet: this module knows a worker only as `Followed` (what it
+reads and writes of one; `gateway.fleet.worker.Worker` is one) and opens the
+subscription's channel with the `connect` the fleet gives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -39,11 +43,10 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 from smg_grpc_proto.generated import common_pb2
 
-from gateway.config import KvConfig, UpstreamConfig
+from gateway.config import KvConfig
 from gateway.engines.base import EngineAdapter
-from gateway.fleet.channels import open_channel
-from gateway.fleet.worker import LoadReport, Worker
 from gateway.kv.index import KvIndex
+from gateway.load import LoadReport
 from gateway.wire import payload, records
 
 log = structlog.get_logger("gateway.kv")
@@ -64,6 +67,25 @@ class FollowState(StrEnum):
     FOLLOWING = "following"
     UNSUPPORTED = "unsupported"  # no KV events: placements teach the index
     RECONNECTING = "reconnecting"
+
+
+class Followed(Protocol):
+    """What the follower reads and writes of a worker (`gateway.fleet.worker.Worker`)."""
+
+    load: LoadReport | None  # refreshed by every batch's load record
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def channel(self) -> aio.Channel: ...
+
+    @property
+    def inflight(self) -> int: ...
+
+
+# Opens the subscription's own channel to the worker, given its receive limit in bytes.
+Connect = Callable[[int], aio.Channel]
 
 
 class Gap(Exception):
@@ -111,14 +133,16 @@ class Backoff:
 class KvFollower:
     def __init__(
         self,
-        worker: Worker,
+        worker: Followed,
         adapter: EngineAdapter,
         index: KvIndex,
         *,
         settings: KvConfig | None = None,
-        upstream: UpstreamConfig | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
+        connect: Connect | None = None,
     ) -> None:
+        """`connect` opens the subscription's own channel (receive limit
+        `kv.max_event_bytes`); without it the worker's shared channel is used, the size
+        checked before decoding (received up to the channel's own limit, never decoded)."""
         self.worker = worker
         self.index = index
         self.settings = settings or KvConfig(block_size=index.block_size)
@@ -133,23 +157,14 @@ class KvFollower:
         self._since = time.monotonic()
         self._ranks: set[int] = set()
         self._path = adapter.path("SubscribeKvEvents")
-        self._upstream = upstream or UpstreamConfig()
-        self._credentials = credentials
-        # A TLS worker without credentials given: its shared channel, the size checked
-        # before decoding (received up to the channel's own limit, never decoded).
-        self._shared = worker.spec.tls and credentials is None
+        self._connect = connect
 
     # -- the subscription --------------------------------------------------------------
 
     def _open(self) -> aio.Channel:
-        if self._shared:
+        if self._connect is None:
             return self.worker.channel
-        return open_channel(
-            self.worker.spec.address,
-            self.settings.max_event_bytes,
-            self._upstream,
-            self._credentials,
-        )
+        return self._connect(self.settings.max_event_bytes)
 
     async def run(self) -> None:
         """Follow until cancelled (or until the worker turns out to have no KV events)."""

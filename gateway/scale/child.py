@@ -14,9 +14,13 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gateway.config import GatewayConfig
-from gateway.scale.member import Member
+from gateway.run import quiet_signals, run_until_done
+
+if TYPE_CHECKING:  # the process imports them (and the server) once its signals are quiet
+    from gateway.config import GatewayConfig
+    from gateway.scale.member import Member
 
 PR_SET_PDEATHSIG = 1
 PARENT_DIED = signal.SIGRTMIN  # the parent-death signal: one SIGTERM, however often it comes
@@ -105,9 +109,10 @@ def tidy(directory: str, lock: int | None, orphaned: bool) -> None:
 
 
 def main(argv: list[str]) -> int:
-    # A SIGHUP before the server takes it over (it reloads then) must not end the process.
+    # A SIGHUP before the server takes it over (it reloads then) must not end the process;
+    # a SIGINT or SIGTERM ends it quietly until `run_until_done` hands them to the server.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    from gateway.cli import run_until_done
+    quiet_signals()
     from gateway.logs import configure
     from gateway.server import serve
 

@@ -141,6 +141,9 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._replace = replace
         self._read_timeout_s = read_timeout_s
         self._change_slack_s = change_slack_s
+        # Shielded changes that outlive their caller: held here, not only by the loop's
+        # weak references, until they end.
+        self._changes: set[asyncio.Task[list[Any]]] = set()
 
     def _admins(self) -> list[AdminStub]:
         return [p.admin for p in self._processes() if p.admin is not None]
@@ -222,13 +225,16 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._desired.remove(request.worker_id)
         log.info("control_remove_worker", worker=request.worker_id)
         # Shielded: a removal once accepted completes even if the caller goes away.
-        answers = await asyncio.shield(
+        change = asyncio.ensure_future(
             self._everywhere(
                 lambda a: a.RemoveWorker(request),
                 drain_s + self._change_slack_s,
                 change="RemoveWorker",
             )
         )
+        self._changes.add(change)
+        change.add_done_callback(self._changes.discard)
+        answers = await asyncio.shield(change)
         removed = [a for a in answers if isinstance(a, pb.RemoveWorkerResponse)]
         if not removed:
             return pb.RemoveWorkerResponse(worker=pb.Worker(id=request.worker_id), drained=True)

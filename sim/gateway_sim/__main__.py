@@ -1,4 +1,5 @@
-"""``python -m gateway.sim``: the simulated worker on its own, same flags as ``gateway sim``."""
+"""``gateway-sim`` and ``python -m gateway_sim``: the simulated worker on its own, same
+flags as ``gateway sim``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import asyncio
 import contextlib
 import sys
 
-from gateway.sim import add_sim_arguments, run_sim
+from gateway_sim import add_sim_arguments, run_sim
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.sim",
+        prog="gateway-sim",
         description="Simulated SGLang/vLLM gRPC worker (prints 'READY <port>' when listening).",
     )
     add_sim_arguments(parser)

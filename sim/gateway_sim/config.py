@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.sim.behaviour import Behaviour, parse_status_code
+from gateway_sim.behaviour import Behaviour, parse_status_code
 
 RUNTIMES = ("sglang", "vllm")
 ROLES = ("regular", "prefill", "decode", "encode")
@@ -80,7 +80,7 @@ def _status(value: str) -> grpc.StatusCode:
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the simulated worker's flags to ``parser`` (shared by ``gateway sim`` and
-    ``python -m gateway.sim``)."""
+    ``gateway-sim``)."""
     parser.add_argument(
         "--listen",
         type=_listen,

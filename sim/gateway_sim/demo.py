@@ -1,4 +1,9 @@
-"""`gateway demo`: a simulated fleet behind the gateway, with grpcurl lines to paste."""
+"""`gateway demo` (`make run`): a simulated fleet behind the gateway, with grpcurl lines
+to paste.
+
+The one module of `gateway_sim` that imports the gateway (it runs one in-process, and
+starts the simulated workers with `gateway.launch`); `gateway.cli` imports it only when
+`gateway demo` runs."""
 
 from __future__ import annotations
 
@@ -91,8 +96,20 @@ def instructions(address: str, ready_line: str) -> str:
     )
 
 
-async def run_demo(args: argparse.Namespace) -> None:
+async def run_demo(args: argparse.Namespace) -> int:
+    """Until SIGINT or SIGTERM; then everything it started is stopped. While the workers
+    start, Ctrl-C is asyncio.run's (exit 130) and SIGTERM this one's (exit 143)."""
     configure("console", args.log_level)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated: list[bool] = []
+
+    def terminate() -> None:
+        terminated.append(True)
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
     processes: list[subprocess.Popen[str]] = []
     gateway: Gateway | None = None
     try:
@@ -127,12 +144,16 @@ async def run_demo(args: argparse.Namespace) -> None:
         print(gateway.ready_line(), flush=True)
         print(instructions(f"{host}:{port}", gateway.ready_line()), flush=True)
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if args.exit_after is not None:
             loop.call_later(args.exit_after, stop.set)
         await stop.wait()
+        return 0
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        return 128 + signal.SIGTERM
     finally:
         try:
             if gateway is not None:

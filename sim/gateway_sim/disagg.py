@@ -18,9 +18,9 @@ from typing import Any, NoReturn, cast
 import grpc
 from grpc.aio import ServicerContext
 
-from gateway.sim.embeddings import EmbeddingsMissing
-from gateway.sim.engine import Codec, SimEngine
-from gateway.sim.handoff import KvTransferError
+from gateway_sim.embeddings import EmbeddingsMissing
+from gateway_sim.engine import Codec, SimEngine
+from gateway_sim.handoff import KvTransferError
 
 N_NOT_SUPPORTED = "n>1 is not supported in disaggregated mode"
 

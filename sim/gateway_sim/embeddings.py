@@ -24,10 +24,10 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
-from gateway.sim.lines import Line, LineServer, ProtocolError, exchange
-from gateway.sim.mailbox import Mailbox
+from gateway_sim.lines import Line, LineServer, ProtocolError, exchange
+from gateway_sim.mailbox import Mailbox
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway_sim")
 
 LABEL = "embedding"
 PUSH = "PUSH"

@@ -23,11 +23,11 @@ from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import sglang_encoder_pb2 as enc_pb2
 from smg_grpc_proto.generated import sglang_encoder_pb2_grpc as enc_grpc
 
-from gateway.sim.disagg import reject
-from gateway.sim.embeddings import PushFailed, push
-from gateway.sim.engine import SimEngine
+from gateway_sim.disagg import reject
+from gateway_sim.embeddings import PushFailed, push
+from gateway_sim.engine import SimEngine
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway_sim")
 
 SERVICE_NAME: str = enc_pb2.DESCRIPTOR.services_by_name["SglangEncoder"].full_name
 ENCODED_HEADER = "x-sim-encoded-items"

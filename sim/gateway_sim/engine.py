@@ -19,12 +19,12 @@ import grpc
 from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import common_pb2
 
-from gateway.sim.active import ActiveRequest, ActiveRequests
-from gateway.sim.behaviour import BadOverride, Behaviour, RequestView, read_request
-from gateway.sim.config import SimConfig
-from gateway.sim.kv_events import KvEvents
+from gateway_sim.active import ActiveRequest, ActiveRequests
+from gateway_sim.behaviour import BadOverride, Behaviour, RequestView, read_request
+from gateway_sim.config import SimConfig
+from gateway_sim.kv_events import KvEvents
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway_sim")
 
 # Response headers and trailers the tests read.
 WORKER_HEADER = "x-sim-worker"

@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gateway.sim.lines import Line, LineServer, ProtocolError, exchange
-from gateway.sim.mailbox import DEFAULT_TTL_S, Mailbox
+from gateway_sim.lines import Line, LineServer, ProtocolError, exchange
+from gateway_sim.mailbox import DEFAULT_TTL_S, Mailbox
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway_sim")
 
 WAIT = "WAIT"
 READY = "READY"

@@ -25,8 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.sim.handoff import HandoffServer, KvTransferError, take
-from gateway.sim.lines import ProtocolError
+from gateway_sim.handoff import HandoffServer, KvTransferError, take
+from gateway_sim.lines import ProtocolError
 
 LABEL = "kv"
 CONNECTOR = "NixlConnector"

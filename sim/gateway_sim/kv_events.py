@@ -36,8 +36,8 @@ import grpc
 from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import common_pb2
 
-from gateway.sim.config import SimConfig
-from gateway.sim.prefix_cache import Block, PrefixCache
+from gateway_sim.config import SimConfig
+from gateway_sim.prefix_cache import Block, PrefixCache
 
 TIER = common_pb2.KV_CACHE_TIER_DEVICE
 MEDIUM = "GPU"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway_sim")
 
 # Lines carry ids, token ids and digests, never tensors: 1 MiB is plenty and bounded.
 MAX_LINE_BYTES = 1 << 20

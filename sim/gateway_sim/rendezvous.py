@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.sim.handoff import HandoffServer, KvTransferError, take
-from gateway.sim.lines import ProtocolError
+from gateway_sim.handoff import HandoffServer, KvTransferError, take
+from gateway_sim.lines import ProtocolError
 
 LABEL = "bootstrap"
 

@@ -12,9 +12,9 @@ from smg_grpc_proto.generated import sglang_encoder_pb2_grpc as enc_grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.sim import encoder, sglang, sglang_pd, vllm, vllm_pd
-from gateway.sim.engine import SimEngine
-from gateway.sim.lines import LineServer
+from gateway_sim import encoder, sglang, sglang_pd, vllm, vllm_pd
+from gateway_sim.engine import SimEngine
+from gateway_sim.lines import LineServer
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from gateway.sim.config import SimConfig
-from gateway.sim.engine import SimEngine
-from gateway.sim.lines import LineServer
-from gateway.sim.roles import wire
+from gateway_sim.config import SimConfig
+from gateway_sim.engine import SimEngine
+from gateway_sim.lines import LineServer
+from gateway_sim.roles import wire
 
-log = logging.getLogger("gateway.sim")
+log = logging.getLogger("gateway_sim")
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 SHUTDOWN_GRACE_S = 1.0
@@ -210,5 +210,5 @@ async def serve(
 
 
 async def run_sim(args: argparse.Namespace) -> None:
-    """Entry point for ``gateway sim`` and ``python -m gateway.sim``."""
+    """Entry point for ``gateway sim`` and ``gateway-sim`` (``python -m gateway_sim``)."""
     await serve(SimConfig.from_args(args))

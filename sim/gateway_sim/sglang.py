@@ -9,8 +9,8 @@ from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.sim.engine import MAX_TOTAL_NUM_TOKENS, Codec, SimEngine
-from gateway.sim.shared import SIM_VERSION, SharedRpcs
+from gateway_sim.engine import MAX_TOTAL_NUM_TOKENS, Codec, SimEngine
+from gateway_sim.shared import SIM_VERSION, SharedRpcs
 
 SERVICE_NAME: str = sgl_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
 

@@ -23,13 +23,13 @@ import grpc
 from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 
-from gateway.sim.config import split_listen
-from gateway.sim.disagg import Start, check_single_sample, reject, run_leg
-from gateway.sim.embeddings import EmbeddingReceiver, EmbeddingsMissing
-from gateway.sim.engine import Codec, SimEngine, input_logprobs_for
-from gateway.sim.lines import LineServer, address
-from gateway.sim.rendezvous import BootstrapServer, Room, wait_room
-from gateway.sim.sglang import SglangServicer
+from gateway_sim.config import split_listen
+from gateway_sim.disagg import Start, check_single_sample, reject, run_leg
+from gateway_sim.embeddings import EmbeddingReceiver, EmbeddingsMissing
+from gateway_sim.engine import Codec, SimEngine, input_logprobs_for
+from gateway_sim.lines import LineServer, address
+from gateway_sim.rendezvous import BootstrapServer, Room, wait_room
+from gateway_sim.sglang import SglangServicer
 
 _CODEC = Codec(sgl_pb2, with_request_id=True)
 # A prefill listening on every address is named by any of them.

@@ -17,7 +17,7 @@ from grpc.aio import ServicerContext
 # so importing them from the ``smg_grpc_proto.generated`` package needs no sys.path tricks.
 from smg_grpc_proto.generated import common_pb2
 
-from gateway.sim.engine import (
+from gateway_sim.engine import (
     MAX_RUNNING_REQUESTS,
     MAX_TOTAL_NUM_TOKENS,
     SimEngine,

@@ -8,8 +8,8 @@ from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.sim.engine import MAX_RUNNING_REQUESTS, Codec
-from gateway.sim.shared import SharedRpcs
+from gateway_sim.engine import MAX_RUNNING_REQUESTS, Codec
+from gateway_sim.shared import SharedRpcs
 
 SERVICE_NAME: str = vllm_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 

@@ -23,12 +23,12 @@ import grpc
 from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 
-from gateway.sim.config import split_listen
-from gateway.sim.disagg import Start, check_single_sample, reject, run_leg
-from gateway.sim.engine import Codec, SimEngine
-from gateway.sim.kv_channel import CONNECTOR, KvChannel, Remote, fetch, parse_params
-from gateway.sim.lines import LineServer
-from gateway.sim.vllm import VllmServicer, input_ids_of
+from gateway_sim.config import split_listen
+from gateway_sim.disagg import Start, check_single_sample, reject, run_leg
+from gateway_sim.engine import Codec, SimEngine
+from gateway_sim.kv_channel import CONNECTOR, KvChannel, Remote, fetch, parse_params
+from gateway_sim.lines import LineServer
+from gateway_sim.vllm import VllmServicer, input_ids_of
 
 _CODEC = Codec(vllm_pb2, with_request_id=False)
 

@@ -76,11 +76,15 @@ def test_config_errors_exit_2_with_one_clear_line(tmp_path: Path) -> None:
         ),
         (
             ["--config", policy],
-            "model 'm': unknown policy 'fastest' "
+            "models.m.policy: unknown policy 'fastest' "
             "(expected round_robin|random|power_of_two|least_inflight|consistent_hash|manual"
             "|cache_aware)",
         ),
-        (["--config", broken], f"config file '{broken}': not valid YAML (ParserError)"),
+        (
+            ["--config", broken],
+            f"config file '{broken}': not valid YAML at line 2, column 1: "
+            "expected ',' or ']', but got '<stream end>'",
+        ),
         (["--config", typo], "config: unknown key 'wrokers'"),
     ]
     with ThreadPoolExecutor(max_workers=len(cases)) as pool:

@@ -13,7 +13,7 @@ import pytest
 from grpc import aio
 
 from gateway.launch import Child
-from gateway.sim.engine import input_logprobs_for, output_tokens
+from gateway_sim.engine import input_logprobs_for, output_tokens
 from tests.conftest import Launcher, worker_url
 from tests.e2e.helpers import (
     assert_verdict,

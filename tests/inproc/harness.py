@@ -17,8 +17,8 @@ from gateway.config import AdminConfig, build_config
 from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.scale.member import Member
 from gateway.server import Gateway
-from gateway.sim.config import SimConfig, add_sim_arguments
-from gateway.sim.server import serve
+from gateway_sim.config import SimConfig, add_sim_arguments
+from gateway_sim.server import serve
 
 SGL = "/sglang.grpc.scheduler.SglangScheduler/"
 VLLM = "/vllm.grpc.engine.VllmEngine/"

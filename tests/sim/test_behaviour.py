@@ -7,9 +7,9 @@ import argparse
 import grpc
 import pytest
 
-from gateway.sim import SimConfig, add_sim_arguments
-from gateway.sim.active import ActiveRequests
-from gateway.sim.behaviour import BadOverride, Behaviour, read_request
+from gateway_sim import SimConfig, add_sim_arguments
+from gateway_sim.active import ActiveRequests
+from gateway_sim.behaviour import BadOverride, Behaviour, read_request
 
 
 def parse(*argv: str) -> SimConfig:

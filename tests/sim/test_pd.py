@@ -26,10 +26,10 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway.launch import Child, start_sim
-from gateway.sim import SimConfig, add_sim_arguments
-from gateway.sim.engine import input_logprobs_for, output_tokens
-from gateway.sim.lines import Line, ProtocolError
-from gateway.sim.mailbox import Mailbox
+from gateway_sim import SimConfig, add_sim_arguments
+from gateway_sim.engine import input_logprobs_for, output_tokens
+from gateway_sim.lines import Line, ProtocolError
+from gateway_sim.mailbox import Mailbox
 
 PROMPT = [5, 7, 11, 13]
 HOST = "127.0.0.1"

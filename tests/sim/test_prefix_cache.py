@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.sim.prefix_cache import Block, Lease, PrefixCache
+from gateway_sim.prefix_cache import Block, Lease, PrefixCache
 from tests.sim.kv import RUNTIMES, engine, hashes, kinds, prompt, removed_of, stored_of
 from tests.sim.test_sim import StartSim
 

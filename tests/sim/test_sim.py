@@ -20,7 +20,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.sim.engine import embedding_for, output_tokens
+from gateway_sim.engine import embedding_for, output_tokens
 from tests.sim.conftest import SimProcess
 
 SGL_SERVICE = "sglang.grpc.scheduler.SglangScheduler"

@@ -1,0 +1,336 @@
+"""Configuration errors: one line each, naming the field by its path in the file, for the
+file and the flags alike; YAML syntax errors with their line and column."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.cli import main
+from gateway.config import SECTIONS, ConfigError, GatewayConfig, build_config, load_file
+
+
+def error_of(data: dict[Any, Any] | None = None, **kwargs: Any) -> str:
+    with pytest.raises(ConfigError) as caught:
+        build_config(data, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def yaml_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+# -- the field's path, then what is wrong --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"limits": {"max_inflight_requests": 0}},
+            "limits.max_inflight_requests: must be at least 1, not 0",
+        ),
+        ({"limits": {"max_choices": -3}}, "limits.max_choices: must be at least 1, not -3"),
+        ({"probe": {"interval_s": 0}}, "probe.interval_s: must be greater than 0, not 0"),
+        ({"kv": {"share_window_s": 0.0}}, "kv.share_window_s: must be greater than 0, not 0.0"),
+        ({"drain": {"grace_s": -1}}, "drain.grace_s: must be at least 0, not -1"),
+        ({"kv": {"balance_ratio": float("nan")}}, "kv.balance_ratio: must be a finite number"),
+        ({"breaker": {"cooldown_s": "5s"}}, "breaker.cooldown_s: must be a number, not '5s'"),
+        ({"max_attempts": "3"}, "max_attempts: must be a whole number, not '3'"),
+        ({"max_attempts": True}, "max_attempts: must be a whole number, not true"),
+        ({"kv": {"events": "yes"}}, "kv.events: must be true or false, not 'yes'"),
+        ({"admin": {"token": ""}}, "admin.token: must not be empty"),
+        ({"log_format": "xml"}, "log_format: unknown value 'xml' (expected console|json)"),
+        (
+            {"models": {"llama": {"policy": "fastest"}}},
+            "models.llama.policy: unknown policy 'fastest' (expected round_robin|random|"
+            "power_of_two|least_inflight|consistent_hash|manual|cache_aware)",
+        ),
+        (
+            {"models": {"qwen2.5:7b": {"max_token_usage": 1.5}}},
+            "models['qwen2.5:7b'].max_token_usage: must be at most 1, not 1.5",
+        ),
+        (
+            {"models": {"meta-llama/Llama-3-8B": {"max_inflight": -1}}},
+            "models.meta-llama/Llama-3-8B.max_inflight: must be at least 0, not -1",
+        ),
+        (
+            {"models": {"a b": {}}},
+            "models['a b']: model name 'a b' has characters other than letters, digits",
+        ),
+        ({"models": {"m": 3}}, "models.m: must be a mapping, not 3"),
+        ({"probe": "fast"}, "probe: must be a mapping, not 'fast'"),
+        ({"model_headers": ["x-a", ""]}, "model_headers[1]: must not be empty"),
+        ({"workers": ["grpc://h:1?role=boss"]}, "workers[0].role: unknown value 'boss' (expected"),
+        (
+            {"workers": ["grpc://h:1", {"url": "grpc://h:2", "runtime": "tgi"}]},
+            "workers[1].runtime: unknown value 'tgi' (expected sglang|vllm)",
+        ),
+        (
+            {"workers": [{"url": "grpc://h:1", "bootstrap_port": 70000}]},
+            "workers[0].bootstrap_port: must be at most 65535, not 70000",
+        ),
+        (
+            {"workers": [{"url": "grpc://h:1", "bootstrap_port": "8998"}]},
+            "workers[0].bootstrap_port: must be a whole number, not '8998'",
+        ),
+        ({"workers": ["http://h:1"]}, "workers[0]: 'http://h:1': scheme must be grpc://"),
+        ({"workers": ["grpc://h"]}, "workers[0]: 'grpc://h': needs HOST:PORT"),
+        ({"workers": [5]}, "workers[0]: must be a worker URL or a mapping with a url, not 5"),
+        ({"workers": [{"url": 5}]}, "workers[0]: url must be a string, not 5"),
+        ({"metrics": {"listen": "nowhere"}}, "metrics.listen: 'nowhere' is not HOST:PORT"),
+        ({"admin": {"listen": "localhost"}}, "admin.listen: 'localhost' is not HOST:PORT"),
+        ({"tls": {"key": "k.pem"}}, "tls: cert and key go together"),
+        ({"processes": "many"}, "processes must be auto or 1..64, not 'many'"),
+    ],
+)
+def test_the_line_names_the_field_by_its_path(data: dict[str, Any], message: str) -> None:
+    assert error_of(data).startswith(message)
+
+
+def test_several_problems_are_still_one_line_naming_the_first() -> None:
+    message = error_of({"listen": 3, "limits": {"max_choices": 0, "max_connections": 0}})
+    assert message == "listen: must be a string, not 3 (and 2 more problems)"
+    assert error_of({"listen": 3, "max_attempts": 0}).endswith("(and 1 more problem)")
+
+
+# -- unknown keys ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"wrokers": []}, "config: unknown key 'wrokers'"),
+        ({1: 2}, "config: unknown key 1"),
+        (
+            {"probe": {"interval": 1}},
+            "probe: unknown key 'interval' (known: interval_s, timeout_s, success_threshold, "
+            "failure_threshold)",
+        ),
+        (
+            {"models": {"m": {"polcy": "random"}}},
+            "models.m: unknown key 'polcy' (known: policy, encode_leg, max_inflight, "
+            "max_waiting, max_token_usage)",
+        ),
+        (
+            {"workers": [{"url": "grpc://h:1", "port": 2}]},
+            "workers[0]: unknown key 'port' (known: url, model, runtime, role, bootstrap_host, "
+            "bootstrap_port, embedding_port)",
+        ),
+        ({"workers": ["grpc://h:1?modle=m"]}, "workers[0]: 'grpc://h:1?modle=m': unknown key"),
+    ],
+)
+def test_unknown_keys_are_refused_where_they_are(data: dict[Any, Any], message: str) -> None:
+    assert error_of(data) == message or error_of(data).startswith(message)
+
+
+def test_every_section_refuses_unknown_keys() -> None:
+    for name in SECTIONS:
+        assert error_of({name: {"nope": 1}}).startswith(f"{name}: unknown key 'nope' (known: ")
+
+
+# -- a string where a list goes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"workers": "grpc://10.0.0.5:30000?model=m"},
+            "workers: must be a list, not 'grpc://10.0.0.5:30000?model=m'",
+        ),
+        ({"model_headers": "x-model"}, "model_headers: must be a list, not 'x-model'"),
+        ({"models": ["m"]}, "models: must be a mapping, not ['m']"),
+    ],
+)
+def test_a_string_where_a_list_goes_says_so(data: dict[str, Any], message: str) -> None:
+    assert error_of(data) == message
+
+
+def test_a_string_for_workers_is_not_read_character_by_character(tmp_path: Path) -> None:
+    data = load_file(yaml_file(tmp_path, "workers: 'grpc://10.0.0.5:30000'\n"))
+    assert error_of(data) == "workers: must be a list, not 'grpc://10.0.0.5:30000'"
+
+
+# -- YAML's bare on/off/yes/no -------------------------------------------------------------
+
+
+def test_a_bare_off_for_the_metrics_listen_address_is_told_to_quote_it(tmp_path: Path) -> None:
+    data = load_file(yaml_file(tmp_path, "metrics: {listen: off}\n"))
+    assert error_of(data) == (
+        "metrics.listen: must be a string, not false "
+        "(YAML reads a bare off as false: write listen: 'off' to turn metrics off)"
+    )
+    quoted = load_file(yaml_file(tmp_path, "metrics: {listen: 'off'}\n"))
+    assert build_config(quoted).metrics.listen is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "admin: {listen: no}\n",
+            "admin.listen: must be a string, not false "
+            "(YAML reads a bare off, no or false as false: put the value in quotes)",
+        ),
+        (
+            "listen: on\n",
+            "listen: must be a string, not true "
+            "(YAML reads a bare on, yes or true as true: put the value in quotes)",
+        ),
+        (
+            "models: {m: {}}\nworkers: [{url: 'grpc://h:1', model: yes}]\n",
+            "workers[0].model: must be a string, not true (YAML reads a bare on, yes or true",
+        ),
+    ],
+)
+def test_yaml_booleans_where_a_string_goes_get_a_hint(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    assert error_of(load_file(yaml_file(tmp_path, text))).startswith(message)
+
+
+# -- the file ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("listen: [1, 2\n", "not valid YAML at line 2, column 1: expected ',' or ']'"),
+        (
+            "listen: 127.0.0.1:1\n  probe: {}\n",
+            "not valid YAML at line 2, column 8: mapping values are not allowed here",
+        ),
+        ("limits:\n\tmax_choices: 2\n", "not valid YAML at line 2, column 1: found character"),
+        (
+            "listen: 127.0.0.1:1\nlimits: {}\nlisten: 127.0.0.1:2\n",
+            "not valid YAML at line 3, column 1: found key 'listen' twice",
+        ),
+        (
+            "limits: {max_choices: 2, max_choices: 3}\n",
+            "not valid YAML at line 1, column 26: found key 'max_choices' twice",
+        ),
+    ],
+)
+def test_a_yaml_error_names_its_line_and_column(tmp_path: Path, text: str, where: str) -> None:
+    path = yaml_file(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_file(path)
+    assert str(caught.value).startswith(f"config file {path!r}: {where}")
+    assert "\n" not in str(caught.value)
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    text = "x: &base {interval_s: 2, timeout_s: 3}\n"
+    data = load_file(yaml_file(tmp_path, text + "probe: {<<: *base, interval_s: 4}\n"))
+    assert data["probe"] == {"interval_s": 4, "timeout_s": 3}
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_bytes(b"listen: \xff\n")
+    with pytest.raises(ConfigError, match=r"^config file '.*': not UTF-8 \(byte 8\)$"):
+        load_file(str(path))
+
+
+def test_a_top_level_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_file(yaml_file(tmp_path, "- grpc://h:1\n"))
+
+
+def test_empty_sections_are_the_defaults(tmp_path: Path) -> None:
+    data = load_file(yaml_file(tmp_path, "probe:\nworkers:\nmodels:\n  m:\n"))
+    config = build_config(data)
+    assert config.probe == GatewayConfig().probe
+    assert config.workers == ()
+    assert config.model("m").policy == "round_robin"
+
+
+# -- flags go through the same validation ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"listen": 5}, "listen: must be a string, not 5"),
+        ({"listen": "nowhere"}, "listen: 'nowhere' is not HOST:PORT"),
+        ({"max_attempts": 0}, "max_attempts: must be at least 1, not 0"),
+        ({"default_policy": "fastest"}, "default_policy: unknown policy 'fastest'"),
+        ({"log_level": "loud"}, "log_level: unknown value 'loud'"),
+        ({"processes": 0}, "processes must be auto or 1..64, not 0"),
+        ({"probe.interval_s": 0.0}, "probe.interval_s: must be greater than 0, not 0.0"),
+        ({"drain.grace_s": -1.0}, "drain.grace_s: must be at least 0, not -1.0"),
+        ({"limits.max_choices": "3"}, "limits.max_choices: must be a whole number, not '3'"),
+        ({"metrics.listen": "nowhere"}, "metrics.listen: 'nowhere' is not HOST:PORT"),
+        ({"tls.cert": "c.pem"}, "tls: cert and key go together"),
+        ({"admin.listen": "0.0.0.0:1"}, "admin.listen: '0.0.0.0:1' is not loopback"),
+    ],
+)
+def test_flag_overrides_are_validated_like_the_file(
+    overrides: dict[str, Any], message: str
+) -> None:
+    assert error_of(overrides=overrides).startswith(message)
+
+
+def test_flags_win_over_the_file_and_a_flag_fixes_the_file() -> None:
+    config = build_config(
+        {"max_attempts": 0, "probe": {"timeout_s": 2}},
+        overrides={"max_attempts": 2, "probe.interval_s": 0.5, "default_policy": None},
+    )
+    assert config.max_attempts == 2
+    assert (config.probe.interval_s, config.probe.timeout_s) == (0.5, 2.0)
+
+
+def test_a_flag_into_a_section_that_is_not_a_mapping_reports_the_section() -> None:
+    assert error_of({"probe": 1}, overrides={"probe.interval_s": 2.0}) == (
+        "probe: must be a mapping, not 1"
+    )
+
+
+def test_the_cli_turns_a_bad_flag_into_exit_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--listen", "127.0.0.1:0", "--max-attempts", "0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "gateway: config error: max_attempts: must be at least 1, not 0\n"
+
+
+# -- whatever the value, a ConfigError of one line ----------------------------------------
+
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
+FIELDS = [
+    *((section, f.name) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)),
+    *((None, f.name) for f in dataclasses.fields(GatewayConfig)),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=st.sampled_from(FIELDS), value=JUNK)
+def test_any_value_anywhere_is_accepted_or_one_line(
+    field: tuple[str | None, str], value: Any
+) -> None:
+    section, name = field
+    data = {name: value} if section is None else {section: {name: value}}
+    try:
+        build_config(data)
+    except ConfigError as exc:
+        line = str(exc)
+        assert line and "\n" not in line
+        where = name if section is None else f"{section}"
+        assert where in line, line
