@@ -59,12 +59,18 @@ LOG_EVERY_S = 10.0  # one failure line per peer address per this long ...
 MAX_LINES = 20  # ... and at most this many lines over all peers; a summary for the rest
 
 
+def bearer_token(value: str) -> str | None:
+    """X of an `authorization: Bearer X` value."""
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
 def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
     for key, value in metadata or ():
         if key == AUTHORIZATION and isinstance(value, str):
-            scheme, _, token = value.strip().partition(" ")
-            if scheme.lower() == "bearer":
-                return token.strip()
+            token = bearer_token(value)
+            if token is not None:
+                return token
     return None
 
 
@@ -441,8 +447,10 @@ class ApiKeyAuth:
     def name_of(self, given: str | None) -> str | None:
         return self.keys.name_of(given)
 
-    def interceptor(self) -> ApiKeyInterceptor:
-        return ApiKeyInterceptor(self)
+    def interceptor(self, self_checked: tuple[str, ...] = ()) -> ApiKeyInterceptor:
+        """`self_checked`: method prefixes whose handlers call `authenticate` themselves
+        (the engine fronts, which read the metadata once for everything)."""
+        return ApiKeyInterceptor(self, OPEN_PREFIXES + self_checked)
 
     # -- the keys file -------------------------------------------------------------------
 
@@ -491,14 +499,23 @@ class ApiKeyAuth:
     async def require(self, context: aio.ServicerContext, method: str = "") -> None:
         """Return if the call carries a known key from an address that is not blocked;
         else refuse it (counted, maybe logged, UNAUTHENTICATED)."""
+        await self.authenticate(context, bearer(context.invocation_metadata()), method)
+
+    async def authenticate(
+        self, context: aio.ServicerContext, given: str | None, method: str = ""
+    ) -> str:
+        """The name of the key `given` (the call's bearer token, read by the caller), if
+        known and the address is not blocked; else the call is refused (counted, maybe
+        logged, UNAUTHENTICATED). The key is looked up once."""
         now = self.clock()
         if self.failures.active(now) and self.failures.blocked(peer_address(context.peer()), now):
             await self.refuse(context, BLOCKED, method)
-        given = bearer(context.invocation_metadata())
         if given is None:
             await self.refuse(context, MISSING, method)
-        if self.keys.name_of(given) is None:
+        name = self.keys.name_of(given)
+        if name is None:
             await self.refuse(context, REJECTED, method)
+        return name
 
     async def refuse(self, context: aio.ServicerContext, reason: str, method: str) -> NoReturn:
         peer = context.peer()
@@ -610,8 +627,21 @@ class Caller:
         # The API key authenticates the caller to the gateway: it never goes upstream.
         self.private_keys = frozenset({AUTHORIZATION}) if keys is not None else frozenset()
 
-    def principal(self, context: aio.ServicerContext) -> str | None:
-        """The client certificate's name (mTLS), else the API key's name, else None."""
+    async def identify(
+        self, context: aio.ServicerContext, given: str | None, method: str
+    ) -> str | None:
+        """For a handler that authenticates its calls itself: with API keys on, the call
+        must carry a known key (`given`: its bearer token) or it is refused; then its
+        principal, the key looked up once."""
+        name = None
+        if isinstance(self._keys, ApiKeyAuth):
+            name = await self._keys.authenticate(context, given, method)
+        return self.principal(context, name)
+
+    def principal(self, context: aio.ServicerContext, key_name: str | None = None) -> str | None:
+        """The client certificate's name (mTLS), else the API key's name, else None.
+        `key_name`: the key already authenticated for this call (then it is not looked
+        up again)."""
         if not self.known:
             return None
         if self._certificates:
@@ -620,8 +650,6 @@ class Caller:
                 values = auth.get(field)
                 if values:
                     return "cert:" + bytes(values[0]).decode(errors="replace")
-        if self._keys is not None:
-            name = self._keys.name_of(bearer(context.invocation_metadata()))
-            if name is not None:
-                return "key:" + name
-        return None
+        if key_name is None and self._keys is not None:
+            key_name = self._keys.name_of(bearer(context.invocation_metadata()))
+        return None if key_name is None else "key:" + key_name

@@ -35,7 +35,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.config import MAX_NAME
-from gateway.engines import ADAPTERS
+from gateway.engines import Adapters
 from gateway.roles import Runtime
 
 Status = health_pb2.HealthCheckResponse.ServingStatus
@@ -75,14 +75,16 @@ def desired_statuses(
     draining: bool,
     models_by_runtime: dict[Runtime, list[str]],
     servable: Callable[[str, Runtime], bool],
+    adapters: Adapters,
 ) -> dict[str, int]:
-    """Every health entry's status from the fleet's state (pure)."""
+    """Every health entry's status from the fleet's state (pure); `adapters` name each
+    protocol's entry (its engine service)."""
     statuses: dict[str, int] = {}
     serving_models: set[str] = set()
     for runtime, models in models_by_runtime.items():
         up = [m for m in models if servable(m, runtime)]
         serving_models.update(up)
-        statuses[ADAPTERS[runtime].service_name] = SERVING if up else NOT_SERVING
+        statuses[adapters[runtime].service_name] = SERVING if up else NOT_SERVING
     for models in models_by_runtime.values():
         for model in models:
             statuses[model_entry(model)] = SERVING if model in serving_models else NOT_SERVING

@@ -17,7 +17,7 @@ from gateway.admin.service import start_admin_server
 from gateway.auth import ApiKeyAuth, ApiKeys, Caller
 from gateway.config import GatewayConfig
 from gateway.connections import ConnectionWatch, raise_fd_limit
-from gateway.engines import ADAPTERS
+from gateway.engines import engine_adapters
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
 from gateway.health import HealthService, desired_statuses
@@ -103,7 +103,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig, member: Member | None = None) -> None:
         self.config = config
         self.member = member
-        self.fleet = Fleet(config)
+        # The engine protocols, built once here and handed to whatever needs one.
+        self.adapters = adapters = engine_adapters()
+        self.fleet = Fleet(config, adapters)
         self.inflight = InflightTable()
         self.placer = Placer(
             self.fleet.registry,
@@ -113,6 +115,7 @@ class Gateway:
             config.loads.stale_after_s,
             self.fleet.kv_index,
             config.kv,
+            adapters,
         )
         self.offload = Offload()  # a long prompt's decoding and hashing
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
@@ -141,13 +144,20 @@ class Gateway:
         self._health_due = False
         self._closed = False
         self.server = aio.server(
-            interceptors=[self.auth.interceptor()] if self.auth is not None else None,
+            # The engine fronts authenticate their calls themselves, from the metadata
+            # they read once; the interceptor guards everything else on the port.
+            interceptors=[self.auth.interceptor(self._front_prefixes())]
+            if self.auth is not None
+            else None,
             options=server_options(config, shared=member is not None),
         )
         self.admin_server: aio.Server | None = None
         self.connections: ConnectionWatch | None = None
         self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0
+
+    def _front_prefixes(self) -> tuple[str, ...]:
+        return tuple(f"/{a.service_name}/" for a in self.adapters.values())
 
     async def start(self, drained: Sequence[str] = ()) -> int:
         """Listen and serve; `drained` workers start drained (a restarted serving process
@@ -167,12 +177,13 @@ class Gateway:
                 self.offload,
                 self.siblings,
             )
-            for adapter in ADAPTERS.values()
+            for adapter in self.adapters.values()
         ]
         self.server.add_generic_rpc_handlers(tuple(front.handler() for front in fronts))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            [a.service_name for a in ADAPTERS.values()] + [HEALTH_SERVICE, reflection.SERVICE_NAME],
+            [a.service_name for a in self.adapters.values()]
+            + [HEALTH_SERVICE, reflection.SERVICE_NAME],
             self.server,
         )
         credentials = self.certificates.credentials() if self.certificates else None
@@ -238,8 +249,10 @@ class Gateway:
     def _refresh_health(self) -> None:
         self._health_due = False
         registry = self.fleet.registry
-        by_runtime = {rt: registry.models(rt) for rt in ADAPTERS if registry.models(rt)}
-        self.health.update(desired_statuses(self.draining, by_runtime, self.placer.servable))
+        by_runtime = {rt: registry.models(rt) for rt in self.adapters if registry.models(rt)}
+        self.health.update(
+            desired_statuses(self.draining, by_runtime, self.placer.servable, self.adapters)
+        )
 
     @property
     def busy(self) -> bool:
@@ -253,7 +266,7 @@ class Gateway:
         drain = self.config.drain
         self.draining = True
         for front in self.fronts:
-            front.draining = True
+            front.drain()
         self._refresh_health()
         delay_s = drain.delay_s if delay else 0.0
         log.info("draining", delay_s=delay_s, grace_s=drain.grace_s)

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang
 
-from gateway.config import KvConfig, WorkerSpec
+from gateway.config import BreakerConfig, KvConfig, WorkerSpec
+from gateway.fleet.breaker import CircuitBreaker
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
@@ -48,10 +49,8 @@ def tokens(n: int, seed: int) -> Any:
 
 def workers(n: int) -> list[Worker]:
     channel: Any = None  # placement never calls a worker
-    return [
-        Worker(WorkerSpec("h", i + 1, "m", Runtime.SGLANG), "m", Runtime.SGLANG, channel)
-        for i in range(n)
-    ]
+    spec = [WorkerSpec("h", i + 1, "m", Runtime.SGLANG) for i in range(n)]
+    return [Worker(s, "m", Runtime.SGLANG, channel, CircuitBreaker(BreakerConfig())) for s in spec]
 
 
 def hold(index: KvIndex, hosts: list[Worker], prompt: Any, block_size: int) -> None:

@@ -1,15 +1,27 @@
-"""One adapter per engine protocol; nothing else in the gateway names an engine."""
+"""One adapter per engine protocol; nothing else in the gateway names an engine.
+
+The serving process builds the adapters once (`engine_adapters()`) and hands the mapping
+to whatever needs one (the fleet, placement, health, the fronts): no module reaches for
+a shared instance.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind, RpcSpec
 from gateway.engines.sglang import SglangAdapter
 from gateway.engines.vllm import VllmAdapter
 from gateway.roles import Runtime
 
-ADAPTERS: dict[Runtime, EngineAdapter] = {
-    Runtime.SGLANG: SglangAdapter(),
-    Runtime.VLLM: VllmAdapter(),
-}
+Adapters = Mapping[Runtime, EngineAdapter]  # every engine protocol's adapter, by runtime
 
-__all__ = ["ADAPTERS", "EngineAdapter", "GenerateInfo", "RpcKind", "RpcSpec"]
+
+def engine_adapters() -> Adapters:
+    """A fresh, read-only mapping with one adapter per engine protocol, in a fixed order
+    (SGLang first: runtime detection asks in this order)."""
+    return MappingProxyType({Runtime.SGLANG: SglangAdapter(), Runtime.VLLM: VllmAdapter()})
+
+
+__all__ = ["Adapters", "EngineAdapter", "GenerateInfo", "RpcKind", "RpcSpec", "engine_adapters"]

@@ -6,7 +6,7 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
-from gateway.engines import ADAPTERS, EngineAdapter
+from gateway.engines import Adapters, EngineAdapter
 from gateway.engines.base import ServerFacts
 from gateway.roles import Runtime
 
@@ -45,15 +45,15 @@ async def _speaks(channel: aio.Channel, adapter: EngineAdapter, call_timeout: fl
         raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
 
 
-async def detect_runtime(channel: aio.Channel, call_timeout: float) -> Runtime:
-    for runtime, adapter in ADAPTERS.items():
+async def detect_runtime(channel: aio.Channel, adapters: Adapters, call_timeout: float) -> Runtime:
+    """The first of `adapters`' engine protocols the worker speaks."""
+    for runtime, adapter in adapters.items():
         if await _speaks(channel, adapter, call_timeout):
             return runtime
     raise DiscoveryError("serves neither SglangScheduler nor VllmEngine")
 
 
-async def served_model(channel: aio.Channel, runtime: Runtime, call_timeout: float) -> str:
-    adapter = ADAPTERS[runtime]
+async def served_model(channel: aio.Channel, adapter: EngineAdapter, call_timeout: float) -> str:
     try:
         info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
     except aio.AioRpcError as exc:
@@ -64,10 +64,11 @@ async def served_model(channel: aio.Channel, runtime: Runtime, call_timeout: flo
     return name
 
 
-async def server_facts(channel: aio.Channel, runtime: Runtime, call_timeout: float) -> ServerFacts:
+async def server_facts(
+    channel: aio.Channel, adapter: EngineAdapter, call_timeout: float
+) -> ServerFacts:
     """A worker's disaggregation role and rendezvous facts; an unanswered question is not an
     error (older workers have no such fields), a refused connection is."""
-    adapter = ADAPTERS[runtime]
     try:
         info = await channel.unary_unary(adapter.path("GetServerInfo"))(b"", timeout=call_timeout)
     except aio.AioRpcError as exc:

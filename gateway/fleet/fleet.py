@@ -22,7 +22,7 @@ import structlog
 from grpc import aio
 
 from gateway.config import GatewayConfig, WorkerSpec
-from gateway.engines import ADAPTERS, encoder
+from gateway.engines import Adapters, EngineAdapter, encoder
 from gateway.engines.base import ServerFacts
 from gateway.fleet.breaker import CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
@@ -49,10 +49,12 @@ class WorkerExists(ValueError):
 
 
 class Fleet:
-    """Owns worker channels and the background tasks that keep their status current."""
+    """Owns worker channels and the background tasks that keep their status current.
+    `adapters`: the engine protocols, for discovery, probes, load polls and KV events."""
 
-    def __init__(self, settings: GatewayConfig) -> None:
+    def __init__(self, settings: GatewayConfig, adapters: Adapters) -> None:
         self.settings = settings
+        self.adapters = adapters
         self.registry = Registry()
         self.registry.subscribe(self._log_event)
         kv = settings.kv
@@ -238,7 +240,8 @@ class Fleet:
             pairing=facts.pairing,
         )
         self.registry.add(worker)
-        prober = ProbeLoop(worker, self.settings.probe)
+        adapter = self.adapters[runtime]
+        prober = ProbeLoop(worker, adapter, self.settings.probe)
         settled, probed = asyncio.Event(), asyncio.Event()
         self._keep(
             worker,
@@ -247,11 +250,11 @@ class Fleet:
         )
         self._keep(worker, "probe", lambda: self._probe_loop(worker, prober, probed))
         if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
-            self._keep(worker, "loads", lambda: self._load_loop(worker))
+            self._keep(worker, "loads", lambda: self._load_loop(worker, adapter))
             if self.settings.kv.events:
                 follower = KvFollower(
                     worker,
-                    ADAPTERS[worker.runtime],
+                    adapter,
                     self.kv_index,
                     settings=self.settings.kv,
                     connect=self._kv_channel(worker),
@@ -283,15 +286,16 @@ class Fleet:
             # Encoders speak their own protocol only: nothing to ask, the URL names the model.
             return spec.runtime or encoder.RUNTIME, spec.model or "", ServerFacts(Role.ENCODE)
         discovering = spec.runtime is None or spec.model is None
-        runtime = spec.runtime or await detect_runtime(channel, call_timeout)
-        model = spec.model or await served_model(channel, runtime, call_timeout)
+        runtime = spec.runtime or await detect_runtime(channel, self.adapters, call_timeout)
+        adapter = self.adapters[runtime]
+        model = spec.model or await served_model(channel, adapter, call_timeout)
         facts = ServerFacts(role=None)
         # A URL naming model and runtime but no role means a regular worker: registering
         # it must not wait for a worker that may be down. Disaggregated roles are asked
         # for their bootstrap port and pairing key, best effort.
         if (spec.role is None and discovering) or spec.role in (Role.PREFILL, Role.DECODE):
             try:
-                facts = await server_facts(channel, runtime, call_timeout)
+                facts = await server_facts(channel, adapter, call_timeout)
             except DiscoveryError as exc:
                 if discovering:
                     raise
@@ -306,11 +310,11 @@ class Fleet:
             probed.set()
             result = await prober.next_result()
 
-    async def _load_loop(self, worker: Worker) -> None:
+    async def _load_loop(self, worker: Worker, adapter: EngineAdapter) -> None:
         settings = self.settings.loads
         failing = False
         while True:
-            await poll_load(worker, settings)
+            await poll_load(worker, adapter, settings)
             if (worker.load_error is not None) != failing:
                 failing = not failing
                 log.warning(

@@ -16,14 +16,14 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from gateway.config import LoadsConfig
-from gateway.engines import ADAPTERS
+from gateway.engines import EngineAdapter
 from gateway.fleet.worker import Worker
 from gateway.load import LoadReport
 
 
-async def poll_load(worker: Worker, settings: LoadsConfig) -> None:
-    """One poll: updates `worker.load` or records `worker.load_error`."""
-    adapter = ADAPTERS[worker.runtime]
+async def poll_load(worker: Worker, adapter: EngineAdapter, settings: LoadsConfig) -> None:
+    """One poll over the worker's engine protocol (`adapter`): updates `worker.load` or
+    records `worker.load_error`."""
     try:
         raw = await worker.channel.unary_unary(adapter.path("GetLoads"))(
             adapter.load_request(), timeout=settings.timeout_s

@@ -23,7 +23,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2
 
 from gateway.config import ProbeConfig
-from gateway.engines import ADAPTERS
+from gateway.engines import EngineAdapter
 from gateway.engines.encoder import SERVICE_NAME as ENCODER_SERVICE
 from gateway.fleet.probe import ProbeKind, ProbeResult
 from gateway.fleet.worker import Worker
@@ -35,10 +35,12 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 log = structlog.get_logger("gateway.fleet")
 
 
-async def probe_once(worker: Worker, settings: ProbeConfig, engine_rpc: bool) -> ProbeResult:
-    """One probe's verdict. An exception other than an RPC error or an undecodable answer
-    (a bug in the gateway) is raised, never turned into a verdict about the worker."""
-    adapter = ADAPTERS[worker.runtime]
+async def probe_once(
+    worker: Worker, adapter: EngineAdapter, settings: ProbeConfig, engine_rpc: bool
+) -> ProbeResult:
+    """One probe's verdict (`adapter`: the worker's engine protocol). An exception other
+    than an RPC error or an undecodable answer (a bug in the gateway) is raised, never
+    turned into a verdict about the worker."""
     try:
         if engine_rpc:
             raw = await worker.channel.unary_unary(adapter.path("HealthCheck"))(
@@ -70,10 +72,12 @@ async def probe_once(worker: Worker, settings: ProbeConfig, engine_rpc: bool) ->
 
 
 class ProbeLoop:
-    """One worker's probe loop; `wake()` runs the next probe now (e.g. on reconnect)."""
+    """One worker's probe loop (`adapter`: its engine protocol); `wake()` runs the next
+    probe now (e.g. on reconnect)."""
 
-    def __init__(self, worker: Worker, settings: ProbeConfig) -> None:
+    def __init__(self, worker: Worker, adapter: EngineAdapter, settings: ProbeConfig) -> None:
         self.worker = worker
+        self.adapter = adapter
         self.settings = settings
         self._wake = asyncio.Event()
         self._engine_rpc = False  # switched on once grpc.health says UNIMPLEMENTED
@@ -92,10 +96,10 @@ class ProbeLoop:
 
     async def probe(self) -> ProbeResult:
         try:
-            result = await probe_once(self.worker, self.settings, self._engine_rpc)
+            result = await probe_once(self.worker, self.adapter, self.settings, self._engine_rpc)
             if not self._engine_rpc and result.detail.startswith("UNIMPLEMENTED"):
                 self._engine_rpc = True
-                result = await probe_once(self.worker, self.settings, True)
+                result = await probe_once(self.worker, self.adapter, self.settings, True)
         except Exception as error:
             result = self._internal(error)
         else:

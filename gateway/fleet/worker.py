@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from grpc import aio
 
-from gateway.config import BreakerConfig, WorkerSpec
+from gateway.config import WorkerSpec
 from gateway.fleet.breaker import CircuitBreaker
 from gateway.fleet.probe import ProbeState
 from gateway.load import LoadReport as LoadReport  # re-exported: it lived here
@@ -41,10 +41,10 @@ class Worker:
     model: str
     runtime: Runtime
     channel: aio.Channel
+    breaker: CircuitBreaker  # its own, from the fleet's breaker settings
     role: Role = Role.REGULAR
     bootstrap_port: int | None = None  # prefill: its rendezvous port (SGLang PD)
     pairing: str = ""  # prefill and decode pair only with equal keys (same KV transfer setup)
-    breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig()))
     status: WorkerStatus = WorkerStatus.PENDING
     status_cause: str = "not yet probed"
     connected: bool = False

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from types import MappingProxyType
 
 from gateway.config import KvConfig, ModelSettings
-from gateway.engines import ADAPTERS
+from gateway.engines import Adapters
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
@@ -80,11 +80,13 @@ class Placer:
         retry_after_ms: int,
         load_interval_s: float,
         stale_after_s: float,
-        kv_index: KvIndex | None = None,
-        kv_settings: KvConfig | None = None,
+        kv_index: KvIndex,
+        kv_settings: KvConfig,
+        adapters: Adapters,
     ) -> None:
-        self.kv_index = kv_index if kv_index is not None else KvIndex()
-        self._kv_settings = kv_settings or KvConfig()
+        self.kv_index = kv_index
+        self._kv_settings = kv_settings
+        self._adapters = adapters  # for the engine service names verdicts speak of
         self._registry = registry
         self._model_settings = model_settings
         self._retry_after_ms = retry_after_ms
@@ -106,13 +108,14 @@ class Placer:
         if not models:
             return verdicts.Verdict(
                 verdicts.Reason.MODEL_NOT_FOUND,
-                f"No model is served over {ADAPTERS[runtime].service_name}",
+                f"No model is served over {self._adapters[runtime].service_name}",
             )
         return verdicts.model_required(models)
 
     def _not_found(self, model: str, runtime: Runtime) -> Verdict:
-        elsewhere = [ADAPTERS[r].service_name for r in self._registry.runtimes(model)]
-        return verdicts.model_not_found(model, ADAPTERS[runtime].service_name, elsewhere)
+        adapters = self._adapters
+        elsewhere = [adapters[r].service_name for r in self._registry.runtimes(model)]
+        return verdicts.model_not_found(model, adapters[runtime].service_name, elsewhere)
 
     def block_sizes(self, model: str, runtime: Runtime, legs: Sequence[Role]) -> set[int]:
         """The block sizes cache-aware placement of this model will hash the prompt by

@@ -37,12 +37,13 @@ from gateway.placement.verdicts import (
     shown,
 )
 from gateway.proxy.admission import Admission, Refusal
+from gateway.proxy.call import Call
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
 from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
-from gateway.proxy.metadata import Metadata, RequestMeta, read_request_meta
+from gateway.proxy.metadata import Metadata, read_request_meta
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import UpstreamFailure
 from gateway.record import CallRecord
@@ -52,7 +53,7 @@ log = structlog.get_logger("gateway.request")
 
 REGULAR_ONLY = (Role.REGULAR,)
 
-Handler = Callable[[RpcSpec, bytes, Context, CallRecord], Awaitable[Any]]
+Handler = Callable[[Call], Awaitable[Any]]
 
 
 def peer_host(peer: str | None) -> str:
@@ -116,7 +117,7 @@ class EngineFront:
         self._admission = admission
         self._gate = gate
         self._disagg = disagg
-        self.draining = False  # set on SIGTERM: the engine HealthCheck then says unhealthy
+        self._draining = False  # `drain()`: the engine HealthCheck then says unhealthy
         self.adapter = adapter
         self._observe = observe
         self._config = config
@@ -124,6 +125,11 @@ class EngineFront:
         self._placer = placer
         self._dispatcher = dispatcher
         self._upstreams = dispatcher.upstreams
+
+    def drain(self) -> None:
+        """SIGTERM: from now on the engine HealthCheck answers unhealthy, so a client's
+        own health checking moves it elsewhere while calls in flight finish."""
+        self._draining = True
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method served as request-streaming (the same on the wire for the client):
@@ -156,9 +162,11 @@ class EngineFront:
 
         async def run(_requests: Any, context: Context) -> Any:
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
-            caller = self._who(context, record)
             admitted = False
+            caller = ""
             try:
+                call = await self._open(spec, context, record)
+                caller = call.caller
                 if bounded:  # from the stream's opening: streams that send nothing count
                     refusal = admission.enter(caller)
                     admitted = refusal is None
@@ -171,16 +179,16 @@ class EngineFront:
                         await refuse(context, record, verdict)
                 deadline = asyncio.get_running_loop().time() + read_s
                 try:
-                    request = await read_request(context, gate, caller, deadline, read_s)
+                    call.request = await read_request(context, gate, caller, deadline, read_s)
                 except ReadTimeout as late:
                     await context.abort(
                         grpc.StatusCode.DEADLINE_EXCEEDED, str(late), (("x-http-status", "408"),)
                     )
                 if not streaming:
-                    return await serve(spec, request, context, record)
+                    return await serve(call)
                 try:
                     async with idle_limit(record, idle_s):
-                        return await serve(spec, request, context, record)
+                        return await serve(call)
                 except StreamIdle as idle:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(idle))
             except asyncio.CancelledError:
@@ -197,57 +205,57 @@ class EngineFront:
 
         return run
 
-    def _who(self, context: Context, record: CallRecord) -> str:
-        """The caller whose share a call takes: its principal, else its peer's address."""
-        principal = self._caller.principal(context)
-        record.principal = principal
-        return principal if principal is not None else "peer:" + peer_host(context.peer())
-
-    def _log(self, record: CallRecord) -> None:
-        self._observe(record)
-        log.info("request", **record.log_fields())
-
-    async def _meta(self, context: Context, record: CallRecord) -> RequestMeta:
-        """The call's metadata, read once; a value no worker channel would accept is
-        refused here (BAD_METADATA), before anything goes upstream."""
+    async def _open(self, spec: RpcSpec, context: Context, record: CallRecord) -> Call:
+        """The call as it opens: its metadata read once (the bearer token, the routing
+        hints, what goes upstream); the caller authenticated (API keys on: a known key, or
+        UNAUTHENTICATED) and named; a value no worker channel would accept refused
+        (BAD_METADATA), before anything is read or placed."""
         config = self._config
+        caller = self._caller
         meta = read_request_meta(
             context.invocation_metadata(),
             config.model_headers,
             config.routing_key_header,
             config.target_worker_header,
-            self._caller.private_keys,
+            caller.private_keys,
         )
+        principal = await caller.identify(context, meta.bearer, spec.path)
+        record.principal = principal
         if meta.bad_key is not None:
             await refuse(context, record, bad_metadata(meta.bad_key))
-        return meta
+        share = principal if principal is not None else "peer:" + peer_host(context.peer())
+        return Call(spec, context, record, meta, share)
 
-    async def _model(self, context: Context, meta: RequestMeta, record: CallRecord) -> str:
-        resolved = self._placer.resolve(meta.model, self.adapter.runtime)
+    def _log(self, record: CallRecord) -> None:
+        self._observe(record)
+        log.info("request", **record.log_fields())
+
+    async def _model(self, call: Call) -> str:
+        """The model the call is for (named, or the protocol's only one), else refused."""
+        named_model, record = call.meta.model, call.record
+        resolved = self._placer.resolve(named_model, self.adapter.runtime)
         if isinstance(resolved, Verdict):
-            record.model = meta.model or ""
-            await refuse(context, record, resolved)
+            record.model = named_model or ""
+            await refuse(call.context, record, resolved)
         record.model = resolved
         return resolved
 
-    def _job(
-        self, spec: RpcSpec, request: bytes, context: Context, meta: RequestMeta, record: CallRecord
-    ) -> Job:
+    def _job(self, call: Call) -> Job:
+        context, record = call.context, call.record
         return Job(
             context,
             self.adapter,
-            spec.path,
-            request,
-            meta.forward,
+            call.spec.path,
+            call.request,
+            call.meta.forward,
             record,
             Downstream(context, record),
             record.request_id,
             principal=record.principal,
         )
 
-    async def _placed(
-        self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
-    ) -> bytes | None:
+    async def _placed(self, call: Call) -> bytes | None:
+        spec, request, context, record = call.spec, call.request, call.context, call.record
         if spec.kind is RpcKind.GENERATE:
             try:
                 if len(request) < SPLIT_MIN_BYTES:
@@ -277,8 +285,8 @@ class EngineFront:
                 spec.request_type.FromString(request)
             except DecodeError:
                 await abort_invalid(context, f"Request bytes are not a valid {spec.name} request")
-        meta = await self._meta(context, record)
-        model = await self._model(context, meta, record)
+        meta = call.meta
+        model = await self._model(call)
         runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
         items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
         prefix = None
@@ -289,7 +297,7 @@ class EngineFront:
         legs = placer.legs(model, bool(items))
         if prefix is not None:  # hashed ahead, off the loop for long prompts (cache_aware)
             await prefix.prepare(placer.block_sizes(model, runtime, legs), self._offload)
-        job = self._job(spec, request, context, meta, record)
+        job = self._job(call)
 
         def place(tried: Collection[str]) -> Decision | Verdict:
             decided = placer.place(model, runtime, hints, items, tried, legs)
@@ -309,11 +317,9 @@ class EngineFront:
         flow = self._dispatcher.flow(spec.server_streaming)
         return await self._dispatcher.serve(job, place_receiver, flow)
 
-    async def _forward_one(
-        self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
-    ) -> bytes | None:
-        meta = await self._meta(context, record)
-        model = await self._model(context, meta, record)
+    async def _forward_one(self, call: Call) -> bytes | None:
+        meta = call.meta
+        model = await self._model(call)
         runtime = self.adapter.runtime
         target = meta.hints.target_worker
 
@@ -330,28 +336,28 @@ class EngineFront:
             placed = self._placer.any_worker(model, runtime, tried)
             return placed if isinstance(placed, Verdict) else Decision.single(placed)
 
-        job = self._job(spec, request, context, meta, record)
-        return await self._dispatcher.serve(job, pick, self._dispatcher.flow(spec.server_streaming))
+        flow = self._dispatcher.flow(call.spec.server_streaming)
+        return await self._dispatcher.serve(self._job(call), pick, flow)
 
-    async def _fan_out(
-        self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
-    ) -> bytes:
-        meta = await self._meta(context, record)
-        model = await self._model(context, meta, record)
+    async def _fan_out(self, call: Call) -> bytes:
+        spec, request, context, record, meta = (
+            call.spec, call.request, call.context, call.record, call.meta
+        )  # fmt: skip
+        model = await self._model(call)
         workers = self._placer.every_worker(model, self.adapter.runtime)
         if isinstance(workers, Verdict):
             await refuse(context, record, workers)
         record.targets = [w.id for w in workers]
         upstreams, timeout = self._upstreams, context.time_remaining()
-        calls = [
+        legs = [
             upstreams.ask(upstreams.reserve(w), spec.path, request, meta.forward, timeout)
             for w in workers
         ]
         try:
-            results = await asyncio.gather(*(c.response() for c in calls), return_exceptions=True)
+            results = await asyncio.gather(*(c.response() for c in legs), return_exceptions=True)
         finally:
-            for call in calls:
-                call.close()
+            for leg in legs:
+                leg.close()
         for result in results:
             if isinstance(result, UpstreamFailure):
                 await answer(context, result)
@@ -360,12 +366,9 @@ class EngineFront:
         await context.send_initial_metadata((("x-gateway-workers", ",".join(record.targets)),))
         return self.adapter.merge(spec.name, [r for r in results if isinstance(r, bytes)])
 
-    async def _health_check(
-        self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
-    ) -> bytes:
-        meta = await self._meta(context, record)
-        model = await self._model(context, meta, record)
-        if self.draining:
+    async def _health_check(self, call: Call) -> bytes:
+        model = await self._model(call)
+        if self._draining:
             return self.adapter.health_check_reply(False, "the gateway is shutting down")
         if self._placer.servable(model, self.adapter.runtime):
             return self.adapter.health_check_reply(True, f"model '{model}' is servable")
@@ -436,17 +439,16 @@ class EngineFront:
             return self.adapter.abort_reply(False, f"abort failed: {detail}")
         return self.adapter.merge_aborts(replies)
 
-    async def _abort(
-        self, spec: RpcSpec, request: bytes, context: Context, record: CallRecord
-    ) -> bytes:
+    async def _abort(self, call: Call) -> bytes:
         """Abort where the requests run: in this process, and in sibling processes for
         the ones it does not hold."""
+        request, context, record = call.request, call.context, call.record
         try:
             ids = self.adapter.abort_ids(request)
         except DecodeError:
             await abort_invalid(context, "Request bytes are not a valid AbortRequest")
         record.request_id = ",".join(ids)
-        principal, forward = record.principal, (await self._meta(context, record)).forward
+        principal, forward = record.principal, call.meta.forward
         timeout = context.time_remaining()
         holders, all_here = self._held(ids, principal)  # before any await
         local = await self._abort_holders(request, holders, forward, timeout, record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gateway.auth import AUTHORIZATION, bearer_token
 from gateway.placement.policies import Hints
 
 # Hop-by-hop and transport keys that describe the client's connection, not the request.
@@ -50,6 +51,7 @@ class RequestMeta:
     hints: Hints
     forward: Metadata
     bad_key: str | None = None  # the first key whose value cannot go upstream
+    bearer: str | None = None  # X of `authorization: Bearer X` (the API key), never forwarded
 
 
 def read_request_meta(
@@ -59,15 +61,19 @@ def read_request_meta(
     target_worker_header: str,
     private_keys: frozenset[str] = frozenset(),
 ) -> RequestMeta:
-    """Routing hints, and what goes upstream: forwardable keys but `private_keys` (the
-    caller's own credentials, which are the gateway's business, not the workers')."""
+    """Routing hints, the caller's bearer token, and what goes upstream: forwardable keys
+    but `private_keys` (the caller's own credentials, which are the gateway's business,
+    not the workers')."""
     model: str | None = None
     model_rank = len(model_headers)
     routing_key: str | None = None
     target: str | None = None
+    token: str | None = None
     forward: list[tuple[str, str | bytes]] = []
     bad_key: str | None = None
     for key, value in metadata or ():
+        if key == AUTHORIZATION and token is None and isinstance(value, str):
+            token = bearer_token(value)
         if not forwardable(key) or key in private_keys:
             continue
         if bad_key is None and not forwardable_value(key, value):
@@ -88,4 +94,5 @@ def read_request_meta(
         hints=Hints(routing_key=routing_key, target_worker=target),
         forward=tuple(forward),
         bad_key=bad_key,
+        bearer=token,
     )

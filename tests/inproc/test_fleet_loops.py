@@ -12,6 +12,7 @@ from grpc import aio
 from structlog.testing import capture_logs
 
 from gateway.config import build_config, parse_worker_url
+from gateway.engines import engine_adapters
 from gateway.fleet import fleet as fleet_module
 from gateway.fleet.fleet import Fleet, WorkerExists
 from gateway.fleet.probe import ProbeKind
@@ -54,7 +55,7 @@ async def test_probing_goes_on_after_an_answer_that_does_not_decode(
         worker_urls=[f"grpc://{address}?model=m&runtime=sglang"],
         overrides={"probe.interval_s": 0.02, "probe.failure_threshold": 2},
     )
-    fleet = Fleet(config)
+    fleet = Fleet(config, engine_adapters())
     try:
         await fleet.start(config.workers)
         worker = fleet.registry.get(address)
@@ -73,7 +74,7 @@ async def test_a_background_loop_that_raises_is_logged_once_and_runs_again(
 ) -> None:
     monkeypatch.setattr(fleet_module, "LOOP_RESTART_S", 0.0)
     config = build_config(worker_urls=["grpc://127.0.0.1:1?model=m&runtime=sglang"])
-    fleet = Fleet(config)
+    fleet = Fleet(config, engine_adapters())
     runs: list[int] = []
     finished = asyncio.Event()
 
@@ -107,7 +108,7 @@ async def test_a_background_loop_that_raises_is_logged_once_and_runs_again(
 
 
 async def test_concurrent_adds_of_one_address_register_it_once() -> None:
-    fleet = Fleet(build_config())
+    fleet = Fleet(build_config(), engine_adapters())
     spec = parse_worker_url("grpc://127.0.0.1:1?model=m&runtime=sglang")
     try:
         results = await asyncio.gather(fleet.add(spec), fleet.add(spec), return_exceptions=True)

@@ -23,6 +23,7 @@ from gateway.admin.service import AdminService, start_admin_server
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import build_config
+from gateway.engines import engine_adapters
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
 
@@ -63,7 +64,7 @@ async def start(token: str | None = None) -> Admin:
             "discovery_timeout_s": 0.5,
         }
     )
-    fleet = Fleet(config)
+    fleet = Fleet(config, engine_adapters())
     await fleet.start(())
     server, port = await start_admin_server(fleet, config)
     channel = aio.insecure_channel(f"127.0.0.1:{port}")

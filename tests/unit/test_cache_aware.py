@@ -8,7 +8,7 @@ import pytest
 from smg_grpc_proto.generated import common_pb2 as kv
 
 from gateway.config import KvConfig, WorkerSpec
-from gateway.engines import ADAPTERS
+from gateway.engines import engine_adapters
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
@@ -16,6 +16,7 @@ from gateway.kv.subscriber import Gap, KvFollower
 from gateway.placement.cache_aware import CacheAware, cheapest
 from gateway.placement.policies import Choice, Hints
 from gateway.roles import Runtime
+from tests.unit.factories import make_worker
 
 SETTINGS = KvConfig()  # 0.01 per uncached token, balance 1.5 x lowest + 4
 PROMPT = list(range(1000, 1512))  # 512 tokens, 32 blocks
@@ -40,11 +41,7 @@ def test_ties_go_to_lower_load_then_to_rotation() -> None:
 
 
 def worker(port: int) -> Worker:
-    channel: Any = None
-    return Worker(
-        spec=WorkerSpec("h", port, "m", Runtime.SGLANG), model="m", runtime=Runtime.SGLANG,
-        channel=channel,
-    )  # fmt: skip
+    return make_worker(WorkerSpec("h", port, "m", Runtime.SGLANG))
 
 
 def test_placements_teach_the_index_for_workers_without_events() -> None:
@@ -67,7 +64,7 @@ class FakeChannel:
 def follower(index: KvIndex) -> KvFollower:
     w = worker(1)
     w.channel = FakeChannel()  # type: ignore[assignment]
-    return KvFollower(w, ADAPTERS[Runtime.SGLANG], index)
+    return KvFollower(w, engine_adapters()[Runtime.SGLANG], index)
 
 
 def stored(sequence: int, engine_hashes: list[int], tokens: list[int], **extra: Any) -> Any:
@@ -148,7 +145,7 @@ def test_a_data_parallel_worker_gets_the_rank_that_holds_the_prompt() -> None:
     hints = Hints(prefix=prefix)
     assert policy.choose([f.worker, busy], hints) == Choice(f.worker, 1, 32)
     assert hints == Hints(prefix=prefix)  # the hints are not written into
-    adapter = ADAPTERS[Runtime.SGLANG]
+    adapter = engine_adapters()[Runtime.SGLANG]
     raw = adapter.with_dp_rank(b"", 1)
     request = adapter.rpcs["Generate"].request_type.FromString(raw)
     assert request.data_parallel_rank == 1

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config import ModelSettings
-from gateway.engines import ADAPTERS
+from gateway.config import KvConfig, ModelSettings
+from gateway.engines import engine_adapters
 from gateway.fleet.registry import Registry
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
@@ -31,6 +31,8 @@ def cache_aware_placer(index: KvIndex) -> tuple[Placer, Registry]:
         load_interval_s=1.0,
         stale_after_s=3.0,
         kv_index=index,
+        kv_settings=KvConfig(),
+        adapters=engine_adapters(),
     )
     return placer, registry
 
@@ -74,7 +76,7 @@ def test_the_decision_carries_the_rank_and_hit_and_the_hints_stay_as_they_were()
 
 
 def test_the_request_goes_to_the_rank_the_decision_names_and_only_there() -> None:
-    adapter = ADAPTERS[Runtime.SGLANG]
+    adapter = engine_adapters()[Runtime.SGLANG]
     on_rank, other = worker(1), worker(2)
     decision = Decision(
         {Role.PREFILL: on_rank, Role.DECODE: other}, ranks={on_rank.id: 3}, policy="cache_aware"

@@ -8,10 +8,11 @@ from smg_grpc_proto.generated import common_pb2 as common
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
-from gateway.engines import ADAPTERS, RpcKind
+from gateway.engines import RpcKind, engine_adapters
 from gateway.roles import Runtime
 
-SGLANG, VLLM = ADAPTERS[Runtime.SGLANG], ADAPTERS[Runtime.VLLM]
+adapters = engine_adapters()
+SGLANG, VLLM = adapters[Runtime.SGLANG], adapters[Runtime.VLLM]
 
 
 def test_every_rpc_of_both_services_has_a_kind() -> None:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
 import pytest
 
 from gateway.config import BreakerConfig, ProbeConfig, WorkerSpec
+from gateway.engines import engine_adapters
 from gateway.fleet.breaker import BreakerState, CircuitBreaker, Outcome, outcome_of
 from gateway.fleet.probe import ProbeKind, ProbeResult, ProbeState, judge
 from gateway.fleet.worker import LoadReport, Worker, WorkerStatus, derive_status
 from gateway.health import NOT_SERVING, SERVING, desired_statuses
 from gateway.placement.overload import Limits, overload_reason
 from gateway.roles import Runtime
+from tests.unit.factories import make_worker
 
 S, F, IGN = Outcome.SUCCESS, Outcome.FAILURE, Outcome.IGNORED
 
@@ -132,8 +132,7 @@ def test_status_follows_from_the_signals(
 
 
 def worker(inflight: int = 0, load: LoadReport | None = None) -> Worker:
-    channel: Any = None
-    w = Worker(WorkerSpec("h", 1), "m", Runtime.SGLANG, channel)
+    w = make_worker(WorkerSpec("h", 1))
     w.inflight, w.load = inflight, load
     return w
 
@@ -167,6 +166,7 @@ def test_health_entries_from_the_fleet() -> None:
         False,
         {Runtime.SGLANG: ["a", "b"], Runtime.VLLM: ["v"]},
         lambda model, runtime: servable[(model, runtime)],
+        engine_adapters(),
     )
     assert statuses == {
         "": SERVING,
@@ -178,5 +178,5 @@ def test_health_entries_from_the_fleet() -> None:
         "models/b": NOT_SERVING,
         "models/v": NOT_SERVING,
     }
-    draining = desired_statuses(True, {Runtime.SGLANG: ["a"]}, lambda m, r: True)
+    draining = desired_statuses(True, {Runtime.SGLANG: ["a"]}, lambda m, r: True, engine_adapters())
     assert set(draining.values()) == {NOT_SERVING}

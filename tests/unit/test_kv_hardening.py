@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from gateway.admin.convert import worker_message
 from gateway.config import KvConfig, WorkerSpec, build_config
-from gateway.engines import ADAPTERS
+from gateway.engines import engine_adapters
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import LoadReport, Worker
 from gateway.kv.index import STRIDE, KvIndex, StoredBlock
@@ -27,20 +27,19 @@ from gateway.offload import Offload
 from gateway.placement.cache_aware import CacheAware
 from gateway.placement.policies import Choice, Hints
 from gateway.roles import Runtime
+from tests.unit.factories import make_worker
 
 A = ("a:1", 0)
 PROMPT = list(range(100, 100 + 16 * 10))  # 10 blocks of 16
 
 
 def worker(port: int = 1) -> Worker:
-    channel: Any = None
-    spec = WorkerSpec("h", port, "m", Runtime.SGLANG)
-    return Worker(spec=spec, model="m", runtime=Runtime.SGLANG, channel=channel)
+    return make_worker(WorkerSpec("h", port, "m", Runtime.SGLANG))
 
 
 def follower(index: KvIndex | None = None, **settings: Any) -> KvFollower:
     index = index if index is not None else KvIndex(**settings)
-    return KvFollower(worker(), ADAPTERS[Runtime.SGLANG], index)
+    return KvFollower(worker(), engine_adapters()[Runtime.SGLANG], index)
 
 
 def blocks(tokens: list[int], first_hash: int, size: int = 16) -> list[Any]:
@@ -343,7 +342,7 @@ def test_placement_hashes_each_block_size_once_ahead_of_the_pick() -> None:
     index = KvIndex()
     index.store(A, [StoredBlock(1, PROMPT[:16])], None)
     policy = CacheAware(index, KvConfig(), stale_after_s=3)
-    a = Worker(WorkerSpec("a", 1, "m", Runtime.SGLANG), "m", Runtime.SGLANG, channel=None)
+    a = make_worker(WorkerSpec("a", 1, "m", Runtime.SGLANG))
     prefix = Prefix(PROMPT)
     asyncio.run(prefix.prepare(policy.block_sizes(), Offload()))
     assert set(prefix._hashes) == {16}

@@ -7,9 +7,11 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway.config import ModelSettings, WorkerSpec
+from gateway.config import KvConfig, ModelSettings, WorkerSpec
+from gateway.engines import engine_adapters
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
+from gateway.kv.index import KvIndex
 from gateway.placement.decision import Decision
 from gateway.placement.legs import demanded_legs, most_permanent
 from gateway.placement.placer import Placer
@@ -17,6 +19,7 @@ from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Reason, Verdict, leg_not_deployed, workers_overloaded
 from gateway.placement.verdicts import workers_unavailable as unavailable
 from gateway.roles import Role, Runtime
+from tests.unit.factories import make_worker
 
 SGL, VLLM = Runtime.SGLANG, Runtime.VLLM
 P, D, E, R = Role.PREFILL, Role.DECODE, Role.ENCODE, Role.REGULAR
@@ -32,20 +35,16 @@ class Fleet:
             retry_after_ms=1000,
             load_interval_s=1.0,
             stale_after_s=3.0,
+            kv_index=KvIndex(),
+            kv_settings=KvConfig(),
+            adapters=engine_adapters(),
         )
         self._port = 0
 
     def add(self, role: Role, runtime: Runtime = SGL, up: bool = True, pairing: str = "") -> Worker:
         self._port += 1
-        channel: Any = None
-        worker = Worker(
-            spec=WorkerSpec("h", self._port, "m", runtime, role),
-            model="m",
-            runtime=runtime,
-            channel=channel,
-            role=role,
-            pairing=pairing,
-        )
+        spec = WorkerSpec("h", self._port, "m", runtime, role)
+        worker = make_worker(spec, runtime=runtime, role=role, pairing=pairing)
         self.registry.add(worker)
         worker.connected, worker.probe.healthy = True, up
         self.registry.update(worker, "test")

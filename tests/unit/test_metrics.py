@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,6 +17,7 @@ from gateway.metrics import TTFT_BUCKETS, Metrics
 from gateway.placement import verdicts
 from gateway.record import CallRecord
 from gateway.roles import Role, Runtime
+from tests.unit.factories import make_worker
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"
 VLLM = "vllm.grpc.engine.VllmEngine"
@@ -29,9 +29,8 @@ def worker(
     runtime: Runtime = Runtime.SGLANG,
     role: Role = Role.REGULAR,
 ) -> Worker:
-    channel: Any = None  # metrics never touch the channel
     spec = WorkerSpec("127.0.0.1", port, model, runtime, role)
-    return Worker(spec=spec, model=model, runtime=runtime, channel=channel, role=role)
+    return make_worker(spec, model, runtime, role=role)  # metrics never touch the channel
 
 
 def make_ready(registry: Registry, w: Worker) -> None:

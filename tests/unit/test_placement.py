@@ -9,21 +9,21 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway.config import ModelSettings, WorkerSpec
+from gateway.config import KvConfig, ModelSettings, WorkerSpec
+from gateway.engines import engine_adapters
 from gateway.fleet.breaker import Outcome
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.kv.index import KvIndex
 from gateway.placement.placer import Placer
 from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Reason, Verdict
 from gateway.roles import Role, Runtime
+from tests.unit.factories import make_worker
 
 
 def add(registry: Registry, port: int, model: str, runtime: Runtime, ready: bool = True) -> Worker:
-    channel: Any = None  # placement never touches the channel
-    worker = Worker(
-        spec=WorkerSpec("h", port, model, runtime), model=model, runtime=runtime, channel=channel
-    )
+    worker = make_worker(WorkerSpec("h", port, model, runtime), model, runtime)  # no channel
     registry.add(worker)
     worker.connected = True
     worker.probe.healthy = ready
@@ -50,6 +50,9 @@ def placer(registry: Registry, policy: str = "round_robin", **limits: Any) -> Pl
         retry_after_ms=1500,
         load_interval_s=2.0,
         stale_after_s=6.0,
+        kv_index=KvIndex(),
+        kv_settings=KvConfig(),
+        adapters=engine_adapters(),
     )
 
 

@@ -12,12 +12,15 @@ from structlog.testing import capture_logs
 from gateway.admin.convert import worker_message
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.config import ProbeConfig, WorkerSpec
+from gateway.engines import engine_adapters
 from gateway.fleet.probe import ProbeKind, ProbeResult, ProbeState, judge
 from gateway.fleet.prober import ProbeLoop
 from gateway.fleet.worker import Worker, WorkerStatus, derive_status
 from gateway.roles import Runtime
+from tests.unit.factories import make_worker
 
 SETTINGS = ProbeConfig(interval_s=1.0, timeout_s=1.0, success_threshold=1, failure_threshold=1)
+SGLANG = engine_adapters()[Runtime.SGLANG]
 
 
 class Channel:
@@ -37,7 +40,7 @@ class Channel:
 
 def worker(channel: Any, healthy: bool | None = True) -> Worker:
     spec = WorkerSpec("h", 1, "m", Runtime.SGLANG)
-    w = Worker(spec=spec, model="m", runtime=Runtime.SGLANG, channel=channel)
+    w = make_worker(spec, channel=channel)
     w.probe.healthy = healthy
     return w
 
@@ -48,7 +51,7 @@ def rpc_error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
 
 async def test_a_bug_in_the_probe_is_logged_with_its_traceback_and_judges_nothing() -> None:
     w = worker(channel=None)  # None.unary_unary: an AttributeError, as a bug would raise
-    prober = ProbeLoop(w, SETTINGS)
+    prober = ProbeLoop(w, SGLANG, SETTINGS)
     with capture_logs() as logs:
         results = [await prober.probe() for _ in range(3)]
     assert {r.kind for r in results} == {ProbeKind.INTERNAL}
@@ -79,14 +82,14 @@ async def test_a_bug_in_the_probe_is_logged_with_its_traceback_and_judges_nothin
 
 async def test_a_new_worker_whose_probe_has_a_bug_stays_pending_not_unhealthy() -> None:
     w = worker(channel=None, healthy=None)
-    result = await ProbeLoop(w, SETTINGS).probe()
+    result = await ProbeLoop(w, SGLANG, SETTINGS).probe()
     assert judge(w.probe, result, SETTINGS) is None
     assert derive_status(False, True, w.probe.healthy) is WorkerStatus.PENDING
 
 
 async def test_the_bug_is_logged_again_once_it_changes_or_after_a_good_probe() -> None:
     channel = Channel(TypeError("first"))
-    prober = ProbeLoop(worker(channel), SETTINGS)
+    prober = ProbeLoop(worker(channel), SGLANG, SETTINGS)
     with capture_logs() as logs:
         await prober.probe()
         await prober.probe()
@@ -117,7 +120,7 @@ async def test_rpc_errors_timeouts_and_bad_answers_stay_verdicts() -> None:
     for answer, kind, detail in cases:
         w = worker(Channel(answer))
         with capture_logs() as logs:
-            result = await ProbeLoop(w, SETTINGS).probe()
+            result = await ProbeLoop(w, SGLANG, SETTINGS).probe()
         assert result.kind is kind and result.detail.startswith(detail), result
         assert logs == []  # a worker's failure is no gateway error
         assert judge(w.probe, result, SETTINGS) is False  # failure_threshold 1: unhealthy

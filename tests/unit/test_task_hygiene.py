@@ -13,14 +13,15 @@ import pytest
 
 from gateway.config import build_config
 from gateway.connections import ConnectionWatch
-from gateway.engines import ADAPTERS
-from gateway.fleet.breaker import BreakerState, CircuitBreaker, Outcome
+from gateway.engines import engine_adapters
+from gateway.fleet.breaker import BreakerState, Outcome
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
 from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.kv.index import KvIndex
 from gateway.kv.subscriber import KvFollower
 from gateway.roles import Runtime
+from tests.unit.factories import make_worker
 
 
 class Channel:
@@ -35,12 +36,9 @@ def fleet_with_worker(**overrides: Any) -> tuple[Fleet, Worker, list[FleetEvent]
         overrides={"breaker.cooldown_s": 0.05, "kv.grace_s": 0.05, **overrides},
         worker_urls=["grpc://h:1?model=m&runtime=sglang"],
     )
-    fleet = Fleet(config)
+    fleet = Fleet(config, engine_adapters())
     (spec,) = config.workers
-    breaker = CircuitBreaker(fleet.settings.breaker)
-    worker = Worker(
-        spec=spec, model="m", runtime=Runtime.SGLANG, channel=Channel(), breaker=breaker
-    )
+    worker = make_worker(spec, channel=Channel(), breaker=fleet.settings.breaker)
     fleet.registry.add(worker)
     events: list[FleetEvent] = []
     fleet.registry.subscribe(events.append)
@@ -100,7 +98,7 @@ async def test_a_worker_removed_and_added_again_keeps_its_new_cache_entries() ->
     make_ready_then_not(fleet, worker)
     stale = next(iter(fleet._timers[worker.id]))
     await fleet.remove(worker, 0.0)
-    again = Worker(spec=worker.spec, model="m", runtime=Runtime.SGLANG, channel=Channel())
+    again = make_worker(worker.spec, channel=Channel(), breaker=fleet.settings.breaker)
     fleet.registry.add(again)
     dropped: list[str] = []
     fleet.kv_index.drop_worker = dropped.append  # type: ignore[method-assign]
@@ -170,7 +168,7 @@ def test_the_kv_follower_opens_its_channel_through_connect() -> None:
         opened.append(limit)
         return own
 
-    adapter = ADAPTERS[Runtime.SGLANG]
+    adapter = engine_adapters()[Runtime.SGLANG]
     follower = KvFollower(worker, adapter, KvIndex(), settings=config.kv, connect=connect)
     assert follower._open() is own and opened == [1234]
     shared = KvFollower(worker, adapter, KvIndex(), settings=config.kv)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
-from gateway.engines import ADAPTERS
+from gateway.engines import engine_adapters
 from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.engines.tokens import Unusual, decode_varints, split_tokens
 from gateway.roles import Runtime
@@ -88,7 +88,7 @@ def test_adapters_read_a_long_prompt_through_the_split(runtime: Runtime) -> None
     ids = np.arange(SPLIT_MIN_BYTES, dtype=np.uint32)  # ~3 bytes each: over the threshold
     pb = sgl if runtime is Runtime.SGLANG else vllm
     request = pb.GenerateRequest(request_id="long", tokenized=pb.TokenizedInput(input_ids=ids))
-    info = ADAPTERS[runtime].generate_info(request.SerializeToString())
+    info = engine_adapters()[runtime].generate_info(request.SerializeToString())
     assert isinstance(info.tokens, np.ndarray)
     assert np.array_equal(info.tokens, ids)
     assert info.request_id == "long"
@@ -96,4 +96,4 @@ def test_adapters_read_a_long_prompt_through_the_split(runtime: Runtime) -> None
 
 def test_long_garbage_is_still_a_decode_error() -> None:
     with pytest.raises(DecodeError):
-        ADAPTERS[Runtime.SGLANG].generate_info(b"\xff" * SPLIT_MIN_BYTES)
+        engine_adapters()[Runtime.SGLANG].generate_info(b"\xff" * SPLIT_MIN_BYTES)
