@@ -42,12 +42,9 @@ async def watch_connection(
     state = channel.get_state(try_to_connect=True)
     while True:
         connected = state is grpc.ChannelConnectivity.READY
-        if connected != worker.connected:
-            worker.connected = connected
+        if worker.set_connected(connected):
             if connected:
                 on_connected()
-            else:
-                worker.probe.reset_for_reconnect()
             registry.update(worker, _CAUSES.get(state, "connected"))
         if state in SETTLED:
             settled.set()

@@ -84,14 +84,12 @@ class Fleet:
 
     async def drain(self, worker: Worker, timeout_s: float) -> bool:
         """No new requests; wait (bounded) until in-flight ones finish. True if it emptied."""
-        worker.draining = True
+        idle = worker.begin_drain()
         self.registry.update(worker, "draining")
-        if worker.inflight:
-            if worker.idle is None:
-                worker.idle = asyncio.Event()
+        if idle is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
-                    await worker.idle.wait()
+                    await idle.wait()
         return worker.inflight == 0
 
     async def remove(self, worker: Worker, drain_timeout_s: float) -> bool:

@@ -30,13 +30,12 @@ async def poll_load(worker: Worker, adapter: EngineAdapter, settings: LoadsConfi
         )
         running, waiting, usage = adapter.load_figures(raw)
     except aio.AioRpcError as error:
-        worker.load_error = f"{error.code().name}: {error.details()}"
+        worker.load_failed(f"{error.code().name}: {error.details()}")
         return
     except DecodeError as error:
-        worker.load_error = f"bad GetLoads answer: {error}"
+        worker.load_failed(f"bad GetLoads answer: {error}")
         return
     # Worker numbers are untrusted: figures out of range keep the last report's.
-    worker.load = LoadReport.checked(
-        running, waiting, usage, time.monotonic(), worker.inflight, worker.load
+    worker.reported(
+        LoadReport.checked(running, waiting, usage, time.monotonic(), worker.inflight, worker.load)
     )
-    worker.load_error = None

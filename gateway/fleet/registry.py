@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from gateway.fleet.worker import Worker, WorkerStatus, derive_status
+from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.roles import Role, Runtime
 
 
@@ -68,14 +68,12 @@ class Registry:
         self.publish(FleetEvent("removed", worker, old=worker.status.value))
 
     def update(self, worker: Worker, cause: str) -> bool:
-        """Re-derive the worker's status from its signals; publish if it changed."""
-        status = derive_status(worker.draining, worker.connected, worker.probe.healthy)
-        if status is worker.status:
+        """Have the worker re-derive its status from its signals; publish if it changed."""
+        old = worker.restatus(cause)
+        if old is None:
             return False
-        old = worker.status
-        worker.status, worker.status_cause = status, cause
         if worker.id in self._by_id:
-            self.publish(FleetEvent("status", worker, old.value, status.value, cause))
+            self.publish(FleetEvent("status", worker, old.value, worker.status.value, cause))
         return True
 
     def publish(self, event: FleetEvent) -> None:

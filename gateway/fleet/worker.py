@@ -1,4 +1,11 @@
-"""A worker as the gateway sees it: identity, and the live signals that decide its status."""
+"""A worker as the gateway sees it: identity, and the live signals that decide its status.
+
+The worker is the one writer of its signals: the fleet's loops, the KV follower and the
+proxy's reservations tell it what they saw through its methods (`set_connected`,
+`reported`, `load_failed`, `reserve`/`release`, `begin_drain`), and it derives its own
+status (`restatus`); nothing else assigns its fields (tests/unit/test_one_writer.py
+checks the source).
+"""
 
 from __future__ import annotations
 
@@ -63,11 +70,51 @@ class Worker:
     def bootstrap_host(self) -> str:
         return self.spec.bootstrap_host or self.spec.host
 
+    def reserve(self) -> None:
+        """One request placed on this worker."""
+        self.inflight += 1
+
     def release(self) -> None:
         """One request finished on this worker."""
         self.inflight -= 1
         if self.inflight == 0 and self.idle is not None:
             self.idle.set()
+
+    def set_connected(self, connected: bool) -> bool:
+        """The channel's state; True if it changed. A lost connection makes the worker
+        prove itself to the prober again."""
+        if connected == self.connected:
+            return False
+        self.connected = connected
+        if not connected:
+            self.probe.reset_for_reconnect()
+        return True
+
+    def reported(self, report: LoadReport) -> None:
+        """A load report (GetLoads, or a KV event stream's load record)."""
+        self.load, self.load_error = report, None
+
+    def load_failed(self, reason: str) -> None:
+        """A load poll that failed: the last report stays (aging), the reason is shown."""
+        self.load_error = reason
+
+    def begin_drain(self) -> asyncio.Event | None:
+        """No new requests from now on; the event set once in-flight ones are done (None:
+        none in flight)."""
+        self.draining = True
+        if not self.inflight:
+            return None
+        if self.idle is None:
+            self.idle = asyncio.Event()
+        return self.idle
+
+    def restatus(self, cause: str) -> WorkerStatus | None:
+        """Derive the status from the signals; the previous status if it changed."""
+        status = derive_status(self.draining, self.connected, self.probe.healthy)
+        if status is self.status:
+            return None
+        old, self.status, self.status_cause = self.status, status, cause
+        return old
 
     def available(self, now: float) -> bool:
         """Routable: ready, and the circuit breaker admits a request."""

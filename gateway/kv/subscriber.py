@@ -70,9 +70,13 @@ class FollowState(StrEnum):
 
 
 class Followed(Protocol):
-    """What the follower reads and writes of a worker (`gateway.fleet.worker.Worker`)."""
+    """What the follower reads of a worker, and tells it (`gateway.fleet.worker.Worker`)."""
 
-    load: LoadReport | None  # refreshed by every batch's load record
+    @property
+    def load(self) -> LoadReport | None: ...
+
+    def reported(self, report: LoadReport) -> None:
+        """Every batch's load record."""
 
     @property
     def id(self) -> str: ...
@@ -450,13 +454,15 @@ class KvFollower:
         self._loads[rank] = (running, waiting, usage)
         loads = self._loads.values()
         previous = self.worker.load
-        self.worker.load = LoadReport(
-            running=min(LoadReport.MAX_REQUESTS, sum(x[0] for x in loads)),
-            waiting=min(LoadReport.MAX_REQUESTS, sum(x[1] for x in loads)),
-            token_usage=max(x[2] for x in loads),
-            at=time.monotonic(),
-            own=self.worker.inflight,
-            rejected=(previous.rejected if previous is not None else 0) + bad,
+        self.worker.reported(
+            LoadReport(
+                running=min(LoadReport.MAX_REQUESTS, sum(x[0] for x in loads)),
+                waiting=min(LoadReport.MAX_REQUESTS, sum(x[1] for x in loads)),
+                token_usage=max(x[2] for x in loads),
+                at=time.monotonic(),
+                own=self.worker.inflight,
+                rejected=(previous.rejected if previous is not None else 0) + bad,
+            )
         )
 
 

@@ -111,7 +111,7 @@ class Reservation:
         self.worker = worker
         self._outcomes = outcomes
         self._judge = judge  # False for calls that say nothing about the worker (Abort)
-        worker.inflight += 1
+        worker.reserve()
         self.trial = outcomes.on_dispatch(worker) if judge else False
         self.released = False
 

@@ -1,0 +1,76 @@
+"""A worker is the one writer of its signals: nowhere in the gateway's source but
+gateway/fleet/worker.py is a worker's signal field assigned (plain, augmented or in a
+tuple); the others tell the worker through its methods."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import gateway
+
+SIGNALS = frozenset(
+    {
+        "status",
+        "status_cause",
+        "connected",
+        "draining",
+        "probe",
+        "load",
+        "load_error",
+        "inflight",
+        "idle",
+        "breaker",
+    }
+)
+OWNER = Path(gateway.__file__).parent / "fleet" / "worker.py"
+# Assignments to fields of the same names on other objects, by (file, object written):
+# the gateway's own state (`self.`) and protobuf messages of the admin API.
+NOT_WORKERS = {("scale/control.py", "seen"), ("scale/control.py", "event.worker")}
+
+
+def assigned(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, object, field) of every attribute assignment."""
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        while targets:
+            target = targets.pop()
+            if isinstance(target, ast.Tuple | ast.List):
+                targets.extend(target.elts)
+            elif isinstance(target, ast.Attribute):
+                found.append((target.lineno, ast.unparse(target.value), target.attr))
+    return found
+
+
+def writes_outside_the_worker() -> list[str]:
+    root = OWNER.parents[1]
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        if path == OWNER or "_pb2" in path.name:
+            continue
+        where = path.relative_to(root).as_posix()
+        for line, obj, attr in assigned(ast.parse(path.read_text())):
+            if attr in SIGNALS and obj != "self" and (where, obj) not in NOT_WORKERS:
+                bad.append(f"{where}:{line}: {obj}.{attr}")
+    return bad
+
+
+def test_no_module_but_the_worker_assigns_its_signals() -> None:
+    assert writes_outside_the_worker() == []
+
+
+def test_the_check_sees_each_form_of_assignment() -> None:
+    source = "w.load = 1\nworker.inflight += 1\nw.connected, x.probe = a, b\nself.load = 2\n"
+    found = {(obj, attr) for _, obj, attr in assigned(ast.parse(source)) if attr in SIGNALS}
+    assert found == {
+        ("w", "load"),
+        ("worker", "inflight"),
+        ("w", "connected"),
+        ("x", "probe"),
+        ("self", "load"),
+    }
