@@ -21,7 +21,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway.launch import Child, start, start_sim
-from tests.conftest import SERVE_ARGS
+from tests.conftest import SERVE_ARGS, HostedSim, SimHost, stop_child
 
 __all__ = ["sgl", "sgl_grpc", "vllm", "vllm_grpc"]
 
@@ -254,14 +254,16 @@ def dead_worker_url(sock: socket.socket, **query: str) -> str:
 
 class SharedProcesses:
     """Processes a module-scoped fixture shares between tests (starting Python processes
-    is most of an end-to-end test's cost). Started like the `sim`/`gateway` fixtures do."""
+    is most of an end-to-end test's cost). Started like the `sim`/`gateway` fixtures do:
+    simulated workers hosted by `host` if given (tests/conftest.py), else processes."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self.children: list[Child] = []
+    def __init__(self, log_dir: Path, host: SimHost | None = None) -> None:
+        self.children: list[Any] = []
         self._log_dir = log_dir
+        self._host = host
 
-    def sim(self, *args: str) -> Child:
-        child = start_sim(*args)
+    def sim(self, *args: str) -> Any:
+        child = self._host.start(*args) if self._host is not None else start_sim(*args)
         self.children.append(child)
         return child
 
@@ -281,4 +283,7 @@ class SharedProcesses:
 
     def stop(self) -> None:
         for child in reversed(self.children):
-            child.stop()
+            if isinstance(child, HostedSim):
+                child.stop()
+            else:
+                stop_child(child)

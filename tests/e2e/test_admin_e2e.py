@@ -21,7 +21,7 @@ from grpc import aio
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.launch import Child
-from tests.conftest import Launcher, grpcurl, worker_url
+from tests.conftest import Launcher, SimHost, grpcurl, run_alone, worker_url
 from tests.e2e.availability_helpers import (
     admin_address,
     is_ready,
@@ -59,10 +59,10 @@ class Workers:
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+def workers(tmp_path_factory: pytest.TempPathFactory, sim_host: SimHost) -> Iterator[Workers]:
     """Two workers of model m; each test puts its own gateway in front (admin changes
     live in the gateway, the workers are left as they were)."""
-    shared = SharedProcesses(tmp_path_factory.mktemp("admin"))
+    shared = SharedProcesses(tmp_path_factory.mktemp("admin"), sim_host)
     try:
         a, b = shared.sims(("--model", "m", "--name", "a"), ("--model", "m", "--name", "b"))
         yield Workers(a, b)
@@ -202,6 +202,7 @@ async def test_drained_worker_gets_nothing_new_while_its_stream_finishes(
     admin = admin_address(gw)
     for worker in (workers.a, workers.b):
         await wait_worker(admin, worker.address, is_ready)
+    run_alone()
     token_ms = 100
 
     async with channel(gw.address) as ch:

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.launch import Child
 from gateway.wire import encode_varint
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.helpers import channel, collect, model_md, sgl, sgl_generate, sgl_grpc, write_config
 
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}
@@ -133,6 +133,7 @@ async def test_a_removed_key_is_refused_within_two_seconds(
     start_keyed: Callable[..., Keyed],
 ) -> None:
     keyed = start_keyed(failure_limit=0)  # polling with a key not yet valid fails often
+    run_alone()
     async with channel(keyed.gateway.address) as ch:
         assert await health_check(ch, KEYS["bob"]) is grpc.StatusCode.OK
         write_keys(keyed.keys, {"alice": KEYS["alice"]})

@@ -18,7 +18,7 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.launch import Child
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import (
     NOT_SERVING,
     SERVING,
@@ -55,6 +55,9 @@ UNAVAILABLE_MESSAGE = (
     "All {n} regular workers for model '{model}' are unavailable "
     "(not connected, unhealthy or circuit breaker open)"
 )
+
+# Workers are signalled, frozen, killed and restarted on their port.
+pytestmark = pytest.mark.sim_processes
 
 
 def urls(*children: Child, model: str = "m", runtime: str = "sglang") -> list[str]:
@@ -97,6 +100,7 @@ async def test_sigkilled_worker_gets_no_new_request_after_one_second(
     admin = admin_address(gw)
     for worker in (a, victim):
         await wait_worker(admin, worker.address, is_ready)
+    run_alone()
     async with aio.insecure_channel(admin) as admin_ch, channel(gw.address) as held_ch:
         watch = admin_watch(admin_ch)
         # Requests the victim has accepted (its headers are relayed) but not yet answered
@@ -199,6 +203,7 @@ async def test_not_serving_worker_is_unroutable_within_one_probe_interval(
     admin = admin_address(gw)
     for worker in (a, b):
         await wait_worker(admin, worker.address, is_ready)
+    run_alone()
     interval, threshold = 1.0, 2
     async with aio.insecure_channel(admin) as admin_ch:
         watch = admin_watch(admin_ch)
@@ -321,6 +326,7 @@ async def test_wedged_worker_is_unroutable_after_its_probes_time_out(
     admin = admin_address(gw)
     for worker in (a, b):
         await wait_worker(admin, worker.address, is_ready)
+    run_alone()
     frozen = time.monotonic()
     a.process.send_signal(signal.SIGSTOP)
     try:

@@ -13,7 +13,7 @@ import grpc
 from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import (
     admin_address,
     admin_watch,
@@ -120,6 +120,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors(
         ]
         assert len(on_bad) == 2 * THRESHOLD
 
+        run_alone()
         # 2. INTERNAL from `bad` THRESHOLD times in a row opens its breaker.
         failed = 0
         for i in range(2 * THRESHOLD):

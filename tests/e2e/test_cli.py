@@ -158,28 +158,31 @@ def read_lines_until(child: Child, marker: str, within_s: float = 10.0) -> list[
     return lines
 
 
+DEMO = (
+    "demo",
+    "--listen",
+    "127.0.0.1:0",
+    "--admin-listen",
+    "127.0.0.1:0",
+    "--metrics-listen",
+    "off",
+    "--log-level",
+    "warning",
+)
+
+
 def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -> None:
-    demo = start(
-        [
-            "demo",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "off",
-            "--exit-after",
-            "8",
-            "--log-level",
-            "warning",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
+    """Every grpcurl line the demo prints works against it; SIGTERM then stops it with
+    exit 0 (Ctrl-C in a terminal is the same handler). `--exit-after` is the next test's:
+    a timer here would have to outlast the commands on however busy a machine."""
+    demo = start(list(DEMO), stderr=subprocess.DEVNULL)
     processes.append(demo)
     lines = read_lines_until(demo, "NOT_FOUND verdict")
     commands = [shlex.split(line, comments=True) for line in lines if line.startswith("  grpcurl ")]
     assert len(commands) == 9
-    results = [(argv, grpcurl(*argv[1:], timeout=5)) for argv in commands]
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:  # independent calls
+        replies = list(pool.map(lambda argv: grpcurl(*argv[1:], timeout=5), commands))
+    results = list(zip(commands, replies, strict=True))
 
     def result_for(*needles: str) -> subprocess.CompletedProcess[str]:
         [found] = [r for argv, r in results if all(n in argv for n in needles)]
@@ -213,7 +216,22 @@ def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -
     assert "x-http-status: 404" in not_found.stdout
     assert "Model 'no-such-model' is not served by any worker" in not_found.stderr
 
+    demo.process.send_signal(signal.SIGTERM)
     assert demo.process.wait(timeout=15) == 0
+
+
+def test_demo_exit_after_stops_it_by_itself_with_0(processes: list[Child], tmp_path: Path) -> None:
+    """`--exit-after S`: the demo stops on its own, S seconds after it is ready, with
+    exit 0, and every worker it started is gone (it waits for them before it exits)."""
+    mark = tmp_path.name
+    demo = start(
+        [*DEMO, "--exit-after", "0.2"],
+        stderr=subprocess.DEVNULL,
+        env={"GATEWAY_TEST_MARK": mark},
+    )
+    processes.append(demo)
+    assert demo.process.wait(timeout=15) == 0
+    assert marked_processes(mark) == []
 
 
 def marked_processes(mark: str) -> list[int]:

@@ -1,37 +1,34 @@
-"""Disaggregated serving through the gateway, with simulated PD/EPD
-workers that fail the way the engines do when a rendezvous parameter is wrong."""
+"""Disaggregated serving through the gateway process. The placement and relay of the legs
+are tested in process (tests/inproc/test_disagg.py); here, a choice that fails while
+another streams, with the workers in their own processes: in one event loop, that race
+ends the client's call with no status now and then (the front's abort meets a write still
+in flight on the same stream: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS)."""
 
 from __future__ import annotations
 
 import asyncio
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from grpc import aio
 
 from gateway.launch import Child
-from gateway_sim.engine import input_logprobs_for, output_tokens
 from tests.conftest import Launcher, worker_url
 from tests.e2e.helpers import (
-    assert_verdict,
     channel,
     collect,
     model_md,
     sgl,
     sgl_grpc,
     start_many,
-    vllm,
-    vllm_grpc,
-    wait_for_events,
     wait_health,
     wait_idle,
-    write_config,
 )
 
 PROMPT = [1, 2, 3]
+
+# The workers in processes of their own (see above).
+pytestmark = pytest.mark.sim_processes
 
 
 def sgl_request(
@@ -46,17 +43,9 @@ def sgl_request(
     )
 
 
-def vllm_request(request_id: str, tokens: int = 4, stream: bool = True) -> Any:
-    return vllm.GenerateRequest(
-        request_id=request_id,
-        tokenized=vllm.TokenizedInput(input_ids=PROMPT),
-        sampling_params=vllm.SamplingParams(max_tokens=tokens),
-        stream=stream,
-    )
-
-
 def pd_urls(prefill: Child, decode: Child, runtime: str = "sglang", **extra: str) -> list[str]:
-    """Worker flags for a prefill and a decode, roles and ports given explicitly."""
+    """Worker flags for a prefill and a decode, roles and ports given explicitly (also
+    used by tests/e2e/test_protection.py)."""
     prefill_query = {"model": "m", "runtime": runtime, "role": "prefill", **extra}
     if "bootstrap" in prefill.extra:
         prefill_query["bootstrap_port"] = prefill.extra["bootstrap"]
@@ -66,360 +55,6 @@ def pd_urls(prefill: Child, decode: Child, runtime: str = "sglang", **extra: str
         "--worker",
         worker_url(decode, model="m", runtime=runtime, role="decode"),
     ]
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        return str(reply.read().decode())
-
-
-def tokens_of(messages: list[Any]) -> list[int]:
-    return [t for m in messages if m.HasField("chunk") for t in m.chunk.token_ids]
-
-
-async def test_sglang_pd_streams_what_a_regular_worker_would(
-    sim: Launcher, gateway: Launcher
-) -> None:
-    # Bare URLs: runtime, model, role and bootstrap port all come from the workers.
-    prefill, decode = start_many(
-        sim,
-        ("--role", "prefill", "--model", "m", "--ttft-ms", "20"),
-        ("--role", "decode", "--model", "m"),
-    )
-    gw = gateway("--worker", worker_url(prefill), "--worker", worker_url(decode))
-    await wait_health(gw.address, "m")
-    async with channel(gw.address) as ch:
-        stub = sgl_grpc.SglangSchedulerStub(ch)
-        streamed, error = await collect(
-            stub.Generate(sgl_request("pd-1", 6), metadata=model_md("m"))
-        )
-        assert error is None
-        assert tokens_of(streamed) == output_tokens(PROMPT, 6)
-        assert len(streamed) == 7
-        assert streamed[-1].complete.finish_reason == "length"
-        whole, error = await collect(
-            stub.Generate(sgl_request("pd-2", 6, stream=False), metadata=model_md("m"))
-        )
-        assert error is None and len(whole) == 1
-        assert list(whole[0].complete.output_ids) == output_tokens(PROMPT, 6)
-    events = wait_for_events(gw.log_path, 2, rpc="Generate")  # type: ignore[attr-defined]
-    legs = {"prefill": [prefill.address], "decode": [decode.address]}
-    assert all(e["legs"] == legs and e["worker"] == decode.address for e in events)
-    assert all((e["attempts"], e["retries"]) == (1, 0) for e in events)
-    assert all(e["code"] == "OK" and len(e["rooms"]) == 1 for e in events)
-    assert 0 <= events[0]["rooms"][0] < 2**31
-    assert await wait_idle(prefill.address) == 0 and await wait_idle(decode.address) == 0
-
-
-async def test_prompt_logprobs_come_from_the_prefill_into_the_first_decode_chunk(
-    sim: Launcher, gateway: Launcher
-) -> None:
-    prefill, decode = start_many(
-        sim, ("--role", "prefill", "--model", "m"), ("--role", "decode", "--model", "m")
-    )
-    gw = gateway(*pd_urls(prefill, decode))
-    await wait_health(gw.address, "m")
-    async with channel(gw.address) as ch:
-        stub = sgl_grpc.SglangSchedulerStub(ch)
-        request = sgl_request("lp-1", 3, return_logprob=True)
-        messages, error = await collect(stub.Generate(request, metadata=model_md("m")))
-    assert error is None
-    first = messages[0].chunk.input_logprobs
-    values = [e.value if e.HasField("value") else None for e in first.token_logprobs]
-    assert values == input_logprobs_for(PROMPT)
-    assert list(first.token_ids) == PROMPT
-    assert not messages[1].chunk.HasField("input_logprobs")
-
-
-async def test_n3_gets_three_rooms_and_one_merged_stream(sim: Launcher, gateway: Launcher) -> None:
-    prefill, decode = start_many(
-        sim, ("--role", "prefill", "--model", "m"), ("--role", "decode", "--model", "m")
-    )
-    gw = gateway(*pd_urls(prefill, decode))
-    await wait_health(gw.address, "m")
-    async with channel(gw.address) as ch:
-        stub = sgl_grpc.SglangSchedulerStub(ch)
-        messages, error = await collect(
-            stub.Generate(sgl_request("n3", 4, n=3), metadata=model_md("m"))
-        )
-    assert error is None
-    assert len(messages) == 3 * 5
-    assert {m.request_id for m in messages} == {"n3"}
-    for index in range(3):
-        mine = [
-            m for m in messages if (m.chunk if m.HasField("chunk") else m.complete).index == index
-        ]
-        assert tokens_of(mine) == output_tokens(PROMPT, 4)
-        assert mine[-1].complete.finish_reason == "length"
-    (event,) = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
-    assert len(event["rooms"]) == 3 and len(set(event["rooms"])) == 3
-
-
-async def test_cancel_mid_stream_leaves_nothing_in_flight_on_either_leg(
-    sim: Launcher, gateway: Launcher
-) -> None:
-    prefill, decode = start_many(
-        sim,
-        ("--role", "prefill", "--model", "m"),
-        ("--role", "decode", "--model", "m", "--token-ms", "50"),
-    )
-    gw = gateway(*pd_urls(prefill, decode))
-    await wait_health(gw.address, "m")
-    async with channel(gw.address) as ch:
-        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
-            sgl_request("cancel-1", 100), metadata=model_md("m")
-        )
-        assert (await call.read()).HasField("chunk")
-        call.cancel()
-    assert await wait_idle(decode.address) == 0
-    assert await wait_idle(prefill.address) == 0
-    (event,) = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
-    assert event["code"] == "CANCELLED"
-
-
-async def test_abort_reaches_both_legs_and_every_choice(sim: Launcher, gateway: Launcher) -> None:
-    prefill, decode = start_many(
-        sim,
-        ("--role", "prefill", "--model", "m"),
-        ("--role", "decode", "--model", "m", "--token-ms", "50"),
-    )
-    gw = gateway(*pd_urls(prefill, decode))
-    await wait_health(gw.address, "m")
-    async with channel(gw.address) as ch:
-        stub = sgl_grpc.SglangSchedulerStub(ch)
-        call = stub.Generate(sgl_request("ab-1", 100, n=2), metadata=model_md("m"))
-        assert (await call.read()).HasField("chunk")
-        reply = await stub.Abort(sgl.AbortRequest(request_id="ab-1"), metadata=model_md("m"))
-        assert reply.success
-        rest = []
-        async with asyncio.timeout(10):
-            while (message := await call.read()) is not aio.EOF:
-                rest.append(message)
-        assert await call.code() is grpc.StatusCode.OK
-    finals = [m.complete for m in rest if m.HasField("complete")]
-    assert sorted(c.index for c in finals) == [0, 1]
-    assert {c.finish_reason for c in finals} == {"abort"}
-    assert await wait_idle(decode.address) == 0
-
-
-async def test_vllm_pd_hands_the_kv_params_from_prefill_to_decode(
-    sim: Launcher, gateway: Launcher
-) -> None:
-    prefill, decode = start_many(
-        sim,
-        ("--runtime", "vllm", "--role", "prefill", "--model", "m"),
-        ("--runtime", "vllm", "--role", "decode", "--model", "m"),
-    )
-    gw = gateway("--worker", worker_url(prefill), "--worker", worker_url(decode))
-    await wait_health(gw.address, "m", "vllm")
-    async with channel(gw.address) as ch:
-        stub = vllm_grpc.VllmEngineStub(ch)
-        streamed, error = await collect(
-            stub.Generate(vllm_request("v-1", 5), metadata=model_md("m"))
-        )
-        assert error is None
-        assert tokens_of(streamed) == output_tokens(PROMPT, 5)
-        whole, error = await collect(
-            stub.Generate(vllm_request("v-2", 5, stream=False), metadata=model_md("m"))
-        )
-        assert error is None
-        assert list(whole[-1].complete.output_ids) == output_tokens(PROMPT, 5)
-
-
-async def test_vllm_prefill_without_transfer_params_fails_naming_the_prefill(
-    sim: Launcher, gateway: Launcher
-) -> None:
-    prefill, decode = start_many(
-        sim,
-        ("--runtime", "vllm", "--role", "prefill", "--model", "m", "--omit-kv-params"),
-        ("--runtime", "vllm", "--role", "decode", "--model", "m"),
-    )
-    gw = gateway(*pd_urls(prefill, decode, runtime="vllm"))
-    await wait_health(gw.address, "m", "vllm")
-    async with channel(gw.address) as ch:
-        messages, error = await collect(
-            vllm_grpc.VllmEngineStub(ch).Generate(vllm_request("v-3"), metadata=model_md("m"))
-        )
-    assert messages == [] and error is not None
-    assert error.code() is grpc.StatusCode.INTERNAL
-    assert error.details() == (
-        f"prefill worker {prefill.address}: returned no kv_transfer_params; "
-        "the decode cannot fetch the KV cache"
-    )
-    wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
-    text = await asyncio.to_thread(scrape, gw.port_of("metrics"))
-    assert 'gateway_pd_handoff_failures_total{model="m",reason="missing_kv_params"} 1.0' in text
-
-
-async def test_epd_two_encoders_share_the_items_and_feed_the_prefill(
-    sim: Launcher, gateway: Launcher
-) -> None:
-    prefill, decode, enc_a, enc_b = start_many(
-        sim,
-        ("--role", "prefill", "--model", "m"),
-        ("--role", "decode", "--model", "m"),
-        ("--role", "encode", "--model", "m", "--name", "enc-a"),
-        ("--role", "encode", "--model", "m", "--name", "enc-b"),
-    )
-    gw = gateway(
-        *pd_urls(prefill, decode, embedding_port=prefill.extra["embedding"]),
-        "--worker",
-        worker_url(enc_a, model="m", role="encode"),
-        "--worker",
-        worker_url(enc_b, model="m", role="encode"),
-    )
-    await wait_health(gw.address, "m")
-    images = [f"http://images/{i}.png" for i in range(8)]
-    request = sgl_request("epd-1", 3, mm_inputs=sgl.MultimodalInputs(image_urls=images))
-    async with channel(gw.address) as ch:
-        messages, error = await collect(
-            sgl_grpc.SglangSchedulerStub(ch).Generate(request, metadata=model_md("m"))
-        )
-    assert error is None, error
-    assert tokens_of(messages) == output_tokens(PROMPT, 3)
-    (event,) = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
-    assert set(event["legs"]) == {"encode", "prefill", "decode"}
-    # Both encoders took part (8 items hash onto both), the prefill waited for both parts.
-    assert sorted(event["legs"]["encode"]) == sorted([enc_a.address, enc_b.address])
-
-
-async def test_encoder_failure_fails_the_request_naming_the_encode_leg(
-    sim: Launcher, gateway: Launcher
-) -> None:
-    prefill, decode, encoder = start_many(
-        sim,
-        ("--role", "prefill", "--model", "m"),
-        ("--role", "decode", "--model", "m"),
-        ("--role", "encode", "--model", "m"),
-    )
-    # No embedding port for the prefill: the encoder cannot deliver and says so.
-    gw = gateway(
-        *pd_urls(prefill, decode), "--worker", worker_url(encoder, model="m", role="encode")
-    )
-    await wait_health(gw.address, "m")
-    request = sgl_request("epd-2", mm_inputs=sgl.MultimodalInputs(image_urls=["http://i/1.png"]))
-    async with channel(gw.address) as ch:
-        _, error = await collect(
-            sgl_grpc.SglangSchedulerStub(ch).Generate(request, metadata=model_md("m"))
-        )
-    assert error is not None
-    assert error.details().startswith(f"encode worker {encoder.address}: ")
-
-
-class TestLegVerdicts:
-    """Each demanded leg judged by its own pool, through the real front."""
-
-    async def test_no_encode_workers_for_a_multimodal_request_is_leg_not_deployed(
-        self, sim: Launcher, gateway: Launcher, tmp_path: Path
-    ) -> None:
-        prefill, decode = start_many(
-            sim, ("--role", "prefill", "--model", "m"), ("--role", "decode", "--model", "m")
-        )
-        config = write_config(tmp_path, {"models": {"m": {"encode_leg": True}}})
-        gw = gateway("--config", config, *pd_urls(prefill, decode))
-        await wait_health(gw.address, "m")
-        image = sgl_request("v-1", mm_inputs=sgl.MultimodalInputs(image_urls=["http://i/1.png"]))
-        async with channel(gw.address) as ch:
-            stub = sgl_grpc.SglangSchedulerStub(ch)
-            _, error = await collect(stub.Generate(image, metadata=model_md("m")))
-            assert error is not None
-            assert_verdict(
-                error,
-                grpc.StatusCode.NOT_FOUND,
-                "LEG_NOT_DEPLOYED",
-                "Model 'm' has no encode workers registered",
-                {"model": "m", "leg": "encode", "httpStatus": "404", "code": "leg_not_deployed"},
-            )
-            # The same model still serves text requests.
-            text, error = await collect(stub.Generate(sgl_request("v-2"), metadata=model_md("m")))
-            assert error is None and len(text) == 5
-
-    async def test_healthy_prefill_and_every_decode_down_names_decode_only(
-        self, sim: Launcher, gateway: Launcher
-    ) -> None:
-        prefill, decode = start_many(
-            sim, ("--role", "prefill", "--model", "m"), ("--role", "decode", "--model", "m")
-        )
-        gw = gateway(*pd_urls(prefill, decode))
-        await wait_health(gw.address, "m")
-        decode.kill()
-        await wait_health(gw.address, "m", healthy=False)
-        async with channel(gw.address) as ch:
-            call = sgl_grpc.SglangSchedulerStub(ch).Generate(
-                sgl_request("v-3"), metadata=model_md("m")
-            )
-            assert await call.initial_metadata() == aio.Metadata()  # Trailers-Only
-            _, error = await collect(call)
-        assert error is not None
-        assert_verdict(
-            error,
-            grpc.StatusCode.UNAVAILABLE,
-            "WORKERS_UNAVAILABLE",
-            "All 1 decode workers for model 'm' are unavailable "
-            "(not connected, unhealthy or circuit breaker open)",
-            {"model": "m", "leg": "decode", "httpStatus": "503", "code": "no_available_workers"},
-            retry_s=1,
-            pushback_ms=1000,
-        )
-
-    async def test_sglang_prefill_and_vllm_decode_is_no_compatible_pair(
-        self, sim: Launcher, gateway: Launcher
-    ) -> None:
-        prefill, decode = start_many(
-            sim,
-            ("--role", "prefill", "--model", "m"),
-            ("--runtime", "vllm", "--role", "decode", "--model", "m"),
-        )
-        gw = gateway(
-            "--worker",
-            worker_url(prefill, model="m", runtime="sglang", role="prefill"),
-            "--worker",
-            worker_url(decode, model="m", runtime="vllm", role="decode"),
-        )
-        await asyncio.sleep(0.5)  # both probed ready; the pair can never form
-        message = (
-            "The prefill and decode workers for model 'm' share no runtime or KV transfer "
-            "setup (prefill on sglang [sim]; decode on vllm [NixlConnector])"
-        )
-        async with channel(gw.address) as ch:
-            _, error = await collect(
-                sgl_grpc.SglangSchedulerStub(ch).Generate(
-                    sgl_request("v-4"), metadata=model_md("m")
-                )
-            )
-        assert error is not None
-        assert_verdict(
-            error,
-            grpc.StatusCode.NOT_FOUND,
-            "NO_COMPATIBLE_PAIR",
-            message,
-            {
-                "model": "m",
-                "leg": "prefill,decode",
-                "httpStatus": "404",
-                "code": "no_compatible_pair",
-            },
-        )
-
-    async def test_prefill_only_is_leg_not_deployed_for_decode(
-        self, sim: Launcher, gateway: Launcher
-    ) -> None:
-        prefill = sim("--role", "prefill", "--model", "m")
-        gw = gateway("--worker", worker_url(prefill, model="m", runtime="sglang", role="prefill"))
-        async with channel(gw.address) as ch:
-            _, error = await collect(
-                sgl_grpc.SglangSchedulerStub(ch).Generate(
-                    sgl_request("v-5"), metadata=model_md("m")
-                )
-            )
-        assert error is not None
-        assert_verdict(
-            error,
-            grpc.StatusCode.NOT_FOUND,
-            "LEG_NOT_DEPLOYED",
-            "Model 'm' has no decode workers registered",
-            {"model": "m", "leg": "decode", "httpStatus": "404", "code": "leg_not_deployed"},
-        )
 
 
 async def test_a_failing_choice_ends_the_stream_with_its_status_and_cancels_the_rest(
@@ -445,62 +80,3 @@ async def test_a_failing_choice_ends_the_stream_with_its_status_and_cancels_the_
     )
     assert await wait_idle(decode.address) == 0
     assert await wait_idle(prefill.address) == 0
-
-
-pytestmark = pytest.mark.timeout(60)
-
-
-async def test_vllm_pd_decode_limited_to_one_never_runs_two(
-    sim: Launcher, gateway: Launcher, tmp_path: Path
-) -> None:
-    """Two prefills, one decode, `max_inflight: 1`, 8 clients: the decode is reserved when
-    its request is placed, so while one request is on it (prefilling or decoding) the
-    others are shed, and the decode's own GetLoads never shows two running."""
-    vllm_pd = ("--runtime", "vllm", "--model", "m")
-    p1, p2, decode = start_many(
-        sim,
-        (*vllm_pd, "--role", "prefill", "--ttft-ms", "60"),
-        (*vllm_pd, "--role", "prefill", "--ttft-ms", "60"),
-        (*vllm_pd, "--role", "decode", "--token-ms", "15"),
-    )
-    config = write_config(tmp_path, {"models": {"m": {"max_inflight": 1}}})
-    gw = gateway(
-        "--config",
-        config,
-        *pd_urls(p1, decode, runtime="vllm"),
-        "--worker",
-        worker_url(p2, model="m", runtime="vllm", role="prefill"),
-    )
-    await wait_health(gw.address, "m", "vllm")
-    peak = 0
-    done = asyncio.Event()
-
-    async def watch_decode() -> None:
-        nonlocal peak
-        async with channel(decode.address) as ch:
-            stub = vllm_grpc.VllmEngineStub(ch)
-            while not done.is_set():
-                loads = await stub.GetLoads(vllm.GetLoadsRequest(), timeout=2)
-                peak = max(peak, sum(load.num_running_reqs for load in loads.loads))
-                await asyncio.sleep(0.003)
-
-    codes: list[grpc.StatusCode] = []
-
-    async def client(index: int) -> None:
-        async with channel(gw.address) as ch:
-            stub = vllm_grpc.VllmEngineStub(ch)
-            for j in range(6):
-                _, error = await collect(
-                    stub.Generate(vllm_request(f"c{index}-{j}", 8), metadata=model_md("m"))
-                )
-                codes.append(grpc.StatusCode.OK if error is None else error.code())
-
-    watcher = asyncio.ensure_future(watch_decode())
-    try:
-        await asyncio.gather(*(client(i) for i in range(8)))
-    finally:
-        done.set()
-        await watcher
-    assert peak == 1
-    assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
-    assert await wait_idle(decode.address, "vllm") == 0

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from gateway.launch import Child
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import (
     NOT_SERVING,
     SERVING,
@@ -70,6 +70,7 @@ async def test_sigterm_drains_under_load_and_exits_0(sim: Launcher, gateway: Lau
     a, b = start_many(sim, ("--model", "m", "--name", "a"), ("--model", "m", "--name", "b"))
     gw = gateway("--drain-delay", str(DRAIN_DELAY_S), "--shutdown-grace", str(GRACE_S), *urls(a, b))
     await wait_health(gw.address, "m")
+    run_alone()
     tokens, token_ms = 30, 100  # 3 s streams: they outlive the drain delay
 
     async with channel(gw.address) as watch_ch, channel(gw.address) as ch:
@@ -157,6 +158,7 @@ async def test_a_health_watcher_does_not_hold_up_the_exit(sim: Launcher, gateway
     grace = 2.0
     gw = gateway("--drain-delay", "0.3", "--shutdown-grace", str(grace), *urls(worker))
     await wait_health(gw.address, "m")
+    run_alone()
     async with channel(gw.address) as ch:
         watch = health_watch(ch, "")
         await watch.wait_for(lambda s: s == SERVING, 2.0)
@@ -189,6 +191,7 @@ async def test_stream_longer_than_the_grace_is_cut_and_its_worker_call_cancelled
     grace = 0.5
     gw = gateway("--drain-delay", "0", "--shutdown-grace", str(grace), *urls(worker))
     await wait_health(gw.address, "m")
+    run_alone()
     async with channel(gw.address) as ch:
         call = await long_stream(sgl_grpc.SglangSchedulerStub(ch), "endless", 100, 50)
         await call.initial_metadata()
@@ -217,6 +220,7 @@ async def test_engine_health_check_turns_unhealthy_with_the_drain(
     worker = sim("--model", "m", "--name", "a")
     gw = gateway("--drain-delay", "1.0", "--shutdown-grace", "1", *urls(worker))
     await wait_health(gw.address, "m")
+    run_alone()
     gw.process.send_signal(signal.SIGTERM)
     await wait_health_status(gw.address, "models/m", NOT_SERVING, within_s=0.5)
     async with channel(gw.address) as ch:

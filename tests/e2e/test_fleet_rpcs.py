@@ -15,7 +15,7 @@ import pytest
 from smg_grpc_proto.generated import common_pb2
 
 from gateway.launch import Child
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, SimHost, worker_url
 from tests.e2e.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
@@ -61,10 +61,10 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, sim_host: SimHost) -> Iterator[Fleet]:
     """Workers shared by this module's tests (none of them kills or reconfigures one, and
     every test leaves them idle). Policy tests put their own gateway in front."""
-    shared = SharedProcesses(tmp_path_factory.mktemp("fleet"))
+    shared = SharedProcesses(tmp_path_factory.mktemp("fleet"), sim_host)
     try:
         a, b, c, v = shared.sims(
             ("--runtime", "sglang", "--model", "m", "--name", "a"),
@@ -201,6 +201,7 @@ async def test_get_loads_and_flush_cache_fan_out_to_every_worker(ready: Fleet) -
     await assert_idle(ready)
 
 
+@pytest.mark.sim_processes  # its workers are killed
 async def test_engine_health_check_is_answered_by_the_gateway(
     sim: Launcher, gateway: Launcher
 ) -> None:

@@ -13,11 +13,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.launch import Child, ready
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
 from tests.e2e.helpers import (
     assert_verdict,
@@ -193,6 +194,7 @@ async def test_ten_thousand_header_only_streams_are_refused_or_ended_by_the_boun
     (a quarter of 4096) they are CALLER_OVER_SHARE at once, and the read timeout ends the
     rest; a client on 127.0.0.1 is served meanwhile."""
     gw = await model_m_gateway(sim, gateway, tmp_path, {"request_read_timeout_s": 5})
+    run_alone()
     clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(40)]
     try:
         for client in clients:
@@ -366,6 +368,7 @@ async def test_sighup_without_tls_reloads_and_ends_nothing(
     assert gw.process.poll() is None
 
 
+@pytest.mark.sim_processes  # latency measured
 async def test_twenty_long_prompts_do_not_stall_another_models_calls(
     sim: Launcher, gateway: Launcher, tmp_path: Path, processes: list[Child]
 ) -> None:
@@ -408,6 +411,7 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
             return error is None
 
         await until(b_ready, 20)
+        run_alone()
         unloaded = [await small() for _ in range(20)]
         sender = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "tests.e2e.long_prompts_sender", gw.address, "a"),

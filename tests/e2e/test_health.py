@@ -129,6 +129,7 @@ def test_grpcurl_check_and_list_answer_every_name(ready: Fleet) -> None:
     assert "Message: unknown service 'models/nope'" in unknown.stderr
 
 
+@pytest.mark.serial  # max latency 250 ms
 async def test_check_answers_from_memory(ready: Fleet) -> None:
     """Even for a model whose only worker never answers its probe."""
     latencies = []

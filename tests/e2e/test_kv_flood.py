@@ -31,11 +31,12 @@ from pathlib import Path
 import pytest
 
 from gateway.launch import Child
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
 from tests.e2e.helpers import channel, model_md, sgl_generate, sgl_grpc, wait_health
 
-pytestmark = pytest.mark.timeout(120)
+# The small calls' latency is measured: the good worker is a process of its own.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.sim_processes]
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX_BYTES_PER_BLOCK = 200  # measured: ~200 B per stored block (scripts/bench_prefix.py)
@@ -145,6 +146,7 @@ async def test_a_flooding_worker_costs_the_gateway_bounded_memory_and_no_stall(
     gw = gateway("--worker", worker_url(good, model="good", runtime="sglang"), "--worker", evil)
     await wait_health(gw.address, "good")
     await wait_health(gw.address, "evil")
+    run_alone()
     evil_id = f"127.0.0.1:{hostile.port}"
     pid = gw.process.pid
     caller = Caller(gw)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from grpc import aio
 
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import admin_address, is_ready, list_workers, wait_worker
 from tests.e2e.helpers import (
     channel,
@@ -89,6 +90,7 @@ async def test_burst_six_times_the_fleet_limit_is_served_or_shed(
         headers = len(await call.initial_metadata())
         return time.monotonic() - started, messages, error, headers
 
+    run_alone()
     began = time.monotonic()
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
@@ -162,6 +164,7 @@ async def first_answer(
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.serial  # within two load intervals (1 s) of the gateway's start
 async def test_worker_reporting_overload_is_shed_within_two_load_intervals(
     sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:

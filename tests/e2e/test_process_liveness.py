@@ -23,7 +23,7 @@ from gateway.admin.v1 import admin_pb2 as admin
 from gateway.launch import Child
 from gateway.scale.control import READ_TIMEOUT_S
 from gateway.scale.supervisor import LIVENESS_INTERVAL_S, LIVENESS_MISSES, LIVENESS_TIMEOUT_S
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.helpers import POLL_S, WAIT_S, collect, model_md, sgl_generate, sgl_grpc
 from tests.e2e.test_processes import (
     PROCESSES,
@@ -81,6 +81,7 @@ async def test_a_stopped_serving_process_is_replaced_and_admin_answers_meanwhile
     ach, stub = admin_stub(gw)
     closing.append(ach)
     await stub.ListWorkers(admin.ListWorkersRequest(), timeout=5)
+    run_alone()
     os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
     try:

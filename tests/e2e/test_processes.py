@@ -30,7 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.admin.v1 import admin_pb2 as admin
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.launch import Child
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.helpers import (
     MAX,
     POLL_S,
@@ -193,6 +193,7 @@ async def test_an_added_worker_is_used_by_every_process_within_1s(
     snapshot = await watch.read()
     assert (snapshot.kind, snapshot.worker.id) == (admin.WORKER_EVENT_KIND_SNAPSHOT, first.address)
     url = worker_url(added, model="late", runtime="sglang")
+    run_alone()
     reply = await stub.AddWorker(admin.AddWorkerRequest(url=url), timeout=10)
     assert reply.worker.id == added.address
     answered = time.monotonic()
@@ -280,6 +281,7 @@ async def test_sigterm_drains_both_processes_and_exits_0(
     )
     channels = await per_process(gw)
     closing.extend(channels.values())
+    run_alone()
     streams = []
     for index, ch in sorted(channels.items()):
         await wait_servable(ch, "m")
@@ -309,6 +311,7 @@ async def test_a_killed_serving_process_is_replaced_and_serving_within_2s(
     gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
     before = serving_processes(gw)
     assert len(before) == 2
+    run_alone()
     killed = time.monotonic()
     os.kill(before[0], signal.SIGKILL)
     # Replaced: a new pid, listening, counted by the supervisor.

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers
 from tests.e2e.helpers import (
     SGL_SERVICE,
@@ -53,6 +54,7 @@ async def test_n_over_max_choices_is_refused_at_once_and_others_are_served(
     )
     await wait_health(gw.address, "m")
     await wait_health(gw.address, "other")
+    run_alone()
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         other = asyncio.ensure_future(
@@ -118,6 +120,7 @@ async def test_client_deadlines_never_open_a_breaker(sim: Launcher, gateway: Lau
     assert listed.breaker_state == admin_pb.BREAKER_STATE_CLOSED
 
 
+@pytest.mark.sim_processes  # SIGSTOP
 async def test_calls_on_a_frozen_worker_fail_over_within_keepalive(
     sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
@@ -197,11 +200,16 @@ async def generated_by(address: str) -> int:
     return sum(load.num_used_tokens for load in loads.loads)
 
 
+@pytest.mark.sim_processes  # a worker busy on a core of its own
 async def test_clients_that_stop_reading_stall_the_worker_not_the_gateway(
     sim: Launcher, gateway: Launcher
 ) -> None:
     """20 streams of 200k tokens whose client never grants window: the worker is paused
-    by flow control through the gateway, and the gateway's memory stays flat."""
+    by flow control through the gateway, and the gateway's memory stays flat.
+
+    Filling the windows takes the sim some 8 s of token production (~25k tokens/s); the
+    count is sampled every 0.25 s and called paused once it has not moved for 2 s (a
+    filling sim adds thousands in any 0.25 s), then must stay put for 3 s more."""
     worker = sim("--model", "m", "--tokens", "200000")
     gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
     await wait_health(gw.address, "m")
@@ -215,18 +223,21 @@ async def test_clients_that_stop_reading_stall_the_worker_not_the_gateway(
                 break
             await asyncio.sleep(0.1)
         # The windows fill (gateway <- worker: 256 KiB a stream; client <- gateway: 64 KiB),
-        # then the worker stops: two samples 2 s apart agree. Bounded; on a gateway without
-        # backpressure the count keeps growing far past this.
+        # then the worker stops: the count has not moved for 2 s. Bounded (40 s); on a
+        # gateway without backpressure the count keeps growing far past this.
         previous, paused = -1, None
-        for _ in range(20):
+        steady_since = time.monotonic()
+        deadline = steady_since + 40
+        while time.monotonic() < deadline:
             produced = await generated_by(worker.address)
-            if produced == previous:
+            if produced != previous:
+                previous, steady_since = produced, time.monotonic()
+            elif time.monotonic() - steady_since >= 2.0:
                 paused = produced
                 break
-            previous = produced
-            await asyncio.sleep(2)
+            await asyncio.sleep(0.25)
         assert paused is not None, f"the worker never paused ({previous} tokens)"
-        await asyncio.sleep(10)
+        await asyncio.sleep(3)
         still = await generated_by(worker.address)
         grown = rss_mib(gw.process.pid) - before
     finally:

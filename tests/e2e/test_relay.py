@@ -18,7 +18,7 @@ import pytest
 from grpc import aio
 
 from gateway.launch import Child
-from tests.conftest import Launcher, worker_url
+from tests.conftest import Launcher, SimHost, worker_url
 from tests.e2e.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
@@ -54,10 +54,10 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, sim_host: SimHost) -> Iterator[Fleet]:
     """One SGLang worker, one vLLM worker and a gateway, shared by the tests that leave
     them as they found them (every test checks the workers are idle again)."""
-    shared = SharedProcesses(tmp_path_factory.mktemp("relay"))
+    shared = SharedProcesses(tmp_path_factory.mktemp("relay"), sim_host)
     try:
         sgl_worker, vllm_worker = shared.sims(
             ("--runtime", "sglang", "--model", "s", "--name", "sgl-0"),
@@ -305,6 +305,7 @@ async def test_client_cancel_reaches_the_worker(ready: Fleet) -> None:
     assert event["code"] == "CANCELLED"
 
 
+@pytest.mark.sim_processes  # x-sim-exit-after ends the process
 async def test_worker_dying_mid_stream_ends_the_stream_unavailable(
     sim: Launcher, gateway: Launcher
 ) -> None:

@@ -62,10 +62,11 @@ async def sim(*flags: str) -> AsyncIterator[Sim]:
 
 @contextlib.asynccontextmanager
 async def gateway(
-    *urls: str, member: Member | None = None, **overrides: Any
+    *urls: str, member: Member | None = None, ready: bool = True, **overrides: Any
 ) -> AsyncIterator[Gateway]:
-    """The gateway in this event loop, every worker ready before the block starts; with
-    `member`, one serving process of several (its own port here, so a test can pick it)."""
+    """The gateway in this event loop, every worker ready before the block starts (unless
+    `ready` is False: a worker that never answers); with `member`, one serving process of
+    several (its own port here, so a test can pick it)."""
     config = build_config(
         worker_urls=urls,
         overrides={
@@ -82,7 +83,8 @@ async def gateway(
     gw = Gateway(config, member)
     await gw.start()
     try:
-        await until(lambda: all(w.status is WorkerStatus.READY for w in gw.fleet.registry))
+        if ready:
+            await until(lambda: all(w.status is WorkerStatus.READY for w in gw.fleet.registry))
         yield gw
     finally:
         await gw.close()

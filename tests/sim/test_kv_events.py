@@ -1,6 +1,6 @@
-"""SubscribeKvEvents of the simulated engines (real sim processes): snapshots, live
-stored/removed/cleared events, resuming from a cursor, DATA_LOSS, heartbeats, DP ranks,
-slow subscribers and engines without KV events."""
+"""SubscribeKvEvents of the simulated engines (hosted workers, tests/sim/conftest.py):
+snapshots, live stored/removed/cleared events, resuming from a cursor, DATA_LOSS,
+heartbeats, DP ranks, slow subscribers and engines without KV events."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -25,18 +24,18 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.launch import Child, start_sim
 from gateway_sim import SimConfig, add_sim_arguments
 from gateway_sim.engine import input_logprobs_for, output_tokens
 from gateway_sim.lines import Line, ProtocolError
 from gateway_sim.mailbox import Mailbox
+from tests.conftest import HostedSim, SimHost
 
 PROMPT = [5, 7, 11, 13]
 HOST = "127.0.0.1"
 TIMEOUT_MS = 500  # every bounded wait below: short, so the failing tests stay fast
 
-# One process per role, started together (each start waits for READY: in parallel it
-# is faster) and shared by the module's tests.
+# One worker per role (hosted, tests/sim/conftest.py), shared by the module's tests.
+Sims = dict[str, HostedSim]
 ROLES: dict[str, tuple[str, ...]] = {
     "sgl_prefill": ("--role", "prefill", "--name", "sgl-p"),
     "sgl_decode": ("--role", "decode", "--bootstrap-timeout-ms", str(TIMEOUT_MS)),
@@ -55,21 +54,15 @@ ROLES: dict[str, tuple[str, ...]] = {
 
 
 @pytest.fixture(scope="module")
-def sims() -> Iterator[dict[str, Child]]:
-    with ThreadPoolExecutor(len(ROLES)) as pool:
-        futures = {name: pool.submit(start_sim, *args) for name, args in ROLES.items()}
-        started: dict[str, Child] = {}
-        try:
-            for name, future in futures.items():
-                started[name] = future.result()
-        except BaseException:
-            for future in futures.values():
-                if future.exception() is None:
-                    future.result().kill()
-            raise
-    yield started
-    for child in started.values():
-        child.kill()
+def sims(sim_host: SimHost) -> Iterator[Sims]:
+    started: Sims = {}
+    try:
+        for name, args in ROLES.items():
+            started[name] = sim_host.start(*args)
+        yield started
+    finally:
+        for worker in started.values():
+            worker.stop()
 
 
 def free_port() -> int:
@@ -127,7 +120,7 @@ def vllm_request(
     return request
 
 
-async def generate(sim: Child, request: Any, runtime: str = "sglang") -> list[Any]:
+async def generate(sim: HostedSim, request: Any, runtime: str = "sglang") -> list[Any]:
     async with grpc.aio.insecure_channel(sim.address) as ch:
         stub: Any = (
             sgl_grpc.SglangSchedulerStub(ch)
@@ -137,7 +130,9 @@ async def generate(sim: Child, request: Any, runtime: str = "sglang") -> list[An
         return [message async for message in stub.Generate(request, timeout=10)]
 
 
-async def generate_error(sim: Child, request: Any, runtime: str = "sglang") -> grpc.aio.AioRpcError:
+async def generate_error(
+    sim: HostedSim, request: Any, runtime: str = "sglang"
+) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await generate(sim, request, runtime)
     return info.value
@@ -148,7 +143,7 @@ def tokens(messages: list[Any]) -> list[int]:
 
 
 async def sgl_pd(
-    sims: dict[str, Child], request_id: str, room: int, **kwargs: Any
+    sims: Sims, request_id: str, room: int, **kwargs: Any
 ) -> tuple[list[Any], list[Any]]:
     """Both legs at once, as the router sends them (the decode starts first here, so it
     really waits on the room)."""
@@ -166,7 +161,9 @@ async def sgl_pd(
 # --------------------------------------------------------------------------- SGLang PD
 
 
-async def test_sglang_pd_decode_streams_what_a_regular_worker_does(sims: dict[str, Child]) -> None:
+async def test_sglang_pd_decode_streams_what_a_regular_worker_does(
+    sims: Sims,
+) -> None:
     regular = await generate(sims["sgl_regular"], sgl_request("pd-1"))
     prefill, decode = await sgl_pd(sims, "pd-1", room=1001)
 
@@ -182,7 +179,8 @@ async def test_sglang_pd_decode_streams_what_a_regular_worker_does(sims: dict[st
     assert decode[-1].complete.finish_reason == "length"
 
 
-async def test_sglang_wrong_room_fails_the_decode_in_time(sims: dict[str, Child]) -> None:
+@pytest.mark.serial  # 0.4-2 s for a 0.5 s timeout
+async def test_sglang_wrong_room_fails_the_decode_in_time(sims: Sims) -> None:
     port = int(sims["sgl_prefill"].extra["bootstrap"])
     started = time.monotonic()
     decode = asyncio.create_task(
@@ -199,7 +197,7 @@ async def test_sglang_wrong_room_fails_the_decode_in_time(sims: dict[str, Child]
     assert 0.4 < elapsed < 2.0
 
 
-async def test_sglang_wrong_bootstrap_address(sims: dict[str, Child]) -> None:
+async def test_sglang_wrong_bootstrap_address(sims: Sims) -> None:
     prefill = sims["sgl_prefill"]
     port = int(prefill.extra["bootstrap"])
     wrong_host = sgl_request("pd-3", room=3003, host="127.0.0.2", port=port)
@@ -223,7 +221,7 @@ async def test_sglang_wrong_bootstrap_address(sims: dict[str, Child]) -> None:
     assert time.monotonic() - started < 1.0  # refused: no need to wait for the timeout
 
 
-async def test_sglang_decode_without_prefill(sims: dict[str, Child]) -> None:
+async def test_sglang_decode_without_prefill(sims: Sims) -> None:
     port = free_port()
     error = await generate_error(sims["sgl_decode"], sgl_request("pd-4", room=4, port=port))
     assert error.code() == grpc.StatusCode.INTERNAL
@@ -236,7 +234,7 @@ async def test_sglang_decode_without_prefill(sims: dict[str, Child]) -> None:
     assert "KV transfer failed: bootstrap room 4" in (error.details() or "")
 
 
-async def test_sglang_pd_bad_requests(sims: dict[str, Child]) -> None:
+async def test_sglang_pd_bad_requests(sims: Sims) -> None:
     port = int(sims["sgl_prefill"].extra["bootstrap"])
     for role, message in (("sgl_prefill", "prefill"), ("sgl_decode", "decode")):
         error = await generate_error(sims[role], sgl_request("pd-5"))
@@ -247,7 +245,7 @@ async def test_sglang_pd_bad_requests(sims: dict[str, Child]) -> None:
         assert error.details() == "n>1 is not supported in disaggregated mode"
 
 
-async def test_sglang_input_logprobs_stay_with_the_prefill(sims: dict[str, Child]) -> None:
+async def test_sglang_input_logprobs_stay_with_the_prefill(sims: Sims) -> None:
     expected = input_logprobs_for(PROMPT)
     assert expected[0] is None and len(expected) == len(PROMPT)
 
@@ -267,7 +265,7 @@ async def test_sglang_input_logprobs_stay_with_the_prefill(sims: dict[str, Child
     assert list(whole[0].complete.output_ids) == output_tokens(PROMPT, 5)
 
 
-async def test_sglang_rendezvous_stats(sims: dict[str, Child]) -> None:
+async def test_sglang_rendezvous_stats(sims: Sims) -> None:
     port = int(sims["sgl_prefill"].extra["bootstrap"])
     decode = asyncio.create_task(
         generate(sims["sgl_decode"], sgl_request("pd-8", room=8008, port=port))
@@ -296,7 +294,7 @@ async def test_sglang_rendezvous_stats(sims: dict[str, Child]) -> None:
 # ----------------------------------------------------------------------------- vLLM PD
 
 
-async def test_vllm_pd_hands_over_through_params(sims: dict[str, Child]) -> None:
+async def test_vllm_pd_hands_over_through_params(sims: Sims) -> None:
     prefill_sim = sims["vllm_prefill"]
     kv_port = int(prefill_sim.extra["kv"])
     to_prefill = {"do_remote_decode": True, "do_remote_prefill": False}
@@ -327,7 +325,7 @@ async def test_vllm_pd_hands_over_through_params(sims: dict[str, Child]) -> None
     )
 
 
-async def test_vllm_decode_with_bogus_params(sims: dict[str, Child]) -> None:
+async def test_vllm_decode_with_bogus_params(sims: Sims) -> None:
     kv_port = int(sims["vllm_prefill"].extra["kv"])
     decode = sims["vllm_decode"]
     good: dict[str, Any] = {
@@ -360,7 +358,7 @@ async def test_vllm_decode_with_bogus_params(sims: dict[str, Child]) -> None:
     assert "prefill worker expects kv_transfer_params do_remote_decode" in (error.details() or "")
 
 
-async def test_vllm_omit_kv_params(sims: dict[str, Child]) -> None:
+async def test_vllm_omit_kv_params(sims: Sims) -> None:
     messages = await generate(
         sims["vllm_omit"], vllm_request("v-5", {"do_remote_decode": True}, stream=False), "vllm"
     )
@@ -374,7 +372,7 @@ async def test_vllm_omit_kv_params(sims: dict[str, Child]) -> None:
 
 
 async def encode(
-    encoder: Child, req_id: str, items: list[str], part_idx: int, num_parts: int, port: int
+    encoder: HostedSim, req_id: str, items: list[str], part_idx: int, num_parts: int, port: int
 ) -> tuple[Any, dict[str, Any]]:
     async with grpc.aio.insecure_channel(encoder.address) as ch:
         call = enc_grpc.SglangEncoderStub(ch).Encode(
@@ -392,12 +390,13 @@ async def encode(
         return response, dict(await call.initial_metadata())
 
 
-def epd_request(prefill: Child, request_id: str, urls: tuple[str, ...]) -> Any:
+def epd_request(prefill: HostedSim, request_id: str, urls: tuple[str, ...]) -> Any:
     port = int(prefill.extra["bootstrap"])
     return sgl_request(request_id, room=77, port=port, image_urls=urls)
 
 
-async def test_epd_two_encoders_feed_one_prefill(sims: dict[str, Child]) -> None:
+@pytest.mark.serial  # answers within 0.3 s and 1 s
+async def test_epd_two_encoders_feed_one_prefill(sims: Sims) -> None:
     prefill = sims["epd_prefill"]
     port = int(prefill.extra["embedding"])
     urls = ("http://img/a.png", "http://img/b.png", "http://img/c.png")
@@ -430,7 +429,7 @@ async def test_epd_two_encoders_feed_one_prefill(sims: dict[str, Child]) -> None
     assert time.monotonic() - started < 0.3
 
 
-async def test_encoder_failures(sims: dict[str, Child]) -> None:
+async def test_encoder_failures(sims: Sims) -> None:
     encoder = sims["encoder_b"]
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await encode(encoder, "e-4", ["http://img/x.png"], 0, 1, free_port())
@@ -447,15 +446,15 @@ async def test_encoder_failures(sims: dict[str, Child]) -> None:
 # ---------------------------------------------------------------------- server info
 
 
-async def test_server_info_reports_the_role(sims: dict[str, Child]) -> None:
-    async def sgl_args(sim: Child) -> dict[str, Any]:
+async def test_server_info_reports_the_role(sims: Sims) -> None:
+    async def sgl_args(sim: HostedSim) -> dict[str, Any]:
         async with grpc.aio.insecure_channel(sim.address) as ch:
             info = await sgl_grpc.SglangSchedulerStub(ch).GetServerInfo(
                 sgl_pb2.GetServerInfoRequest()
             )
         return dict(info.server_args.items())
 
-    async def vllm_info(sim: Child) -> Any:
+    async def vllm_info(sim: HostedSim) -> Any:
         async with grpc.aio.insecure_channel(sim.address) as ch:
             return await vllm_grpc.VllmEngineStub(ch).GetServerInfo(vllm_pb2.GetServerInfoRequest())
 
@@ -491,7 +490,8 @@ async def test_server_info_reports_the_role(sims: dict[str, Child]) -> None:
     assert sims["sgl_decode"].extra == {} and sims["encoder_a"].extra == {}
 
 
-async def test_abort_while_waiting_for_the_room(sims: dict[str, Child]) -> None:
+@pytest.mark.serial  # an answer within 0.3 s
+async def test_abort_while_waiting_for_the_room(sims: Sims) -> None:
     port = int(sims["sgl_prefill"].extra["bootstrap"])
     decode = sims["sgl_decode"]
     async with grpc.aio.insecure_channel(decode.address) as ch:

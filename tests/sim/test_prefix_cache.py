@@ -1,5 +1,5 @@
 """The simulated engines' prefix cache, seen from Generate: cached_tokens, TTFT, LoRA
-namespaces, LRU eviction and blocks in use (real sim processes)."""
+namespaces, LRU eviction and blocks in use (hosted sim workers, tests/sim/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from gateway_sim.prefix_cache import Block, Lease, PrefixCache
+from tests.conftest import run_alone
 from tests.sim.kv import RUNTIMES, engine, hashes, kinds, prompt, removed_of, stored_of
 from tests.sim.test_sim import StartSim
 
@@ -56,6 +57,7 @@ async def test_ttft_counts_the_uncached_tokens(start_sim: StartSim, runtime: str
     """1 ms a prompt token: 250 ms for 250 new tokens; 10 ms once 240 are cached; the
     per-request TTFT override stays the base."""
     sim = start_sim("--runtime", runtime, "--prefill-us-per-token", "1000", "--ttft-ms", "20")
+    run_alone()
     tokens = prompt(250)  # 15 full blocks of 16 and a partial one
     async with engine(sim, runtime) as eng:
         cold = await eng.generate(tokens)

@@ -1,4 +1,5 @@
-"""End-to-end tests of the simulated worker: a real process spoken to over real protos."""
+"""End-to-end tests of the simulated worker, spoken to over real protos (hosted, or a real
+process where the test is about the process: see tests/sim/conftest.py)."""
 
 from __future__ import annotations
 
@@ -260,6 +261,7 @@ async def test_per_request_overrides(sglang_sim: SimProcess) -> None:
     assert len(plain) == 17
 
 
+@pytest.mark.sim_processes  # the process exits
 async def test_exit_after_kills_process_mid_stream(start_sim: StartSim) -> None:
     sim = start_sim("--exit-after", "3")
     async with channel(sim) as ch:
@@ -357,6 +359,7 @@ async def _health(ch: grpc.aio.Channel, service: str) -> int:
     return int(response.status)
 
 
+@pytest.mark.sim_processes  # signals
 async def test_signals_flip_health_and_sigterm_exits_zero(start_sim: StartSim) -> None:
     sim = start_sim("--runtime", "vllm")
     serving, not_serving = (
