@@ -113,8 +113,6 @@ class Gateway:
             config.retry_after_ms,
             config.loads.interval_s,
             config.loads.stale_after_s,
-            self.fleet.kv_index,
-            config.kv,
             adapters,
         )
         self.offload = Offload()  # a long prompt's decoding and hashing

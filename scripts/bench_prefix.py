@@ -25,12 +25,12 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang
 
 from gateway.config import BreakerConfig, KvConfig, WorkerSpec
 from gateway.fleet.breaker import CircuitBreaker
+from gateway.fleet.cache_aware import CacheAware
+from gateway.fleet.policies import Hints
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
 from gateway.offload import Offload
-from gateway.placement.cache_aware import CacheAware
-from gateway.placement.policies import Hints
 from gateway.roles import Runtime
 
 OFFLOAD = Offload()  # the gateway's one low-priority thread for long prompts
@@ -48,9 +48,8 @@ def tokens(n: int, seed: int) -> Any:
 
 
 def workers(n: int) -> list[Worker]:
-    channel: Any = None  # placement never calls a worker
     spec = [WorkerSpec("h", i + 1, "m", Runtime.SGLANG) for i in range(n)]
-    return [Worker(s, "m", Runtime.SGLANG, channel, CircuitBreaker(BreakerConfig())) for s in spec]
+    return [Worker(s, "m", Runtime.SGLANG, CircuitBreaker(BreakerConfig())) for s in spec]
 
 
 def hold(index: KvIndex, hosts: list[Worker], prompt: Any, block_size: int) -> None:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 import grpc
+from grpc import aio
 
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
@@ -28,6 +29,7 @@ SETTLED = frozenset(
 
 async def watch_connection(
     worker: Worker,
+    channel: aio.Channel,
     registry: Registry,
     settled: asyncio.Event,
     on_connected: Callable[[], None],
@@ -38,7 +40,6 @@ async def watch_connection(
     wait for it. A lost connection makes the worker prove itself to the prober again;
     `on_connected` asks for that proof at once instead of at the next interval.
     """
-    channel = worker.channel
     state = channel.get_state(try_to_connect=True)
     while True:
         connected = state is grpc.ChannelConnectivity.READY

@@ -1,5 +1,10 @@
 """The fleet: turns worker specs into registered workers and keeps their signals current.
 
+`add` and `remove` are the one door through which workers enter and leave their cluster
+(start-up's configured workers and the admin API both come through it); leaving drains
+the worker's in-flight calls first. The fleet owns each worker's channel: the worker
+itself (the host) holds only its signals.
+
 Per worker it runs three loops: connection watching (unroutable the moment the channel
 drops), active probes, and load polling (and, with KV events, a follower). The circuit
 breaker is fed by dispatch through `record_outcome`. Every status change is logged once,
@@ -26,6 +31,7 @@ from gateway.engines import Adapters, EngineAdapter, encoder
 from gateway.engines.base import ServerFacts
 from gateway.fleet.breaker import CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
+from gateway.fleet.cluster import cluster_factory
 from gateway.fleet.connection import watch_connection
 from gateway.fleet.discovery import DiscoveryError, detect_runtime, served_model, server_facts
 from gateway.fleet.loads import poll_load
@@ -55,10 +61,13 @@ class Fleet:
     def __init__(self, settings: GatewayConfig, adapters: Adapters) -> None:
         self.settings = settings
         self.adapters = adapters
-        self.registry = Registry()
+        self.kv_index = KvIndex.from_config(settings.kv)
+        clusters = cluster_factory(
+            settings.model, self.kv_index, settings.kv, settings.loads.stale_after_s
+        )
+        self.registry = Registry(clusters)
         self.registry.subscribe(self._log_event)
-        kv = settings.kv
-        self.kv_index = KvIndex.from_config(kv)
+        self._channels: dict[Worker, aio.Channel] = {}
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
@@ -101,7 +110,9 @@ class Fleet:
         for timer in self._timers.pop(worker.id, ()):
             timer.cancel()
         await _stopped(self._tasks.pop(worker.id, []))
-        await worker.channel.close()
+        channel = self._channels.pop(worker, None)
+        if channel is not None:
+            await channel.close()
         return emptied
 
     async def close(self) -> None:
@@ -110,8 +121,14 @@ class Fleet:
                 timer.cancel()
         self._timers.clear()
         await _stopped([t for ts in self._tasks.values() for t in ts])
-        for worker in self.registry:
-            await worker.channel.close()
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+    def channel(self, worker: Worker) -> aio.Channel:
+        """The worker's channel, for calls on a client's behalf (the worker must be
+        registered; a removed worker's channel is closed)."""
+        return self._channels[worker]
 
     def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
         """Dispatch reports how a request ended; feeds the worker's circuit breaker."""
@@ -231,24 +248,24 @@ class Fleet:
             spec=spec,
             model=model,
             runtime=runtime,
-            channel=channel,
             breaker=CircuitBreaker(self.settings.breaker),
             role=spec.role or facts.role or Role.REGULAR,
             bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
             pairing=facts.pairing,
         )
+        self._channels[worker] = channel
         self.registry.add(worker)
         adapter = self.adapters[runtime]
-        prober = ProbeLoop(worker, adapter, self.settings.probe)
+        prober = ProbeLoop(worker, channel, adapter, self.settings.probe)
         settled, probed = asyncio.Event(), asyncio.Event()
         self._keep(
             worker,
             "connection",
-            lambda: watch_connection(worker, self.registry, settled, prober.wake),
+            lambda: watch_connection(worker, channel, self.registry, settled, prober.wake),
         )
         self._keep(worker, "probe", lambda: self._probe_loop(worker, prober, probed))
         if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
-            self._keep(worker, "loads", lambda: self._load_loop(worker, adapter))
+            self._keep(worker, "loads", lambda: self._load_loop(worker, channel, adapter))
             if self.settings.kv.events:
                 follower = KvFollower(
                     worker,
@@ -308,11 +325,13 @@ class Fleet:
             probed.set()
             result = await prober.next_result()
 
-    async def _load_loop(self, worker: Worker, adapter: EngineAdapter) -> None:
+    async def _load_loop(
+        self, worker: Worker, channel: aio.Channel, adapter: EngineAdapter
+    ) -> None:
         settings = self.settings.loads
         failing = False
         while True:
-            await poll_load(worker, adapter, settings)
+            await poll_load(worker, channel, adapter, settings)
             if (worker.load_error is not None) != failing:
                 failing = not failing
                 log.warning(

@@ -1,7 +1,7 @@
 """Load polling: GetLoads per worker at an interval, for load-aware policies and overload.
 
 A failed poll keeps the last report and records the error; the report then ages. Once
-it is older than `stale_after_s` placement stops trusting it (see placement/overload.py),
+it is older than `stale_after_s` placement stops trusting it (see fleet/overload.py),
 so a worker that cannot report its load is judged by what the gateway itself knows (its
 own in-flight count), never by numbers that may be minutes old, and never as idle.
 Figures out of range (NaN, infinite, negative, past LoadReport.MAX_REQUESTS) are ignored
@@ -21,11 +21,13 @@ from gateway.fleet.worker import Worker
 from gateway.load import LoadReport
 
 
-async def poll_load(worker: Worker, adapter: EngineAdapter, settings: LoadsConfig) -> None:
+async def poll_load(
+    worker: Worker, channel: aio.Channel, adapter: EngineAdapter, settings: LoadsConfig
+) -> None:
     """One poll over the worker's engine protocol (`adapter`): updates `worker.load` or
     records `worker.load_error`."""
     try:
-        raw = await worker.channel.unary_unary(adapter.path("GetLoads"))(
+        raw = await channel.unary_unary(adapter.path("GetLoads"))(
             adapter.load_request(), timeout=settings.timeout_s
         )
         running, waiting, usage = adapter.load_figures(raw)

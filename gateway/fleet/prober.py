@@ -36,21 +36,25 @@ log = structlog.get_logger("gateway.fleet")
 
 
 async def probe_once(
-    worker: Worker, adapter: EngineAdapter, settings: ProbeConfig, engine_rpc: bool
+    worker: Worker,
+    channel: aio.Channel,
+    adapter: EngineAdapter,
+    settings: ProbeConfig,
+    engine_rpc: bool,
 ) -> ProbeResult:
     """One probe's verdict (`adapter`: the worker's engine protocol). An exception other
     than an RPC error or an undecodable answer (a bug in the gateway) is raised, never
     turned into a verdict about the worker."""
     try:
         if engine_rpc:
-            raw = await worker.channel.unary_unary(adapter.path("HealthCheck"))(
+            raw = await channel.unary_unary(adapter.path("HealthCheck"))(
                 b"", timeout=settings.timeout_s
             )
             healthy, message = adapter.health_check_answer(raw)
             kind = ProbeKind.SERVING if healthy else ProbeKind.NOT_SERVING
             return ProbeResult(kind, f"HealthCheck healthy={healthy} {message}".strip())
         # Raw bytes, decoded here: grpc's own deserializer would log and return None.
-        check = worker.channel.unary_unary(
+        check = channel.unary_unary(
             HEALTH_CHECK,
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
         )
@@ -75,8 +79,11 @@ class ProbeLoop:
     """One worker's probe loop (`adapter`: its engine protocol); `wake()` runs the next
     probe now (e.g. on reconnect)."""
 
-    def __init__(self, worker: Worker, adapter: EngineAdapter, settings: ProbeConfig) -> None:
+    def __init__(
+        self, worker: Worker, channel: aio.Channel, adapter: EngineAdapter, settings: ProbeConfig
+    ) -> None:
         self.worker = worker
+        self.channel = channel
         self.adapter = adapter
         self.settings = settings
         self._wake = asyncio.Event()
@@ -96,10 +103,14 @@ class ProbeLoop:
 
     async def probe(self) -> ProbeResult:
         try:
-            result = await probe_once(self.worker, self.adapter, self.settings, self._engine_rpc)
+            result = await probe_once(
+                self.worker, self.channel, self.adapter, self.settings, self._engine_rpc
+            )
             if not self._engine_rpc and result.detail.startswith("UNIMPLEMENTED"):
                 self._engine_rpc = True
-                result = await probe_once(self.worker, self.adapter, self.settings, True)
+                result = await probe_once(
+                    self.worker, self.channel, self.adapter, self.settings, True
+                )
         except Exception as error:
             result = self._internal(error)
         else:

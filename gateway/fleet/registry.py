@@ -1,4 +1,6 @@
-"""The registry: which workers serve which model, on which runtime, for which leg.
+"""The registry: which workers serve which model, on which runtime, for which leg: the
+clusters (gateway/fleet/cluster.py), made when their first worker arrives and dropped
+with their last.
 
 Every change is published as a `FleetEvent` to the listeners (the health service, the
 admin watch stream, metrics, logs), so nothing polls the registry for changes.
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from gateway.fleet.cluster import Cluster, ClusterFactory, ClusterKey
 from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.roles import Role, Runtime
 
@@ -30,11 +33,13 @@ log = structlog.get_logger("gateway.fleet")
 
 
 class Registry:
-    """Model -> runtime -> role -> workers, kept sorted by worker id for stable policies."""
+    """Model -> runtime -> role -> cluster. `clusters` makes a cluster for a key that has
+    none yet (its policy and limits)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clusters: ClusterFactory) -> None:
+        self._clusters = clusters
         self._by_id: dict[str, Worker] = {}
-        self._index: dict[str, dict[Runtime, dict[Role, list[Worker]]]] = {}
+        self._index: dict[str, dict[Runtime, dict[Role, Cluster]]] = {}
         self._listeners: list[Listener] = []
 
     def subscribe(self, listener: Listener) -> None:
@@ -46,10 +51,12 @@ class Registry:
 
     def add(self, worker: Worker) -> None:
         self._by_id[worker.id] = worker
-        pool = self._index.setdefault(worker.model, {}).setdefault(worker.runtime, {})
-        workers = pool.setdefault(worker.role, [])
-        workers.append(worker)
-        workers.sort(key=lambda w: w.id)
+        roles = self._index.setdefault(worker.model, {}).setdefault(worker.runtime, {})
+        cluster = roles.get(worker.role)
+        if cluster is None:
+            key = ClusterKey(worker.model, worker.runtime, worker.role)
+            cluster = roles[worker.role] = self._clusters(key)
+        cluster.admit(worker)
         self.publish(FleetEvent("added", worker, new=worker.status.value))
 
     def remove(self, worker: Worker) -> None:
@@ -58,8 +65,8 @@ class Registry:
         del self._by_id[worker.id]
         runtimes = self._index[worker.model]
         roles = runtimes[worker.runtime]
-        roles[worker.role].remove(worker)
-        if not roles[worker.role]:
+        roles[worker.role].evict(worker)
+        if not roles[worker.role].workers:
             del roles[worker.role]
         if not roles:
             del runtimes[worker.runtime]
@@ -110,17 +117,25 @@ class Registry:
     def runtimes(self, model: str) -> list[Runtime]:
         return sorted(self._index.get(model, {}))
 
+    def cluster(self, model: str, runtime: Runtime, role: Role) -> Cluster | None:
+        return self._index.get(model, {}).get(runtime, {}).get(role)
+
     def pool(self, model: str, runtime: Runtime, role: Role) -> Sequence[Worker]:
-        return self._index.get(model, {}).get(runtime, {}).get(role, ())
+        cluster = self.cluster(model, runtime, role)
+        return () if cluster is None else cluster.workers
 
     def has_role(self, model: str, role: Role) -> bool:
         """Whether any runtime has workers of this leg for the model (no list built)."""
         return any(role in roles for roles in self._index.get(model, {}).values())
 
+    def clusters(self, model: str, role: Role) -> list[Cluster]:
+        """A leg's clusters on every runtime, in runtime order."""
+        runtimes = self._index.get(model, {})
+        return [runtimes[rt][role] for rt in sorted(runtimes) if role in runtimes[rt]]
+
     def role_pool(self, model: str, role: Role) -> list[Worker]:
         """A leg's workers on every runtime (is the leg deployed at all?)."""
-        runtimes = self._index.get(model, {})
-        return [w for rt in sorted(runtimes) for w in runtimes[rt].get(role, ())]
+        return [w for cluster in self.clusters(model, role) for w in cluster.workers]
 
     def workers_of(
         self, model: str, runtime: Runtime | None = None, roles: Collection[Role] = tuple(Role)
@@ -132,7 +147,7 @@ class Registry:
             if runtime is None or rt is runtime
             for role in sorted(runtimes[rt])
             if role in roles
-            for w in runtimes[rt][role]
+            for w in runtimes[rt][role].workers
         ]
 
 

@@ -13,8 +13,6 @@ import asyncio
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from grpc import aio
-
 from gateway.config import WorkerSpec
 from gateway.fleet.breaker import CircuitBreaker
 from gateway.fleet.probe import ProbeState
@@ -42,12 +40,13 @@ def derive_status(draining: bool, connected: bool, healthy: bool | None) -> Work
 
 @dataclass(eq=False, slots=True)
 class Worker:
-    """One registered worker. Identity is its address; everything else is live state."""
+    """One registered worker: a host, in Envoy's terms. Identity is its address;
+    everything else is live state. Its connection (the channel) is not here: the fleet
+    keeps it, so placement, policies and their tests deal in workers without channels."""
 
     spec: WorkerSpec
     model: str
     runtime: Runtime
-    channel: aio.Channel
     breaker: CircuitBreaker  # its own, from the fleet's breaker settings
     role: Role = Role.REGULAR
     bootstrap_port: int | None = None  # prefill: its rendezvous port (SGLang PD)

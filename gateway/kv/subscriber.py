@@ -82,9 +82,6 @@ class Followed(Protocol):
     def id(self) -> str: ...
 
     @property
-    def channel(self) -> aio.Channel: ...
-
-    @property
     def inflight(self) -> int: ...
 
 
@@ -141,15 +138,15 @@ class KvFollower:
         adapter: EngineAdapter,
         index: KvIndex,
         *,
-        settings: KvConfig | None = None,
-        connect: Connect | None = None,
+        settings: KvConfig,
+        connect: Connect,
     ) -> None:
         """`connect` opens the subscription's own channel (receive limit
-        `kv.max_event_bytes`); without it the worker's shared channel is used, the size
-        checked before decoding (received up to the channel's own limit, never decoded)."""
+        `kv.max_event_bytes`), closed when the subscription ends: a flood of oversized
+        events is refused by that channel, not by the one requests use."""
         self.worker = worker
         self.index = index
-        self.settings = settings or KvConfig(block_size=index.block_size)
+        self.settings = settings
         self.state = FollowState.CONNECTING
         self.cursors: dict[int, int] = {}
         self.events: dict[str, int] = {}  # by kind: stored, removed, cleared, rejected_*
@@ -166,8 +163,6 @@ class KvFollower:
     # -- the subscription --------------------------------------------------------------
 
     def _open(self) -> aio.Channel:
-        if self._connect is None:
-            return self.worker.channel
         return self._connect(self.settings.max_event_bytes)
 
     async def run(self) -> None:
@@ -176,8 +171,7 @@ class KvFollower:
         try:
             await self._run(channel)
         finally:
-            if channel is not self.worker.channel:
-                await channel.close()
+            await channel.close()
 
     async def _run(self, channel: aio.Channel) -> None:
         subscribe = channel.unary_stream(

@@ -1,6 +1,8 @@
 """Placement: from (model, protocol, hints) to a worker, or to a verdict saying why not.
 
-The decision is a function of the registry snapshot, the clock and the policy state;
+Each leg is placed within its cluster (the model's workers of that role on the call's
+runtime), by the cluster's own policy and limits. The decision is a function of the
+registry snapshot, the clock and the policy state;
 nothing here awaits, so a placement and the dispatch's in-flight increment that follows
 it happen without another request in between.
 """
@@ -11,25 +13,17 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from types import MappingProxyType
 
-from gateway.config import KvConfig, ModelSettings
+from gateway.config import ModelSettings
 from gateway.engines import Adapters
+from gateway.fleet.cache_aware import CacheAware
+from gateway.fleet.cluster import Cluster
+from gateway.fleet.overload import overload_reason
+from gateway.fleet.policies import Choice, Hints, RoundRobin, rendezvous_pick
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
-from gateway.kv.index import KvIndex
 from gateway.placement import verdicts
-from gateway.placement.cache_aware import CacheAware
 from gateway.placement.decision import Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
-from gateway.placement.overload import Limits, overload_reason
-from gateway.placement.policies import (
-    Choice,
-    Hints,
-    LeastInflight,
-    Policy,
-    RoundRobin,
-    make_policy,
-    rendezvous_pick,
-)
 from gateway.placement.verdicts import Verdict
 from gateway.roles import ENGINE_ROLES, Role, Runtime
 
@@ -71,7 +65,8 @@ def classify_leg(
 
 
 class Placer:
-    """Holds one policy instance per (model, runtime, leg) so legs never share a rotation."""
+    """Places calls on the registry's clusters; `model_settings` says which models need
+    the encode leg, `adapters` the engine service names verdicts speak of."""
 
     def __init__(
         self,
@@ -80,20 +75,14 @@ class Placer:
         retry_after_ms: int,
         load_interval_s: float,
         stale_after_s: float,
-        kv_index: KvIndex,
-        kv_settings: KvConfig,
         adapters: Adapters,
     ) -> None:
-        self.kv_index = kv_index
-        self._kv_settings = kv_settings
-        self._adapters = adapters  # for the engine service names verdicts speak of
+        self._adapters = adapters
         self._registry = registry
         self._model_settings = model_settings
         self._retry_after_ms = retry_after_ms
         self._overload_retry_ms = round(load_interval_s * 1000)
         self._stale_after_s = stale_after_s
-        self._policies: dict[tuple[str, Runtime, Role], Policy] = {}
-        self._limits: dict[str, Limits] = {}
         self._any: dict[tuple[str, Runtime], RoundRobin] = {}
 
     def resolve(self, model: str | None, runtime: Runtime) -> str | Verdict:
@@ -123,31 +112,9 @@ class Placer:
         event loop when the prompt is long, so placement itself (synchronous) only looks
         the keys up and its loop time grows with the prompt's cached blocks."""
         leg = Role.PREFILL if Role.PREFILL in legs else Role.REGULAR
-        policy = self.policy(model, runtime, leg)
+        cluster = self._registry.cluster(model, runtime, leg)
+        policy = None if cluster is None else cluster.policy
         return policy.block_sizes() if isinstance(policy, CacheAware) else set()
-
-    def policy(self, model: str, runtime: Runtime, leg: Role) -> Policy:
-        key = (model, runtime, leg)
-        policy = self._policies.get(key)
-        if policy is None:
-            policy = self._policies[key] = self._make_policy(
-                self._model_settings(model).policy, leg
-            )
-        return policy
-
-    def _make_policy(self, name: str, leg: Role) -> Policy:
-        if name != CacheAware.name:
-            return make_policy(name)
-        if leg is Role.DECODE:
-            return LeastInflight()  # the prompt's cache is the prefill's: decode goes by load
-        return CacheAware(self.kv_index, self._kv_settings, self._stale_after_s)
-
-    def limits(self, model: str) -> Limits:
-        limits = self._limits.get(model)
-        if limits is None:
-            s = self._model_settings(model)
-            limits = self._limits[model] = Limits(s.max_inflight, s.max_waiting, s.max_token_usage)
-        return limits
 
     def place(
         self,
@@ -165,26 +132,26 @@ class Placer:
         registry = self._registry
         if legs is None:
             legs = self.legs(model, bool(items))
-        limits = self.limits(model)
         verdicts: list[Verdict] = []
         elsewhere: list[Role] = []
         fitting: dict[Role, list[Worker]] = {}
         for leg in legs:
-            everywhere = registry.role_pool(model, leg)
-            pool = everywhere if leg is Role.ENCODE else registry.pool(model, runtime, leg)
-            if everywhere and not pool:
-                elsewhere.append(leg)  # deployed, but not on this protocol's runtime
-                continue
-            available = [w for w in pool if w.available(now) and w.id not in exclude]
-            fits = (
-                [
-                    w
-                    for w in available
-                    if overload_reason(w, limits, now, self._stale_after_s) is None
-                ]
-                if limits.any
-                else available
-            )
+            if leg is Role.ENCODE:  # encoders serve every runtime's calls
+                clusters = registry.clusters(model, leg)
+            else:
+                cluster = registry.cluster(model, runtime, leg)
+                clusters = [cluster] if cluster is not None else []
+                if cluster is None and registry.has_role(model, leg):
+                    elsewhere.append(leg)  # deployed, but not on this protocol's runtime
+                    continue
+            pool: list[Worker] = []
+            available: list[Worker] = []
+            fits: list[Worker] = []
+            for cluster in clusters:
+                up = [w for w in cluster.workers if w.available(now) and w.id not in exclude]
+                pool += cluster.workers
+                available += up
+                fits += self._fitting(cluster, up, now)
             verdict = classify_leg(
                 model, leg, pool, available, fits, self._retry_after_ms, self._overload_retry_ms
             )
@@ -197,6 +164,14 @@ class Placer:
         if verdicts:
             return most_permanent(verdicts)
         return self._pick(model, runtime, legs, fitting, hints, items)
+
+    def _fitting(self, cluster: Cluster, available: list[Worker], now: float) -> list[Worker]:
+        """The available workers the cluster's limits let take one more request."""
+        limits = cluster.limits
+        if not limits.any:
+            return available
+        stale = self._stale_after_s
+        return [w for w in available if overload_reason(w, limits, now, stale) is None]
 
     def legs(self, model: str, multimodal: bool) -> tuple[Role, ...]:
         registry = self._registry
@@ -242,7 +217,7 @@ class Placer:
             encoders,
             MappingProxyType({c.worker.id: c.rank for c in chosen.values() if c.rank is not None}),
             receiver.expected_cached,
-            self.policy(model, runtime, receiving_leg).name,
+            self._cluster(model, runtime, receiving_leg).policy.name,
         )
 
     def _pair(
@@ -277,11 +252,17 @@ class Placer:
     def _choose(
         self, model: str, runtime: Runtime, leg: Role, candidates: list[Worker], hints: Hints
     ) -> Choice[Worker] | Verdict:
-        policy = self.policy(model, runtime, leg)
+        policy = self._cluster(model, runtime, leg).policy
         picked = policy.choose(candidates, hints)
         if picked is None:
             return verdicts.policy_declined(model, leg.value, policy.name, self._retry_after_ms)
         return picked
+
+    def _cluster(self, model: str, runtime: Runtime, leg: Role) -> Cluster:
+        """A leg's cluster, once placement found candidates in it (so it exists)."""
+        cluster = self._registry.cluster(model, runtime, leg)
+        assert cluster is not None
+        return cluster
 
     def any_worker(self, model: str, runtime: Runtime, exclude: Collection[str] = ()) -> Placement:
         """One available worker that speaks the engine protocol (any leg but encode), for

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.auth import AUTHORIZATION, bearer_token
-from gateway.placement.policies import Hints
+from gateway.fleet.policies import Hints
 
 # Hop-by-hop and transport keys that describe the client's connection, not the request.
 HOP_BY_HOP = frozenset(

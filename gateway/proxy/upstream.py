@@ -102,6 +102,12 @@ class Outcomes(Protocol):
     def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None: ...
 
 
+class Links(Outcomes, Protocol):
+    """What upstream calls need of the fleet: each worker's channel, and where to report."""
+
+    def channel(self, worker: Worker) -> aio.Channel: ...
+
+
 class Reservation:
     """One request's slot on a worker, taken when it was placed there."""
 
@@ -148,14 +154,14 @@ class Reserved:
 class Upstreams:
     """Makes reservations and upstream calls; owns the settles that outlive a request."""
 
-    def __init__(self, outcomes: Outcomes, inflight: InflightTable, abort_wait_s: float) -> None:
-        self._outcomes = outcomes
+    def __init__(self, fleet: Links, inflight: InflightTable, abort_wait_s: float) -> None:
+        self._fleet = fleet
         self.inflight = inflight
         self._abort_wait_s = abort_wait_s
         self._settling: set[asyncio.Task[None]] = set()
 
     def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
-        return Reservation(worker, self._outcomes, judge=judge)
+        return Reservation(worker, self._fleet, judge=judge)
 
     def reserve_all(self, decision: Decision) -> Reserved:
         """Reserve every worker of a placement at once (call right after placing)."""
@@ -180,7 +186,7 @@ class Upstreams:
         `hold` registers the call for Abort; `until_started` (decode legs) delays its
         cancel until its first message, bounded, so a KV hand-off is not torn in the middle.
         """
-        channel = reservation.worker.channel
+        channel = self._fleet.channel(reservation.worker)
         method = channel.unary_stream(path) if streaming else channel.unary_unary(path)
         try:
             rpc = method(request, metadata=metadata, timeout=timeout)

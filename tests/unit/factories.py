@@ -4,11 +4,16 @@ only what it is about."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
-from gateway.config import BreakerConfig, WorkerSpec
+from gateway.config import BreakerConfig, KvConfig, ModelSettings, WorkerSpec
+from gateway.engines import engine_adapters
 from gateway.fleet.breaker import CircuitBreaker
+from gateway.fleet.cluster import cluster_factory
+from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker
+from gateway.kv.index import KvIndex
+from gateway.placement.placer import Placer
 from gateway.roles import Role, Runtime
 
 
@@ -16,7 +21,6 @@ def make_worker(
     spec: WorkerSpec,
     model: str = "m",
     runtime: Runtime = Runtime.SGLANG,
-    channel: Any = None,  # most tests never call the worker
     *,
     role: Role = Role.REGULAR,
     pairing: str = "",
@@ -28,8 +32,37 @@ def make_worker(
         spec=spec,
         model=model,
         runtime=runtime,
-        channel=channel,
         breaker=CircuitBreaker(breaker if breaker is not None else BreakerConfig()),
         role=role,
         pairing=pairing,
+    )
+
+
+def make_registry(
+    model_settings: Callable[[str], ModelSettings] = lambda model: ModelSettings(),
+    kv_index: KvIndex | None = None,
+    stale_after_s: float = 3.0,
+) -> Registry:
+    """A registry whose clusters take each model's policy and limits from
+    `model_settings` (round robin, no limits unless given)."""
+    index = kv_index if kv_index is not None else KvIndex()
+    return Registry(cluster_factory(model_settings, index, KvConfig(), stale_after_s))
+
+
+def make_placer(
+    registry: Registry,
+    model_settings: Callable[[str], ModelSettings] = lambda model: ModelSettings(),
+    *,
+    retry_after_ms: int = 1000,
+    load_interval_s: float = 1.0,
+    stale_after_s: float = 3.0,
+) -> Placer:
+    """A placer over `registry` (`model_settings`: which models need the encode leg)."""
+    return Placer(
+        registry,
+        model_settings,
+        retry_after_ms=retry_after_ms,
+        load_interval_s=load_interval_s,
+        stale_after_s=stale_after_s,
+        adapters=engine_adapters(),
     )

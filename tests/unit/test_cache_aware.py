@@ -9,12 +9,12 @@ from smg_grpc_proto.generated import common_pb2 as kv
 
 from gateway.config import KvConfig, WorkerSpec
 from gateway.engines import engine_adapters
+from gateway.fleet.cache_aware import CacheAware, cheapest
+from gateway.fleet.policies import Choice, Hints
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
 from gateway.kv.subscriber import Gap, KvFollower
-from gateway.placement.cache_aware import CacheAware, cheapest
-from gateway.placement.policies import Choice, Hints
 from gateway.roles import Runtime
 from tests.unit.factories import make_worker
 
@@ -62,9 +62,14 @@ class FakeChannel:
 
 
 def follower(index: KvIndex) -> KvFollower:
-    w = worker(1)
-    w.channel = FakeChannel()  # type: ignore[assignment]
-    return KvFollower(w, engine_adapters()[Runtime.SGLANG], index)
+    settings = KvConfig(block_size=index.block_size)
+    return KvFollower(
+        worker(1),
+        engine_adapters()[Runtime.SGLANG],
+        index,
+        settings=settings,
+        connect=lambda limit: FakeChannel(),  # type: ignore[arg-type,return-value]
+    )
 
 
 def stored(sequence: int, engine_hashes: list[int], tokens: list[int], **extra: Any) -> Any:

@@ -8,8 +8,8 @@ from typing import get_args
 
 from gateway import config
 from gateway.cli import build_parser
-from gateway.placement.cache_aware import CacheAware
-from gateway.placement.policies import POLICY_TYPES
+from gateway.fleet.cache_aware import CacheAware
+from gateway.fleet.policies import POLICY_TYPES
 from gateway.policy_names import POLICIES, PolicyName
 
 

@@ -9,32 +9,23 @@ from typing import Any
 
 import pytest
 
-from gateway.config import KvConfig, ModelSettings
+from gateway.config import ModelSettings
 from gateway.engines import engine_adapters
+from gateway.fleet.policies import Hints
 from gateway.fleet.registry import Registry
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
 from gateway.placement.decision import Decision
 from gateway.placement.placer import Placer
-from gateway.placement.policies import Hints
 from gateway.proxy.dispatch import Job
 from gateway.roles import Role, Runtime
+from tests.unit.factories import make_placer, make_registry
 from tests.unit.test_cache_aware import PROMPT, follower, stored, worker
 
 
 def cache_aware_placer(index: KvIndex) -> tuple[Placer, Registry]:
-    registry = Registry()
-    placer = Placer(
-        registry,
-        lambda model: ModelSettings(policy="cache_aware"),
-        retry_after_ms=1000,
-        load_interval_s=1.0,
-        stale_after_s=3.0,
-        kv_index=index,
-        kv_settings=KvConfig(),
-        adapters=engine_adapters(),
-    )
-    return placer, registry
+    registry = make_registry(lambda model: ModelSettings(policy="cache_aware"), index)
+    return make_placer(registry), registry
 
 
 def routable(registry: Registry, *workers: Any) -> None:

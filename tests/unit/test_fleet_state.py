@@ -8,10 +8,10 @@ import pytest
 from gateway.config import BreakerConfig, ProbeConfig, WorkerSpec
 from gateway.engines import engine_adapters
 from gateway.fleet.breaker import BreakerState, CircuitBreaker, Outcome, outcome_of
+from gateway.fleet.overload import Limits, overload_reason
 from gateway.fleet.probe import ProbeKind, ProbeResult, ProbeState, judge
 from gateway.fleet.worker import LoadReport, Worker, WorkerStatus, derive_status
 from gateway.health import NOT_SERVING, SERVING, desired_statuses
-from gateway.placement.overload import Limits, overload_reason
 from gateway.roles import Runtime
 from tests.unit.factories import make_worker
 

@@ -17,17 +17,16 @@ from structlog.testing import capture_logs
 from gateway.admin.convert import worker_message
 from gateway.config import KvConfig, WorkerSpec, build_config
 from gateway.engines import engine_adapters
-from gateway.fleet.registry import Registry
+from gateway.fleet.cache_aware import CacheAware
+from gateway.fleet.policies import Choice, Hints
 from gateway.fleet.worker import LoadReport, Worker
 from gateway.kv.index import STRIDE, KvIndex, StoredBlock
 from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, root
 from gateway.kv.subscriber import CHUNK_BYTES, Backoff, KvFollower, TooLarge
 from gateway.metrics import FleetCollector
 from gateway.offload import Offload
-from gateway.placement.cache_aware import CacheAware
-from gateway.placement.policies import Choice, Hints
 from gateway.roles import Runtime
-from tests.unit.factories import make_worker
+from tests.unit.factories import make_registry, make_worker
 
 A = ("a:1", 0)
 PROMPT = list(range(100, 100 + 16 * 10))  # 10 blocks of 16
@@ -39,7 +38,17 @@ def worker(port: int = 1) -> Worker:
 
 def follower(index: KvIndex | None = None, **settings: Any) -> KvFollower:
     index = index if index is not None else KvIndex(**settings)
-    return KvFollower(worker(), engine_adapters()[Runtime.SGLANG], index)
+    return KvFollower(
+        worker(),
+        engine_adapters()[Runtime.SGLANG],
+        index,
+        settings=KvConfig(block_size=index.block_size),
+        connect=unused_channel,
+    )
+
+
+def unused_channel(limit: int) -> Any:
+    raise AssertionError("these tests apply events by hand: no subscription")
 
 
 def blocks(tokens: list[int], first_hash: int, size: int = 16) -> list[Any]:
@@ -329,7 +338,7 @@ def test_admin_and_metrics_survive_a_workers_numbers() -> None:
     message = worker_message(w)
     assert message.load.running == 2**32 - 1 and message.load.waiting == 0
     assert message.load.token_usage == 0.0
-    registry = Registry()
+    registry = make_registry()
     registry.add(w)
     prometheus = CollectorRegistry()
     prometheus.register(FleetCollector(registry))

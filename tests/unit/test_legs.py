@@ -7,19 +7,15 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway.config import KvConfig, ModelSettings, WorkerSpec
-from gateway.engines import engine_adapters
-from gateway.fleet.registry import Registry
+from gateway.config import ModelSettings, WorkerSpec
+from gateway.fleet.policies import Hints
 from gateway.fleet.worker import Worker
-from gateway.kv.index import KvIndex
 from gateway.placement.decision import Decision
 from gateway.placement.legs import demanded_legs, most_permanent
-from gateway.placement.placer import Placer
-from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Reason, Verdict, leg_not_deployed, workers_overloaded
 from gateway.placement.verdicts import workers_unavailable as unavailable
 from gateway.roles import Role, Runtime
-from tests.unit.factories import make_worker
+from tests.unit.factories import make_placer, make_registry, make_worker
 
 SGL, VLLM = Runtime.SGLANG, Runtime.VLLM
 P, D, E, R = Role.PREFILL, Role.DECODE, Role.ENCODE, Role.REGULAR
@@ -28,17 +24,8 @@ IMAGE = ("http://img/1.png",)
 
 class Fleet:
     def __init__(self, **settings: Any) -> None:
-        self.registry = Registry()
-        self.placer = Placer(
-            self.registry,
-            lambda model: ModelSettings(**settings),
-            retry_after_ms=1000,
-            load_interval_s=1.0,
-            stale_after_s=3.0,
-            kv_index=KvIndex(),
-            kv_settings=KvConfig(),
-            adapters=engine_adapters(),
-        )
+        self.registry = make_registry(lambda model: ModelSettings(**settings))
+        self.placer = make_placer(self.registry, lambda model: ModelSettings(**settings))
         self._port = 0
 
     def add(self, role: Role, runtime: Runtime = SGL, up: bool = True, pairing: str = "") -> Worker:

@@ -17,7 +17,7 @@ from gateway.metrics import TTFT_BUCKETS, Metrics
 from gateway.placement import verdicts
 from gateway.record import CallRecord
 from gateway.roles import Role, Runtime
-from tests.unit.factories import make_worker
+from tests.unit.factories import make_registry, make_worker
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"
 VLLM = "vllm.grpc.engine.VllmEngine"
@@ -42,7 +42,7 @@ def make_ready(registry: Registry, w: Worker) -> None:
 
 @pytest.fixture
 def fleet() -> Registry:
-    return Registry()
+    return make_registry()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""A worker is the one writer of its signals: nowhere in the gateway's source but
-gateway/fleet/worker.py is a worker's signal field assigned (plain, augmented or in a
-tuple); the others tell the worker through its methods."""
+"""A worker is the one writer of its signals, a cluster of its workers, policy and
+limits: nowhere in the gateway's source but gateway/fleet/worker.py (cluster.py) is such
+a field assigned (plain, augmented or in a tuple); the others go through their methods."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ SIGNALS = frozenset(
         "breaker",
     }
 )
-OWNER = Path(gateway.__file__).parent / "fleet" / "worker.py"
+CLUSTER_FIELDS = frozenset({"workers", "policy", "limits", "key"})
+FLEET = Path(gateway.__file__).parent / "fleet"
+OWNERS = {FLEET / "worker.py": SIGNALS, FLEET / "cluster.py": CLUSTER_FIELDS}
 # Assignments to fields of the same names on other objects, by (file, object written):
 # the gateway's own state (`self.`) and protobuf messages of the admin API.
 NOT_WORKERS = {("scale/control.py", "seen"), ("scale/control.py", "event.worker")}
@@ -47,21 +49,25 @@ def assigned(tree: ast.AST) -> list[tuple[int, str, str]]:
     return found
 
 
-def writes_outside_the_worker() -> list[str]:
-    root = OWNER.parents[1]
+def writes_outside(owner: Path, fields: frozenset[str]) -> list[str]:
+    root = FLEET.parent
     bad = []
     for path in sorted(root.rglob("*.py")):
-        if path == OWNER or "_pb2" in path.name:
+        if path == owner or "_pb2" in path.name:
             continue
         where = path.relative_to(root).as_posix()
         for line, obj, attr in assigned(ast.parse(path.read_text())):
-            if attr in SIGNALS and obj != "self" and (where, obj) not in NOT_WORKERS:
+            if attr in fields and obj != "self" and (where, obj) not in NOT_WORKERS:
                 bad.append(f"{where}:{line}: {obj}.{attr}")
     return bad
 
 
 def test_no_module_but_the_worker_assigns_its_signals() -> None:
-    assert writes_outside_the_worker() == []
+    assert writes_outside(FLEET / "worker.py", SIGNALS) == []
+
+
+def test_no_module_but_the_cluster_assigns_its_fields() -> None:
+    assert writes_outside(FLEET / "cluster.py", CLUSTER_FIELDS) == []
 
 
 def test_the_check_sees_each_form_of_assignment() -> None:

@@ -9,17 +9,15 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway.config import KvConfig, ModelSettings, WorkerSpec
-from gateway.engines import engine_adapters
+from gateway.config import ModelSettings, WorkerSpec
 from gateway.fleet.breaker import Outcome
+from gateway.fleet.policies import Hints
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker, WorkerStatus
-from gateway.kv.index import KvIndex
 from gateway.placement.placer import Placer
-from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Reason, Verdict
 from gateway.roles import Role, Runtime
-from tests.unit.factories import make_worker
+from tests.unit.factories import make_placer, make_registry, make_worker
 
 
 def add(registry: Registry, port: int, model: str, runtime: Runtime, ready: bool = True) -> Worker:
@@ -40,20 +38,16 @@ def chosen(p: Placer, model: str, hints: Hints, exclude: Sequence[str] = ()) -> 
 
 @pytest.fixture
 def registry() -> Registry:
-    return Registry()
+    return make_registry()
 
 
-def placer(registry: Registry, policy: str = "round_robin", **limits: Any) -> Placer:
-    return Placer(
-        registry,
-        lambda model: ModelSettings(policy=policy, **limits),
-        retry_after_ms=1500,
-        load_interval_s=2.0,
-        stale_after_s=6.0,
-        kv_index=KvIndex(),
-        kv_settings=KvConfig(),
-        adapters=engine_adapters(),
-    )
+def configured(policy: str = "round_robin", **limits: Any) -> Registry:
+    """A registry whose clusters are made with this policy and these per-worker limits."""
+    return make_registry(lambda model: ModelSettings(policy=policy, **limits), stale_after_s=6.0)
+
+
+def placer(registry: Registry) -> Placer:
+    return make_placer(registry, retry_after_ms=1500, load_interval_s=2.0, stale_after_s=6.0)
 
 
 def test_named_model_resolves(registry: Registry) -> None:
@@ -111,9 +105,10 @@ def test_retry_never_returns_a_tried_worker(registry: Registry) -> None:
     assert isinstance(chosen(p, "m", Hints(), exclude=[a.id, b.id]), Verdict)
 
 
-def test_policy_declined_names_the_policy(registry: Registry) -> None:
+def test_policy_declined_names_the_policy() -> None:
+    registry = configured("manual")
     add(registry, 1, "m", Runtime.SGLANG)
-    verdict = chosen(placer(registry, "manual"), "m", Hints(target_worker="h:9"))
+    verdict = chosen(placer(registry), "m", Hints(target_worker="h:9"))
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.POLICY_DECLINED
     assert verdict.extra == {"policy": "manual"}
@@ -135,9 +130,10 @@ def test_registry_drops_empty_branches_on_removal(registry: Registry) -> None:
     assert registry.pool("m", Runtime.SGLANG, Role.REGULAR) == ()
 
 
-def test_every_available_worker_over_its_limit_is_workers_overloaded(registry: Registry) -> None:
+def test_every_available_worker_over_its_limit_is_workers_overloaded() -> None:
+    registry = configured(max_inflight=2)
     a, b = add(registry, 1, "m", Runtime.SGLANG), add(registry, 2, "m", Runtime.SGLANG)
-    p = placer(registry, max_inflight=2)
+    p = placer(registry)
     a.inflight = b.inflight = 2
     verdict = chosen(p, "m", Hints())
     assert isinstance(verdict, Verdict)
@@ -148,10 +144,11 @@ def test_every_available_worker_over_its_limit_is_workers_overloaded(registry: R
     assert chosen(p, "m", Hints()) is b
 
 
-def test_unavailable_wins_over_overloaded_when_nobody_is_available(registry: Registry) -> None:
+def test_unavailable_wins_over_overloaded_when_nobody_is_available() -> None:
+    registry = configured(max_inflight=1)
     a = add(registry, 1, "m", Runtime.SGLANG, ready=False)
     a.inflight = 9
-    verdict = chosen(placer(registry, max_inflight=1), "m", Hints())
+    verdict = chosen(placer(registry), "m", Hints())
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.WORKERS_UNAVAILABLE
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.placement.policies import (
+from gateway.fleet.policies import (
     ConsistentHash,
     Hints,
     LeastInflight,

@@ -38,9 +38,9 @@ class Channel:
         return call
 
 
-def worker(channel: Any, healthy: bool | None = True) -> Worker:
+def worker(healthy: bool | None = True) -> Worker:
     spec = WorkerSpec("h", 1, "m", Runtime.SGLANG)
-    w = make_worker(spec, channel=channel)
+    w = make_worker(spec)
     w.probe.healthy = healthy
     return w
 
@@ -50,8 +50,8 @@ def rpc_error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
 
 
 async def test_a_bug_in_the_probe_is_logged_with_its_traceback_and_judges_nothing() -> None:
-    w = worker(channel=None)  # None.unary_unary: an AttributeError, as a bug would raise
-    prober = ProbeLoop(w, SGLANG, SETTINGS)
+    w = worker()
+    prober = ProbeLoop(w, None, SGLANG, SETTINGS)  # None.unary_unary: a bug
     with capture_logs() as logs:
         results = [await prober.probe() for _ in range(3)]
     assert {r.kind for r in results} == {ProbeKind.INTERNAL}
@@ -81,15 +81,15 @@ async def test_a_bug_in_the_probe_is_logged_with_its_traceback_and_judges_nothin
 
 
 async def test_a_new_worker_whose_probe_has_a_bug_stays_pending_not_unhealthy() -> None:
-    w = worker(channel=None, healthy=None)
-    result = await ProbeLoop(w, SGLANG, SETTINGS).probe()
+    w = worker(healthy=None)
+    result = await ProbeLoop(w, None, SGLANG, SETTINGS).probe()
     assert judge(w.probe, result, SETTINGS) is None
     assert derive_status(False, True, w.probe.healthy) is WorkerStatus.PENDING
 
 
 async def test_the_bug_is_logged_again_once_it_changes_or_after_a_good_probe() -> None:
     channel = Channel(TypeError("first"))
-    prober = ProbeLoop(worker(channel), SGLANG, SETTINGS)
+    prober = ProbeLoop(worker(), channel, SGLANG, SETTINGS)
     with capture_logs() as logs:
         await prober.probe()
         await prober.probe()
@@ -118,9 +118,9 @@ async def test_rpc_errors_timeouts_and_bad_answers_stay_verdicts() -> None:
         (b"\xff", ProbeKind.ERROR, "bad answer: DecodeError("),
     ]
     for answer, kind, detail in cases:
-        w = worker(Channel(answer))
+        w = worker()
         with capture_logs() as logs:
-            result = await ProbeLoop(w, SGLANG, SETTINGS).probe()
+            result = await ProbeLoop(w, Channel(answer), SGLANG, SETTINGS).probe()
         assert result.kind is kind and result.detail.startswith(detail), result
         assert logs == []  # a worker's failure is no gateway error
         assert judge(w.probe, result, SETTINGS) is False  # failure_threshold 1: unhealthy

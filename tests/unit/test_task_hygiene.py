@@ -24,13 +24,6 @@ from gateway.roles import Runtime
 from tests.unit.factories import make_worker
 
 
-class Channel:
-    closed = False
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 def fleet_with_worker(**overrides: Any) -> tuple[Fleet, Worker, list[FleetEvent]]:
     config = build_config(
         overrides={"breaker.cooldown_s": 0.05, "kv.grace_s": 0.05, **overrides},
@@ -38,7 +31,7 @@ def fleet_with_worker(**overrides: Any) -> tuple[Fleet, Worker, list[FleetEvent]
     )
     fleet = Fleet(config, engine_adapters())
     (spec,) = config.workers
-    worker = make_worker(spec, channel=Channel(), breaker=fleet.settings.breaker)
+    worker = make_worker(spec, breaker=fleet.settings.breaker)
     fleet.registry.add(worker)
     events: list[FleetEvent] = []
     fleet.registry.subscribe(events.append)
@@ -98,7 +91,7 @@ async def test_a_worker_removed_and_added_again_keeps_its_new_cache_entries() ->
     make_ready_then_not(fleet, worker)
     stale = next(iter(fleet._timers[worker.id]))
     await fleet.remove(worker, 0.0)
-    again = make_worker(worker.spec, channel=Channel(), breaker=fleet.settings.breaker)
+    again = make_worker(worker.spec, breaker=fleet.settings.breaker)
     fleet.registry.add(again)
     dropped: list[str] = []
     fleet.kv_index.drop_worker = dropped.append  # type: ignore[method-assign]
@@ -171,5 +164,3 @@ def test_the_kv_follower_opens_its_channel_through_connect() -> None:
     adapter = engine_adapters()[Runtime.SGLANG]
     follower = KvFollower(worker, adapter, KvIndex(), settings=config.kv, connect=connect)
     assert follower._open() is own and opened == [1234]
-    shared = KvFollower(worker, adapter, KvIndex(), settings=config.kv)
-    assert shared._open() is worker.channel  # no connect: the worker's own channel

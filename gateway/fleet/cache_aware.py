@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from gateway.config import KvConfig
+from gateway.fleet.policies import C, Choice, Hints, Policy, rotate_after
 from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
-from gateway.placement.policies import C, Choice, Hints, Policy, rotate_after
 
 if TYPE_CHECKING:
     pass
