@@ -31,7 +31,7 @@ from gateway.placement.placer import Placer
 from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch, Rooms
 from gateway.proxy.dispatch import Dispatcher
-from gateway.proxy.front import EngineFront
+from gateway.proxy.front import Door, EngineFront, Routing
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.upstream import Upstreams
@@ -160,21 +160,12 @@ class Gateway:
     async def start(self, drained: Sequence[str] = ()) -> int:
         """Listen and serve; `drained` workers start drained (a restarted serving process
         takes over what the admin API did to its predecessor)."""
+        door = Door(self.caller, self.admission, self.reads)
+        routing = Routing(
+            self.fleet.registry, self.placer, self.dispatcher, self.disagg, self.offload
+        )
         self.fronts = fronts = [
-            EngineFront(
-                adapter,
-                self.config,
-                self.fleet.registry,
-                self.placer,
-                self.dispatcher,
-                self.disagg,
-                self.admission,
-                self.reads,
-                self.caller,
-                self.metrics.observe,
-                self.offload,
-                self.siblings,
-            )
+            EngineFront(adapter, self.config, door, routing, self.metrics.observe, self.siblings)
             for adapter in self.adapters.values()
         ]
         self.server.add_generic_rpc_handlers(tuple(front.handler() for front in fronts))

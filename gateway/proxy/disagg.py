@@ -154,11 +154,7 @@ class PlacedLegs:
         call = self._upstreams.call(
             self._reserved.take(worker),
             leg,
-            path or job.path,
-            request,
-            job.metadata,
-            job.context.time_remaining(),
-            streaming=streaming,
+            job.outbound(request, streaming=streaming, path=path),
             label=label(worker),
             # Encoders do not speak the engine protocol: an Abort is not theirs to take.
             hold=None if leg is Role.ENCODE else job.hold(),

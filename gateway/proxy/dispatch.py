@@ -14,19 +14,19 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import NoReturn, TypeAlias
-
-from grpc import aio
+from typing import NoReturn
 
 from gateway.engines import EngineAdapter
 from gateway.fleet.worker import Worker
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
+from gateway.proxy.call import Call, Context
 from gateway.proxy.inflight import Hold
 from gateway.proxy.metadata import Metadata
 from gateway.proxy.status import abort_with_verdict
 from gateway.proxy.upstream import (
     RETRYABLE,
+    Outbound,
     Reserved,
     Sink,
     UpstreamCall,
@@ -35,7 +35,6 @@ from gateway.proxy.upstream import (
 )
 from gateway.record import CallRecord
 
-Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
 Place = Callable[[Collection[str]], Decision | Verdict]
 
 
@@ -82,18 +81,35 @@ class Downstream:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One request, or one choice of an n>1 request, to place and run."""
+    """One client call, or one choice of an n>1 call, to place and run: the call, and
+    what this part of it sends (its own request bytes and id) and where its answer goes."""
 
-    context: Context
+    call: Call
     adapter: EngineAdapter
-    path: str
     raw: bytes
-    metadata: Metadata
-    record: CallRecord
     sink: Sink
     upstream_id: str  # the id the workers know it by: the client's, or `<id>-<i>`
     return_logprob: bool = False
-    principal: str | None = None  # who sent it (mTLS identity or API key name)
+
+    @property
+    def context(self) -> Context:
+        return self.call.context
+
+    @property
+    def record(self) -> CallRecord:
+        return self.call.record
+
+    def outbound(self, request: bytes, *, streaming: bool, path: str | None = None) -> Outbound:
+        """`request` as an RPC to a worker: the call's method (or `path`), its forwarded
+        metadata and the client's time left."""
+        call = self.call
+        return Outbound(
+            path or call.spec.path,
+            request,
+            call.meta.forward,
+            call.context.time_remaining(),
+            streaming,
+        )
 
     def for_worker(self, request: bytes, decision: Decision, worker: Worker) -> bytes:
         """The request as `worker` gets it: on the data-parallel rank placement chose."""
@@ -101,7 +117,8 @@ class Job:
         return request if rank is None else self.adapter.with_dp_rank(request, rank)
 
     def hold(self) -> Hold:
-        return Hold(self.record.request_id, self.upstream_id, self.principal)
+        record = self.call.record
+        return Hold(record.request_id, self.upstream_id, record.principal)
 
 
 Flow = Callable[[Job, Reserved], Awaitable[bytes | None]]
@@ -132,7 +149,10 @@ class Dispatcher:
                     await refuse(job.context, record, placed)
                 break  # nobody else to try: the last worker's own failure is the answer
             reserved = self.upstreams.reserve_all(placed)
+            job.call.placements.append(reserved)
             record.attempts += 1
+            if placed.expected_cached_tokens is not None:
+                record.expected_cached_tokens = placed.expected_cached_tokens
             if failure is not None:
                 record.retries += 1
             try:
@@ -168,13 +188,10 @@ class Dispatcher:
         worker = reserved.decision.lone
         job.record.called(worker.role, worker.id)
         job.record.worker = worker.id
+        request = job.for_worker(job.raw, reserved.decision, worker)
         return self.upstreams.call(
             reserved.take(worker),
             worker.role,
-            job.path,
-            job.for_worker(job.raw, reserved.decision, worker),
-            job.metadata,
-            job.context.time_remaining(),
-            streaming=streaming,
+            job.outbound(request, streaming=streaming),
             hold=job.hold() if streaming else None,
         )

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import grpc
@@ -37,15 +37,15 @@ from gateway.placement.verdicts import (
     shown,
 )
 from gateway.proxy.admission import Admission, Refusal
-from gateway.proxy.call import Call
+from gateway.proxy.call import Call, Context
 from gateway.proxy.disagg import DisaggregatedDispatch
-from gateway.proxy.dispatch import Context, Dispatcher, Downstream, Job, answer, refuse
+from gateway.proxy.dispatch import Dispatcher, Downstream, Job, answer, refuse
 from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
 from gateway.proxy.metadata import Metadata, read_request_meta
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.upstream import UpstreamFailure
+from gateway.proxy.upstream import Outbound, UpstreamFailure
 from gateway.record import CallRecord
 from gateway.roles import Role
 
@@ -90,41 +90,58 @@ def named(ids: list[str]) -> str:
     return shown_ids + (f" and {more} more" if more > 0 else "")
 
 
+@dataclass(frozen=True, slots=True)
+class Door:
+    """What every engine call passes before it is placed (one of each per serving
+    process, shared by its engine fronts): who sent it, the admission bounds, and the
+    gate its request is read through."""
+
+    caller: Caller
+    admission: Admission
+    gate: ReadGate
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Where a call goes and how it gets there: the workers, placement, the regular and
+    the disaggregated dispatch, and the thread a long prompt is decoded and hashed in."""
+
+    registry: Registry
+    placer: Placer
+    dispatcher: Dispatcher
+    disagg: DisaggregatedDispatch
+    offload: Offload
+
+
 class EngineFront:
-    """Serves one engine protocol (SglangScheduler or VllmEngine) in front of the fleet."""
+    """Serves one engine protocol (SglangScheduler or VllmEngine) in front of the fleet.
+    `observe` hears every call's record once it ends; `siblings`: the other serving
+    processes (`--processes N`), for Aborts of calls they hold."""
 
     def __init__(
         self,
         adapter: EngineAdapter,
         config: GatewayConfig,
-        registry: Registry,
-        placer: Placer,
-        dispatcher: Dispatcher,
-        disagg: DisaggregatedDispatch,
-        admission: Admission,
-        gate: ReadGate,
-        caller: Caller,
+        door: Door,
+        routing: Routing,
         observe: Callable[[CallRecord], None],
-        offload: Offload,
         siblings: Siblings | None = None,
     ) -> None:
+        self.adapter = adapter
+        self._config = config
+        self._door = door
         self._siblings = siblings
-        self._offload = offload
+        self._observe = observe
         self._abort_path = next(
             spec.path for spec in adapter.rpcs.values() if spec.kind is RpcKind.ABORT
         )
-        self._caller = caller
-        self._admission = admission
-        self._gate = gate
-        self._disagg = disagg
         self._draining = False  # `drain()`: the engine HealthCheck then says unhealthy
-        self.adapter = adapter
-        self._observe = observe
-        self._config = config
-        self._registry = registry
-        self._placer = placer
-        self._dispatcher = dispatcher
-        self._upstreams = dispatcher.upstreams
+        self._offload = routing.offload
+        self._disagg = routing.disagg
+        self._registry = routing.registry
+        self._placer = routing.placer
+        self._dispatcher = routing.dispatcher
+        self._upstreams = routing.dispatcher.upstreams
 
     def drain(self) -> None:
         """SIGTERM: from now on the engine HealthCheck answers unhealthy, so a client's
@@ -153,7 +170,7 @@ class EngineFront:
             RpcKind.FAN_OUT: self._fan_out,
         }[spec.kind]
 
-        admission, gate, limits = self._admission, self._gate, self._config.limits
+        admission, gate, limits = self._door.admission, self._door.gate, self._config.limits
         retry_after_ms = self._config.retry_after_ms
         # The engine HealthCheck is answered from memory: it stays cheap and open under load.
         bounded = spec.kind is not RpcKind.HEALTH_CHECK
@@ -211,7 +228,7 @@ class EngineFront:
         UNAUTHENTICATED) and named; a value no worker channel would accept refused
         (BAD_METADATA), before anything is read or placed."""
         config = self._config
-        caller = self._caller
+        caller = self._door.caller
         meta = read_request_meta(
             context.invocation_metadata(),
             config.model_headers,
@@ -241,18 +258,8 @@ class EngineFront:
         return resolved
 
     def _job(self, call: Call) -> Job:
-        context, record = call.context, call.record
-        return Job(
-            context,
-            self.adapter,
-            call.spec.path,
-            call.request,
-            call.meta.forward,
-            record,
-            Downstream(context, record),
-            record.request_id,
-            principal=record.principal,
-        )
+        sink = Downstream(call.context, call.record)
+        return Job(call, self.adapter, call.request, sink, call.record.request_id)
 
     async def _placed(self, call: Call) -> bytes | None:
         spec, request, context, record = call.spec, call.request, call.context, call.record
@@ -300,10 +307,7 @@ class EngineFront:
         job = self._job(call)
 
         def place(tried: Collection[str]) -> Decision | Verdict:
-            decided = placer.place(model, runtime, hints, items, tried, legs)
-            if isinstance(decided, Decision) and prefix is not None:
-                record.expected_cached_tokens = decided.expected_cached_tokens
-            return decided
+            return placer.place(model, runtime, hints, items, tried, legs)
 
         if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
             job = replace(job, return_logprob=info.return_logprob)
@@ -348,11 +352,9 @@ class EngineFront:
         if isinstance(workers, Verdict):
             await refuse(context, record, workers)
         record.targets = [w.id for w in workers]
-        upstreams, timeout = self._upstreams, context.time_remaining()
-        legs = [
-            upstreams.ask(upstreams.reserve(w), spec.path, request, meta.forward, timeout)
-            for w in workers
-        ]
+        upstreams = self._upstreams
+        outbound = Outbound(spec.path, request, meta.forward, context.time_remaining())
+        legs = [upstreams.ask(upstreams.reserve(w), outbound) for w in workers]
         try:
             results = await asyncio.gather(*(c.response() for c in legs), return_exceptions=True)
         finally:
@@ -385,13 +387,9 @@ class EngineFront:
                 async with asyncio.timeout(self._config.disagg.abort_wait_s):
                     await holder.started.wait()
         upstreams = self._upstreams
-        with upstreams.ask(
-            upstreams.reserve(holder.worker, judge=False),
-            path,
-            self.adapter.abort_request([holder.upstream_id], request),
-            forward,
-            time_left,
-        ) as call:
+        abort = self.adapter.abort_request([holder.upstream_id], request)
+        reservation = upstreams.reserve(holder.worker, judge=False)
+        with upstreams.ask(reservation, Outbound(path, abort, forward, time_left)) as call:
             return await call.response()
 
     async def abort_held(

@@ -82,6 +82,18 @@ def label(worker: Worker) -> str:
     return f"{role}worker {worker.id}"
 
 
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """One RPC as it goes to a worker: the method, the request as that worker gets it,
+    the metadata forwarded, the time left, and whether the answer streams."""
+
+    path: str
+    request: bytes
+    metadata: Metadata
+    timeout: float | None
+    streaming: bool = False
+
+
 class Sink(Protocol):
     """Where an upstream stream's answer goes: the client, or one choice of an n>1 merge."""
 
@@ -171,25 +183,23 @@ class Upstreams:
         self,
         reservation: Reservation,
         leg: Role,
-        path: str,
-        request: bytes,
-        metadata: Metadata,
-        timeout: float | None,
+        outbound: Outbound,
         *,
-        streaming: bool,
         label: str = "",
         hold: Hold | None = None,
         until_started: bool = False,
     ) -> UpstreamCall:
-        """Start one RPC on a reservation.
+        """Start one RPC on a reservation, as the call's `leg`.
 
-        `hold` registers the call for Abort; `until_started` (decode legs) delays its
-        cancel until its first message, bounded, so a KV hand-off is not torn in the middle.
+        `label` names the worker in a failure's message; `hold` registers the call for
+        Abort; `until_started` (decode legs) delays its cancel until its first message,
+        bounded, so a KV hand-off is not torn in the middle.
         """
         channel = self._fleet.channel(reservation.worker)
-        method = channel.unary_stream(path) if streaming else channel.unary_unary(path)
+        path, timeout = outbound.path, outbound.timeout
+        method = channel.unary_stream(path) if outbound.streaming else channel.unary_unary(path)
         try:
-            rpc = method(request, metadata=metadata, timeout=timeout)
+            rpc = method(outbound.request, metadata=outbound.metadata, timeout=timeout)
         except BaseException:
             reservation.release(None)
             raise
@@ -202,27 +212,11 @@ class Upstreams:
         deadline = None if timeout is None else time.monotonic() + timeout
         return UpstreamCall(self, reservation, leg, rpc, label, key, holder, deadline)
 
-    def ask(
-        self,
-        reservation: Reservation,
-        path: str,
-        request: bytes,
-        metadata: Metadata,
-        timeout: float | None,
-    ) -> UpstreamCall:
+    def ask(self, reservation: Reservation, outbound: Outbound) -> UpstreamCall:
         """A unary call to one of several workers (a fan-out target, an abort holder):
         its failure names the worker."""
         worker = reservation.worker
-        return self.call(
-            reservation,
-            worker.role,
-            path,
-            request,
-            metadata,
-            timeout,
-            streaming=False,
-            label=label(worker),
-        )
+        return self.call(reservation, worker.role, outbound, label=label(worker))
 
     def defer(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
         task = asyncio.ensure_future(self._settle_after_start(call, first))

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from gateway.fleet.breaker import BreakerState
-from gateway.proxy.upstream import UpstreamFailure
+from gateway.proxy.upstream import Outbound, UpstreamFailure
 from gateway.roles import Role
 from tests.e2e.helpers import sgl_generate
 from tests.inproc.harness import SGL, gateway, idle, sim, worker
@@ -32,15 +32,8 @@ async def test_the_gateways_own_channel_failure_is_not_the_workers() -> None:
         request = sgl_generate("r").SerializeToString()
         for _ in range(2 * gw.config.breaker.failure_threshold):
             reservation = gw.upstreams.reserve(target)
-            with gw.upstreams.call(
-                reservation,
-                Role.REGULAR,
-                SGL + "Generate",
-                request,
-                (("x-odd", "café"),),
-                5.0,
-                streaming=True,
-            ) as call:
+            outbound = Outbound(SGL + "Generate", request, (("x-odd", "café"),), 5.0, True)
+            with gw.upstreams.call(reservation, Role.REGULAR, outbound) as call:
                 with pytest.raises(UpstreamFailure) as failed:
                     await call.first(Nowhere())
                 assert failed.value.code is grpc.StatusCode.INTERNAL

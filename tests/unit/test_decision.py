@@ -72,8 +72,8 @@ def test_the_request_goes_to_the_rank_the_decision_names_and_only_there() -> Non
     decision = Decision(
         {Role.PREFILL: on_rank, Role.DECODE: other}, ranks={on_rank.id: 3}, policy="cache_aware"
     )
-    context: Any = None
-    job = Job(context, adapter, "/x", b"", (), context, context, "id")
+    unused: Any = None  # for_worker reads neither the call nor the sink
+    job = Job(unused, adapter, b"", unused, "id")
     raw = adapter.rpcs["Generate"].request_type(request_id="r").SerializeToString()
     placed = adapter.rpcs["Generate"].request_type.FromString(
         job.for_worker(raw, decision, on_rank)
