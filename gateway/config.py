@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import yaml
 from pydantic import (
@@ -144,11 +144,18 @@ class WorkerSpec:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"{host}:{self.port}"
 
     @property
     def url(self) -> str:
         return f"{'grpcs' if self.tls else 'grpc'}://{self.address}"
+
+    def full_url(self) -> str:
+        """The URL `parse_worker_url` reads back into this spec."""
+        query = {key: getattr(self, key) for key in WORKER_URL_KEYS}
+        given = {k: str(v) for k, v in query.items() if v is not None}
+        return self.url + (f"?{urlencode(given)}" if given else "")
 
 
 # -- workers: a URL, or a mapping with a url and the URL's query keys ----------------------
@@ -243,6 +250,24 @@ def parse_worker_url(url: str) -> WorkerSpec:
         else:
             message = _message(error)
         raise ConfigError(f"worker {url!r}: {message}") from None
+
+
+_WORKERS: TypeAdapter[tuple[WorkerSpec, ...]] = TypeAdapter(tuple[WorkerEntry, ...])
+
+
+def parse_worker_list(data: Any) -> tuple[WorkerSpec, ...]:
+    """A file source's workers: a YAML list of `workers:` entries (or a mapping with
+    `workers:`). ConfigError names the first bad entry."""
+    if isinstance(data, Mapping) and set(data) == {"workers"}:
+        data = data["workers"]
+    if data is None:
+        return ()
+    try:
+        specs = _WORKERS.validate_python(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+    _check_workers(specs)
+    return specs
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -478,6 +503,109 @@ class MetricsConfig:
     listen: MetricsListen = "127.0.0.1:9464"  # "off": None, no endpoint
 
 
+# -- discovery: sources of workers, each feeding the fleet's one door -----------------------
+
+
+def _host_and_port(text: str) -> str:
+    if _host_port(text) is None:
+        raise _problem(f"{text!r} is not HOST:PORT")
+    return text
+
+
+def _label_or_annotation(text: str) -> str:
+    kind, _, key = text.partition(":")
+    if kind not in ("label", "annotation") or not key:
+        raise _problem(f"{text!r} must be label:KEY or annotation:KEY")
+    return text
+
+
+def _container_port(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _problem(f"must be a port number or a container port name, not {_show(value)}")
+    if isinstance(value, int) and not 1 <= value <= 65535:
+        raise _problem(f"must be a port number from 1 to 65535, not {value}")
+    if isinstance(value, str) and not value:
+        raise _problem("must not be empty")
+    return value
+
+
+DISCOVERY_TAGS = ("dns", "kubernetes", "file")
+HostPort = Annotated[str, Strict(), AfterValidator(_host_and_port)]
+PodField = Annotated[str, Strict(), AfterValidator(_label_or_annotation)]
+ContainerPort = Annotated[int | str, BeforeValidator(_container_port)]
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class DnsDiscovery:
+    """Workers at the addresses `name` resolves to: its A/AAAA records with `port`, or
+    (no port) its SRV records, each naming a host and its port. Resolved again every
+    `interval_s`, sooner when the records' TTL is shorter, never faster than 1 s."""
+
+    source: Literal["dns"]
+    name: Name
+    port: Port | None = None
+    nameserver: HostPort | None = None  # default: the system's resolver
+    interval_s: Annotated[float, Strict(), Field(ge=1)] = 5.0
+    model: ModelName | None = None  # None: asked from each worker
+    runtime: Runtime | None = None
+    role: Role | None = None
+    tls: Flag = False
+
+    @property
+    def label(self) -> str:
+        return f"dns:{self.name}"
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class KubernetesDiscovery:
+    """Workers that are the Pods `selector` matches in `namespace`, at their container
+    port `port` (a name or a number). A Pod is in service while Running, Ready and not
+    terminating; out of service longer than `unready_grace_s`, it leaves."""
+
+    source: Literal["kubernetes"]
+    port: ContainerPort
+    selector: Text = ""
+    namespace: Name | None = None  # None: the pod's own (in cluster), else kubeconfig's
+    model: ModelName | None = None
+    model_from: PodField | None = None  # label:KEY or annotation:KEY, instead of model
+    runtime: Runtime | None = None
+    role: Role | None = None
+    tls: Flag = False
+    bootstrap_port_annotation: Name | None = None  # SGLang PD: a prefill's bootstrap port
+    unready_grace_s: Seconds = 30.0
+    resync_s: Interval = 60.0
+    kubeconfig: Name | None = None  # None: in-cluster credentials, else $KUBECONFIG or ~/.kube
+
+    @property
+    def label(self) -> str:
+        return f"kubernetes:{self.namespace or ''}/{self.selector}"
+
+    @model_validator(mode="after")
+    def _one_model(self) -> KubernetesDiscovery:
+        if self.model is not None and self.model_from is not None:
+            raise _problem("give model or model_from, not both")
+        return self
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class FileDiscovery:
+    """Workers listed in a YAML file (a list of worker URLs or `workers:` entries),
+    read again when it changes (checked every `interval_s`)."""
+
+    source: Literal["file"]
+    path: Name
+    interval_s: Interval = 1.0
+
+    @property
+    def label(self) -> str:
+        return f"file:{self.path}"
+
+
+DiscoverySource = Annotated[
+    DnsDiscovery | KubernetesDiscovery | FileDiscovery, Field(discriminator="source")
+]
+
+
 @functools.cache
 def _default_settings(policy: PolicyName) -> ModelSettings:
     """What a model without settings of its own runs with (built once per policy)."""
@@ -488,6 +616,7 @@ def _default_settings(policy: PolicyName) -> ModelSettings:
 class GatewayConfig:
     listen: Text = "127.0.0.1:50051"
     workers: tuple[WorkerEntry, ...] = ()
+    discovery: tuple[DiscoverySource, ...] = ()
     models: Mapping[ModelName, ModelSettings] = dataclasses.field(default_factory=dict)
     default_policy: PolicyName = "round_robin"
     model_headers: tuple[HeaderName, ...] = ("x-model-id", "x-gateway-model-name")
@@ -666,9 +795,11 @@ _PLAIN_KEY = re.compile(r"[^.\[\]'\"\s]+")
 def _path(loc: Sequence[int | str]) -> str:
     """`limits.max_choices`, `workers[0].role`, `models['qwen2.5:7b'].policy`."""
     text = ""
-    for item in loc:
+    for i, item in enumerate(loc):
         if item == "[key]":  # the mapping key itself was wrong: the path names it already
             continue
+        if item in DISCOVERY_TAGS and "discovery" in loc[max(0, i - 2) : i]:
+            continue  # the union member pydantic tried: not a key of the file
         if isinstance(item, int):
             text += f"[{item}]"
         elif _PLAIN_KEY.fullmatch(item):
@@ -749,6 +880,10 @@ def _message(error: ErrorDetails) -> str:
         return f"unknown {what} {shown} (expected {expected})"
     if kind in ("missing", "missing_argument"):
         return "must be given"
+    if kind == "union_tag_invalid":
+        return f"unknown source {_show(ctx.get('tag'))} (expected {'|'.join(DISCOVERY_TAGS)})"
+    if kind == "union_tag_not_found":
+        return f"needs a source ({'|'.join(DISCOVERY_TAGS)})"
     return str(error["msg"]).replace("Input should be", "must be").replace("Value error, ", "")
 
 

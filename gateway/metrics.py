@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
@@ -19,6 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.config import parse_address
+from gateway.discovery.metrics import DiscoveryCollector
+from gateway.discovery.source import SourceStats
 from gateway.fleet.breaker import BreakerState
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker, WorkerStatus
@@ -303,6 +305,10 @@ class Metrics:
             "limits.max_connections_per_peer",
             registry=self.prometheus,
         )
+
+    def discovery(self, stats: Callable[[], Iterable[SourceStats]]) -> None:
+        """Series per discovery source (this process runs the sources)."""
+        self.prometheus.register(DiscoveryCollector(stats))
 
     def connections(self, count: int, closed: int) -> None:
         """One census of client connections (`ConnectionWatch(report=metrics.connections)`)."""

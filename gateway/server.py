@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 from grpc import aio
@@ -17,6 +17,9 @@ from gateway.admin.service import start_admin_server
 from gateway.auth import ApiKeyAuth, ApiKeys, Caller
 from gateway.config import GatewayConfig
 from gateway.connections import ConnectionWatch, raise_fd_limit
+from gateway.discovery.membership import Membership
+from gateway.discovery.runner import Sources, grace_by_source
+from gateway.discovery.source import Discovered
 from gateway.engines import engine_adapters
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
@@ -100,12 +103,24 @@ class Gateway:
     admin and peer services listen on its private control socket, and the supervisor holds
     the admin port and the metrics endpoint)."""
 
-    def __init__(self, config: GatewayConfig, member: Member | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        member: Member | None = None,
+        discovered: Mapping[str, Sequence[Discovered]] | None = None,
+    ) -> None:
         self.config = config
         self.member = member
         # The engine protocols, built once here and handed to whatever needs one.
         self.adapters = adapters = engine_adapters()
         self.fleet = Fleet(config, adapters)
+        # Discovery: alone, this process runs the sources; one of --processes N applies
+        # what the supervisor's sources found (`discovered` at start, then peer calls).
+        self.membership = Membership(
+            self.fleet, config.drain.worker_timeout_s, grace_by_source(config.discovery)
+        )
+        self.sources = Sources(config.discovery) if member is None and config.discovery else None
+        self._discovered = dict(discovered or {})
         self.inflight = InflightTable()
         self.placer = Placer(
             self.fleet.registry,
@@ -188,6 +203,7 @@ class Gateway:
         self.fleet.registry.subscribe(self._on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)
+        await self._discover()
         for worker_id in drained:
             worker = self.fleet.registry.get(worker_id)
             if worker is not None:
@@ -195,7 +211,7 @@ class Gateway:
         peer = None
         if self.member is not None:
             by_service = {front.adapter.service_name: front for front in self.fronts}
-            peer = PeerService(by_service, self.metrics.prometheus)
+            peer = PeerService(by_service, self.metrics.prometheus, self.membership)
         self.admin_server, self.admin_port = await start_admin_server(self.fleet, self.config, peer)
         if self.config.metrics.listen:
             try:
@@ -215,6 +231,24 @@ class Gateway:
             workers=len(self.fleet.registry),
         )
         return self.port
+
+    async def _discover(self) -> None:
+        """Start-up waits (bounded by discovery_timeout_s) until every source answered
+        once and the hosts it named have a first probe verdict."""
+        membership = self.membership
+        for source, hosts in self._discovered.items():
+            membership.apply(source, hosts)
+        names = list(self._discovered)
+        if self.sources is not None:
+            self.sources.start(membership.apply)
+            self.metrics.discovery(lambda: self.sources.stats if self.sources else [])
+            names += self.sources.names
+        if names and not await membership.first_reports(names, self.config.discovery_timeout_s):
+            log.warning(
+                "discovery_incomplete",
+                waited_s=self.config.discovery_timeout_s,
+                note="serving; hosts join as their sources answer",
+            )
 
     def reload(self) -> None:
         """SIGHUP: read the certificate files again (when serving TLS); logged either way."""
@@ -282,16 +316,22 @@ class Gateway:
             await self.siblings.close()
         self.metrics.close()
         self.offload.close()
+        if self.sources is not None:
+            await self.sources.close()
+        await self.membership.close()
         await self.fleet.close()
 
 
 async def serve(
-    config: GatewayConfig, member: Member | None = None, drained: Sequence[str] = ()
+    config: GatewayConfig,
+    member: Member | None = None,
+    drained: Sequence[str] = (),
+    discovered: Mapping[str, Sequence[Discovered]] | None = None,
 ) -> None:
     """Run until SIGTERM or SIGINT, then drain. A signal during start-up stops at once;
     SIGINT with nothing in flight skips the drain delay (someone at a terminal, no load
     balancer to tell); a second signal stops at once, whatever is in flight."""
-    gateway = Gateway(config, member)
+    gateway = Gateway(config, member, discovered)
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
     stopped = asyncio.Event()

@@ -62,11 +62,10 @@ def timestamp(unix_s: float) -> Timestamp:
 def worker_url(worker: Worker) -> str:
     """The URL that registers this worker again as it is (discovered values filled in)."""
     spec = worker.spec
-    host = f"[{spec.host}]" if ":" in spec.host else spec.host
     query = {"model": worker.model, "runtime": str(worker.runtime), "role": str(worker.role)}
     if spec.bootstrap_port is not None:
         query["bootstrap_port"] = str(spec.bootstrap_port)
-    return f"grpc://{host}:{spec.port}?{urlencode(query)}"
+    return f"{spec.url}?{urlencode(query)}"
 
 
 def worker_message(worker: Worker, kv: pb.KvIndexState | None = None) -> pb.Worker:
@@ -83,6 +82,8 @@ def worker_message(worker: Worker, kv: pb.KvIndexState | None = None) -> pb.Work
         breaker_state=BREAKER.get(str(worker.breaker.state), pb.BREAKER_STATE_UNSPECIFIED),
         load_error=worker.load_error or "",
         connected=worker.connected,
+        sources=worker.sources,
+        in_service=worker.in_service,
     )
     if worker.spec.bootstrap_port is not None:
         message.bootstrap_port = worker.spec.bootstrap_port

@@ -8,7 +8,7 @@ one line, a duplicate ALREADY_EXISTS, an unknown worker id NOT_FOUND.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import NoReturn, TypeAlias
 
 import grpc
@@ -55,6 +55,19 @@ async def require_registered(worker_id: str, registered: bool, context: Context)
         await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "worker_id is required")
     if not registered:
         await abort(context, grpc.StatusCode.NOT_FOUND, f"no worker {worker_id!r} is registered")
+
+
+async def require_removable(worker_id: str, sources: Sequence[str], context: Context) -> None:
+    """FAILED_PRECONDITION for a worker a discovery source lists: removed, it would come
+    back at the source's next answer (DrainWorker works on any worker)."""
+    discovered = [s for s in sources if s not in ("static", "admin")]
+    if discovered:
+        await abort(
+            context,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"worker {worker_id} is listed by {', '.join(discovered)}: remove it there "
+            "(RemoveWorker would see it come back); DrainWorker stops its new calls",
+        )
 
 
 async def duration_s(request: Message, name: str, default: float, context: Context) -> float:
@@ -120,6 +133,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.RemoveWorkerRequest, context: Context
     ) -> pb.RemoveWorkerResponse:
         worker = await self._worker(request.worker_id, context)
+        await require_removable(worker.id, worker.sources, context)
         timeout = await duration_s(
             request, "drain_timeout", self._config.drain.worker_timeout_s, context
         )

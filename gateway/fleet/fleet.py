@@ -75,21 +75,39 @@ class Fleet:
         self._joining: set[str] = set()
         self._credentials: grpc.ChannelCredentials | None = None
 
-    async def start(self, specs: Iterable[WorkerSpec]) -> None:
+    async def start(self, specs: Iterable[WorkerSpec], source: str = "static") -> None:
         """Register every worker; waits (bounded) for discovery and a first connection
         outcome, so requests that arrive right after start-up are routed, not refused."""
-        joins = [self._claim(spec) for spec in specs]
+        joins = [self._claim(spec, (source,)) for spec in specs]
         if joins:
             await asyncio.wait(joins, timeout=self.settings.discovery_timeout_s)
 
-    async def add(self, spec: WorkerSpec) -> Worker:
+    def has(self, address: str) -> bool:
+        """Registered, or joining (asking the worker what it is)."""
+        return address in self._joining or self.registry.get(address) is not None
+
+    async def add(self, spec: WorkerSpec, source: str = "admin") -> Worker:
         """Register a worker at run time; returns once it is registered (not yet ready)."""
-        if spec.address in self._joining or self.registry.get(spec.address):
+        if self.has(spec.address):
             raise WorkerExists(f"worker {spec.address} is already registered")
-        await self._claim(spec, wait_settled=False)
+        await self._claim(spec, (source,), wait_settled=False)
         worker = self.registry.get(spec.address)
         assert worker is not None
         return worker
+
+    def join(self, spec: WorkerSpec, sources: tuple[str, ...]) -> asyncio.Task[None]:
+        """Start registering a discovered worker (the caller checked `has` first); the task
+        ends once it has a first connection outcome and probe verdict."""
+        return self._claim(spec, sources)
+
+    def name(self, worker: Worker, sources: tuple[str, ...]) -> None:
+        """The sources that list a registered worker now."""
+        worker.named_by(sources)
+
+    def set_in_service(self, worker: Worker, in_service: bool, cause: str) -> None:
+        """What the worker's discovery source says of it (out of service: no new calls)."""
+        if worker.set_in_service(in_service):
+            self.registry.update(worker, cause)
 
     async def drain(self, worker: Worker, timeout_s: float) -> bool:
         """No new requests; wait (bounded) until in-flight ones finish. True if it emptied."""
@@ -180,11 +198,13 @@ class Fleet:
             self._credentials = channel_credentials(self.settings.upstream_tls)
         return self._credentials
 
-    def _claim(self, spec: WorkerSpec, wait_settled: bool = True) -> asyncio.Task[None]:
+    def _claim(
+        self, spec: WorkerSpec, sources: tuple[str, ...], wait_settled: bool = True
+    ) -> asyncio.Task[None]:
         """Start joining a worker; its address counts as taken from this moment, before
         anything awaits, so two concurrent adds cannot both register it."""
         self._joining.add(spec.address)
-        return self._spawn(spec.address, self._join(spec, wait_settled))
+        return self._spawn(spec.address, self._join(spec, sources, wait_settled))
 
     def _spawn(self, key: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
@@ -218,7 +238,9 @@ class Fleet:
 
         self._spawn(worker.id, supervised())
 
-    async def _join(self, spec: WorkerSpec, wait_settled: bool = True) -> None:
+    async def _join(
+        self, spec: WorkerSpec, sources: tuple[str, ...], wait_settled: bool = True
+    ) -> None:
         """Discover what the spec leaves open (retrying until the worker answers), then
         register the worker and start its loops."""
         channel = open_channel(
@@ -249,6 +271,7 @@ class Fleet:
             model=model,
             runtime=runtime,
             breaker=CircuitBreaker(self.settings.breaker),
+            sources=sources,
             role=spec.role or facts.role or Role.REGULAR,
             bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
             pairing=facts.pairing,

@@ -29,13 +29,16 @@ class WorkerStatus(StrEnum):
     DRAINING = "draining"
 
 
-def derive_status(draining: bool, connected: bool, healthy: bool | None) -> WorkerStatus:
-    """The status follows from the signals; nothing else sets it."""
+def derive_status(
+    draining: bool, connected: bool, healthy: bool | None, in_service: bool = True
+) -> WorkerStatus:
+    """The status follows from the signals; nothing else sets it. `in_service`: what the
+    worker's discovery source says (a Kubernetes pod that is not Ready is out of service)."""
     if draining:
         return WorkerStatus.DRAINING
     if healthy is None:
         return WorkerStatus.PENDING
-    return WorkerStatus.READY if healthy and connected else WorkerStatus.NOT_READY
+    return WorkerStatus.READY if healthy and connected and in_service else WorkerStatus.NOT_READY
 
 
 @dataclass(eq=False, slots=True)
@@ -51,10 +54,14 @@ class Worker:
     role: Role = Role.REGULAR
     bootstrap_port: int | None = None  # prefill: its rendezvous port (SGLang PD)
     pairing: str = ""  # prefill and decode pair only with equal keys (same KV transfer setup)
+    # Where it came from: `static` (flags, config file), `admin`, or discovery sources
+    # (`dns:NAME`, `kubernetes:NAMESPACE/POD`, `file:PATH`); several name one address.
+    sources: tuple[str, ...] = ("static",)
     status: WorkerStatus = WorkerStatus.PENDING
     status_cause: str = "not yet probed"
     connected: bool = False
     draining: bool = False
+    in_service: bool = True
     probe: ProbeState = field(default_factory=ProbeState)
     load: LoadReport | None = None
     load_error: str | None = None
@@ -89,6 +96,18 @@ class Worker:
             self.probe.reset_for_reconnect()
         return True
 
+    def named_by(self, sources: tuple[str, ...]) -> None:
+        """The sources that list this worker now (discovery keeps them current)."""
+        self.sources = sources
+
+    def set_in_service(self, in_service: bool) -> bool:
+        """What its discovery source says of it; True if that changed. Out of service,
+        it takes no new requests; those in flight finish."""
+        if in_service == self.in_service:
+            return False
+        self.in_service = in_service
+        return True
+
     def reported(self, report: LoadReport) -> None:
         """A load report (GetLoads, or a KV event stream's load record)."""
         self.load, self.load_error = report, None
@@ -109,7 +128,7 @@ class Worker:
 
     def restatus(self, cause: str) -> WorkerStatus | None:
         """Derive the status from the signals; the previous status if it changed."""
-        status = derive_status(self.draining, self.connected, self.probe.healthy)
+        status = derive_status(self.draining, self.connected, self.probe.healthy, self.in_service)
         if status is self.status:
             return None
         old, self.status, self.status_cause = self.status, status, cause

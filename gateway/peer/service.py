@@ -9,6 +9,9 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gateway.config import ConfigError, parse_worker_url
+from gateway.discovery.membership import Membership
+from gateway.discovery.source import Discovered
 from gateway.peer.v1 import peer_pb2 as pb
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.proxy.front import EngineFront
@@ -31,9 +34,15 @@ def metadata_to_headers(metadata: Metadata) -> list[pb.Header]:
 
 
 class PeerService(peer_pb2_grpc.PeerServiceServicer):  # type: ignore[misc]
-    def __init__(self, fronts: Mapping[str, EngineFront], metrics: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        fronts: Mapping[str, EngineFront],
+        metrics: CollectorRegistry,
+        membership: Membership,
+    ) -> None:
         self._fronts = fronts
         self._metrics = metrics
+        self._membership = membership
 
     async def AbortHeld(
         self, request: pb.AbortHeldRequest, context: Context
@@ -59,6 +68,33 @@ class PeerService(peer_pb2_grpc.PeerServiceServicer):  # type: ignore[misc]
 
     async def Metrics(self, request: pb.MetricsRequest, context: Context) -> pb.MetricsResponse:
         return pb.MetricsResponse(text=generate_latest(self._metrics).decode())
+
+    async def Discovered(
+        self, request: pb.DiscoveredRequest, context: Context
+    ) -> pb.DiscoveredResponse:
+        """A discovery source's hosts, from the supervisor that runs it."""
+        try:
+            source, hosts = discovered_from_message(request)
+        except ConfigError as exc:  # the supervisor checked them: a bug if it happens
+            await abort_invalid(context, str(exc))
+        self._membership.apply(source, hosts)
+        return pb.DiscoveredResponse()
+
+
+def discovered_message(source: str, hosts: Iterable[Discovered]) -> pb.DiscoveredRequest:
+    """A source's report as the supervisor sends it to a serving process."""
+    return pb.DiscoveredRequest(
+        source=source,
+        hosts=[
+            pb.DiscoveredHost(url=h.spec.full_url(), origin=h.origin, in_service=h.in_service)
+            for h in hosts
+        ],
+    )
+
+
+def discovered_from_message(request: pb.DiscoveredRequest) -> tuple[str, list[Discovered]]:
+    hosts = [Discovered(parse_worker_url(h.url), h.origin, h.in_service) for h in request.hosts]
+    return request.source, hosts
 
 
 def add_peer_service(server: aio.Server, service: PeerService) -> None:

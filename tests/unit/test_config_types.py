@@ -26,6 +26,7 @@ from gateway.roles import Role, Runtime
 DEFAULTS = {
     "listen": "127.0.0.1:50051",
     "workers": (),
+    "discovery": (),
     "models": {},
     "default_policy": "round_robin",
     "model_headers": ("x-model-id", "x-gateway-model-name"),

@@ -21,6 +21,8 @@ SIGNALS = frozenset(
         "inflight",
         "idle",
         "breaker",
+        "sources",
+        "in_service",
     }
 )
 CLUSTER_FIELDS = frozenset({"workers", "policy", "limits", "key"})

@@ -26,55 +26,55 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgateway/admin/v1/admin.proto\x12\x10gateway.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x05Probe\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.gateway.admin.v1.ProbeKind\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"g\n\x04Load\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x13\n\x0btoken_usage\x18\x03 \x01(\x01\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd2\x03\n\x06Worker\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12$\n\x04role\x18\x05 \x01(\x0e\x32\x16.gateway.admin.v1.Role\x12.\n\x06status\x18\x06 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x14\n\x0cstatus_cause\x18\x07 \x01(\t\x12\x10\n\x08inflight\x18\x08 \x01(\r\x12\x35\n\rbreaker_state\x18\t \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12+\n\nlast_probe\x18\n \x01(\x0b\x32\x17.gateway.admin.v1.Probe\x12$\n\x04load\x18\x0b \x01(\x0b\x32\x16.gateway.admin.v1.Load\x12\x12\n\nload_error\x18\x0c \x01(\t\x12\x11\n\tconnected\x18\r \x01(\x08\x12\x1b\n\x0e\x62ootstrap_port\x18\x0e \x01(\rH\x00\x88\x01\x01\x12\x30\n\x08kv_index\x18\x0f \x01(\x0b\x32\x1e.gateway.admin.v1.KvIndexStateB\x11\n\x0f_bootstrap_port\"C\n\x0cKvIndexState\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x04\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\r\n\x05\x65xact\x18\x03 \x01(\x08\"\x1f\n\x10\x41\x64\x64WorkerRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\"=\n\x11\x41\x64\x64WorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\"Z\n\x13RemoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x30\n\rdrain_timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"Q\n\x14RemoveWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"P\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x04wait\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"P\n\x13\x44rainWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"\x14\n\x12ListWorkersRequest\"@\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.gateway.admin.v1.Worker\"\x15\n\x13WatchWorkersRequest\"v\n\x0cStatusChange\x12\x32\n\nold_status\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x32\n\nnew_status\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\"u\n\rBreakerChange\x12\x31\n\told_state\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12\x31\n\tnew_state\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\"\xa8\x02\n\x14WatchWorkersResponse\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.gateway.admin.v1.WorkerEventKind\x12(\n\x06worker\x18\x02 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\rstatus_change\x18\x05 \x01(\x0b\x32\x1e.gateway.admin.v1.StatusChangeH\x00\x12\x39\n\x0e\x62reaker_change\x18\x06 \x01(\x0b\x32\x1f.gateway.admin.v1.BreakerChangeH\x00\x42\x08\n\x06\x63hange*\x9a\x01\n\x0cWorkerStatus\x12\x1d\n\x19WORKER_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATUS_PENDING\x10\x01\x12\x17\n\x13WORKER_STATUS_READY\x10\x02\x12\x1b\n\x17WORKER_STATUS_NOT_READY\x10\x03\x12\x1a\n\x16WORKER_STATUS_DRAINING\x10\x04*b\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_REGULAR\x10\x01\x12\x10\n\x0cROLE_PREFILL\x10\x02\x12\x0f\n\x0bROLE_DECODE\x10\x03\x12\x0f\n\x0bROLE_ENCODE\x10\x04*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x02\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x03*q\n\tProbeKind\x12\x1a\n\x16PROBE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12PROBE_KIND_SERVING\x10\x01\x12\x1a\n\x16PROBE_KIND_NOT_SERVING\x10\x02\x12\x14\n\x10PROBE_KIND_ERROR\x10\x03*\xcd\x01\n\x0fWorkerEventKind\x12!\n\x1dWORKER_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWORKER_EVENT_KIND_SNAPSHOT\x10\x01\x12\x1b\n\x17WORKER_EVENT_KIND_ADDED\x10\x02\x12\x1d\n\x19WORKER_EVENT_KIND_REMOVED\x10\x03\x12\x1c\n\x18WORKER_EVENT_KIND_STATUS\x10\x04\x12\x1d\n\x19WORKER_EVENT_KIND_BREAKER\x10\x05\x32\xdc\x03\n\x0c\x41\x64minService\x12T\n\tAddWorker\x12\".gateway.admin.v1.AddWorkerRequest\x1a#.gateway.admin.v1.AddWorkerResponse\x12]\n\x0cRemoveWorker\x12%.gateway.admin.v1.RemoveWorkerRequest\x1a&.gateway.admin.v1.RemoveWorkerResponse\x12Z\n\x0b\x44rainWorker\x12$.gateway.admin.v1.DrainWorkerRequest\x1a%.gateway.admin.v1.DrainWorkerResponse\x12Z\n\x0bListWorkers\x12$.gateway.admin.v1.ListWorkersRequest\x1a%.gateway.admin.v1.ListWorkersResponse\x12_\n\x0cWatchWorkers\x12%.gateway.admin.v1.WatchWorkersRequest\x1a&.gateway.admin.v1.WatchWorkersResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgateway/admin/v1/admin.proto\x12\x10gateway.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x05Probe\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.gateway.admin.v1.ProbeKind\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"g\n\x04Load\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x13\n\x0btoken_usage\x18\x03 \x01(\x01\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf7\x03\n\x06Worker\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12$\n\x04role\x18\x05 \x01(\x0e\x32\x16.gateway.admin.v1.Role\x12.\n\x06status\x18\x06 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x14\n\x0cstatus_cause\x18\x07 \x01(\t\x12\x10\n\x08inflight\x18\x08 \x01(\r\x12\x35\n\rbreaker_state\x18\t \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12+\n\nlast_probe\x18\n \x01(\x0b\x32\x17.gateway.admin.v1.Probe\x12$\n\x04load\x18\x0b \x01(\x0b\x32\x16.gateway.admin.v1.Load\x12\x12\n\nload_error\x18\x0c \x01(\t\x12\x11\n\tconnected\x18\r \x01(\x08\x12\x1b\n\x0e\x62ootstrap_port\x18\x0e \x01(\rH\x00\x88\x01\x01\x12\x30\n\x08kv_index\x18\x0f \x01(\x0b\x32\x1e.gateway.admin.v1.KvIndexState\x12\x0f\n\x07sources\x18\x10 \x03(\t\x12\x12\n\nin_service\x18\x11 \x01(\x08\x42\x11\n\x0f_bootstrap_port\"C\n\x0cKvIndexState\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x04\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\r\n\x05\x65xact\x18\x03 \x01(\x08\"\x1f\n\x10\x41\x64\x64WorkerRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\"=\n\x11\x41\x64\x64WorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\"Z\n\x13RemoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x30\n\rdrain_timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"Q\n\x14RemoveWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"P\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x04wait\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"P\n\x13\x44rainWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"\x14\n\x12ListWorkersRequest\"@\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.gateway.admin.v1.Worker\"\x15\n\x13WatchWorkersRequest\"v\n\x0cStatusChange\x12\x32\n\nold_status\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x32\n\nnew_status\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\"u\n\rBreakerChange\x12\x31\n\told_state\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12\x31\n\tnew_state\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\"\xa8\x02\n\x14WatchWorkersResponse\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.gateway.admin.v1.WorkerEventKind\x12(\n\x06worker\x18\x02 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\rstatus_change\x18\x05 \x01(\x0b\x32\x1e.gateway.admin.v1.StatusChangeH\x00\x12\x39\n\x0e\x62reaker_change\x18\x06 \x01(\x0b\x32\x1f.gateway.admin.v1.BreakerChangeH\x00\x42\x08\n\x06\x63hange*\x9a\x01\n\x0cWorkerStatus\x12\x1d\n\x19WORKER_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATUS_PENDING\x10\x01\x12\x17\n\x13WORKER_STATUS_READY\x10\x02\x12\x1b\n\x17WORKER_STATUS_NOT_READY\x10\x03\x12\x1a\n\x16WORKER_STATUS_DRAINING\x10\x04*b\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_REGULAR\x10\x01\x12\x10\n\x0cROLE_PREFILL\x10\x02\x12\x0f\n\x0bROLE_DECODE\x10\x03\x12\x0f\n\x0bROLE_ENCODE\x10\x04*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x02\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x03*q\n\tProbeKind\x12\x1a\n\x16PROBE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12PROBE_KIND_SERVING\x10\x01\x12\x1a\n\x16PROBE_KIND_NOT_SERVING\x10\x02\x12\x14\n\x10PROBE_KIND_ERROR\x10\x03*\xcd\x01\n\x0fWorkerEventKind\x12!\n\x1dWORKER_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWORKER_EVENT_KIND_SNAPSHOT\x10\x01\x12\x1b\n\x17WORKER_EVENT_KIND_ADDED\x10\x02\x12\x1d\n\x19WORKER_EVENT_KIND_REMOVED\x10\x03\x12\x1c\n\x18WORKER_EVENT_KIND_STATUS\x10\x04\x12\x1d\n\x19WORKER_EVENT_KIND_BREAKER\x10\x05\x32\xdc\x03\n\x0c\x41\x64minService\x12T\n\tAddWorker\x12\".gateway.admin.v1.AddWorkerRequest\x1a#.gateway.admin.v1.AddWorkerResponse\x12]\n\x0cRemoveWorker\x12%.gateway.admin.v1.RemoveWorkerRequest\x1a&.gateway.admin.v1.RemoveWorkerResponse\x12Z\n\x0b\x44rainWorker\x12$.gateway.admin.v1.DrainWorkerRequest\x1a%.gateway.admin.v1.DrainWorkerResponse\x12Z\n\x0bListWorkers\x12$.gateway.admin.v1.ListWorkersRequest\x1a%.gateway.admin.v1.ListWorkersResponse\x12_\n\x0cWatchWorkers\x12%.gateway.admin.v1.WatchWorkersRequest\x1a&.gateway.admin.v1.WatchWorkersResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gateway.admin.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERSTATUS']._serialized_start=1953
-  _globals['_WORKERSTATUS']._serialized_end=2107
-  _globals['_ROLE']._serialized_start=2109
-  _globals['_ROLE']._serialized_end=2207
-  _globals['_BREAKERSTATE']._serialized_start=2209
-  _globals['_BREAKERSTATE']._serialized_end=2333
-  _globals['_PROBEKIND']._serialized_start=2335
-  _globals['_PROBEKIND']._serialized_end=2448
-  _globals['_WORKEREVENTKIND']._serialized_start=2451
-  _globals['_WORKEREVENTKIND']._serialized_end=2656
+  _globals['_WORKERSTATUS']._serialized_start=1990
+  _globals['_WORKERSTATUS']._serialized_end=2144
+  _globals['_ROLE']._serialized_start=2146
+  _globals['_ROLE']._serialized_end=2244
+  _globals['_BREAKERSTATE']._serialized_start=2246
+  _globals['_BREAKERSTATE']._serialized_end=2370
+  _globals['_PROBEKIND']._serialized_start=2372
+  _globals['_PROBEKIND']._serialized_end=2485
+  _globals['_WORKEREVENTKIND']._serialized_start=2488
+  _globals['_WORKEREVENTKIND']._serialized_end=2693
   _globals['_PROBE']._serialized_start=115
   _globals['_PROBE']._serialized_end=223
   _globals['_LOAD']._serialized_start=225
   _globals['_LOAD']._serialized_end=328
   _globals['_WORKER']._serialized_start=331
-  _globals['_WORKER']._serialized_end=797
-  _globals['_KVINDEXSTATE']._serialized_start=799
-  _globals['_KVINDEXSTATE']._serialized_end=866
-  _globals['_ADDWORKERREQUEST']._serialized_start=868
-  _globals['_ADDWORKERREQUEST']._serialized_end=899
-  _globals['_ADDWORKERRESPONSE']._serialized_start=901
-  _globals['_ADDWORKERRESPONSE']._serialized_end=962
-  _globals['_REMOVEWORKERREQUEST']._serialized_start=964
-  _globals['_REMOVEWORKERREQUEST']._serialized_end=1054
-  _globals['_REMOVEWORKERRESPONSE']._serialized_start=1056
-  _globals['_REMOVEWORKERRESPONSE']._serialized_end=1137
-  _globals['_DRAINWORKERREQUEST']._serialized_start=1139
-  _globals['_DRAINWORKERREQUEST']._serialized_end=1219
-  _globals['_DRAINWORKERRESPONSE']._serialized_start=1221
-  _globals['_DRAINWORKERRESPONSE']._serialized_end=1301
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1303
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1323
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1325
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1389
-  _globals['_WATCHWORKERSREQUEST']._serialized_start=1391
-  _globals['_WATCHWORKERSREQUEST']._serialized_end=1412
-  _globals['_STATUSCHANGE']._serialized_start=1414
-  _globals['_STATUSCHANGE']._serialized_end=1532
-  _globals['_BREAKERCHANGE']._serialized_start=1534
-  _globals['_BREAKERCHANGE']._serialized_end=1651
-  _globals['_WATCHWORKERSRESPONSE']._serialized_start=1654
-  _globals['_WATCHWORKERSRESPONSE']._serialized_end=1950
-  _globals['_ADMINSERVICE']._serialized_start=2659
-  _globals['_ADMINSERVICE']._serialized_end=3135
+  _globals['_WORKER']._serialized_end=834
+  _globals['_KVINDEXSTATE']._serialized_start=836
+  _globals['_KVINDEXSTATE']._serialized_end=903
+  _globals['_ADDWORKERREQUEST']._serialized_start=905
+  _globals['_ADDWORKERREQUEST']._serialized_end=936
+  _globals['_ADDWORKERRESPONSE']._serialized_start=938
+  _globals['_ADDWORKERRESPONSE']._serialized_end=999
+  _globals['_REMOVEWORKERREQUEST']._serialized_start=1001
+  _globals['_REMOVEWORKERREQUEST']._serialized_end=1091
+  _globals['_REMOVEWORKERRESPONSE']._serialized_start=1093
+  _globals['_REMOVEWORKERRESPONSE']._serialized_end=1174
+  _globals['_DRAINWORKERREQUEST']._serialized_start=1176
+  _globals['_DRAINWORKERREQUEST']._serialized_end=1256
+  _globals['_DRAINWORKERRESPONSE']._serialized_start=1258
+  _globals['_DRAINWORKERRESPONSE']._serialized_end=1338
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1340
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1360
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1362
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1426
+  _globals['_WATCHWORKERSREQUEST']._serialized_start=1428
+  _globals['_WATCHWORKERSREQUEST']._serialized_end=1449
+  _globals['_STATUSCHANGE']._serialized_start=1451
+  _globals['_STATUSCHANGE']._serialized_end=1569
+  _globals['_BREAKERCHANGE']._serialized_start=1571
+  _globals['_BREAKERCHANGE']._serialized_end=1688
+  _globals['_WATCHWORKERSRESPONSE']._serialized_start=1691
+  _globals['_WATCHWORKERSRESPONSE']._serialized_end=1987
+  _globals['_ADMINSERVICE']._serialized_start=2696
+  _globals['_ADMINSERVICE']._serialized_end=3172
 # @@protoc_insertion_point(module_scope)

@@ -97,7 +97,7 @@ class Load(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., token_usage: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Worker(_message.Message):
-    __slots__ = ("id", "url", "model", "runtime", "role", "status", "status_cause", "inflight", "breaker_state", "last_probe", "load", "load_error", "connected", "bootstrap_port", "kv_index")
+    __slots__ = ("id", "url", "model", "runtime", "role", "status", "status_cause", "inflight", "breaker_state", "last_probe", "load", "load_error", "connected", "bootstrap_port", "kv_index", "sources", "in_service")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,8 @@ class Worker(_message.Message):
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     BOOTSTRAP_PORT_FIELD_NUMBER: _ClassVar[int]
     KV_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    IN_SERVICE_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     model: str
@@ -128,7 +130,9 @@ class Worker(_message.Message):
     connected: bool
     bootstrap_port: int
     kv_index: KvIndexState
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., model: _Optional[str] = ..., runtime: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., status: _Optional[_Union[WorkerStatus, str]] = ..., status_cause: _Optional[str] = ..., inflight: _Optional[int] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., last_probe: _Optional[_Union[Probe, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., load_error: _Optional[str] = ..., connected: _Optional[bool] = ..., bootstrap_port: _Optional[int] = ..., kv_index: _Optional[_Union[KvIndexState, _Mapping]] = ...) -> None: ...
+    sources: _containers.RepeatedScalarFieldContainer[str]
+    in_service: bool
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., model: _Optional[str] = ..., runtime: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., status: _Optional[_Union[WorkerStatus, str]] = ..., status_cause: _Optional[str] = ..., inflight: _Optional[int] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., last_probe: _Optional[_Union[Probe, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., load_error: _Optional[str] = ..., connected: _Optional[bool] = ..., bootstrap_port: _Optional[int] = ..., kv_index: _Optional[_Union[KvIndexState, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., in_service: _Optional[bool] = ...) -> None: ...
 
 class KvIndexState(_message.Message):
     __slots__ = ("blocks", "subscription", "exact")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agateway/peer/v1/peer.proto\x12\x0fgateway.peer.v1\"$\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x84\x01\n\x10\x41\x62ortHeldRequest\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07request\x18\x02 \x01(\x0c\x12\x16\n\tprincipal\x18\x03 \x01(\tH\x00\x88\x01\x01\x12(\n\x07headers\x18\x04 \x03(\x0b\x32\x17.gateway.peer.v1.HeaderB\x0c\n\n_principal\"3\n\x11\x41\x62ortHeldResponse\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12\x10\n\x08response\x18\x02 \x01(\x0c\"\x10\n\x0eMetricsRequest\"\x1f\n\x0fMetricsResponse\x12\x0c\n\x04text\x18\x01 \x01(\t2\xaf\x01\n\x0bPeerService\x12R\n\tAbortHeld\x12!.gateway.peer.v1.AbortHeldRequest\x1a\".gateway.peer.v1.AbortHeldResponse\x12L\n\x07Metrics\x12\x1f.gateway.peer.v1.MetricsRequest\x1a .gateway.peer.v1.MetricsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agateway/peer/v1/peer.proto\x12\x0fgateway.peer.v1\"$\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x84\x01\n\x10\x41\x62ortHeldRequest\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07request\x18\x02 \x01(\x0c\x12\x16\n\tprincipal\x18\x03 \x01(\tH\x00\x88\x01\x01\x12(\n\x07headers\x18\x04 \x03(\x0b\x32\x17.gateway.peer.v1.HeaderB\x0c\n\n_principal\"3\n\x11\x41\x62ortHeldResponse\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12\x10\n\x08response\x18\x02 \x01(\x0c\"\x10\n\x0eMetricsRequest\"\x1f\n\x0fMetricsResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"A\n\x0e\x44iscoveredHost\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x12\n\nin_service\x18\x03 \x01(\x08\"S\n\x11\x44iscoveredRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12.\n\x05hosts\x18\x02 \x03(\x0b\x32\x1f.gateway.peer.v1.DiscoveredHost\"\x14\n\x12\x44iscoveredResponse2\x86\x02\n\x0bPeerService\x12R\n\tAbortHeld\x12!.gateway.peer.v1.AbortHeldRequest\x1a\".gateway.peer.v1.AbortHeldResponse\x12L\n\x07Metrics\x12\x1f.gateway.peer.v1.MetricsRequest\x1a .gateway.peer.v1.MetricsResponse\x12U\n\nDiscovered\x12\".gateway.peer.v1.DiscoveredRequest\x1a#.gateway.peer.v1.DiscoveredResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,6 +41,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_METRICSREQUEST']._serialized_end=289
   _globals['_METRICSRESPONSE']._serialized_start=291
   _globals['_METRICSRESPONSE']._serialized_end=322
-  _globals['_PEERSERVICE']._serialized_start=325
-  _globals['_PEERSERVICE']._serialized_end=500
+  _globals['_DISCOVEREDHOST']._serialized_start=324
+  _globals['_DISCOVEREDHOST']._serialized_end=389
+  _globals['_DISCOVEREDREQUEST']._serialized_start=391
+  _globals['_DISCOVEREDREQUEST']._serialized_end=474
+  _globals['_DISCOVEREDRESPONSE']._serialized_start=476
+  _globals['_DISCOVEREDRESPONSE']._serialized_end=496
+  _globals['_PEERSERVICE']._serialized_start=499
+  _globals['_PEERSERVICE']._serialized_end=761
 # @@protoc_insertion_point(module_scope)

@@ -43,3 +43,25 @@ class MetricsResponse(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class DiscoveredHost(_message.Message):
+    __slots__ = ("url", "origin", "in_service")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    IN_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    origin: str
+    in_service: bool
+    def __init__(self, url: _Optional[str] = ..., origin: _Optional[str] = ..., in_service: _Optional[bool] = ...) -> None: ...
+
+class DiscoveredRequest(_message.Message):
+    __slots__ = ("source", "hosts")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    hosts: _containers.RepeatedCompositeFieldContainer[DiscoveredHost]
+    def __init__(self, source: _Optional[str] = ..., hosts: _Optional[_Iterable[_Union[DiscoveredHost, _Mapping]]] = ...) -> None: ...
+
+class DiscoveredResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -46,6 +46,11 @@ class PeerServiceStub:
                 request_serializer=gateway_dot_peer_dot_v1_dot_peer__pb2.MetricsRequest.SerializeToString,
                 response_deserializer=gateway_dot_peer_dot_v1_dot_peer__pb2.MetricsResponse.FromString,
                 _registered_method=True)
+        self.Discovered = channel.unary_unary(
+                '/gateway.peer.v1.PeerService/Discovered',
+                request_serializer=gateway_dot_peer_dot_v1_dot_peer__pb2.DiscoveredRequest.SerializeToString,
+                response_deserializer=gateway_dot_peer_dot_v1_dot_peer__pb2.DiscoveredResponse.FromString,
+                _registered_method=True)
 
 
 class PeerServiceServicer:
@@ -69,6 +74,14 @@ class PeerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Discovered(self, request, context):
+        """A discovery source's whole set of hosts now (the supervisor runs the sources; every
+        serving process applies what they found).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +94,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
                     servicer.Metrics,
                     request_deserializer=gateway_dot_peer_dot_v1_dot_peer__pb2.MetricsRequest.FromString,
                     response_serializer=gateway_dot_peer_dot_v1_dot_peer__pb2.MetricsResponse.SerializeToString,
+            ),
+            'Discovered': grpc.unary_unary_rpc_method_handler(
+                    servicer.Discovered,
+                    request_deserializer=gateway_dot_peer_dot_v1_dot_peer__pb2.DiscoveredRequest.FromString,
+                    response_serializer=gateway_dot_peer_dot_v1_dot_peer__pb2.DiscoveredResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +157,33 @@ class PeerService:
             '/gateway.peer.v1.PeerService/Metrics',
             gateway_dot_peer_dot_v1_dot_peer__pb2.MetricsRequest.SerializeToString,
             gateway_dot_peer_dot_v1_dot_peer__pb2.MetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Discovered(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gateway.peer.v1.PeerService/Discovered',
+            gateway_dot_peer_dot_v1_dot_peer__pb2.DiscoveredRequest.SerializeToString,
+            gateway_dot_peer_dot_v1_dot_peer__pb2.DiscoveredResponse.FromString,
             options,
             channel_credentials,
             insecure,

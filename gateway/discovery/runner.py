@@ -1,0 +1,80 @@
+"""Running the configured sources: each in a task of its own, restarted a second after an
+unexpected error (logged once while it repeats), its reports passed on with its name."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from gateway.config import DiscoverySource, DnsDiscovery, FileDiscovery, KubernetesDiscovery
+from gateway.discovery.source import Discovered, Source, SourceStats
+
+log = structlog.get_logger("gateway.discovery")
+
+RESTART_S = 1.0
+
+Sink = Callable[[str, Sequence[Discovered]], None]  # (source name, its hosts now)
+
+
+def make_source(config: DiscoverySource) -> Source:
+    """The source a `discovery:` entry describes (the Kubernetes client is imported only
+    when a Kubernetes source is configured)."""
+    if isinstance(config, DnsDiscovery):
+        from gateway.discovery.dns import DnsSource
+
+        return DnsSource(config)
+    if isinstance(config, FileDiscovery):
+        from gateway.discovery.file import FileSource
+
+        return FileSource(config)
+    assert isinstance(config, KubernetesDiscovery)
+    from gateway.discovery.kubernetes import KubernetesSource
+
+    return KubernetesSource(config)
+
+
+def grace_by_source(configs: Sequence[DiscoverySource]) -> dict[str, float]:
+    """How long each source's hosts may stay out of service before they leave."""
+    return {c.label: c.unready_grace_s for c in configs if isinstance(c, KubernetesDiscovery)}
+
+
+class Sources:
+    """The configured sources, run until `close`."""
+
+    def __init__(self, configs: Sequence[DiscoverySource]) -> None:
+        self.names = [config.label for config in configs]
+        self._sources = [make_source(config) for config in configs]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def stats(self) -> list[SourceStats]:
+        return [source.stats for source in self._sources]
+
+    def start(self, sink: Sink) -> None:
+        for name, source in zip(self.names, self._sources, strict=True):
+            self._tasks.append(asyncio.ensure_future(self._run(name, source, sink)))
+
+    async def _run(self, name: str, source: Source, sink: Sink) -> None:
+        last = ""
+
+        def report(hosts: Sequence[Discovered]) -> None:
+            sink(name, hosts)
+
+        while True:
+            try:
+                await source.run(report)
+                return
+            except Exception as exc:
+                if repr(exc) != last:
+                    last = repr(exc)
+                    log.error("discovery_source_failed", source=name, error=last, exc_info=exc)
+            await asyncio.sleep(RESTART_S)
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,171 @@
+"""DNS discovery against a real DNS server (dnsmasq), with `gateway serve` and simulated
+workers as real processes: the workers listen on 127.0.0.2 and 127.0.0.3 with one port,
+the name's A records say which of them exist."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Launcher
+from tests.e2e.availability_helpers import admin_address, list_workers
+from tests.e2e.dnsmasq import Dnsmasq
+from tests.e2e.helpers import (
+    channel,
+    collect,
+    model_md,
+    sgl_generate,
+    sgl_grpc,
+    wait_health,
+    write_config,
+)
+
+NAME = "workers.llm.test"
+A, B = "127.0.0.2", "127.0.0.3"
+INTERVAL_S = 1.0
+
+
+@pytest.fixture
+def dnsmasq(tmp_path: Path) -> Iterator[Dnsmasq]:
+    server = Dnsmasq(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def shared_port() -> int:
+    """A TCP port free on both loopback addresses (the records carry no port)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind((A, 0))
+            port = int(a.getsockname()[1])
+            with socket.socket() as b:
+                try:
+                    b.bind((B, port))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no port free on both addresses")
+
+
+def start_workers(sim: Launcher, port: int, *addresses: str, **flags: str) -> None:
+    extra = [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", v)]
+    for address in addresses:
+        sim("--listen", f"{address}:{port}", "--model", "m", "--name", address, *extra)
+
+
+def serve(gateway: Launcher, tmp_path: Path, dnsmasq: Dnsmasq, port: int) -> Any:
+    config = {
+        "discovery": [
+            {
+                "source": "dns",
+                "name": NAME,
+                "port": port,
+                "nameserver": dnsmasq.address,
+                "interval_s": INTERVAL_S,
+                "model": "m",
+                "runtime": "sglang",
+            }
+        ],
+        # manual: round robin unless a call names its worker (x-target-worker)
+        "models": {"m": {"policy": "manual"}},
+        "metrics": {"listen": "127.0.0.1:0"},
+    }
+    return gateway("--config", write_config(tmp_path, config))
+
+
+async def served_by(stub: Any, request_id: str, *target: str) -> str:
+    metadata = model_md("m", *(("x-target-worker", t) for t in target))
+    call = stub.Generate(sgl_generate(request_id, tokens=1), metadata=metadata, timeout=5)
+    _, error = await collect(call)
+    assert error is None, error
+    return str(dict(await call.initial_metadata())["x-sim-worker"])
+
+
+async def test_a_record_added_gets_calls_within_the_interval_and_one_removed_none_after(
+    sim: Launcher, gateway: Launcher, dnsmasq: Dnsmasq, tmp_path: Path
+) -> None:
+    port = shared_port()
+    start_workers(sim, port, A, B, tokens="40", token_ms="50")  # a stream lasts 2 s
+    dnsmasq.set({NAME: [A]})
+    gw = serve(gateway, tmp_path, dnsmasq, port)
+    await wait_health(gw.address, "m")
+    workers = await list_workers(admin_address(gw))
+    assert list(workers) == [f"{A}:{port}"]
+    assert list(workers[f"{A}:{port}"].sources) == [f"dns:{NAME}"]
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        dnsmasq.set({NAME: [A, B]})
+        added = time.monotonic()
+        seen: set[str] = set()
+        while B not in seen:
+            assert time.monotonic() - added <= INTERVAL_S + 1.0, "B got no call in time"
+            seen.add(await served_by(stub, f"add-{len(seen)}-{time.monotonic()}"))
+        took = time.monotonic() - added
+        # A stream on B while B leaves DNS: it completes intact.
+        stream = stub.Generate(
+            sgl_generate("long", tokens=40),
+            metadata=model_md("m", ("x-target-worker", f"{B}:{port}")),
+        )
+        assert dict(await stream.initial_metadata())["x-sim-worker"] == B
+        dnsmasq.set({NAME: [A]})
+        removed = time.monotonic()
+        await asyncio.sleep(INTERVAL_S + 1.0 - (time.monotonic() - removed))
+        after = [await served_by(stub, f"after-{i}") for i in range(6)]
+        assert after == [A] * 6
+        messages, error = await collect(stream)
+        kinds = [m.WhichOneof("response") for m in messages]
+        assert error is None and kinds == ["chunk"] * 40 + ["complete"]  # intact, then OK
+    print(f"added host served after {took:.2f} s (limit {INTERVAL_S + 1.0:g} s)")
+
+
+async def test_a_dns_outage_keeps_every_host_and_every_call_succeeds(
+    sim: Launcher, gateway: Launcher, dnsmasq: Dnsmasq, tmp_path: Path
+) -> None:
+    port = shared_port()
+    start_workers(sim, port, A, B)
+    dnsmasq.set({NAME: [A, B]})
+    gw = serve(gateway, tmp_path, dnsmasq, port)
+    await wait_health(gw.address, "m")
+    admin = admin_address(gw)
+    assert sorted(await list_workers(admin)) == [f"{A}:{port}", f"{B}:{port}"]
+    dnsmasq.stop()
+    down = time.monotonic()
+    served: list[str] = []
+    async with channel(gw.address) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        while time.monotonic() - down < 10.0:
+            served.append(await served_by(stub, f"out-{len(served)}"))
+            assert sorted(await list_workers(admin)) == [f"{A}:{port}", f"{B}:{port}"]
+            await asyncio.sleep(0.2)
+    assert set(served) == {A, B} and len(served) >= 20
+    metrics = f"http://127.0.0.1:{gw.port_of('metrics')}/metrics"
+    text = await asyncio.to_thread(_get, metrics)
+    errors = _sample(text, "gateway_discovery_errors_total", f"dns:{NAME}")
+    # Each failed resolution counted: one every query timeout (2 s) plus the interval.
+    assert errors >= 2
+    assert _sample(text, "gateway_discovery_hosts", f"dns:{NAME}") == 2
+    assert _sample(text, "gateway_discovery_seconds_since_success", f"dns:{NAME}") >= 9
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def _sample(text: str, name: str, source: str) -> float:
+    prefix = f'{name}{{source="{source}"}} '
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    raise AssertionError(f"no {prefix!r} in the metrics")
