@@ -12,7 +12,7 @@ import pickle
 import shutil
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from gateway.run import quiet_signals, run_until_done
 
 if TYPE_CHECKING:  # the process imports them (and the server) once its signals are quiet
     from gateway.config import GatewayConfig
+    from gateway.discovery.source import Discovered
     from gateway.scale.member import Member
 
 PR_SET_PDEATHSIG = 1
@@ -29,12 +30,14 @@ PARENT_DIED = signal.SIGRTMIN  # the parent-death signal: one SIGTERM, however o
 @dataclass(frozen=True, slots=True)
 class Launch:
     """What one serving process starts with: the config (main port, control socket and
-    fleet filled in by the supervisor), its place, and the workers to start drained."""
+    fleet filled in by the supervisor), its place, the workers to start drained, and what
+    the supervisor's discovery sources reported so far."""
 
     config: GatewayConfig
     member: Member
     drained: tuple[str, ...]
     supervisor_pid: int
+    discovered: dict[str, list[Discovered]] = field(default_factory=dict)
 
 
 class Orphan:
@@ -122,7 +125,7 @@ def main(argv: list[str]) -> int:
     config, member = launch.config, launch.member
     configure(config.log_format, config.log_level, process=member.index)
     try:
-        return run_until_done(serve(config, member, launch.drained))
+        return run_until_done(serve(config, member, launch.drained, launch.discovered))
     finally:
         # The server has let go of the signals: none may end the process mid-clean-up.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

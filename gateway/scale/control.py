@@ -22,7 +22,13 @@ import structlog
 from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
-from gateway.admin.service import abort, duration_s, require_registered, worker_spec
+from gateway.admin.service import (
+    abort,
+    duration_s,
+    require_registered,
+    require_removable,
+    worker_spec,
+)
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig, WorkerSpec
@@ -131,6 +137,7 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         desired: DesiredFleet,
         processes: Callable[[], Sequence[Reachable]],
         replace: Callable[[AdminStub, str], None] = _no_replacement,
+        discovered_by: Callable[[str], list[str]] = lambda address: [],
         *,
         read_timeout_s: float = READ_TIMEOUT_S,
         change_slack_s: float = CHANGE_SLACK_S,
@@ -139,6 +146,7 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._desired = desired
         self._processes = processes
         self._replace = replace
+        self._discovered_by = discovered_by  # the discovery sources listing an address
         self._read_timeout_s = read_timeout_s
         self._change_slack_s = change_slack_s
         # Shielded changes that outlive their caller: held here, not only by the loop's
@@ -175,7 +183,8 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         return kept
 
     async def _known(self, worker_id: str, context: Context) -> None:
-        await require_registered(worker_id, worker_id in self._desired.specs, context)
+        known = worker_id in self._desired.specs or bool(self._discovered_by(worker_id))
+        await require_registered(worker_id, known, context)
 
     async def AddWorker(
         self, request: pb.AddWorkerRequest, context: Context
@@ -219,6 +228,7 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.RemoveWorkerRequest, context: Context
     ) -> pb.RemoveWorkerResponse:
         await self._known(request.worker_id, context)
+        await require_removable(request.worker_id, self._discovered_by(request.worker_id), context)
         drain_s = await duration_s(  # checked before any change
             request, "drain_timeout", self._config.drain.worker_timeout_s, context
         )
@@ -318,8 +328,9 @@ async def reconcile(
     for worker_id, url in list(desired.urls.items()):
         if worker_id not in have:
             await _quiet(admin.AddWorker(pb.AddWorkerRequest(url=url), timeout=add_s))
-    for worker_id in have:
-        if worker_id not in desired.specs:
+    for worker_id, worker in have.items():
+        discovered = any(s not in ("static", "admin") for s in worker.sources)
+        if worker_id not in desired.specs and not discovered:
             request = pb.RemoveWorkerRequest(worker_id=worker_id, drain_timeout=Duration())
             await _quiet(admin.RemoveWorker(request, timeout=timeout_s))
     for worker_id in list(desired.drained):

@@ -34,6 +34,7 @@ from gateway.admin.service import serve_admin
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig
+from gateway.discovery.metrics import DiscoveryCollector
 from gateway.listen import CannotListen
 from gateway.metrics import Endpoint
 from gateway.peer.v1 import peer_pb2 as peer_pb
@@ -43,6 +44,7 @@ from gateway.scale.control import AdminStub, ControlPlane, DesiredFleet, reconci
 from gateway.scale.member import Member, serving_config
 from gateway.scale.merge import merge_expositions
 from gateway.scale.port import hold_port
+from gateway.scale.relay import DiscoveryRelay
 from gateway.server import preflight, ready_line
 
 log = structlog.get_logger("gateway.supervisor")
@@ -91,6 +93,7 @@ class Supervisor:
         self.config = config
         self.count = config.processes
         self.desired = DesiredFleet.of(config)
+        self.relay = DiscoveryRelay(config.discovery, self._channels) if config.discovery else None
         self.slots = [Slot(i) for i in range(self.count)]
         self.stopping = False
         self.signals: list[signal.Signals] = []
@@ -109,6 +112,9 @@ class Supervisor:
         """The processes that listen now, in process order."""
         return [slot for slot in self.slots if slot.admin is not None]
 
+    def _channels(self) -> list[aio.Channel]:
+        return [slot.channel for slot in self.reachable() if slot.channel is not None]
+
     def control_addresses(self) -> list[str]:
         return [self.member(s.index).control_address() for s in self.reachable()]
 
@@ -118,7 +124,9 @@ class Supervisor:
         """Write what the process starts with: the fleet as the admin API left it."""
         member = self.member(slot.index)
         config = serving_config(self.config, member, self.port, self.desired.specs.values())
-        launch = Launch(config, member, tuple(sorted(self.desired.drained)), os.getpid())
+        discovered = dict(self.relay.claims) if self.relay is not None else {}
+        drained = tuple(sorted(self.desired.drained))
+        launch = Launch(config, member, drained, os.getpid(), discovered)
         path = Path(self._dir) / f"p{slot.index}.launch"
         path.write_bytes(pickle.dumps(launch))
         return path
@@ -166,6 +174,8 @@ class Supervisor:
             await reconcile(slot.admin, self.desired, slot.index, self.config.discovery_timeout_s)
         except aio.AioRpcError as exc:  # it died meanwhile, or is stuck: it is replaced
             log.warning("reconcile_failed", serving_process=slot.index, error=exc.details())
+        if self.relay is not None:
+            await self.relay.catch_up(slot.channel)
 
     async def _keep(self, slot: Slot) -> None:
         """Restart the slot's process whenever it exits, until the gateway stops."""
@@ -312,6 +322,11 @@ class Supervisor:
             # exit removes it (see `gateway.scale.child`).
             self._dir = tempfile.mkdtemp(prefix="gateway-")
             endpoint = Endpoint(self.prometheus_registry())
+            if self.relay is not None:  # the processes start with what it found
+                self.relay.start()
+                timeout_s = self.config.discovery_timeout_s
+                if not await self.relay.first_reports(timeout_s):
+                    log.warning("discovery_incomplete", waited_s=timeout_s)
             starts = await asyncio.gather(
                 *(self._spawn(s, self._start_timeout_s) for s in self.slots),
                 return_exceptions=True,
@@ -332,7 +347,10 @@ class Supervisor:
                 await self._wait_all()
                 exits = [f.code for f in failures if f.code]
                 return exits[0] if exits else 1
-            control = ControlPlane(self.config, self.desired, self.reachable, self.replace)
+            discovered_by = self.relay.origins if self.relay is not None else _nobody
+            control = ControlPlane(
+                self.config, self.desired, self.reachable, self.replace, discovered_by
+            )
             admin_server, admin_port = await serve_admin(control, self.config.admin)
             metrics_port = 0
             if self.config.metrics.listen:
@@ -358,6 +376,8 @@ class Supervisor:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.relay is not None:
+                await self.relay.close()
             if admin_server is not None:
                 await admin_server.stop(None)
             if endpoint is not None:
@@ -385,7 +405,14 @@ class Supervisor:
     def prometheus_registry(self) -> CollectorRegistry:
         registry = CollectorRegistry()
         registry.register(ProcessesCollector(self.control_addresses, self.slots))
+        relay = self.relay
+        if relay is not None:
+            registry.register(DiscoveryCollector(lambda: relay.sources.stats))
         return registry
+
+
+def _nobody(address: str) -> list[str]:
+    return []
 
 
 class ProcessesCollector(Collector):

@@ -37,6 +37,7 @@ class Dnsmasq:
     def __init__(self, directory: Path) -> None:
         binary = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
         self.hosts = directory / "hosts"
+        self.log = directory / "dnsmasq.log"  # one line per query received
         self.port = free_port()
         self._generation = 0
         self._records: dict[str, list[str]] = {}
@@ -54,7 +55,8 @@ class Dnsmasq:
             "--pid-file=",
             "--conf-file=/dev/null",
             f"--user={_user()}",
-            "--log-facility=-",
+            "--log-queries",
+            f"--log-facility={self.log}",
         ]
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -89,6 +91,11 @@ class Dnsmasq:
         lines = [f"127.0.0.254 gen-{self._generation}.ready"]
         lines += [f"{a} {name}" for name, addresses in self._records.items() for a in addresses]
         self.hosts.write_text("".join(line + "\n" for line in lines))
+
+    def queries(self, name: str, kind: str = "A") -> int:
+        """Queries for `name` received so far."""
+        text = self.log.read_text() if self.log.exists() else ""
+        return sum(1 for line in text.splitlines() if f"query[{kind}] {name} " in line)
 
     def resolve(self, name: str) -> list[str]:
         resolver = dns.resolver.Resolver(configure=False)

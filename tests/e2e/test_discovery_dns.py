@@ -25,6 +25,7 @@ from tests.e2e.helpers import (
     wait_health,
     write_config,
 )
+from tests.e2e.test_processes import per_process
 
 NAME = "workers.llm.test"
 A, B = "127.0.0.2", "127.0.0.3"
@@ -62,7 +63,7 @@ def start_workers(sim: Launcher, port: int, *addresses: str, **flags: str) -> No
         sim("--listen", f"{address}:{port}", "--model", "m", "--name", address, *extra)
 
 
-def serve(gateway: Launcher, tmp_path: Path, dnsmasq: Dnsmasq, port: int) -> Any:
+def serve(gateway: Launcher, tmp_path: Path, dnsmasq: Dnsmasq, port: int, *args: str) -> Any:
     config = {
         "discovery": [
             {
@@ -79,7 +80,7 @@ def serve(gateway: Launcher, tmp_path: Path, dnsmasq: Dnsmasq, port: int) -> Any
         "models": {"m": {"policy": "manual"}},
         "metrics": {"listen": "127.0.0.1:0"},
     }
-    return gateway("--config", write_config(tmp_path, config))
+    return gateway("--config", write_config(tmp_path, config), *args)
 
 
 async def served_by(stub: Any, request_id: str, *target: str) -> str:
@@ -169,3 +170,34 @@ def _sample(text: str, name: str, source: str) -> float:
         if line.startswith(prefix):
             return float(line[len(prefix) :])
     raise AssertionError(f"no {prefix!r} in the metrics")
+
+
+async def test_with_two_processes_one_resolver_feeds_both(
+    sim: Launcher, gateway: Launcher, dnsmasq: Dnsmasq, tmp_path: Path
+) -> None:
+    port = shared_port()
+    start_workers(sim, port, A, B)
+    dnsmasq.set({NAME: [A]})
+    gw = serve(gateway, tmp_path, dnsmasq, port, "--processes", "2")
+    await wait_health(gw.address, "m")
+    channels = await per_process(gw)
+    try:
+        dnsmasq.set({NAME: [A, B]})
+        added = time.monotonic()
+        for ch in channels.values():  # each process places a call on B
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            while True:
+                try:
+                    assert await served_by(stub, "b", f"{B}:{port}") == B
+                    break
+                except AssertionError:
+                    assert time.monotonic() - added <= INTERVAL_S + 1.0, "B not used in time"
+                    await asyncio.sleep(0.05)
+        # One resolver in all: about one query a second, not one per process.
+        before, start = dnsmasq.queries(NAME), time.monotonic()
+        await asyncio.sleep(4.0)
+        asked = dnsmasq.queries(NAME) - before
+        assert 2 <= asked <= 5, f"{asked} queries in {time.monotonic() - start:.1f} s"
+    finally:
+        for ch in channels.values():
+            await ch.close()
