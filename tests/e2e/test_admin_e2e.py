@@ -101,12 +101,13 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
         assert listed.returncode == 0, listed.stderr
         header, *rows = listed.stdout.splitlines()
         assert header.split() == [
-            "WORKER", "MODEL", "RUNTIME", "ROLE", "STATUS", "INFLIGHT", "BREAKER",
+            "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "BREAKER",
             "RUN", "WAIT", "KV", "LAST", "PROBE", "CAUSE",
         ]  # fmt: skip
         [row] = rows
-        assert row.split()[:11] == [
-            a.address, "m", "sglang", "regular", "ready", "0", "closed", "0", "0", "0%", "serving",
+        assert row.split()[:12] == [
+            a.address, "m", "sglang", "regular", "static", "ready", "0", "closed", "0", "0", "0%",
+            "serving",
         ]  # fmt: skip
         assert row.endswith("ago  probe: grpc.health SERVING")
 

@@ -296,10 +296,12 @@ async def test_cli_verbs(admin: Admin, capsys: pytest.CaptureFixture[str]) -> No
 
     assert await cli("list", *at) == 0
     header, row = capsys.readouterr().out.splitlines()
-    assert header.split()[:7] == [
-        "WORKER", "MODEL", "RUNTIME", "ROLE", "STATUS", "INFLIGHT", "BREAKER"
+    assert header.split()[:8] == [
+        "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "BREAKER"
     ]  # fmt: skip
-    assert row.split()[:7] == [worker_id, "m", "sglang", "regular", "pending", "0", "closed"]
+    assert row.split()[:8] == [
+        worker_id, "m", "sglang", "regular", "admin", "pending", "0", "closed"
+    ]  # fmt: skip
 
     assert await cli("list", "--json", *at) == 0
     (line,) = capsys.readouterr().out.splitlines()
@@ -359,6 +361,7 @@ def test_table_shows_load_probe_and_errors() -> None:
         inflight=2,
         breaker_state=pb.BREAKER_STATE_HALF_OPEN,
         load_error="UNAVAILABLE: gone",
+        sources=["dns:w.llm", "static"],
     )
     worker.load.running, worker.load.waiting, worker.load.token_usage = 5, 1, 0.42
     worker.last_probe.kind = pb.PROBE_KIND_SERVING
@@ -366,7 +369,7 @@ def test_table_shows_load_probe_and_errors() -> None:
     _, row = format_table([worker], now=102.5).splitlines()
     assert row.split("  ")[0] == "h:1"
     assert row.split() == [
-        "h:1", "m", "vllm", "decode", "ready", "2", "half_open", "5", "1", "42%",
+        "h:1", "m", "vllm", "decode", "dns:w.llm,static", "ready", "2", "half_open", "5", "1", "42%",
         "serving", "2.5s", "ago", "probe:", "grpc.health", "SERVING;", "load:", "UNAVAILABLE:",
         "gone",
     ]  # fmt: skip
