@@ -34,7 +34,8 @@ def free_port() -> int:
 
 
 class Dnsmasq:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *extra: str) -> None:
+        """`extra`: more dnsmasq options (e.g. `--srv-host=...`, read at start only)."""
         binary = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
         self.hosts = directory / "hosts"
         self.log = directory / "dnsmasq.log"  # one line per query received
@@ -57,6 +58,7 @@ class Dnsmasq:
             f"--user={_user()}",
             "--log-queries",
             f"--log-facility={self.log}",
+            *extra,
         ]
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.config import DnsDiscovery
+from gateway.discovery.dns import DnsSource
+from gateway.discovery.source import Discovered
 from tests.conftest import Launcher
 from tests.e2e.availability_helpers import admin_address, list_workers
 from tests.e2e.dnsmasq import Dnsmasq
@@ -201,3 +204,37 @@ async def test_with_two_processes_one_resolver_feeds_both(
     finally:
         for ch in channels.values():
             await ch.close()
+
+
+async def test_srv_records_give_each_host_its_port_and_aaaa_records_count(tmp_path: Path) -> None:
+    """The source alone against dnsmasq: SRV targets resolved to their A and AAAA records,
+    each with the SRV record's port."""
+    server = Dnsmasq(
+        tmp_path,
+        f"--srv-host=_grpc._tcp.{NAME},a.{NAME},30001",
+        f"--srv-host=_grpc._tcp.{NAME},b.{NAME},30002",
+    )
+    server.start()
+    try:
+        server.set({f"a.{NAME}": [A, "::1"], f"b.{NAME}": [B]})
+        config = DnsDiscovery(
+            source="dns", name=f"_grpc._tcp.{NAME}", nameserver=server.address, model="m"
+        )
+        targets, ttl = await DnsSource(config).resolve()
+        assert targets == [("127.0.0.2", 30001), ("127.0.0.3", 30002), ("::1", 30001)]
+        assert ttl <= 1  # dnsmasq's --local-ttl: resolved again within a second
+        reports: list[list[str]] = []
+        reported = asyncio.Event()
+
+        def report(hosts: Sequence[Discovered]) -> None:
+            reports.append([h.spec.address for h in hosts])
+            reported.set()
+
+        source = DnsSource(config)
+        task = asyncio.ensure_future(source.run(report))
+        await asyncio.wait_for(reported.wait(), 5)
+        task.cancel()
+        assert reports[0] == ["127.0.0.2:30001", "127.0.0.3:30002", "[::1]:30001"]
+        assert source.stats.hosts == 3 and source.stats.errors == 0
+    finally:
+        server.stop()
