@@ -578,7 +578,8 @@ class KubernetesDiscovery:
 
     @property
     def label(self) -> str:
-        return f"kubernetes:{self.namespace or ''}/{self.selector}"
+        where = f"{self.namespace}/" if self.namespace else ""  # none: the client's own
+        return f"kubernetes:{where}{self.selector or '*'}"
 
     @model_validator(mode="after")
     def _one_model(self) -> KubernetesDiscovery:

@@ -369,9 +369,9 @@ def test_table_shows_load_probe_and_errors() -> None:
     _, row = format_table([worker], now=102.5).splitlines()
     assert row.split("  ")[0] == "h:1"
     assert row.split() == [
-        "h:1", "m", "vllm", "decode", "dns:w.llm,static", "ready", "2", "half_open", "5", "1", "42%",
-        "serving", "2.5s", "ago", "probe:", "grpc.health", "SERVING;", "load:", "UNAVAILABLE:",
-        "gone",
+        "h:1", "m", "vllm", "decode", "dns:w.llm,static", "ready", "2", "half_open", "5", "1",
+        "42%", "serving", "2.5s", "ago", "probe:", "grpc.health", "SERVING;", "load:",
+        "UNAVAILABLE:", "gone",
     ]  # fmt: skip
 
 

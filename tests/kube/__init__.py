@@ -1,0 +1,1 @@
+"""A stand-in Kubernetes API server for tests (pods only; see apiserver.py)."""

@@ -1,0 +1,440 @@
+"""The Kubernetes source against the stand-in API server (tests/kube/apiserver.py) on an
+ephemeral port, through lightkube as in production: what it reports as pods come, change
+and go, how it mends an expired or broken watch, what it makes of a pod's labels,
+annotations and ports, and what it keeps when the server is down. Every wait is a bounded
+poll on the reports or the server's counters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from gateway.config import KubernetesDiscovery
+from gateway.discovery import kubernetes
+from gateway.discovery.kubernetes import KubernetesSource
+from gateway.discovery.source import Discovered
+from tests.kube.apiserver import ApiServer, running
+
+NS = "serving"
+WORKER = {"app": "worker"}
+GRPC = {"grpc": 9000, "metrics": 9100}
+WAIT_S = 5.0
+
+Report = list[Discovered]
+
+
+class Run:
+    """A source running against the stand-in, its reports kept in order."""
+
+    def __init__(self, source: KubernetesSource) -> None:
+        self.source = source
+        self.reports: list[Report] = []
+
+    def report(self, hosts: Sequence[Discovered]) -> None:
+        self.reports.append(list(hosts))
+
+    @property
+    def last(self) -> Report | None:
+        return self.reports[-1] if self.reports else None
+
+    async def until(self, check: Callable[[Report], bool], after: int = 0) -> Report:
+        """The first report from the `after`th on (or the latest) that passes `check`."""
+        deadline = time.monotonic() + WAIT_S
+        seen = after
+        while True:
+            for report in self.reports[seen:]:
+                if check(report):
+                    return report
+            seen = max(seen, len(self.reports))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no such report in {WAIT_S} s; last: {self.last}")
+            await asyncio.sleep(0.01)
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+def state(report: Report, pod: str) -> bool | None:
+    """The pod's host in the report: in service (True), out of it (False), absent (None)."""
+    hosts = [h for h in report if h.origin == f"kubernetes:{NS}/{pod}"]
+    assert len(hosts) <= 1
+    return hosts[0].in_service if hosts else None
+
+
+def host(report: Report, pod: str) -> Discovered:
+    (found,) = [h for h in report if h.origin == f"kubernetes:{NS}/{pod}"]
+    return found
+
+
+def ready_pod(api: ApiServer, name: str, ip: str, **kwargs: Any) -> None:
+    kwargs.setdefault("labels", WORKER)
+    kwargs.setdefault("ports", GRPC)
+    api.add_pod(NS, name, ip=ip, phase="Running", ready=True, **kwargs)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServer]:
+    async with running(token="secret-token") as server:
+        yield server
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries and relists in hundredths of a second, not seconds."""
+    monkeypatch.setattr(kubernetes, "BACKOFF_MIN_S", 0.05)
+    monkeypatch.setattr(kubernetes, "BACKOFF_MAX_S", 0.2)
+    monkeypatch.setattr(kubernetes, "MIN_RELIST_S", 0.05)
+
+
+@contextlib.asynccontextmanager
+async def watching(api: ApiServer, tmp_path: Path, **settings: Any) -> AsyncIterator[Run]:
+    """A source of `settings` (default: port grpc, app=worker, model m) with a kubeconfig
+    naming the stand-in and NS as the context's namespace, run until the block ends."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
+    fields: dict[str, Any] = {"port": "grpc", "selector": "app=worker", "model": "m"}
+    fields.update(settings)
+    config = KubernetesDiscovery(source="kubernetes", kubeconfig=str(kubeconfig), **fields)
+    run = Run(KubernetesSource(config))
+    task = asyncio.ensure_future(run.source.run(run.report))
+    try:
+        yield run
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+# -- a pod's life ------------------------------------------------------------------------
+
+
+async def test_a_pod_is_reported_in_service_only_while_running_ready_and_not_terminating(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    api.add_pod(NS, "w-0", labels=WORKER, ports=GRPC)  # Pending, no IP yet
+    async with watching(api, tmp_path) as run:
+        await run.until(lambda r: r == [])
+        steps: list[tuple[Callable[[], None], bool | None]] = [
+            (lambda: api.set_phase(NS, "w-0", "Running", ip="10.1.0.7"), False),
+            (lambda: api.set_ready(NS, "w-0", True), True),
+            (lambda: api.set_ready(NS, "w-0", False), False),
+            (lambda: api.set_ready(NS, "w-0", True), True),
+            (lambda: api.mark_terminating(NS, "w-0"), None),
+        ]
+        for step, expected in steps:
+            count = len(run.reports)
+            step()
+            await run.until(lambda r, e=expected: state(r, "w-0") is e, after=count)  # type: ignore[misc]
+        # Deleted once terminating: no change, no report (the next one comes with w-1).
+        api.delete_pod(NS, "w-0")
+        ready_pod(api, "w-1", "10.1.0.8")
+        await run.until(lambda r: state(r, "w-1") is True)
+        # One report per watch event that changed something, each the whole set.
+        seen = [state(r, "w-0") for r in run.reports]
+        assert seen == [None, False, True, False, True, None, None]
+        assert host(run.reports[1], "w-0").spec.address == "10.1.0.7:9000"
+        assert run.source.stats.hosts == 1
+        assert run.source.stats.updates == len(run.reports)
+        assert api.lists == 1 and api.watches == 1
+
+
+async def test_an_update_that_changes_no_host_is_not_reported(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    ready_pod(api, "w-0", "10.1.0.1")
+    async with watching(api, tmp_path) as run:
+        await run.until(lambda r: state(r, "w-0") is True)
+        count = len(run.reports)
+        api.set_annotations(NS, "w-0", {"note": "restarted"})  # nothing a host is made of
+        api.set_ready(NS, "w-0", True)  # Ready again: the same
+        ready_pod(api, "w-1", "10.1.0.2")
+        await run.until(lambda r: state(r, "w-1") is True, after=count)
+        assert len(run.reports) == count + 1
+
+
+async def test_a_pod_running_with_its_ip_but_pending_phase_is_out_of_service(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    api.add_pod(NS, "w-0", labels=WORKER, ports=GRPC, ip="10.1.0.7", ready=True)
+    async with watching(api, tmp_path) as run:
+        report = await run.until(lambda r: len(r) == 1)
+        assert state(report, "w-0") is False
+
+
+async def test_only_the_selected_pods_of_the_namespace_are_reported(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    ready_pod(api, "w-0", "10.1.0.1")
+    ready_pod(api, "other", "10.1.0.2", labels={"app": "other"})
+    api.add_pod("elsewhere", "w-0", labels=WORKER, ports=GRPC, ip="10.2.0.1", phase="Running")
+    async with watching(api, tmp_path) as run:
+        report = await run.until(lambda r: len(r) == 1)
+        assert [h.origin for h in report] == [f"kubernetes:{NS}/w-0"]
+        # Labels that stop matching: the watch says DELETED; matching again: ADDED.
+        count = len(run.reports)
+        api.set_labels(NS, "w-0", {"app": "retired"})
+        await run.until(lambda r: r == [], after=count)
+        api.set_labels(NS, "other", WORKER)
+        report = await run.until(lambda r: len(r) == 1, after=count)
+        assert [h.origin for h in report] == [f"kubernetes:{NS}/other"]
+
+
+async def test_the_namespace_given_overrides_the_kubeconfig_context(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    api.add_pod("elsewhere", "w-0", labels=WORKER, ports=GRPC, ip="10.2.0.1", phase="Running")
+    async with watching(api, tmp_path, namespace="elsewhere") as run:
+        report = await run.until(lambda r: len(r) == 1)
+        assert report[0].origin == "kubernetes:elsewhere/w-0"
+        assert run.source.stats.name == "kubernetes:elsewhere/app=worker"
+
+
+# -- watches that expire, break or end ---------------------------------------------------
+
+
+@pytest.mark.parametrize("as_status", [False, True], ids=["error-event", "http-410"])
+async def test_an_expired_watch_lists_again_and_the_hosts_stay_meanwhile(
+    api: ApiServer, tmp_path: Path, fast: None, as_status: bool
+) -> None:
+    ready_pod(api, "w-0", "10.1.0.1")
+    async with watching(api, tmp_path) as run:
+        await run.until(lambda r: state(r, "w-0") is True)
+        await until(lambda: api.open_watches == 1, "the watch is open")
+        lists, count = api.lists, len(run.reports)
+        api.expire_watches(as_status=as_status)
+        await until(lambda: api.lists > lists, "a new list")
+        await run.until(lambda r: True, after=count)  # the new list's report
+        # The new watch follows what comes next.
+        count = len(run.reports)
+        ready_pod(api, "w-1", "10.1.0.2")
+        await run.until(lambda r: state(r, "w-1") is True, after=count)
+        assert all(state(r, "w-0") is True for r in run.reports)
+        assert run.source.stats.errors == 0
+
+
+async def test_a_broken_watch_reconnects_and_an_ended_one_resumes(
+    api: ApiServer, tmp_path: Path, fast: None
+) -> None:
+    ready_pod(api, "w-0", "10.1.0.1")
+    async with watching(api, tmp_path) as run:
+        await run.until(lambda r: state(r, "w-0") is True)
+        await until(lambda: api.open_watches == 1, "the watch is open")
+        lists, watches = api.lists, api.watches
+        api.break_watches()  # cut mid-stream: listed again
+        await until(lambda: api.lists > lists and api.open_watches == 1, "listed, watching")
+        count = len(run.reports)
+        ready_pod(api, "w-1", "10.1.0.2")
+        await run.until(lambda r: state(r, "w-1") is True, after=count)
+        # Ended cleanly (a server's timeout): watched again from the last version.
+        lists, watches = api.lists, api.watches
+        api.end_watches()
+        await until(lambda: api.watches > watches and api.open_watches == 1, "watching again")
+        count = len(run.reports)
+        api.set_ready(NS, "w-1", False)
+        await run.until(lambda r: state(r, "w-1") is False, after=count)
+        assert api.lists == lists
+        assert all(state(r, "w-0") is True for r in run.reports)
+        assert run.source.stats.errors == 0
+
+
+async def test_it_lists_again_every_resync_s_and_keeps_the_hosts(
+    api: ApiServer, tmp_path: Path, fast: None
+) -> None:
+    ready_pod(api, "w-0", "10.1.0.1")
+    async with watching(api, tmp_path, resync_s=0.1) as run:
+        await until(lambda: len(run.reports) >= 4, "four reports")
+        assert api.lists >= 4
+        assert all(state(r, "w-0") is True for r in run.reports)
+
+
+async def test_a_long_list_is_read_in_pages(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubernetes, "LIST_PAGE", 2)
+    for i in range(5):
+        ready_pod(api, f"w-{i}", f"10.1.0.{i + 1}")
+    async with watching(api, tmp_path) as run:
+        report = await run.until(lambda r: len(r) == 5)
+        assert api.lists == 3  # 2 + 2 + 1
+        assert [h.spec.host for h in report] == [f"10.1.0.{i + 1}" for i in range(5)]
+
+
+async def test_pods_past_the_bound_are_ignored_and_that_is_logged_once(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubernetes, "MAX_PODS", 3)
+    for i in range(4):
+        ready_pod(api, f"w-{i}", f"10.1.0.{i + 1}")
+    with capture_logs() as logs:
+        async with watching(api, tmp_path) as run:
+            await run.until(lambda r: len(r) == 3)
+            await until(lambda: api.open_watches == 1, "the watch is open")
+            ready_pod(api, "w-9", "10.1.0.9")  # by the watch: ignored too
+            api.delete_pod(NS, "w-0")  # room for the next one
+            count = len(run.reports)
+            ready_pod(api, "w-8", "10.1.0.8")
+            report = await run.until(lambda r: state(r, "w-8") is True, after=count)
+    assert len(report) == 3 and state(report, "w-9") is None
+    assert [e["event"] for e in logs].count("kubernetes_too_many_pods") == 1
+
+
+# -- what a pod says ---------------------------------------------------------------------
+
+
+async def test_the_model_from_a_label_or_an_annotation(api: ApiServer, tmp_path: Path) -> None:
+    ready_pod(api, "w-0", "10.1.0.1", labels={**WORKER, "model": "qwen2.5-7b"})
+    ready_pod(api, "w-1", "10.1.0.2", annotations={"gateway/model": "meta-llama/Llama-3-8B"})
+    async with watching(api, tmp_path, model=None, model_from="label:model") as run:
+        report = await run.until(lambda r: len(r) == 1)  # w-1 has no such label
+        assert host(report, "w-0").spec.model == "qwen2.5-7b"
+    async with watching(api, tmp_path, model=None, model_from="annotation:gateway/model") as run:
+        report = await run.until(lambda r: len(r) == 1)
+        assert host(report, "w-1").spec.model == "meta-llama/Llama-3-8B"
+    async with watching(api, tmp_path, model=None) as run:
+        report = await run.until(lambda r: len(r) == 2)
+        assert {h.spec.model for h in report} == {None}  # asked from each worker
+
+
+async def test_the_bootstrap_port_from_an_annotation(api: ApiServer, tmp_path: Path) -> None:
+    annotation = "gateway.example/bootstrap-port"
+    ready_pod(api, "p-0", "10.1.0.1", annotations={annotation: "8998"})
+    ready_pod(api, "p-1", "10.1.0.2")  # none: the worker's default
+    settings = {"role": "prefill", "runtime": "sglang", "bootstrap_port_annotation": annotation}
+    async with watching(api, tmp_path, **settings) as run:
+        report = await run.until(lambda r: len(r) == 2)
+    p0, p1 = host(report, "p-0").spec, host(report, "p-1").spec
+    assert (p0.bootstrap_port, p0.role, p0.runtime) == (8998, "prefill", "sglang")
+    assert p1.bootstrap_port is None
+
+
+async def test_the_container_port_by_name_or_by_number(api: ApiServer, tmp_path: Path) -> None:
+    ready_pod(api, "w-0", "10.1.0.1", ports={"metrics": 9100, "grpc": 30000})
+    ready_pod(api, "w-1", "10.1.0.2", ports={"http": 8080})
+    with capture_logs() as logs:
+        async with watching(api, tmp_path, port="grpc") as run:
+            report = await run.until(lambda r: len(r) == 1)
+            assert host(report, "w-0").spec.port == 30000
+    assert [(e["event"], e["pod"], e["problem"]) for e in logs if "pod" in e] == [
+        ("kubernetes_pod_skipped", f"{NS}/w-1", "no container port named 'grpc'")
+    ]
+    for port in (50051, "50051"):
+        async with watching(api, tmp_path, port=port) as run:
+            report = await run.until(lambda r: len(r) == 2)
+            assert {h.spec.port for h in report} == {50051}
+
+
+async def test_an_ipv6_pod_address(api: ApiServer, tmp_path: Path) -> None:
+    ready_pod(api, "w-0", "fd00::7")
+    async with watching(api, tmp_path) as run:
+        report = await run.until(lambda r: len(r) == 1)
+        assert report[0].spec.address == "[fd00::7]:9000"
+
+
+async def test_bad_pod_data_skips_the_pod_and_is_logged_once_per_problem(
+    api: ApiServer, tmp_path: Path, fast: None
+) -> None:
+    annotation = "bootstrap-port"
+    ready_pod(api, "good", "10.1.0.1", labels={**WORKER, "model": "m"})
+    ready_pod(api, "bad-model", "10.1.0.2", labels={**WORKER, "model": "not a model!"})
+    ready_pod(api, "bad-port", "10.1.0.3", labels={**WORKER, "model": "m"})
+    api.set_annotations(NS, "bad-port", {annotation: "eighty"})
+    ready_pod(api, "bad-ip", "10.1.0.300", labels={**WORKER, "model": "m"})
+    settings = {"model": None, "model_from": "label:model", "bootstrap_port_annotation": annotation}
+    with capture_logs() as logs:
+        async with watching(api, tmp_path, resync_s=0.2, **settings) as run:
+            await run.until(lambda r: [h.origin for h in r] == [f"kubernetes:{NS}/good"])
+            # Changed, listed again: still the same problems, not logged again.
+            lists = api.lists
+            api.set_ready(NS, "bad-model", False)
+            api.set_ready(NS, "bad-port", False)
+            await until(lambda: api.lists >= lists + 2, "two more lists")
+            # Another problem is logged; a mended pod comes in.
+            count = len(run.reports)
+            api.set_annotations(NS, "bad-port", {annotation: "70000"})
+            api.set_labels(NS, "bad-model", {**WORKER, "model": "good-model"})
+            report = await run.until(lambda r: state(r, "bad-model") is False, after=count)
+    assert host(report, "bad-model").spec.model == "good-model"
+    skipped = [(e["pod"], e["problem"]) for e in logs if e["event"] == "kubernetes_pod_skipped"]
+    assert skipped == [  # the list's pods in name order, then the watch's
+        (f"{NS}/bad-ip", "pod IP '10.1.0.300' is not an address"),
+        (
+            f"{NS}/bad-model",
+            "model: model name 'not a model!' has characters other than letters, digits and"
+            " . _ : / @ + -",
+        ),
+        (f"{NS}/bad-port", "annotation bootstrap-port 'eighty' is not a port number"),
+        (f"{NS}/bad-port", "annotation bootstrap-port '70000' is not a port number"),
+    ]
+    assert run.source.stats.errors == 0
+
+
+# -- the server down ---------------------------------------------------------------------
+
+
+async def test_the_server_down_keeps_the_last_set_counts_and_logs_once(
+    api: ApiServer, tmp_path: Path, fast: None
+) -> None:
+    ready_pod(api, "w-0", "10.1.0.1")
+    with capture_logs() as logs:
+        async with watching(api, tmp_path) as run:
+            await run.until(lambda r: state(r, "w-0") is True)
+            await until(lambda: api.open_watches == 1, "the watch is open")
+            count = len(run.reports)
+            await api.stop()
+            await until(lambda: run.source.stats.errors >= 3, "three failures")
+            assert len(run.reports) == count  # nothing reported: the last set stands
+            assert run.source.stats.hosts == 1
+            assert run.source.stats.failing.startswith(f"list pods in {NS}: ConnectError")
+            # Back, with a pod gone meanwhile.
+            ready_pod(api, "w-1", "10.1.0.2")
+            api.delete_pod(NS, "w-0")
+            await api.start()
+            report = await run.until(lambda r: state(r, "w-1") is True, after=count)
+            assert state(report, "w-0") is None
+            assert run.source.stats.failing == ""
+    events = [e["event"] for e in logs if e["event"].startswith("discovery_")]
+    assert events == ["discovery_failed", "discovery_recovered"]
+
+
+async def test_a_refused_list_is_an_error_with_the_servers_words(
+    api: ApiServer, tmp_path: Path, fast: None
+) -> None:
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
+    api.token = "another-token"  # the kubeconfig's is refused now
+    config = KubernetesDiscovery(
+        source="kubernetes", port="grpc", selector="app=worker", kubeconfig=str(kubeconfig)
+    )
+    run = Run(KubernetesSource(config))
+    task = asyncio.ensure_future(run.source.run(run.report))
+    try:
+        await until(lambda: run.source.stats.errors >= 2, "two failures")
+        assert run.source.stats.failing == f"list pods in {NS}: 401 Unauthorized Unauthorized"
+        assert run.reports == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_missing_credentials_are_an_error_not_a_crash(tmp_path: Path, fast: None) -> None:
+    config = KubernetesDiscovery(
+        source="kubernetes", port="grpc", kubeconfig=str(tmp_path / "no-such-kubeconfig")
+    )
+    run = Run(KubernetesSource(config))
+    task = asyncio.ensure_future(run.source.run(run.report))
+    try:
+        await until(lambda: run.source.stats.errors >= 2, "two failures")
+        assert run.source.stats.failing.startswith("kubernetes credentials: ConfigError")
+        assert run.reports == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
