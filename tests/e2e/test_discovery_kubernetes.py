@@ -28,6 +28,7 @@ from tests.e2e.helpers import (
     wait_health,
     write_config,
 )
+from tests.e2e.test_processes import per_process
 from tests.kube.apiserver import InThread
 
 NS = "llm"
@@ -45,7 +46,13 @@ def kube() -> Iterator[InThread]:
         server.close()
 
 
-def serve(gateway: Launcher, tmp_path: Path, kube: InThread, *entries: dict[str, Any]) -> Child:
+def serve(
+    gateway: Launcher,
+    tmp_path: Path,
+    kube: InThread,
+    *entries: dict[str, Any],
+    args: tuple[str, ...] = (),
+) -> Child:
     kubeconfig = kube.server.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
     common = {
         "source": "kubernetes",
@@ -59,7 +66,7 @@ def serve(gateway: Launcher, tmp_path: Path, kube: InThread, *entries: dict[str,
         # manual: round robin unless a call names its worker (x-target-worker)
         "models": {"m": {"policy": "manual"}},
     }
-    return gateway("--config", write_config(tmp_path, config))
+    return gateway("--config", write_config(tmp_path, config), *args)
 
 
 async def served_by(stub: Any, request_id: str) -> str:
@@ -176,3 +183,29 @@ async def test_prefill_and_decode_pods_make_sglang_pd_pairs(
         # The decode Pod not Ready: no pair can be made, the model is not servable.
         kube.do(api.set_ready, NS, "decode-0", False)
         await wait_health(gw.address, "m", healthy=False)
+
+
+async def test_with_two_processes_one_watch_feeds_both(
+    sim: Launcher, gateway: Launcher, kube: InThread, tmp_path: Path
+) -> None:
+    a = sim("--listen", f"{A}:0", "--model", "m", "--name", "a")
+    b = sim("--listen", f"{B}:0", "--model", "m", "--name", "b")
+    api = kube.server
+    worker = {"labels": {"app": "worker"}, "phase": "Running"}
+    kube.do(api.add_pod, NS, "a", ip=A, ports={"grpc": a.port}, ready=True, **worker)
+    gw = serve(gateway, tmp_path, kube, {"selector": "app=worker"}, args=("--processes", "2"))
+    await wait_health(gw.address, "m")
+    channels = await per_process(gw)
+    try:
+        kube.do(api.add_pod, NS, "b", ip=B, ports={"grpc": b.port}, ready=True, **worker)
+        added = time.monotonic()
+        for ch in channels.values():  # each serving process places calls on b
+            stub = sgl_grpc.SglangSchedulerStub(ch)
+            while "b" not in {await served_by(stub, f"two-{i}") for i in range(4)}:
+                assert time.monotonic() - added < 5.0, "b got no call from this process"
+        # One list and one watch in all (the supervisor's), not one per process.
+        assert (kube.do(lambda: api.lists), kube.do(lambda: api.watches)) == (1, 1)
+        assert kube.do(lambda: api.open_watches) == 1
+    finally:
+        for ch in channels.values():
+            await ch.close()
