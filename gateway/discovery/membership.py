@@ -108,9 +108,16 @@ class Membership:
         return event
 
     def _settle(self, address: str) -> None:
-        if self._closed or address in self._leaving or address in self._joining:
+        if self._closed or address in self._leaving:
             return  # settled again when that ends
         claims = [hosts[address] for hosts in self._claims.values() if address in hosts]
+        joining = self._joining.get(address)
+        if joining is not None:
+            # Still asking the worker what it is (or waiting for its first probe): a
+            # source that dropped it meanwhile ends the wait; else settled once it ends.
+            if not any(c.in_service for c in claims):
+                joining.cancel()
+            return
         fleet = self._fleet
         worker = fleet.registry.get(address)
         if worker is None:

@@ -171,3 +171,27 @@ async def test_first_reports_waits_for_every_source_bounded() -> None:
     m.apply("dns:w", [host(1)])
     assert await m.first_reports(["dns:w"], 1.0) is True
     await m.close()
+
+
+async def test_a_host_dropped_while_it_joins_stops_joining() -> None:
+    door = Door()
+    never = asyncio.Event()
+    joins: list[asyncio.Task[None]] = []
+
+    def join(spec: WorkerSpec, sources: tuple[str, ...]) -> asyncio.Task[None]:
+        joins.append(asyncio.ensure_future(never.wait()))  # a worker that never answers
+        return joins[-1]  # type: ignore[return-value]
+
+    door.join = join  # type: ignore[method-assign]
+    m = membership(door)
+    m.apply("dns:w", [host(1)])
+    await settled()
+    assert len(joins) == 1 and not joins[0].done()
+    m.apply("dns:w", [])
+    await settled()
+    assert joins[0].cancelled()
+    m.apply("dns:w", [host(1)])  # listed again: a new join
+    await settled()
+    assert len(joins) == 2 and not joins[1].done()
+    await m.close()
+    assert joins[1].cancelled()
