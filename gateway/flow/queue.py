@@ -1,0 +1,166 @@
+"""The waiting room of one model: pure bookkeeping (no awaiting, no clock of its own),
+so every ordering rule is a unit test.
+
+Order of service:
+- strict priority between classes (index 0 is the highest);
+- a request that has waited longer than its class's `starvation_s` is served as the
+  class above, ahead of that class's own requests (oldest first);
+- within a class, start-time fair queueing between tenants: each request gets a start
+  tag max(class clock, the tenant's last finish) and a finish tag start + cost / weight,
+  the smallest start tag is served next and the class clock moves to it. Backlogged
+  tenants are served tokens in proportion to their weights, whatever their request
+  sizes; a tenant that was idle comes back at the clock, with no credit saved up;
+- first come first served within a tenant (its tags only grow).
+
+Bounded: at most `max_requests` waiting and `max_bytes` of their requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class FlowClass:
+    name: str
+    ttl_s: float
+    starvation_s: float | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One queued request. `cost`: its tokens (prompt + max new tokens, or an
+    estimate); `size`: its request bytes, counted against the queue's byte bound."""
+
+    tenant: str
+    klass: int
+    cost: float
+    size: int
+    since: float
+    seq: int = 0
+    start: float = 0.0  # start tag within its class (fair queueing)
+    finish: float = 0.0
+    queued: bool = False
+
+
+@dataclass(slots=True)
+class _Class:
+    clock: float = 0.0
+    tenants: dict[str, deque[Waiter]] = field(default_factory=dict)
+    finish: dict[str, float] = field(default_factory=dict)  # tenant -> its last finish tag
+    arrivals: dict[int, Waiter] = field(default_factory=dict)  # seq -> waiter, oldest first
+
+
+class FlowQueue:
+    def __init__(
+        self,
+        classes: Sequence[FlowClass],
+        weight: Callable[[str], float],
+        max_requests: int,
+        max_bytes: int,
+    ) -> None:
+        self.classes = tuple(classes)
+        self._weight = weight
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self._state = [_Class() for _ in self.classes]
+        self._seq = itertools.count()
+        self.count = 0
+        self.bytes = 0
+
+    def fits(self, size: int) -> bool:
+        """Room for one more request of `size` bytes."""
+        return self.count < self.max_requests and self.bytes + size <= self.max_bytes
+
+    def push(self, waiter: Waiter) -> bool:
+        """Queue it (False: no room)."""
+        if not self.fits(waiter.size):
+            return False
+        state = self._state[waiter.klass]
+        waiter.seq = next(self._seq)
+        waiter.start = max(state.clock, state.finish.get(waiter.tenant, 0.0))
+        waiter.finish = waiter.start + waiter.cost / max(self._weight(waiter.tenant), 1e-9)
+        state.finish[waiter.tenant] = waiter.finish
+        state.tenants.setdefault(waiter.tenant, deque()).append(waiter)
+        state.arrivals[waiter.seq] = waiter
+        waiter.queued = True
+        self.count += 1
+        self.bytes += waiter.size
+        return True
+
+    def remove(self, waiter: Waiter) -> None:
+        """Out of the queue without being served (its client went, its time ran out)."""
+        if not waiter.queued:
+            return
+        state = self._state[waiter.klass]
+        line = state.tenants[waiter.tenant]
+        line.remove(waiter)
+        if not line:
+            del state.tenants[waiter.tenant]
+        self._out(state, waiter)
+
+    def peek(self, now: float) -> Waiter | None:
+        """The request to serve next, left in the queue."""
+        for index in range(len(self.classes)):
+            promoted = self._starving(index + 1, now)
+            if promoted is not None:
+                return promoted
+            state = self._state[index]
+            if state.tenants:
+                return min((line[0] for line in state.tenants.values()), key=_by_tag)
+        return None
+
+    def pop(self, waiter: Waiter) -> None:
+        """`waiter` (from `peek`) is being served."""
+        state = self._state[waiter.klass]
+        line = state.tenants[waiter.tenant]
+        if line[0] is waiter:
+            line.popleft()
+        else:  # a promoted request: the oldest of its class, not its tenant's head
+            line.remove(waiter)
+        if not line:
+            del state.tenants[waiter.tenant]
+        state.clock = max(state.clock, waiter.start)
+        self._out(state, waiter)
+
+    def expired(self, now: float) -> Iterator[Waiter]:
+        """The requests that waited past their class's `ttl_s` (still queued)."""
+        for index, flow_class in enumerate(self.classes):
+            for waiter in list(self._state[index].arrivals.values()):
+                if now - waiter.since < flow_class.ttl_s:
+                    break  # arrivals are in order: the rest waited less
+                yield waiter
+
+    def depth(self) -> dict[tuple[str, str], int]:
+        """(class name, tenant) -> requests waiting."""
+        return {
+            (self.classes[i].name, tenant): len(line)
+            for i, state in enumerate(self._state)
+            for tenant, line in state.tenants.items()
+        }
+
+    def _starving(self, index: int, now: float) -> Waiter | None:
+        if index >= len(self.classes):
+            return None
+        limit = self.classes[index].starvation_s
+        arrivals = self._state[index].arrivals
+        if limit is None or not arrivals:
+            return None
+        oldest = next(iter(arrivals.values()))
+        return oldest if now - oldest.since >= limit else None
+
+    def _out(self, state: _Class, waiter: Waiter) -> None:
+        del state.arrivals[waiter.seq]
+        waiter.queued = False
+        self.count -= 1
+        self.bytes -= waiter.size
+        if not state.tenants:
+            # Idle: the next arrivals start afresh (no tenant keeps credit or debt).
+            state.finish.clear()
+
+
+def _by_tag(waiter: Waiter) -> tuple[float, int]:
+    return waiter.start, waiter.seq
