@@ -607,6 +607,71 @@ DiscoverySource = Annotated[
 ]
 
 
+# -- flow control: queues instead of refusals when every worker is busy --------------------
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class FlowClassConfig:
+    """A priority class; `starvation_s`: waited this long, served as the class above."""
+
+    name: Name
+    ttl_s: Interval = 60.0
+    starvation_s: Interval | None = None
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class FlowQueueConfig:
+    """Per model: requests waiting, and the bytes of their requests."""
+
+    max_requests: AtLeastOne = 2048
+    max_bytes: AtLeastOne = 256 * 1024 * 1024
+
+
+def _standard_classes() -> tuple[FlowClassConfig, ...]:
+    return (
+        FlowClassConfig("interactive", ttl_s=30.0),
+        FlowClassConfig("standard", ttl_s=60.0),
+        FlowClassConfig("batch", ttl_s=300.0, starvation_s=60.0),
+    )
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class FlowConfig:
+    """When every worker of a model is at its limits, requests wait (see README "Flow
+    control") instead of being refused at once; without a `flow:` section they are."""
+
+    classes: tuple[FlowClassConfig, ...] = dataclasses.field(default_factory=_standard_classes)
+    default_class: Name = "standard"
+    priority_header: HeaderName = "x-priority"
+    queue: FlowQueueConfig = dataclasses.field(default_factory=FlowQueueConfig)
+    trust_tenant_header: Flag = False  # true: x-tenant-id names the tenant
+    tenant_header: HeaderName = "x-tenant-id"
+    cost_tokens: AtLeastOne = 256  # a request's cost beyond its prompt (its output, estimated)
+
+    @model_validator(mode="after")
+    def _known_classes(self) -> FlowConfig:
+        names = [c.name for c in self.classes]
+        if not names:
+            raise _problem("classes: give at least one class")
+        if len(set(names)) != len(names):
+            raise _problem(f"classes: a class is named twice ({', '.join(names)})")
+        if self.default_class not in names:
+            raise _problem(f"default_class: {self.default_class!r} is not one of {names}")
+        return self
+
+    def index(self, name: str) -> int | None:
+        return next((i for i, c in enumerate(self.classes) if c.name == name), None)
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class TenantConfig:
+    """A tenant (an API key's name, a client certificate's identity; `default` for the
+    rest): the highest class it may ask for, and its share within a class."""
+
+    max_class: Name | None = None  # None: any class
+    weight: Annotated[float, Strict(), Field(gt=0)] = 1.0
+
+
 @functools.cache
 def _default_settings(policy: PolicyName) -> ModelSettings:
     """What a model without settings of its own runs with (built once per policy)."""
@@ -618,6 +683,8 @@ class GatewayConfig:
     listen: Text = "127.0.0.1:50051"
     workers: tuple[WorkerEntry, ...] = ()
     discovery: tuple[DiscoverySource, ...] = ()
+    flow: FlowConfig | None = None
+    tenants: Mapping[Name, TenantConfig] = dataclasses.field(default_factory=dict)
     models: Mapping[ModelName, ModelSettings] = dataclasses.field(default_factory=dict)
     default_policy: PolicyName = "round_robin"
     model_headers: tuple[HeaderName, ...] = ("x-model-id", "x-gateway-model-name")
@@ -648,8 +715,25 @@ class GatewayConfig:
         found = self.models.get(name)
         return found if found is not None else _default_settings(self.default_policy)
 
+    def tenant(self, name: str) -> TenantConfig:
+        found = self.tenants.get(name) or self.tenants.get("default")
+        return found if found is not None else _DEFAULT_TENANT
+
     def policy_for(self, model: str) -> str:
         return self.model(model).policy
+
+
+_DEFAULT_TENANT = TenantConfig()
+
+
+def _check_flow(config: GatewayConfig) -> None:
+    flow = config.flow
+    for name, tenant in config.tenants.items():
+        if tenant.max_class is not None and (flow is None or flow.index(tenant.max_class) is None):
+            known = [c.name for c in flow.classes] if flow is not None else []
+            raise ConfigError(
+                f"tenants.{name}.max_class: {tenant.max_class!r} is not a flow class {known}"
+            )
 
 
 SECTIONS: dict[str, type] = {
@@ -1001,4 +1085,5 @@ def build_config(
         config = dataclasses.replace(config, workers=config.workers + flagged)
     _check_addresses(config)
     _check_workers(config.workers)
+    _check_flow(config)
     return config

@@ -36,12 +36,28 @@ class CallRecord:
     prompt_tokens: int = 0  # Generate: the prompt's length
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
     principal: str | None = None  # who called (API key, client certificate), if known
+    # Flow control (a `flow:` section): the tenant and class it waited as, how long.
+    tenant: str | None = None
+    priority: str | None = None
+    lowered: bool = False  # asked for a class above its tenant's max_class
+    queued_s: float | None = None
 
     def called(self, leg: Role, worker: str) -> None:
         self.legs.setdefault(leg, []).append(worker)
 
     def log_fields(self) -> dict[str, object]:
         first = self.first_message_s
+        fields = self._fields(first)
+        if self.priority is not None:  # flow control: only then
+            fields.update(
+                tenant=self.tenant,
+                priority=self.priority,
+                lowered=self.lowered,
+                queued_ms=round((self.queued_s or 0.0) * 1000, 3),
+            )
+        return fields
+
+    def _fields(self, first: float | None) -> dict[str, object]:
         return {
             "model": self.model,
             "service": self.service,

@@ -38,6 +38,7 @@ from gateway.proxy.front import Door, EngineFront, Routing
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.upstream import Upstreams
+from gateway.proxy.waiting import WaitingRooms
 from gateway.tls import CertificateFiles, channel_credentials
 
 log = structlog.get_logger("gateway")
@@ -132,6 +133,16 @@ class Gateway:
         )
         self.offload = Offload()  # a long prompt's decoding and hashing
         self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
+        self.rooms: WaitingRooms | None = None
+        if config.flow is not None:
+            self.rooms = WaitingRooms(
+                config.flow,
+                lambda tenant: config.tenant(tenant).weight,
+                self.upstreams,
+                config.retry_after_ms,
+            )
+            waiting = self.rooms
+            self.fleet.on_capacity(lambda worker: waiting.kick(worker.model))
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
         limits = config.limits
         self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
@@ -140,8 +151,8 @@ class Gateway:
             self.disagg = DisaggregatedDispatch(self.dispatcher)
             self.siblings: Siblings | None = None
         else:
-            rooms = Rooms(index=member.index, count=member.count)
-            self.disagg = DisaggregatedDispatch(self.dispatcher, rooms)
+            pd_rooms = Rooms(index=member.index, count=member.count)  # SGLang bootstrap rooms
+            self.disagg = DisaggregatedDispatch(self.dispatcher, pd_rooms)
             self.siblings = Siblings(member.siblings())
         self.metrics = Metrics(self.fleet.registry, kv=self.fleet)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
@@ -177,7 +188,12 @@ class Gateway:
         takes over what the admin API did to its predecessor)."""
         door = Door(self.caller, self.admission, self.reads)
         routing = Routing(
-            self.fleet.registry, self.placer, self.dispatcher, self.disagg, self.offload
+            self.fleet.registry,
+            self.placer,
+            self.dispatcher,
+            self.disagg,
+            self.offload,
+            self.rooms,
         )
         self.fronts = fronts = [
             EngineFront(adapter, self.config, door, routing, self.metrics.observe, self.siblings)
@@ -264,6 +280,8 @@ class Gateway:
     def _on_fleet_event(self, event: FleetEvent) -> None:
         """Recompute health once per burst of events, after the code that changed the
         fleet (often a request's end) has moved on: that code does constant work."""
+        if self.rooms is not None and event.kind in ("status", "breaker", "added"):
+            self.rooms.kick(event.worker.model)  # a worker back: calls may wait no more
         if self._health_due:
             return
         self._health_due = True

@@ -74,6 +74,7 @@ class Fleet:
         self._timers: dict[str, set[asyncio.TimerHandle]] = {}
         self._joining: set[str] = set()
         self._credentials: grpc.ChannelCredentials | None = None
+        self._capacity: list[Callable[[Worker], None]] = []
 
     async def start(self, specs: Iterable[WorkerSpec], source: str = "static") -> None:
         """Register every worker; waits (bounded) for discovery and a first connection
@@ -155,6 +156,15 @@ class Fleet:
         old = breaker.state
         if breaker.record(outcome, now, trial=trial):
             self._breaker_changed(worker, old.value, outcome.value)
+
+    def released(self, worker: Worker) -> None:
+        """A request's slot on the worker came free: listeners for capacity hear it."""
+        for listener in self._capacity:
+            listener(worker)
+
+    def on_capacity(self, listener: Callable[[Worker], None]) -> None:
+        """`listener(worker)` whenever a slot on a worker comes free (flow control)."""
+        self._capacity.append(listener)
 
     def on_dispatch(self, worker: Worker) -> bool:
         """A request was placed on the worker; returns whether it is the breaker's trial."""

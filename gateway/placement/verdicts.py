@@ -26,6 +26,8 @@ class Reason(Enum):
     REQUEST_OVER_LIMIT = (grpc.StatusCode.INVALID_ARGUMENT, 400, "request_over_limit", False, False)
     BAD_METADATA = (grpc.StatusCode.INVALID_ARGUMENT, 400, "bad_metadata", False, False)
     CALLER_OVER_SHARE = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "caller_over_share", True, True)
+    QUEUE_FULL = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "queue_full", True, True)
+    QUEUE_TIMEOUT = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "queue_timeout", True, True)
 
     def __init__(
         self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
@@ -170,5 +172,27 @@ def caller_over_share(caller: str, share: int, retry_after_ms: int) -> Verdict:
         Reason.CALLER_OVER_SHARE,
         f"This caller ({shown(caller)}) already has {share} requests in flight, its share "
         "of this gateway (limits.max_inflight_per_principal)",
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def queue_full(model: str, waiting: int, limit: str, retry_after_ms: int) -> Verdict:
+    """`limit`: which bound was reached (`flow.queue.max_requests` or `max_bytes`)."""
+    return Verdict(
+        Reason.QUEUE_FULL,
+        f"Every worker for model '{model}' is busy and its queue is full "
+        f"({waiting} waiting, {limit})",
+        model=model,
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def queue_timeout(model: str, klass: str, waited_s: float, retry_after_ms: int) -> Verdict:
+    return Verdict(
+        Reason.QUEUE_TIMEOUT,
+        f"Waited {waited_s:.1f} s for a worker for model '{model}' (class {klass}) "
+        "without one becoming free",
+        model=model,
+        extra={"class": klass},
         retry_after_ms=retry_after_ms,
     )

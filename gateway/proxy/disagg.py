@@ -180,12 +180,13 @@ class DisaggregatedDispatch:
         self.dispatcher = dispatcher
         self.rooms = rooms if rooms is not None else Rooms()
 
-    async def serve(self, job: Job, n: int, place: Place) -> None:
+    async def serve(self, job: Job, n: int, place: Place, first: Reserved | None = None) -> None:
+        """`first` (n = 1 only): the placement a waiting room made and reserved."""
         try:
             if n > 1:
                 await self._choices(job, n, place)
             else:
-                await self.dispatcher.run(job, place, self._legs)
+                await self.dispatcher.run(job, place, self._legs, first)
         except UpstreamFailure as failure:
             await answer(job.context, failure)
 

@@ -129,26 +129,36 @@ class Dispatcher:
         self.upstreams = upstreams
         self._max_attempts = max_attempts
 
-    async def serve(self, job: Job, place: Place, flow: Flow) -> bytes | None:
+    async def serve(
+        self, job: Job, place: Place, flow: Flow, first: Reserved | None = None
+    ) -> bytes | None:
         """Run the job; an upstream failure becomes the client's status."""
         try:
-            return await self.run(job, place, flow)
+            return await self.run(job, place, flow, first)
         except UpstreamFailure as failure:
             await answer(job.context, failure)
 
-    async def run(self, job: Job, place: Place, flow: Flow) -> bytes | None:
+    async def run(
+        self, job: Job, place: Place, flow: Flow, first: Reserved | None = None
+    ) -> bytes | None:
         """The attempt loop: place and reserve, run the flow; a retryable failure before
-        anything reached the client is tried again without the worker that failed."""
+        anything reached the client is tried again without the worker that failed.
+        `first`: the first attempt's placement, made and reserved already (by a waiting
+        room, as capacity came free)."""
         record = job.record
         tried: list[str] = []
         failure: UpstreamFailure | None = None
         for _ in range(self._max_attempts):
-            placed = place(tried)
-            if isinstance(placed, Verdict):
-                if failure is None:
-                    await refuse(job.context, record, placed)
-                break  # nobody else to try: the last worker's own failure is the answer
-            reserved = self.upstreams.reserve_all(placed)
+            if first is not None:
+                reserved, first = first, None
+            else:
+                placed = place(tried)
+                if isinstance(placed, Verdict):
+                    if failure is None:
+                        await refuse(job.context, record, placed)
+                    break  # nobody else to try: the last worker's own failure is the answer
+                reserved = self.upstreams.reserve_all(placed)
+            placed = reserved.decision
             job.call.placements.append(reserved)
             record.attempts += 1
             if placed.expected_cached_tokens is not None:

@@ -45,7 +45,8 @@ from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
 from gateway.proxy.metadata import Metadata, read_request_meta
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.upstream import Outbound, UpstreamFailure
+from gateway.proxy.upstream import Outbound, Reserved, UpstreamFailure
+from gateway.proxy.waiting import WaitingRooms
 from gateway.record import CallRecord
 from gateway.roles import Role
 
@@ -111,6 +112,7 @@ class Routing:
     dispatcher: Dispatcher
     disagg: DisaggregatedDispatch
     offload: Offload
+    rooms: WaitingRooms | None = None  # flow control: where busy models' calls wait
 
 
 class EngineFront:
@@ -142,6 +144,7 @@ class EngineFront:
         self._placer = routing.placer
         self._dispatcher = routing.dispatcher
         self._upstreams = routing.dispatcher.upstreams
+        self._rooms = routing.rooms
 
     def drain(self) -> None:
         """SIGTERM: from now on the engine HealthCheck answers unhealthy, so a client's
@@ -235,6 +238,7 @@ class EngineFront:
             config.routing_key_header,
             config.target_worker_header,
             caller.private_keys,
+            (config.flow.priority_header, config.flow.tenant_header) if config.flow else ("", ""),
         )
         principal = await caller.identify(context, meta.bearer, spec.path)
         record.principal = principal
@@ -309,17 +313,52 @@ class EngineFront:
         def place(tried: Collection[str]) -> Decision | Verdict:
             return placer.place(model, runtime, hints, items, tried, legs)
 
+        n = info.n if spec.kind is RpcKind.GENERATE else 1
         if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
             job = replace(job, return_logprob=info.return_logprob)
-            await self._disagg.serve(job, info.n, place)
+            first = await self._wait(call, model, len(prefix or ()), n, lambda: place(()))
+            await self._disagg.serve(job, n, place, first)
             return None
 
         def place_receiver(tried: Collection[str]) -> Decision | Verdict:
             decided = place(tried)
             return decided if isinstance(decided, Verdict) else decided.only(decided.receiver)
 
+        first = await self._wait(call, model, len(prefix or ()), n, lambda: place_receiver(()))
         flow = self._dispatcher.flow(spec.server_streaming)
-        return await self._dispatcher.serve(job, place_receiver, flow)
+        return await self._dispatcher.serve(job, place_receiver, flow, first)
+
+    async def _wait(
+        self, call: Call, model: str, prompt_tokens: int, n: int, place: Callable[[], Any]
+    ) -> Reserved | None:
+        """With flow control: placed and reserved now or once capacity frees (waiting in
+        the model's queue), else refused (QUEUE_FULL, QUEUE_TIMEOUT, or the verdict of a
+        model that cannot be placed at all). None: no flow control for this call (none
+        configured, or n > 1 choices, each placed on its own)."""
+        rooms, flow = self._rooms, self._config.flow
+        if rooms is None or flow is None or n > 1:
+            return None
+        record = call.record
+        asked_class, asked_tenant = call.meta.flow
+        tenant = record.principal or "default"
+        if flow.trust_tenant_header and asked_tenant:
+            tenant = shown(asked_tenant)
+        klass = flow.index(asked_class) if asked_class is not None else None
+        if klass is None:
+            klass = flow.index(flow.default_class)
+        cap = self._config.tenant(tenant).max_class
+        ceiling = flow.index(cap) if cap is not None else None
+        assert klass is not None
+        if ceiling is not None and klass < ceiling:
+            klass, record.lowered = ceiling, True
+        record.tenant, record.priority = tenant, flow.classes[klass].name
+        cost = prompt_tokens + flow.cost_tokens
+        started = time.monotonic()
+        got = await rooms.admit(model, tenant, klass, cost, len(call.request), place)
+        record.queued_s = round(time.monotonic() - started, 6)
+        if isinstance(got, Verdict):
+            await refuse(call.context, record, got)
+        return got
 
     async def _forward_one(self, call: Call) -> bytes | None:
         meta = call.meta

@@ -52,6 +52,7 @@ class RequestMeta:
     forward: Metadata
     bad_key: str | None = None  # the first key whose value cannot go upstream
     bearer: str | None = None  # X of `authorization: Bearer X` (the API key), never forwarded
+    flow: tuple[str | None, str | None] = (None, None)  # (priority class, tenant) asked for
 
 
 def read_request_meta(
@@ -60,10 +61,14 @@ def read_request_meta(
     routing_key_header: str,
     target_worker_header: str,
     private_keys: frozenset[str] = frozenset(),
+    flow_headers: tuple[str, str] = ("", ""),
 ) -> RequestMeta:
     """Routing hints, the caller's bearer token, and what goes upstream: forwardable keys
     but `private_keys` (the caller's own credentials, which are the gateway's business,
-    not the workers')."""
+    not the workers'). `flow_headers`: the priority and tenant headers (flow control)."""
+    priority_header, tenant_header = flow_headers
+    priority: str | None = None
+    tenant: str | None = None
     model: str | None = None
     model_rank = len(model_headers)
     routing_key: str | None = None
@@ -89,10 +94,15 @@ def read_request_meta(
             routing_key = value
         elif key == target_worker_header:
             target = value
+        elif key == priority_header and priority is None:
+            priority = value
+        elif key == tenant_header and tenant is None:
+            tenant = value
     return RequestMeta(
         model=model or None,
         hints=Hints(routing_key=routing_key, target_worker=target),
         forward=tuple(forward),
         bad_key=bad_key,
         bearer=token,
+        flow=(priority, tenant),
     )

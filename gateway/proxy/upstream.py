@@ -107,7 +107,10 @@ class Sink(Protocol):
 
 
 class Outcomes(Protocol):
-    """Where upstream calls report what happened on a worker (the fleet's passive health)."""
+    """Where upstream calls report what happened on a worker (the fleet's passive health),
+    and that a reservation on it ended."""
+
+    def released(self, worker: Worker) -> None: ...
 
     def on_dispatch(self, worker: Worker) -> bool: ...
 
@@ -139,6 +142,7 @@ class Reservation:
             return
         self.released = True
         self.worker.release()
+        self._outcomes.released(self.worker)
         if self._judge:
             outcome = Outcome.IGNORED if code is None else outcome_of(code)
             try:

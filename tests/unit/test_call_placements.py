@@ -42,6 +42,9 @@ class Fleet:
     def on_dispatch(self, worker: Worker) -> bool:
         return False
 
+    def released(self, worker: Worker) -> None:
+        pass
+
     def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
         self.outcomes.append((worker.id, outcome))
 

@@ -27,6 +27,8 @@ DEFAULTS = {
     "listen": "127.0.0.1:50051",
     "workers": (),
     "discovery": (),
+    "flow": None,
+    "tenants": {},
     "models": {},
     "default_policy": "round_robin",
     "model_headers": ("x-model-id", "x-gateway-model-name"),

@@ -1,0 +1,163 @@
+"""Waiting rooms: with `flow:` configured, a request that finds every worker of its model
+at its limits waits in the model's queue (gateway/flow/queue.py) instead of being refused.
+
+- A request waits when placement says WORKERS_OVERLOADED, or when others of its model
+  already wait (no overtaking the queue). Any other verdict (no worker at all, none
+  available) is answered at once: a deployment gap is not waited on.
+- Whenever capacity may have come free (a reservation released, a worker's status
+  changed) the room serves from its head: it places the head request and reserves its
+  workers in the same step (no await in between, as everywhere), then hands the
+  reservation to the waiting call, which runs it as its first attempt. It stops at the
+  first head that still does not fit.
+- A request that waits past its class's `ttl_s` is QUEUE_TIMEOUT; a full queue is
+  QUEUE_FULL; the client's own deadline or cancel takes it out of the queue, and nothing
+  was sent upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.config import FlowConfig
+from gateway.flow.queue import FlowClass, FlowQueue, Waiter
+from gateway.placement import verdicts
+from gateway.placement.decision import Decision
+from gateway.placement.verdicts import Reason, Verdict
+from gateway.proxy.upstream import Reserved, Upstreams
+
+Place = Callable[[], Decision | Verdict]
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """A request in a waiting room: its place in the queue, how to place it, and where
+    its reservation goes."""
+
+    waiter: Waiter
+    place: Place
+    answer: asyncio.Future[Reserved | Verdict] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Room:
+    """One model's queue and the calls waiting in it."""
+
+    def __init__(self, model: str, queue: FlowQueue) -> None:
+        self.model = model
+        self.queue = queue
+        self.tickets: dict[Waiter, Ticket] = {}
+        self.due = False  # a serve pass is scheduled
+
+
+class WaitingRooms:
+    def __init__(
+        self,
+        settings: FlowConfig,
+        weight: Callable[[str], float],
+        upstreams: Upstreams,
+        retry_after_ms: int,
+    ) -> None:
+        self.settings = settings
+        self.classes = tuple(FlowClass(c.name, c.ttl_s, c.starvation_s) for c in settings.classes)
+        self._weight = weight
+        self._upstreams = upstreams
+        self._retry_after_ms = retry_after_ms
+        self._rooms: dict[str, Room] = {}
+
+    def waiting(self, model: str) -> int:
+        room = self._rooms.get(model)
+        return room.queue.count if room is not None else 0
+
+    async def admit(
+        self, model: str, tenant: str, klass: int, cost: float, size: int, place: Place
+    ) -> Reserved | Verdict:
+        """Placed and reserved now, placed and reserved once capacity frees, or the
+        verdict (not overloaded, QUEUE_FULL, QUEUE_TIMEOUT). Cancelled (the client went or
+        its deadline passed): out of the queue, nothing reserved."""
+        room = self._rooms.get(model)
+        if room is None or not room.queue.count:  # nobody waits: try at once
+            placed = place()
+            if isinstance(placed, Decision):
+                return self._upstreams.reserve_all(placed)
+            if placed.reason is not Reason.WORKERS_OVERLOADED:
+                return placed
+        room = self._room(model)
+        queue = room.queue
+        waiter = Waiter(tenant, klass, cost, size, time.monotonic())
+        if not queue.push(waiter):
+            limit = (
+                f"flow.queue.max_requests {queue.max_requests}"
+                if queue.count >= queue.max_requests
+                else f"flow.queue.max_bytes {queue.max_bytes}"
+            )
+            return verdicts.queue_full(model, queue.count, limit, self._retry_after_ms)
+        ticket = Ticket(waiter, place)
+        room.tickets[waiter] = ticket
+        ttl = self.classes[klass].ttl_s
+        try:
+            async with asyncio.timeout(ttl):
+                return await asyncio.shield(ticket.answer)
+        except TimeoutError:
+            if ticket.answer.done():  # served in the same instant: it is ours
+                return ticket.answer.result()
+            waited = time.monotonic() - waiter.since
+            name = self.classes[klass].name
+            return verdicts.queue_timeout(model, name, waited, self._retry_after_ms)
+        except asyncio.CancelledError:
+            # The client went (or its deadline passed): a reservation made for it in the
+            # same instant goes back unused.
+            answer = ticket.answer
+            if answer.done() and not answer.cancelled():
+                taken = answer.result()
+                if isinstance(taken, Reserved):
+                    taken.release_unused()
+            raise
+        finally:
+            self._leave(room, ticket)
+
+    def kick(self, model: str) -> None:
+        """Capacity for `model` may have come free: serve its queue soon (once per burst)."""
+        room = self._rooms.get(model)
+        if room is None or room.due or not room.queue.count:
+            return
+        room.due = True
+        asyncio.get_running_loop().call_soon(self._serve, room)
+
+    def _room(self, model: str) -> Room:
+        room = self._rooms.get(model)
+        if room is None:
+            queue = FlowQueue(
+                self.classes,
+                self._weight,
+                self.settings.queue.max_requests,
+                self.settings.queue.max_bytes,
+            )
+            room = self._rooms[model] = Room(model, queue)
+        return room
+
+    def _serve(self, room: Room) -> None:
+        room.due = False
+        queue = room.queue
+        while (waiter := queue.peek(time.monotonic())) is not None:
+            ticket = room.tickets[waiter]
+            placed = ticket.place()
+            if isinstance(placed, Verdict) and placed.reason is Reason.WORKERS_OVERLOADED:
+                return  # still full: the next release tries again
+            queue.pop(waiter)
+            answer: Reserved | Verdict = (
+                self._upstreams.reserve_all(placed) if isinstance(placed, Decision) else placed
+            )
+            ticket.answer.set_result(answer)
+
+    def _leave(self, room: Room, ticket: Ticket) -> None:
+        """The call stopped waiting (served, timed out, cancelled)."""
+        room.queue.remove(ticket.waiter)
+        room.tickets.pop(ticket.waiter, None)
+        if not ticket.answer.done():
+            ticket.answer.cancel()
+        if not room.queue.count and not room.tickets and not room.due:
+            self._rooms.pop(room.model, None)

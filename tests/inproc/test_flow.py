@@ -1,0 +1,204 @@
+"""Flow control in process: with a `flow:` section, a call that finds every worker at its
+`max_inflight` waits in its model's queue and is served when a slot frees, by class;
+each way out of the queue has its own answer (QUEUE_FULL, QUEUE_TIMEOUT, the client's
+deadline or cancel), and nothing that left the queue unserved reached a worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
+
+from gateway.record import CallRecord
+from gateway.server import Gateway
+from tests.e2e.helpers import assert_verdict, collect, model_md, sgl_generate
+from tests.inproc.harness import client, gateway, idle, sim, until
+
+HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's one slot
+
+
+@asynccontextmanager
+async def one_slot(
+    tenants: dict[str, Any] | None = None, **settings: Any
+) -> AsyncIterator[tuple[Gateway, Any, list[CallRecord]]]:
+    """A gateway in front of one worker that takes one call at a time (`flow` settings,
+    `tenants`); the records of the calls that ended."""
+    overrides = {"models": {"m": {"max_inflight": 1}}, "flow": settings, "tenants": tenants or {}}
+    async with (
+        sim("--model", "m") as w,
+        gateway(w.url(model="m", runtime="sglang"), **overrides) as gw,
+        client(gw) as ch,
+    ):
+        records: list[CallRecord] = []
+        for front in gw.fronts:
+            observe = front._observe
+
+            def keep(record: CallRecord, observe: Any = observe) -> None:
+                records.append(record)
+                observe(record)
+
+            front._observe = keep
+        yield gw, sgl_grpc.SglangSchedulerStub(ch), records
+
+
+def waiting(gw: Gateway) -> int:
+    assert gw.rooms is not None
+    return gw.rooms.waiting("m")
+
+
+async def test_a_call_waits_for_the_busy_worker_and_is_served_when_it_frees() -> None:
+    async with one_slot() as (gw, stub, records):
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        queued = asyncio.ensure_future(
+            collect(stub.Generate(sgl_generate("queued"), metadata=model_md("m")))
+        )
+        await until(lambda: waiting(gw) == 1)
+        held.cancel()
+        messages, error = await queued
+        assert error is None and len(messages) == 5
+        await idle(gw)
+        served = next(r for r in records if r.request_id == "queued")
+        assert (served.code, served.priority, served.tenant) == ("OK", "standard", "default")
+        assert served.queued_s is not None and served.queued_s > 0
+        assert waiting(gw) == 0
+
+
+async def test_a_full_queue_is_queue_full_with_retry_hints() -> None:
+    async with one_slot(queue={"max_requests": 1}) as (gw, stub, _):
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        queued = stub.Generate(sgl_generate("queued"), metadata=model_md("m"))
+        await until(lambda: waiting(gw) == 1)
+        _, error = await collect(stub.Generate(sgl_generate("third"), metadata=model_md("m")))
+        assert error is not None
+        assert_verdict(
+            error,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUEUE_FULL",
+            "Every worker for model 'm' is busy and its queue is full "
+            "(1 waiting, flow.queue.max_requests 1)",
+            {"model": "m", "leg": "", "httpStatus": "429", "code": "queue_full"},
+            retry_s=1,
+            pushback_ms=1000,
+        )
+        held.cancel()
+        queued.cancel()
+        await idle(gw)
+
+
+async def test_a_call_waiting_past_its_class_ttl_is_queue_timeout() -> None:
+    classes = [{"name": "standard", "ttl_s": 0.2}]
+    async with one_slot(classes=classes) as (gw, stub, records):
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        _, error = await collect(stub.Generate(sgl_generate("late"), metadata=model_md("m")))
+        assert error is not None and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error.details().startswith(
+            "Waited 0.2 s for a worker for model 'm' (class standard)"
+        )
+        assert_verdict(
+            error,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUEUE_TIMEOUT",
+            error.details(),
+            {
+                "model": "m",
+                "leg": "",
+                "class": "standard",
+                "httpStatus": "429",
+                "code": "queue_timeout",
+            },
+            retry_s=1,
+            pushback_ms=1000,
+        )
+        late = next(r for r in records if r.request_id == "late")
+        assert late.attempts == 0  # never placed: no worker saw it
+        held.cancel()
+        await idle(gw)
+        assert waiting(gw) == 0
+
+
+async def test_a_cancel_or_deadline_while_queued_reaches_no_worker_and_blames_none() -> None:
+    async with one_slot() as (gw, stub, records):
+        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        await until(lambda: busy.inflight == 1)
+        cancelled = stub.Generate(sgl_generate("gone"), metadata=model_md("m"))
+        await until(lambda: waiting(gw) == 1)
+        cancelled.cancel()
+        await until(lambda: waiting(gw) == 0)
+        _, error = await collect(
+            stub.Generate(sgl_generate("deadline"), metadata=model_md("m"), timeout=0.3)
+        )
+        assert error is not None and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        await until(lambda: {r.request_id for r in records} >= {"gone", "deadline"})
+        for record in records:
+            assert record.attempts == 0 and record.legs == {}  # no worker was called
+        assert busy.inflight == 1 and waiting(gw) == 0
+        assert busy.breaker.failures == 0
+        held.cancel()
+        await idle(gw)
+
+
+async def test_a_higher_class_is_served_first() -> None:
+    async with one_slot() as (gw, stub, records):
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        await until(lambda: busy.inflight == 1)
+        batch = asyncio.ensure_future(
+            collect(
+                stub.Generate(
+                    sgl_generate("batch"), metadata=model_md("m", ("x-priority", "batch"))
+                )
+            )
+        )
+        await until(lambda: waiting(gw) == 1)
+        urgent = asyncio.ensure_future(
+            collect(
+                stub.Generate(
+                    sgl_generate("urgent"), metadata=model_md("m", ("x-priority", "interactive"))
+                )
+            )
+        )
+        await until(lambda: waiting(gw) == 2)
+        held.cancel()
+        await urgent
+        await batch
+        order = [r.request_id for r in records if r.request_id in ("urgent", "batch")]
+        assert order == ["urgent", "batch"]
+        classes = {r.request_id: (r.priority, r.lowered) for r in records}
+        assert classes["urgent"] == ("interactive", False)
+        assert classes["batch"] == ("batch", False)
+        await idle(gw)
+
+
+async def test_a_tenant_asking_above_its_max_class_is_lowered_and_the_record_says_so() -> None:
+    tenants = {"default": {"max_class": "standard"}}
+    async with one_slot(tenants) as (_, stub, records):
+        asked = model_md("m", ("x-priority", "interactive"))
+        _, error = await collect(stub.Generate(sgl_generate("pushy"), metadata=asked))
+        assert error is None
+        await until(lambda: any(r.request_id == "pushy" for r in records))
+        pushy = next(r for r in records if r.request_id == "pushy")
+        assert (pushy.tenant, pushy.priority, pushy.lowered) == ("default", "standard", True)
+        assert pushy.log_fields()["lowered"] is True
+
+
+async def test_a_model_without_any_ready_worker_is_refused_at_once_not_queued() -> None:
+    async with one_slot() as (gw, stub, _):
+        for w in gw.fleet.registry:
+            gw.fleet.set_in_service(w, False, "test: out of service")
+        _, error = await collect(stub.Generate(sgl_generate("r"), metadata=model_md("m")))
+        assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
+        assert waiting(gw) == 0
+
+
+def _regular() -> tuple[Any, Any]:
+    from gateway.roles import Role, Runtime
+
+    return Runtime.SGLANG, Role.REGULAR
