@@ -213,6 +213,63 @@ class KvCollector(Collector):
         return families
 
 
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+def flow_outcome(record: CallRecord) -> str:
+    """How a flow-controlled call's wait ended (its class and the record say)."""
+    reason = record.verdict.reason if record.verdict is not None else None
+    if reason is Reason.QUEUE_FULL:
+        return "queue_full"
+    if reason is Reason.QUEUE_TIMEOUT:
+        return "queue_timeout"
+    if record.attempts == 0 and record.code == "DEADLINE_EXCEEDED":
+        return "deadline"
+    if record.attempts == 0 and record.code == "CANCELLED":
+        return "cancelled"
+    return "admitted"
+
+
+class FlowQueues(Protocol):
+    def depth(self) -> dict[tuple[str, str], int]: ...
+
+    def queued_bytes(self) -> dict[str, int]: ...
+
+
+class FlowCollector(Collector):
+    def __init__(self, queues: FlowQueues) -> None:
+        self._queues = queues
+
+    def describe(self) -> Iterable[Any]:
+        return self._families()
+
+    @staticmethod
+    def _families() -> list[Any]:
+        return [
+            GaugeMetricFamily(
+                "gateway_flow_queue_depth",
+                "calls waiting for a worker, by model and class",
+                labels=["model", "class"],
+            ),
+            GaugeMetricFamily(
+                "gateway_flow_queue_bytes",
+                "bytes of the requests waiting, by model",
+                labels=["model"],
+            ),
+        ]
+
+    def collect(self) -> Iterable[Any]:
+        depth, size = families = self._families()
+        try:
+            for (model, klass), count in self._queues.depth().items():
+                depth.add_metric([model, klass], float(count))
+            for model, queued in self._queues.queued_bytes().items():
+                size.add_metric([model], float(queued))
+        except RuntimeError:  # changed under the scrape (it runs in another thread)
+            return self._families()
+        return families
+
+
 class Metrics:
     """The gateway's metrics; `observe` once per finished call, `serve` to expose them."""
 
@@ -267,6 +324,20 @@ class Metrics:
             "gateway_prefix_hit_tokens",
             "of those, the tokens the gateway's prefix index expected cached where it placed",
             ["model"],
+            registry=self.prometheus,
+        )
+        self._flow_wait = Histogram(
+            "gateway_flow_wait_seconds",
+            "time calls waited in a flow-control queue, by class (0 for those not waiting)",
+            ["class"],
+            buckets=WAIT_BUCKETS,
+            registry=self.prometheus,
+        )
+        self._flow_outcomes = Counter(
+            "gateway_flow_outcomes",
+            "calls under flow control by class and how their wait ended: admitted, "
+            "queue_full, queue_timeout, deadline, cancelled",
+            ["class", "outcome"],
             registry=self.prometheus,
         )
         self._prompt_children: dict[tuple[str, ...], Any] = {}
@@ -347,6 +418,14 @@ class Metrics:
             _child(self._hit_children, self._hit_tokens, (model,)).inc(expected)
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
+        if record.priority is not None:
+            self._flow_outcomes.labels(record.priority, flow_outcome(record)).inc()
+            if record.queued_s is not None:
+                self._flow_wait.labels(record.priority).observe(record.queued_s)
+
+    def flow(self, queues: FlowQueues) -> None:
+        """Queue depth per model and class, and bytes per model, at scrape time."""
+        self.prometheus.register(FlowCollector(queues))
 
     def serve(self, listen: str) -> int:
         """Expose /metrics over HTTP on `listen` (HOST:PORT, port 0 allowed) in a daemon

@@ -155,6 +155,8 @@ class Gateway:
             self.disagg = DisaggregatedDispatch(self.dispatcher, pd_rooms)
             self.siblings = Siblings(member.siblings())
         self.metrics = Metrics(self.fleet.registry, kv=self.fleet)
+        if self.rooms is not None:
+            self.metrics.flow(self.rooms)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
         self.caller = Caller(self.auth, certificates=config.tls.client_ca is not None)

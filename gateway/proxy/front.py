@@ -212,7 +212,10 @@ class EngineFront:
                 except StreamIdle as idle:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(idle))
             except asyncio.CancelledError:
-                record.code = "CANCELLED"
+                # The client went, or its deadline passed (grpc cancels the handler then).
+                left = context.time_remaining()
+                expired = left is not None and left <= 0
+                record.code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
                 raise
             except BaseException:
                 code = context.code()

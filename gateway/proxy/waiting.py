@@ -68,6 +68,17 @@ class WaitingRooms:
         self._retry_after_ms = retry_after_ms
         self._rooms: dict[str, Room] = {}
 
+    def depth(self) -> dict[tuple[str, str], int]:
+        """(model, class) -> calls waiting, over every class of every model that waits."""
+        found: dict[tuple[str, str], int] = {}
+        for model, room in list(self._rooms.items()):
+            for (klass, _tenant), count in room.queue.depth().items():
+                found[(model, klass)] = found.get((model, klass), 0) + count
+        return found
+
+    def queued_bytes(self) -> dict[str, int]:
+        return {model: room.queue.bytes for model, room in list(self._rooms.items())}
+
     def waiting(self, model: str) -> int:
         room = self._rooms.get(model)
         return room.queue.count if room is not None else 0

@@ -58,6 +58,9 @@ async def test_a_call_waits_for_the_busy_worker_and_is_served_when_it_frees() ->
             collect(stub.Generate(sgl_generate("queued"), metadata=model_md("m")))
         )
         await until(lambda: waiting(gw) == 1)
+        sample = gw.metrics.prometheus.get_sample_value
+        assert sample("gateway_flow_queue_depth", {"model": "m", "class": "standard"}) == 1
+        assert sample("gateway_flow_queue_bytes", {"model": "m"}) > 0
         held.cancel()
         messages, error = await queued
         assert error is None and len(messages) == 5
@@ -66,6 +69,10 @@ async def test_a_call_waits_for_the_busy_worker_and_is_served_when_it_frees() ->
         assert (served.code, served.priority, served.tenant) == ("OK", "standard", "default")
         assert served.queued_s is not None and served.queued_s > 0
         assert waiting(gw) == 0
+        outcomes = {"class": "standard", "outcome": "admitted"}
+        assert sample("gateway_flow_outcomes_total", outcomes) == 2  # held and queued
+        assert sample("gateway_flow_wait_seconds_count", {"class": "standard"}) == 2
+        assert sample("gateway_flow_queue_depth", {"model": "m", "class": "standard"}) is None
 
 
 async def test_a_full_queue_is_queue_full_with_retry_hints() -> None:
@@ -139,6 +146,10 @@ async def test_a_cancel_or_deadline_while_queued_reaches_no_worker_and_blames_no
         await until(lambda: {r.request_id for r in records} >= {"gone", "deadline"})
         for record in records:
             assert record.attempts == 0 and record.legs == {}  # no worker was called
+        sample = gw.metrics.prometheus.get_sample_value
+        for outcome in ("cancelled", "deadline"):
+            labels = {"class": "standard", "outcome": outcome}
+            assert sample("gateway_flow_outcomes_total", labels) == 1
         assert busy.inflight == 1 and waiting(gw) == 0
         assert busy.breaker.failures == 0
         held.cancel()
