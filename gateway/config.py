@@ -670,6 +670,7 @@ class TenantConfig:
 
     max_class: Name | None = None  # None: any class
     weight: Annotated[float, Strict(), Field(gt=0)] = 1.0
+    max_inflight: AtLeastOne | None = None  # its calls in flight; past it, they wait
 
 
 @functools.cache

@@ -137,7 +137,7 @@ class Gateway:
         if config.flow is not None:
             self.rooms = WaitingRooms(
                 config.flow,
-                lambda tenant: config.tenant(tenant).weight,
+                config.tenant,
                 self.upstreams,
                 config.retry_after_ms,
             )

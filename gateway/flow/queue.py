@@ -54,6 +54,10 @@ class _Class:
     arrivals: dict[int, Waiter] = field(default_factory=dict)  # seq -> waiter, oldest first
 
 
+def _anyone(tenant: str) -> bool:
+    return True
+
+
 class FlowQueue:
     def __init__(
         self,
@@ -102,15 +106,16 @@ class FlowQueue:
             del state.tenants[waiter.tenant]
         self._out(state, waiter)
 
-    def peek(self, now: float) -> Waiter | None:
-        """The request to serve next, left in the queue."""
+    def peek(self, now: float, eligible: Callable[[str], bool] = _anyone) -> Waiter | None:
+        """The request to serve next, left in the queue; only tenants `eligible` now are
+        considered (one at its own in-flight limit waits, the others go on)."""
         for index in range(len(self.classes)):
-            promoted = self._starving(index + 1, now)
+            promoted = self._starving(index + 1, now, eligible)
             if promoted is not None:
                 return promoted
-            state = self._state[index]
-            if state.tenants:
-                return min((line[0] for line in state.tenants.values()), key=_by_tag)
+            heads = [line[0] for t, line in self._state[index].tenants.items() if eligible(t)]
+            if heads:
+                return min(heads, key=_by_tag)
         return None
 
     def pop(self, waiter: Waiter) -> None:
@@ -142,15 +147,19 @@ class FlowQueue:
             for tenant, line in state.tenants.items()
         }
 
-    def _starving(self, index: int, now: float) -> Waiter | None:
+    def _starving(self, index: int, now: float, eligible: Callable[[str], bool]) -> Waiter | None:
+        """The oldest eligible request of class `index` if it waited its starvation_s."""
         if index >= len(self.classes):
             return None
         limit = self.classes[index].starvation_s
-        arrivals = self._state[index].arrivals
-        if limit is None or not arrivals:
+        if limit is None:
             return None
-        oldest = next(iter(arrivals.values()))
-        return oldest if now - oldest.since >= limit else None
+        for waiter in self._state[index].arrivals.values():
+            if now - waiter.since < limit:
+                return None  # arrivals are in order: the rest waited less
+            if eligible(waiter.tenant):
+                return waiter
+        return None
 
     def _out(self, state: _Class, waiter: Waiter) -> None:
         del state.arrivals[waiter.seq]

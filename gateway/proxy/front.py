@@ -320,7 +320,10 @@ class EngineFront:
         if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
             job = replace(job, return_logprob=info.return_logprob)
             first = await self._wait(call, model, len(prefix or ()), n, lambda: place(()))
-            await self._disagg.serve(job, n, place, first)
+            try:
+                await self._disagg.serve(job, n, place, first)
+            finally:
+                self._admitted_done(call, first)
             return None
 
         def place_receiver(tried: Collection[str]) -> Decision | Verdict:
@@ -329,7 +332,15 @@ class EngineFront:
 
         first = await self._wait(call, model, len(prefix or ()), n, lambda: place_receiver(()))
         flow = self._dispatcher.flow(spec.server_streaming)
-        return await self._dispatcher.serve(job, place_receiver, flow, first)
+        try:
+            return await self._dispatcher.serve(job, place_receiver, flow, first)
+        finally:
+            self._admitted_done(call, first)
+
+    def _admitted_done(self, call: Call, admitted: Reserved | None) -> None:
+        """A call admitted by flow control ended: its tenant may run another."""
+        if admitted is not None and self._rooms is not None and call.record.tenant is not None:
+            self._rooms.done(call.record.tenant)
 
     async def _wait(
         self, call: Call, model: str, prompt_tokens: int, n: int, place: Callable[[], Any]

@@ -1,9 +1,11 @@
 """Waiting rooms: with `flow:` configured, a request that finds every worker of its model
 at its limits waits in the model's queue (gateway/flow/queue.py) instead of being refused.
 
-- A request waits when placement says WORKERS_OVERLOADED, or when others of its model
-  already wait (no overtaking the queue). Any other verdict (no worker at all, none
-  available) is answered at once: a deployment gap is not waited on.
+- A request waits when placement says WORKERS_OVERLOADED, when others of its model
+  that could run already wait (no overtaking), or when its tenant has its `max_inflight`
+  calls in flight (it is served once one of them ends; other tenants go on meanwhile).
+  Any other verdict (no worker at all, none available) is answered at once: a
+  deployment gap is not waited on.
 - Whenever capacity may have come free (a reservation released, a worker's status
   changed) the room serves from its head: it places the head request and reserves its
   workers in the same step (no await in between, as everywhere), then hands the
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.config import FlowConfig
+from gateway.config import FlowConfig, TenantConfig
 from gateway.flow.queue import FlowClass, FlowQueue, Waiter
 from gateway.placement import verdicts
 from gateway.placement.decision import Decision
@@ -57,13 +59,14 @@ class WaitingRooms:
     def __init__(
         self,
         settings: FlowConfig,
-        weight: Callable[[str], float],
+        tenant: Callable[[str], TenantConfig],
         upstreams: Upstreams,
         retry_after_ms: int,
     ) -> None:
         self.settings = settings
         self.classes = tuple(FlowClass(c.name, c.ttl_s, c.starvation_s) for c in settings.classes)
-        self._weight = weight
+        self._tenant = tenant
+        self._inflight: dict[str, int] = {}  # tenant -> its admitted calls not yet done
         self._upstreams = upstreams
         self._retry_after_ms = retry_after_ms
         self._rooms: dict[str, Room] = {}
@@ -90,9 +93,13 @@ class WaitingRooms:
         verdict (not overloaded, QUEUE_FULL, QUEUE_TIMEOUT). Cancelled (the client went or
         its deadline passed): out of the queue, nothing reserved."""
         room = self._rooms.get(model)
-        if room is None or not room.queue.count:  # nobody waits: try at once
+        # Nobody that could run waits ahead (those held by their tenant's own limit do
+        # not count): try at once.
+        ahead = room is not None and room.queue.peek(time.monotonic(), self._may_run)
+        if not ahead and self._may_run(tenant):
             placed = place()
             if isinstance(placed, Decision):
+                self._started(tenant)
                 return self._upstreams.reserve_all(placed)
             if placed.reason is not Reason.WORKERS_OVERLOADED:
                 return placed
@@ -126,9 +133,28 @@ class WaitingRooms:
                 taken = answer.result()
                 if isinstance(taken, Reserved):
                     taken.release_unused()
+                    self.done(tenant)
             raise
         finally:
             self._leave(room, ticket)
+
+    def done(self, tenant: str) -> None:
+        """An admitted call of `tenant` ended: it may run another (any model's queue)."""
+        left = self._inflight.get(tenant, 0) - 1
+        if left > 0:
+            self._inflight[tenant] = left
+        else:
+            self._inflight.pop(tenant, None)
+        if self._tenant(tenant).max_inflight is not None:
+            for model in list(self._rooms):
+                self.kick(model)
+
+    def _may_run(self, tenant: str) -> bool:
+        limit = self._tenant(tenant).max_inflight
+        return limit is None or self._inflight.get(tenant, 0) < limit
+
+    def _started(self, tenant: str) -> None:
+        self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
 
     def kick(self, model: str) -> None:
         """Capacity for `model` may have come free: serve its queue soon (once per burst)."""
@@ -143,7 +169,7 @@ class WaitingRooms:
         if room is None:
             queue = FlowQueue(
                 self.classes,
-                self._weight,
+                lambda tenant: self._tenant(tenant).weight,
                 self.settings.queue.max_requests,
                 self.settings.queue.max_bytes,
             )
@@ -153,16 +179,17 @@ class WaitingRooms:
     def _serve(self, room: Room) -> None:
         room.due = False
         queue = room.queue
-        while (waiter := queue.peek(time.monotonic())) is not None:
+        while (waiter := queue.peek(time.monotonic(), self._may_run)) is not None:
             ticket = room.tickets[waiter]
             placed = ticket.place()
             if isinstance(placed, Verdict) and placed.reason is Reason.WORKERS_OVERLOADED:
                 return  # still full: the next release tries again
             queue.pop(waiter)
-            answer: Reserved | Verdict = (
-                self._upstreams.reserve_all(placed) if isinstance(placed, Decision) else placed
-            )
-            ticket.answer.set_result(answer)
+            if isinstance(placed, Decision):
+                self._started(waiter.tenant)
+                ticket.answer.set_result(self._upstreams.reserve_all(placed))
+            else:
+                ticket.answer.set_result(placed)
 
     def _leave(self, room: Room, ticket: Ticket) -> None:
         """The call stopped waiting (served, timed out, cancelled)."""

@@ -27,11 +27,27 @@ def serving_config(
         else settings
         for name, settings in config.models.items()
     }
+    tenants = {
+        name: replace(tenant, max_inflight=member.share(tenant.max_inflight))
+        if tenant.max_inflight is not None
+        else tenant
+        for name, tenant in config.tenants.items()
+    }
+    flow = config.flow
+    if flow is not None:  # each process's queues hold its share
+        queue = replace(
+            flow.queue,
+            max_requests=member.share(flow.queue.max_requests),
+            max_bytes=member.share(flow.queue.max_bytes),
+        )
+        flow = replace(flow, queue=queue)
     return replace(
         config,
         listen=f"{host}:{port}",
         workers=tuple(workers),
         models=models,
+        tenants=tenants,
+        flow=flow,
         limits=replace(
             limits,
             max_inflight_requests=member.share(limits.max_inflight_requests),

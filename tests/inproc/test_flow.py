@@ -213,3 +213,36 @@ def _regular() -> tuple[Any, Any]:
     from gateway.roles import Role, Runtime
 
     return Runtime.SGLANG, Role.REGULAR
+
+
+async def test_a_tenant_at_its_max_inflight_waits_while_others_go_on() -> None:
+    tenants = {"alice": {"max_inflight": 1}}
+    async with (
+        sim("--model", "m") as w,
+        gateway(
+            w.url(model="m", runtime="sglang"),
+            flow={"trust_tenant_header": True},
+            tenants=tenants,
+        ) as gw,
+        client(gw) as ch,
+    ):
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+
+        def as_(tenant: str, *extra: tuple[str, str]) -> Any:
+            return model_md("m", ("x-tenant-id", tenant), *extra)
+
+        held = stub.Generate(sgl_generate("alice-1"), metadata=as_("alice", HOLD))
+        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        await until(lambda: busy.inflight == 1)
+        second = asyncio.ensure_future(
+            collect(stub.Generate(sgl_generate("alice-2"), metadata=as_("alice")))
+        )
+        await until(lambda: waiting(gw) == 1)
+        messages, error = await collect(stub.Generate(sgl_generate("bob-1"), metadata=as_("bob")))
+        assert error is None and len(messages) == 5  # bob is not held up by alice's limit
+        assert waiting(gw) == 1 and not second.done()
+        held.cancel()
+        messages, error = await second
+        assert error is None and len(messages) == 5
+        await idle(gw)
+        assert gw.rooms is not None and gw.rooms._inflight == {}
