@@ -1,7 +1,9 @@
 """Sends N concurrent Generate calls with a long prompt, from its own process (so the
 measuring test's event loop is not the one serializing megabytes): `python -m
-tests.e2e.long_prompts_sender ADDRESS MODEL API_KEY TOKENS N`. Prints `sent` once every
-call is under way, then holds them until it is killed. It runs at nice 19: it stands for
+tests.e2e.long_prompts_sender ADDRESS MODEL API_KEY TOKENS N`. Prints `ready` once the
+request is built (its start-up is not part of what a test measures), sends on a line
+on stdin, prints `sent` once every call is under way, then holds them until it is
+killed. It runs at nice 19: it stands for
 clients on other machines, so its CPU must not be taken from the gateway's."""
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ async def main(address: str, model: str, key: str, tokens: int, calls: int) -> N
     metadata = (("x-model-id", model), ("authorization", f"Bearer {key}"))
     async with channel(address) as ch:
         generate = ch.unary_stream(GENERATE)
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
         running = [generate(request, metadata=metadata, timeout=120) for _ in range(calls)]
         print("sent", flush=True)
         await asyncio.gather(*(call.wait_for_connection() for call in running))

@@ -44,8 +44,7 @@ def sgl_request(
 
 
 def pd_urls(prefill: Child, decode: Child, runtime: str = "sglang", **extra: str) -> list[str]:
-    """Worker flags for a prefill and a decode, roles and ports given explicitly (also
-    used by tests/e2e/test_protection.py)."""
+    """Worker flags for a prefill and a decode, roles and ports given explicitly."""
     prefill_query = {"model": "m", "runtime": runtime, "role": "prefill", **extra}
     if "bootstrap" in prefill.extra:
         prefill_query["bootstrap_port"] = prefill.extra["bootstrap"]

@@ -151,21 +151,27 @@ async def test_partial_messages_hold_bounded_memory_and_end_at_the_read_timeout(
     lets run (2 for this peer) take more than a stream window, so RSS stays within bounds
     (grpc core lets a raw client send ~4 MiB ahead on a read stream: 40 unbounded reads
     would hold ~170 MiB); every stream ends at the read timeout; a normal call is served
-    meanwhile."""
-    gw = await model_m_gateway(sim, gateway, tmp_path, {"request_read_timeout_s": 4})
+    meanwhile. The windows fill within a fraction of a second, so a 2 s read timeout
+    shows the peak as well as a longer one; RSS is sampled until the streams end."""
+    gw = await model_m_gateway(sim, gateway, tmp_path, {"request_read_timeout_s": 2})
     before = rss_mib(gw.process.pid)
     part = b"\0" * (30 * 1024 * 1024)
     clients = [RawClient("127.0.0.1", gw.port) for _ in range(2)]
-    started = time.monotonic()
+    peak = before
+    sampling = True
+
+    async def sample() -> None:
+        nonlocal peak
+        while sampling:
+            peak = max(peak, rss_mib(gw.process.pid))
+            await asyncio.sleep(0.05)
+
+    sampler = asyncio.create_task(sample())
     try:
         for client in clients:
             await client.connect()
             for _ in range(20):
                 client.open(GENERATE, [(b"x-model-id", b"m")], part, announce=60 << 20, end=False)
-        peak = before
-        while time.monotonic() - started < 3:
-            peak = max(peak, rss_mib(gw.process.pid))
-            await asyncio.sleep(0.1)
         async with channel(gw.address) as ch:
             stub = sgl_grpc.SglangSchedulerStub(ch)
             good = await collect(stub.Generate(sgl_generate("good"), metadata=model_md("m")))
@@ -173,10 +179,14 @@ async def test_partial_messages_hold_bounded_memory_and_end_at_the_read_timeout(
         streams = [s for c in clients for s in c.streams.values()]
         for stream in streams:
             await asyncio.wait_for(stream.ended.wait(), 10)
+        sampling = False
+        await sampler
         assert all(s.status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] for s in streams)
-        assert all(s.message.startswith("No complete request message within 4 s") for s in streams)
+        assert all(s.message.startswith("No complete request message within 2 s") for s in streams)
         assert peak - before < 128, f"RSS grew {peak - before:.0f} MiB"
     finally:
+        sampling = False
+        await sampler
         for client in clients:
             await client.close()
 
@@ -186,16 +196,25 @@ async def test_partial_messages_hold_bounded_memory_and_end_at_the_read_timeout(
     await until(back_down, 10)
 
 
-async def test_ten_thousand_header_only_streams_are_refused_or_ended_by_the_bounds(
+async def test_header_only_streams_past_the_share_are_refused_or_ended_by_the_bounds(
     sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
-    """10,000 streams (40 connections from 127.0.0.2) that send headers and never a
+    """2,500 streams (10 connections from 127.0.0.2) that send headers and never a
     message: each takes an admission slot from its opening, so past the peer's share
-    (a quarter of 4096) they are CALLER_OVER_SHARE at once, and the read timeout ends the
-    rest; a client on 127.0.0.1 is served meanwhile."""
-    gw = await model_m_gateway(sim, gateway, tmp_path, {"request_read_timeout_s": 5})
+    (a quarter of max_inflight_requests) they are CALLER_OVER_SHARE at once, and the read
+    timeout ends the rest; a client on 127.0.0.1 is served meanwhile.
+
+    The issue's flood was 10,000 streams against the default 4096 slots (share 1,024);
+    here max_inflight_requests is 1,024 (share 256, the same quarter) and the flood 2,500
+    streams: still ten times the share, so a gateway that admitted streams only once
+    their message arrived (or had no share) would let them all wait for the read timeout
+    and refuse none, and this takes a quarter of the time."""
+    share = 256
+    total = 2_500
+    limits = {"request_read_timeout_s": 2, "max_inflight_requests": 4 * share}
+    gw = await model_m_gateway(sim, gateway, tmp_path, limits)
     run_alone()
-    clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(40)]
+    clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(total // 250)]
     try:
         for client in clients:
             await client.connect()
@@ -204,7 +223,7 @@ async def test_ten_thousand_header_only_streams_are_refused_or_ended_by_the_boun
         streams = [s for c in clients for s in c.streams.values()]
 
         async def flood_sorted() -> bool:  # all but the peer's share answered at once
-            return sum(s.ended.is_set() for s in streams) >= 10_000 - 1024
+            return sum(s.ended.is_set() for s in streams) >= total - share
 
         await until(flood_sorted, 20)
         await assert_served(gw)  # while the peer's share is held
@@ -215,15 +234,18 @@ async def test_ten_thousand_header_only_streams_are_refused_or_ended_by_the_boun
         # has not taken yet when thousands arrive at once (its pending-request bound).
         cancelled = grpc.StatusCode.CANCELLED.value[0]
         shed = [s for s in streams if s.status in (None, cancelled) and s.reset]
+        print(f"\nrefused {len(refused)}, timed out {len(timed_out)}, shed {len(shed)}")
         # At most the peer's share at a time was let in (a slot freed by the read timeout
         # goes to a stream still arriving on this busy 2-core machine).
-        assert len(timed_out) >= 1024
-        assert len(refused) + len(timed_out) + len(shed) == 10_000
-        assert len(refused) > 1000
+        assert len(timed_out) >= share
+        assert len(refused) + len(timed_out) + len(shed) == total
+        assert len(refused) > total // 4
+        timeout_message = "No complete request message within 2 s"
+        assert all(s.message.startswith(timeout_message) for s in timed_out)
         info, _ = details_of(refused[0].headers)
         assert info.reason == "CALLER_OVER_SHARE"
         assert refused[0].message == (
-            "This caller (peer:127.0.0.2) already has 1024 requests in flight, its share "
+            f"This caller (peer:127.0.0.2) already has {share} requests in flight, its share "
             "of this gateway (limits.max_inflight_per_principal)"
         )
     finally:
@@ -376,7 +398,9 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
     principal) while a small call to another model repeats: the small call's slowest is
     within 100 ms of its unloaded slowest (it used to stall 5.5 s). The sender runs at
     nice 19: it stands for clients on other machines, and its own CPU (serializing 60 MB)
-    is not the gateway's to answer for on a 2-core box. Measured here: 25-40 ms."""
+    is not the gateway's to answer for on a 2-core box. Measured here: 25-40 ms. The
+    small calls repeat from the sending until the gateway has placed all 20 prompts (it
+    has nothing more to do for them then), not for a fixed 4 s."""
     held = start_sink()
     processes.append(held)
     other = sim("--model", "b")
@@ -411,23 +435,29 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
             return error is None
 
         await until(b_ready, 20)
-        run_alone()
-        unloaded = [await small() for _ in range(20)]
         sender = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "tests.e2e.long_prompts_sender", gw.address, "a"),
             *("bulk-key-0123456789", "1000000", "20"),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
         try:
-            assert sender.stdout is not None
+            assert sender.stdin is not None and sender.stdout is not None
+            # Its start-up (Python, numpy, a 1M-token request) before the test runs alone.
+            assert await asyncio.wait_for(sender.stdout.readline(), 60) == b"ready\n"
+            run_alone()
+            unloaded = [await small() for _ in range(20)]
+            sender.stdin.write(b"go\n")
+            await sender.stdin.drain()
             assert await asyncio.wait_for(sender.stdout.readline(), 60) == b"sent\n"
+            # Measured from the sending to the placing of the last long prompt: every one
+            # was decoded, hashed and placed within the window (bounded: 30 s).
             loaded = []
             started = time.monotonic()
-            while time.monotonic() - started < 4:
+            while (await list_workers(admin_address(gw)))[held.address].inflight < 20:
+                assert time.monotonic() - started < 30, "the long prompts were not placed"
                 loaded.append(await small())
-            # Every long prompt was decoded, hashed and placed within the window measured.
-            workers = await list_workers(admin_address(gw))
-            assert workers[held.address].inflight == 20
+            loaded.append(await small())
         finally:
             sender.kill()  # its calls end with its connection
             await sender.wait()
@@ -436,15 +466,18 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
     assert slowest <= base + 0.1
 
 
-async def test_ten_thousand_health_watches_are_bounded_and_calls_are_served(
+async def test_health_watches_past_the_cap_are_refused_and_calls_are_served(
     sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
-    """10,000 health Watch streams (40 connections from 127.0.0.2): at most the watch cap
+    """2,000 health Watch streams (8 connections from 127.0.0.2): at most the watch cap
     (max_concurrent_streams x 4 = 1,024) stay open, the rest are RESOURCE_EXHAUSTED (or
-    shed by grpc core while thousands arrive at once); a normal call is served meanwhile."""
+    shed by grpc core while thousands arrive at once); a normal call is served meanwhile.
+    (The issue's flood was 10,000: twice the cap makes the same point, in a fifth of the
+    time; a gateway without the cap would keep all 2,000 open.)"""
+    total = 2_000
     gw = await model_m_gateway(sim, gateway, tmp_path)
     watch = "/grpc.health.v1.Health/Watch"
-    clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(40)]
+    clients = [RawClient("127.0.0.1", gw.port, source="127.0.0.2") for _ in range(total // 250)]
     try:
         for client in clients:
             await client.connect()
@@ -462,7 +495,7 @@ async def test_ten_thousand_health_watches_are_bounded_and_calls_are_served(
         cancelled = grpc.StatusCode.CANCELLED.value[0]
         shed = [s for s in streams if s.status in (None, cancelled) and s.ended.is_set()]
         assert 0 < len(open_watches) <= 1024
-        assert len(open_watches) + len(refused) + len(shed) == 10_000
+        assert len(open_watches) + len(refused) + len(shed) == total
         assert refused and refused[0].message == "too many health watches"
     finally:
         for client in clients:

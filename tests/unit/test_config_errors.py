@@ -296,6 +296,69 @@ def test_a_flag_into_a_section_that_is_not_a_mapping_reports_the_section() -> No
     )
 
 
+def yaml_in(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_each_bad_configuration_is_exit_status_2_and_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gateway serve` with each bad configuration: status 2, nothing on stdout, one line
+    on stderr naming the bad value (the `gateway` command's entry point, in process; the
+    exit status of the process itself: tests/e2e/test_cli.py)."""
+    policy = yaml_in(tmp_path, "policy.yaml", "models:\n  m:\n    policy: fastest\n")
+    broken = yaml_in(tmp_path, "broken.yaml", "listen: [1, 2\n")
+    typo = yaml_in(tmp_path, "typo.yaml", "wrokers: []\n")
+    cases: list[tuple[list[str], str]] = [
+        (
+            ["--worker", "http://127.0.0.1:5000?model=m"],
+            "worker 'http://127.0.0.1:5000?model=m': scheme must be grpc:// or grpcs://",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000?role=boss"],
+            "worker 'grpc://127.0.0.1:5000?role=boss': unknown value 'boss' "
+            "(expected regular|prefill|decode|encode)",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000?runtime=tgi"],
+            "worker 'grpc://127.0.0.1:5000?runtime=tgi': unknown value 'tgi' "
+            "(expected sglang|vllm)",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000?modle=m"],
+            "worker 'grpc://127.0.0.1:5000?modle=m': unknown key 'modle' "
+            "(known: model, runtime, role, bootstrap_host, bootstrap_port, embedding_port)",
+        ),
+        (
+            ["--worker", "grpc://127.0.0.1:5000", "--worker", "grpc://127.0.0.1:5000?model=m"],
+            "worker 127.0.0.1:5000 is listed twice",
+        ),
+        (
+            ["--config", "/nonexistent/gateway.yaml"],
+            "config file '/nonexistent/gateway.yaml': No such file or directory",
+        ),
+        (
+            ["--config", policy],
+            "models.m.policy: unknown policy 'fastest' "
+            "(expected round_robin|random|power_of_two|least_inflight|consistent_hash|manual"
+            "|cache_aware)",
+        ),
+        (
+            ["--config", broken],
+            f"config file '{broken}': not valid YAML at line 2, column 1: "
+            "expected ',' or ']', but got '<stream end>'",
+        ),
+        (["--config", typo], "config: unknown key 'wrokers'"),
+    ]
+    for args, message in cases:
+        assert main(["serve", "--listen", "127.0.0.1:0", *args]) == 2, args
+        captured = capsys.readouterr()
+        assert captured.out == "", args
+        assert captured.err.splitlines() == [f"gateway: config error: {message}"], args
+
+
 def test_the_cli_turns_a_bad_flag_into_exit_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--listen", "127.0.0.1:0", "--max-attempts", "0"]) == 2
     captured = capsys.readouterr()
