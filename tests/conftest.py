@@ -25,9 +25,9 @@ from gateway.launch import Child, NotReady, start, start_sim
 
 # --------------------------------------------------------------------------- xdist
 #
-# `make test` runs the tests in two pytest-xdist workers (pyproject.toml's addopts): most
+# `make test` runs the tests in three pytest-xdist workers (pyproject.toml's addopts): most
 # tests spend their time waiting on other processes and timers, and a 2-core machine can
-# run two such tests at once. Some cannot share the machine: they measure something
+# run three such tests at once. Some cannot share the machine: they measure something
 # another test's load would distort (a latency, a memory peak, a timing window a fraction
 # of a second wide), or are heavy enough to distort another's. Such a test runs alone
 # from the start of its function (`@pytest.mark.serial`: its fixtures' setup need not),
@@ -37,7 +37,7 @@ from gateway.launch import Child, NotReady, start, start_sim
 # How: every test holds the run lock from its setup to its teardown (module fixtures it
 # starts or stops included), shared; `run_alone()` trades that for an exclusive hold. A
 # turnstile in front of the lock makes a waiting exclusive hold go next instead of
-# waiting for a gap between the other worker's tests. Without xdist (`-n 0`) nothing is
+# waiting for a gap between the other workers' tests. Without xdist (`-n 0`) nothing is
 # locked and `run_alone()` does nothing.
 #
 # Tests that share a module-scoped fixture (processes started once for a module) are
