@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 from hypothesis import given
@@ -61,9 +62,13 @@ def test_round_robin_visits_every_worker_once_per_cycle(names: list[str]) -> Non
 
 
 def test_power_of_two_takes_the_less_loaded_of_its_two_samples() -> None:
+    """Three candidates: the busiest is never the less loaded of any two, the middle one
+    is whenever the idle one is not sampled (a third of the time)."""
     policy = PowerOfTwo(random.Random(7))
-    pool = [C("a", 5), C("b", 0)]
-    assert all(policy.pick(pool, Hints()) == C("b", 0) for _ in range(20))
+    pool = [C("busy", 5), C("idle", 0), C("some", 3)]
+    picks = Counter(policy.pick(pool, Hints()).id for _ in range(300))  # type: ignore[union-attr]
+    assert picks["busy"] == 0
+    assert 60 <= picks["some"] <= 140 and picks["idle"] == 300 - picks["some"]
     assert PowerOfTwo().pick([C("solo", 9)], Hints()) == C("solo", 9)
 
 
