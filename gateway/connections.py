@@ -73,6 +73,8 @@ def connections(port: int) -> dict[str, list[tuple[int, int]]]:
     ours = _socket_fds()
     wanted = f":{port:04X}"
     by_peer: dict[str, list[tuple[int, int]]] = {}
+    # /proc/net/tcp is read in pieces while the kernel changes it: a line can come twice.
+    counted: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -82,7 +84,8 @@ def connections(port: int) -> dict[str, list[tuple[int, int]]]:
             fields = line.split()
             if len(fields) > 9 and fields[3] == ESTABLISHED and fields[1].endswith(wanted):
                 fd = ours.get(fields[9])
-                if fd is not None:
+                if fd is not None and fields[9] not in counted:
+                    counted.add(fields[9])
                     peer = fields[2].rpartition(":")[0]
                     by_peer.setdefault(peer, []).append((int(fields[9]), fd))
     for held in by_peer.values():

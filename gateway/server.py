@@ -46,6 +46,7 @@ log = structlog.get_logger("gateway")
 HEALTH_SERVICE = "grpc.health.v1.Health"
 REQUEST_WINDOW_BYTES = 64 * 1024  # what a client may send ahead on a stream not read yet
 ADMIN_STOP_GRACE_S = 0.2  # a graceful GOAWAY: control channels close without an error
+SHUT_MARGIN_S = 0.25  # calls still queued this long before the grace ends are answered
 
 
 def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[str, int]]:
@@ -317,7 +318,14 @@ class Gateway:
         started = time.monotonic()
         log.info("stopping", in_flight=sum(w.inflight for w in self.fleet.registry))
         self.health.close_watches()
+        flush = None
+        if self.rooms is not None:  # queued calls keep their place until the grace ends
+            rooms = self.rooms
+            before_end = max(0.0, drain.grace_s - SHUT_MARGIN_S)
+            flush = asyncio.get_running_loop().call_later(before_end, rooms.shut)
         await self.server.stop(drain.grace_s)
+        if flush is not None:
+            flush.cancel()
         log.info("stopped", waited_s=round(time.monotonic() - started, 3))
         await self.close()
 

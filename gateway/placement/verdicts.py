@@ -28,6 +28,7 @@ class Reason(Enum):
     CALLER_OVER_SHARE = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "caller_over_share", True, True)
     QUEUE_FULL = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "queue_full", True, True)
     QUEUE_TIMEOUT = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "queue_timeout", True, True)
+    SHUTTING_DOWN = (grpc.StatusCode.UNAVAILABLE, 503, "shutting_down", True, True)
 
     def __init__(
         self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
@@ -194,5 +195,16 @@ def queue_timeout(model: str, klass: str, waited_s: float, retry_after_ms: int) 
         "without one becoming free",
         model=model,
         extra={"class": klass},
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def shutting_down(model: str, retry_after_ms: int) -> Verdict:
+    """A call still queued when the gateway's drain ended: another replica can take it."""
+    return Verdict(
+        Reason.SHUTTING_DOWN,
+        f"The gateway is shutting down; this call for model '{model}' was still waiting "
+        "for a worker",
+        model=model,
         retry_after_ms=retry_after_ms,
     )

@@ -156,6 +156,19 @@ class WaitingRooms:
     def _started(self, tenant: str) -> None:
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
 
+    def shut(self) -> int:
+        """The drain ends: every call still queued is answered SHUTTING_DOWN (UNAVAILABLE,
+        with RetryInfo) rather than cut off; returns how many."""
+        answered = 0
+        for model, room in list(self._rooms.items()):
+            verdict = verdicts.shutting_down(model, self._retry_after_ms)
+            for ticket in list(room.tickets.values()):
+                if ticket.waiter.queued and not ticket.answer.done():
+                    room.queue.remove(ticket.waiter)
+                    ticket.answer.set_result(verdict)
+                    answered += 1
+        return answered
+
     def kick(self, model: str) -> None:
         """Capacity for `model` may have come free: serve its queue soon (once per burst)."""
         room = self._rooms.get(model)

@@ -246,3 +246,38 @@ async def test_a_tenant_at_its_max_inflight_waits_while_others_go_on() -> None:
         assert error is None and len(messages) == 5
         await idle(gw)
         assert gw.rooms is not None and gw.rooms._inflight == {}
+
+
+async def test_calls_still_queued_when_the_drain_ends_are_shutting_down_with_retry_hints() -> None:
+    async with (
+        sim("--model", "m") as w,
+        gateway(
+            w.url(model="m", runtime="sglang"),
+            models={"m": {"max_inflight": 1}},
+            flow={},
+            **{"drain.grace_s": 0.6, "drain.delay_s": 0.0},
+        ) as gw,
+        client(gw) as ch,
+    ):
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        await until(lambda: busy.inflight == 1)
+        queued = asyncio.ensure_future(
+            collect(stub.Generate(sgl_generate("queued"), metadata=model_md("m")))
+        )
+        await until(lambda: waiting(gw) == 1)
+        draining = asyncio.ensure_future(gw.drain_and_stop(delay=False))
+        _, error = await queued
+        assert error is not None
+        assert_verdict(
+            error,
+            grpc.StatusCode.UNAVAILABLE,
+            "SHUTTING_DOWN",
+            "The gateway is shutting down; this call for model 'm' was still waiting for a worker",
+            {"model": "m", "leg": "", "httpStatus": "503", "code": "shutting_down"},
+            retry_s=1,
+            pushback_ms=1000,
+        )
+        held.cancel()
+        await draining

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +90,20 @@ def test_a_peer_back_under_its_cap_is_logged_again_next_time(pairs: Pairs) -> No
 def test_peer_ip_reads_procs_hex() -> None:
     assert peer_ip("0100007F") == "127.0.0.1"
     assert peer_ip("0000000000000000FFFF00000200007F") == "127.0.0.2"
+
+
+def test_a_line_read_twice_is_one_connection(pairs: Pairs, monkeypatch: Any) -> None:
+    """/proc/net/tcp is read in pieces while it changes: a line may come twice."""
+    pairs.connect(2)
+    real = Path.read_text
+
+    def doubled(self: Path, *args: Any, **kwargs: Any) -> str:
+        text = real(self, *args, **kwargs)
+        if self.name in ("tcp", "tcp6"):
+            header, *lines = text.splitlines()
+            return "\n".join([header, *lines, *lines])
+        return text
+
+    monkeypatch.setattr(Path, "read_text", doubled)
+    seen = census(pairs.port, per_peer=10, first_seen={})
+    assert seen.total == 2 and len(seen.seen) == 2
