@@ -340,6 +340,8 @@ class Metrics:
             ["class", "outcome"],
             registry=self.prometheus,
         )
+        self._flow_outcome_children: dict[tuple[str, ...], Any] = {}
+        self._flow_wait_children: dict[tuple[str, ...], Any] = {}
         self._prompt_children: dict[tuple[str, ...], Any] = {}
         self._hit_children: dict[tuple[str, ...], Any] = {}
         self.prometheus.register(FleetCollector(registry))
@@ -418,10 +420,12 @@ class Metrics:
             _child(self._hit_children, self._hit_tokens, (model,)).inc(expected)
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
-        if record.priority is not None:
-            self._flow_outcomes.labels(record.priority, flow_outcome(record)).inc()
+        klass = record.priority
+        if klass is not None:
+            outcome = (klass, flow_outcome(record))
+            _child(self._flow_outcome_children, self._flow_outcomes, outcome).inc()
             if record.queued_s is not None:
-                self._flow_wait.labels(record.priority).observe(record.queued_s)
+                _child(self._flow_wait_children, self._flow_wait, (klass,)).observe(record.queued_s)
 
     def flow(self, queues: FlowQueues) -> None:
         """Queue depth per model and class, and bytes per model, at scrape time."""
