@@ -12,7 +12,11 @@ Order of service:
   sizes; a tenant that was idle comes back at the clock, with no credit saved up;
 - first come first served within a tenant (its tags only grow).
 
-Bounded: at most `max_requests` waiting and `max_bytes` of their requests.
+Bounded: at most `max_requests` waiting and `max_bytes` of their requests. A request
+that arrives at a full queue pushes out the newest request of a lower class, else the
+newest of the tenant holding the most of its own class (when that is not its own
+tenant): a flood fills the queue, but cannot keep a higher class, or a lighter tenant of
+the same class, out of it. What is pushed out is answered as a full queue.
 """
 
 from __future__ import annotations
@@ -79,10 +83,17 @@ class FlowQueue:
         """Room for one more request of `size` bytes."""
         return self.count < self.max_requests and self.bytes + size <= self.max_bytes
 
-    def push(self, waiter: Waiter) -> bool:
-        """Queue it (False: no room)."""
-        if not self.fits(waiter.size):
-            return False
+    def push(self, waiter: Waiter) -> list[Waiter] | None:
+        """Queue it: the requests pushed out to make room (most often none), or None if
+        there is no room for it."""
+        pushed: list[Waiter] = []
+        while not self.fits(waiter.size):
+            victim = self._victim(waiter)
+            if victim is None or waiter.size > self.max_bytes:
+                self._undo(pushed)
+                return None
+            self.remove(victim)
+            pushed.append(victim)
         state = self._state[waiter.klass]
         waiter.seq = next(self._seq)
         waiter.start = max(state.clock, state.finish.get(waiter.tenant, 0.0))
@@ -93,7 +104,38 @@ class FlowQueue:
         waiter.queued = True
         self.count += 1
         self.bytes += waiter.size
-        return True
+        return pushed
+
+    def _victim(self, arrival: Waiter) -> Waiter | None:
+        """Whom `arrival` may push out of a full queue: the newest of a lower class (the
+        lowest first, its biggest tenant), else the newest of the tenant with the most
+        requests of its own class, if that tenant has more than `arrival`'s does."""
+        for index in range(len(self.classes) - 1, arrival.klass - 1, -1):
+            tenants = self._state[index].tenants
+            if not tenants:
+                continue
+            biggest, line = max(tenants.items(), key=lambda item: len(item[1]))
+            if index > arrival.klass:
+                return line[-1]
+            own = len(tenants.get(arrival.tenant, ()))
+            return line[-1] if biggest != arrival.tenant and len(line) > own + 1 else None
+        return None
+
+    def _undo(self, pushed: list[Waiter]) -> None:
+        """Not enough room even so (bytes): put back what was pushed out, in order."""
+        for waiter in pushed:
+            self._requeue(waiter)
+
+    def _requeue(self, waiter: Waiter) -> None:
+        state = self._state[waiter.klass]
+        line = state.tenants.setdefault(waiter.tenant, deque())
+        line.append(waiter)
+        state.tenants[waiter.tenant] = deque(sorted(line, key=_by_tag))
+        state.arrivals[waiter.seq] = waiter
+        state.arrivals = dict(sorted(state.arrivals.items()))
+        waiter.queued = True
+        self.count += 1
+        self.bytes += waiter.size
 
     def remove(self, waiter: Waiter) -> None:
         """Out of the queue without being served (its client went, its time ran out)."""

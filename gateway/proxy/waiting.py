@@ -106,13 +106,12 @@ class WaitingRooms:
         room = self._room(model)
         queue = room.queue
         waiter = Waiter(tenant, klass, cost, size, time.monotonic())
-        if not queue.push(waiter):
-            limit = (
-                f"flow.queue.max_requests {queue.max_requests}"
-                if queue.count >= queue.max_requests
-                else f"flow.queue.max_bytes {queue.max_bytes}"
-            )
-            return verdicts.queue_full(model, queue.count, limit, self._retry_after_ms)
+        full = self._full(model, queue)
+        pushed = queue.push(waiter)
+        if pushed is None:
+            return full
+        for victim in pushed:  # made room for a higher class or a lighter tenant
+            room.tickets[victim].answer.set_result(full)
         ticket = Ticket(waiter, place)
         room.tickets[waiter] = ticket
         ttl = self.classes[klass].ttl_s
@@ -168,6 +167,14 @@ class WaitingRooms:
                     ticket.answer.set_result(verdict)
                     answered += 1
         return answered
+
+    def _full(self, model: str, queue: FlowQueue) -> Verdict:
+        limit = (
+            f"flow.queue.max_requests {queue.max_requests}"
+            if queue.count >= queue.max_requests
+            else f"flow.queue.max_bytes {queue.max_bytes}"
+        )
+        return verdicts.queue_full(model, queue.count, limit, self._retry_after_ms)
 
     def kick(self, model: str) -> None:
         """Capacity for `model` may have come free: serve its queue soon (once per burst)."""

@@ -33,7 +33,7 @@ def test_strict_priority_between_classes() -> None:
     q = queue()
     batch, standard, interactive = waiter("a", 2), waiter("a", 1), waiter("b", 0)
     for w in (batch, standard, interactive):
-        assert q.push(w)
+        assert q.push(w) == []
     assert [serve(q) for _ in range(3)] == [interactive, standard, batch]
     assert q.peek(0.0) is None and q.count == 0 and q.bytes == 0
 
@@ -104,12 +104,12 @@ def test_a_starving_request_is_served_as_the_class_above() -> None:
 
 def test_the_queue_is_bounded_in_requests_and_bytes() -> None:
     q = FlowQueue(CLASSES, lambda t: 1.0, max_requests=2, max_bytes=25)
-    assert q.push(waiter("a")) and q.push(waiter("a"))
-    assert not q.push(waiter("a"))  # count
+    assert q.push(waiter("a")) == [] and q.push(waiter("a")) == []
+    assert q.push(waiter("a")) is None  # count
     serve(q)
     big = Waiter("a", 1, 1, size=16, since=0)
-    assert not q.push(big)  # 10 + 16 > 25 bytes
-    assert q.push(Waiter("a", 1, 1, size=15, since=0))
+    assert q.push(big) is None  # 10 + 16 > 25 bytes
+    assert q.push(Waiter("a", 1, 1, size=15, since=0)) == []
     assert (q.count, q.bytes) == (2, 25)
 
 
@@ -133,3 +133,29 @@ def test_depth_by_class_and_tenant() -> None:
     for tenant, klass in (("a", 0), ("a", 0), ("b", 2)):
         q.push(waiter(tenant, klass))
     assert q.depth() == {("interactive", "a"): 2, ("batch", "b"): 1}
+
+
+def test_a_full_queue_makes_room_for_a_higher_class_and_a_lighter_tenant() -> None:
+    q = FlowQueue(CLASSES, lambda t: 1.0, max_requests=4, max_bytes=1 << 30)
+    flood = [waiter("flood", klass=2) for _ in range(3)] + [waiter("heavy", klass=1)]
+    for w in flood:
+        assert q.push(w) == []
+    chat = waiter("chat", klass=0)
+    assert q.push(chat) == [flood[2]]  # the newest of the lowest class goes
+    light = waiter("light", klass=1)
+    assert q.push(light) == [flood[1]]
+    # Batch gone from the lowest class that has any? No: batch still has one; it goes.
+    again = waiter("light", klass=1)
+    assert q.push(again) == [flood[0]]
+    # Now only class 1 and 0: "heavy" holds 1, "light" 2: light cannot push heavy out.
+    assert q.push(waiter("light", klass=1)) is None
+    # But a new tenant can push out the biggest one of its class (light, with 2).
+    newcomer = waiter("new", klass=1)
+    assert q.push(newcomer) == [again]
+    assert q.count == 4 and not flood[2].queued
+
+
+def test_the_same_tenant_cannot_push_itself_out_of_a_full_queue() -> None:
+    q = FlowQueue(CLASSES, lambda t: 1.0, max_requests=2, max_bytes=1 << 30)
+    assert q.push(waiter("a")) == [] and q.push(waiter("a")) == []
+    assert q.push(waiter("a")) is None
