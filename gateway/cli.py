@@ -1,4 +1,4 @@
-"""`gateway serve | demo | sim | workers`: the command line.
+"""`gateway serve | demo | sim | workers | queues`: the command line.
 
 `gateway serve`, `--version` and `--help` import what serving needs and nothing else: the
 simulated workers and the demo (package `gateway_sim`, its own distribution
@@ -155,6 +155,7 @@ LAZY = {
     "demo": "run a simulated fleet behind the gateway (needs gateway_sim)",
     "sim": "run one simulated SGLang or vLLM worker (needs gateway_sim)",
     "workers": "list, add, remove, drain or watch workers (admin API)",
+    "queues": "show the calls waiting for a worker, by model, class and tenant (admin API)",
 }
 NO_SIMULATOR = (
     "the simulator is not installed (package gateway_sim, distribution "
@@ -248,10 +249,23 @@ def _workers(argv: Sequence[str]) -> int:
     return run_workers(args)
 
 
+def _queues(argv: Sequence[str]) -> int:
+    from gateway.admin.client import add_queues_arguments, run_queues
+
+    parser = _parser(
+        "queues", "Calls waiting for a worker (flow control), by model, class and tenant."
+    )
+    add_queues_arguments(parser)
+    args = parser.parse_args(argv)
+    own_signals()
+    return run_queues(args)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "demo": _demo,
     "sim": _sim,
     "workers": _workers,
+    "queues": _queues,
 }
 
 

@@ -231,7 +231,9 @@ class Gateway:
         if self.member is not None:
             by_service = {front.adapter.service_name: front for front in self.fronts}
             peer = PeerService(by_service, self.metrics.prometheus, self.membership)
-        self.admin_server, self.admin_port = await start_admin_server(self.fleet, self.config, peer)
+        self.admin_server, self.admin_port = await start_admin_server(
+            self.fleet, self.config, peer, self.rooms
+        )
         if self.config.metrics.listen:
             try:
                 self.metrics_port = self.metrics.serve(self.config.metrics.listen)

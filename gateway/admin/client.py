@@ -29,9 +29,8 @@ TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
 CALL_TIMEOUT_S = 30.0  # for calls that do not wait on purpose (list, add, drain)
 
 
-def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
-    """Mount the verbs on `parser` (the CLI's `workers` sub-command)."""
-    common = argparse.ArgumentParser(add_help=False)
+def _add_common(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--admin, --token, --json: what every admin command takes."""
     common.add_argument(
         "--admin",
         metavar="HOST:PORT",
@@ -40,6 +39,65 @@ def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
     )
     common.add_argument("--token", metavar="T", help=f"admin bearer token (default: ${TOKEN_ENV})")
     common.add_argument("--json", action="store_true", help="print JSON lines")
+    return common
+
+
+def add_queues_arguments(parser: argparse.ArgumentParser) -> None:
+    """The CLI's `queues` command: what waits, by model, class and tenant."""
+    _add_common(parser)
+
+
+def run_queues(args: argparse.Namespace) -> int:
+    """0 on success, 1 on an RPC error (told on stderr), 130 on Ctrl-C."""
+    return _guarded(_queues(args))
+
+
+async def _queues(args: argparse.Namespace) -> int:
+    async with aio.insecure_channel(args.admin) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        listed = await stub.ListQueues(
+            pb.ListQueuesRequest(), metadata=_auth(args), timeout=CALL_TIMEOUT_S
+        )
+    if args.json:
+        print(json.dumps(_to_dict(listed)))
+    else:
+        print(format_queues(listed))
+    sys.stdout.flush()
+    return 0
+
+
+def format_queues(listed: pb.ListQueuesResponse) -> str:
+    if not listed.enabled:
+        return "flow control is off (no flow: section): calls are refused, never queued"
+    if not listed.queues:
+        return "no calls waiting"
+    rows = [["MODEL", "CLASS", "TENANT", "WAITING"]]
+    rows += [[q.model, q.priority, q.tenant, str(q.waiting)] for q in listed.queues]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[3]])
+        for row in rows
+    )
+
+
+def _auth(args: argparse.Namespace) -> tuple[tuple[str, str], ...] | None:
+    token = args.token or os.environ.get(TOKEN_ENV)
+    return (("authorization", f"Bearer {token}"),) if token else None
+
+
+def _guarded(work: Any) -> int:
+    try:
+        return int(asyncio.run(work))
+    except aio.AioRpcError as error:
+        print(f"gateway: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
+    """Mount the verbs on `parser` (the CLI's `workers` sub-command)."""
+    common = _add_common(argparse.ArgumentParser(add_help=False))
     verbs = parser.add_subparsers(dest="workers_command", metavar="VERB", required=True)
     verbs.add_parser("list", parents=[common], help="list every worker and its state")
     add = verbs.add_parser("add", parents=[common], help="register a worker")
@@ -73,13 +131,7 @@ def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_workers(args: argparse.Namespace) -> int:
     """Run one verb; 0 on success, 1 on an RPC error (told on stderr), 130 on Ctrl-C."""
-    try:
-        return asyncio.run(_run(args))
-    except aio.AioRpcError as error:
-        print(f"gateway: {error.code().name}: {error.details()}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return _guarded(_run(args))
 
 
 def _duration(seconds: float) -> Duration:
@@ -89,8 +141,7 @@ def _duration(seconds: float) -> Duration:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get(TOKEN_ENV)
-    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    metadata = _auth(args)
     async with aio.insecure_channel(args.admin) as channel:
         stub = admin_pb2_grpc.AdminServiceStub(channel)
         verb = args.workers_command

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import NoReturn, TypeAlias
+from typing import NoReturn, Protocol, TypeAlias
 
 import grpc
 import structlog
@@ -81,13 +81,37 @@ async def duration_s(request: Message, name: str, default: float, context: Conte
     return seconds
 
 
+class Queues(Protocol):
+    """The waiting rooms of flow control, as the admin API shows them."""
+
+    def by_tenant(self) -> dict[tuple[str, str, str], int]: ...
+
+
+def queues_message(queues: Queues | None) -> pb.ListQueuesResponse:
+    """Every (model, class, tenant) with calls waiting, sorted; `enabled` False without
+    flow control."""
+    if queues is None:
+        return pb.ListQueuesResponse(enabled=False)
+    depths = sorted(queues.by_tenant().items())
+    return pb.ListQueuesResponse(
+        enabled=True,
+        queues=[pb.QueueDepth(model=m, priority=c, tenant=t, waiting=n) for (m, c, t), n in depths],
+    )
+
+
 class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
-    """AdminService over a running Fleet."""
+    """AdminService over a running Fleet (and its waiting rooms, with flow control)."""
 
     def __init__(
-        self, fleet: Fleet, config: GatewayConfig, *, watch_queue_size: int = WATCH_QUEUE_SIZE
+        self,
+        fleet: Fleet,
+        config: GatewayConfig,
+        *,
+        watch_queue_size: int = WATCH_QUEUE_SIZE,
+        queues: Queues | None = None,
     ) -> None:
         self._fleet = fleet
+        self._queues = queues
         self._config = config
         self._watch_queue_size = watch_queue_size
         self._removals: dict[str, asyncio.Task[bool]] = {}
@@ -168,6 +192,11 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         workers = sorted(self._fleet.registry, key=lambda w: w.id)
         return pb.ListWorkersResponse(workers=[self._message(w) for w in workers])
 
+    async def ListQueues(
+        self, request: pb.ListQueuesRequest, context: Context
+    ) -> pb.ListQueuesResponse:
+        return queues_message(self._queues)
+
     async def WatchWorkers(
         self, request: pb.WatchWorkersRequest, context: Context
     ) -> AsyncIterator[pb.WatchWorkersResponse]:
@@ -206,11 +235,14 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
 
 
 async def start_admin_server(
-    fleet: Fleet, config: GatewayConfig, peer: PeerService | None = None
+    fleet: Fleet,
+    config: GatewayConfig,
+    peer: PeerService | None = None,
+    queues: Queues | None = None,
 ) -> tuple[aio.Server, int]:
-    """Serve AdminService over `fleet` on `config.admin.listen`, with the `peer` service
-    of a serving process beside it. See `serve_admin`."""
-    return await serve_admin(AdminService(fleet, config), config.admin, peer)
+    """Serve AdminService over `fleet` (and `queues`) on `config.admin.listen`, with the
+    `peer` service of a serving process beside it. See `serve_admin`."""
+    return await serve_admin(AdminService(fleet, config, queues=queues), config.admin, peer)
 
 
 async def serve_admin(

@@ -71,6 +71,14 @@ class WaitingRooms:
         self._retry_after_ms = retry_after_ms
         self._rooms: dict[str, Room] = {}
 
+    def by_tenant(self) -> dict[tuple[str, str, str], int]:
+        """(model, class, tenant) -> calls waiting."""
+        return {
+            (model, klass, tenant): count
+            for model, room in list(self._rooms.items())
+            for (klass, tenant), count in room.queue.depth().items()
+        }
+
     def depth(self) -> dict[tuple[str, str], int]:
         """(model, class) -> calls waiting, over every class of every model that waits."""
         found: dict[tuple[str, str], int] = {}

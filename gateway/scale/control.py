@@ -272,6 +272,25 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     ) -> pb.ListWorkersResponse:
         return pb.ListWorkersResponse(workers=await self.merged())
 
+    async def ListQueues(
+        self, request: pb.ListQueuesRequest, context: Context
+    ) -> pb.ListQueuesResponse:
+        """Every process's queues, summed by (model, class, tenant)."""
+        answers = await self._everywhere(lambda a: a.ListQueues(pb.ListQueuesRequest()))
+        replies = [a for a in answers if isinstance(a, pb.ListQueuesResponse)]
+        summed: dict[tuple[str, str, str], int] = {}
+        for reply in replies:
+            for q in reply.queues:
+                key = (q.model, q.priority, q.tenant)
+                summed[key] = summed.get(key, 0) + q.waiting
+        return pb.ListQueuesResponse(
+            enabled=any(r.enabled for r in replies),
+            queues=[
+                pb.QueueDepth(model=m, priority=c, tenant=t, waiting=n)
+                for (m, c, t), n in sorted(summed.items())
+            ],
+        )
+
     async def merged(self) -> list[pb.Worker]:
         """Every process's list, merged: a process that does not answer within the read
         deadline is left out (the supervisor's liveness check replaces a wedged one)."""

@@ -5,14 +5,19 @@ deadline or cancel), and nothing that left the queue unserved reached a worker."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
+from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
+from gateway.admin.client import format_queues, run_queues
+from gateway.admin.v1 import admin_pb2 as admin_pb
+from gateway.admin.v1 import admin_pb2_grpc
 from gateway.record import CallRecord
 from gateway.server import Gateway
 from tests.e2e.helpers import assert_verdict, collect, model_md, sgl_generate
@@ -281,3 +286,42 @@ async def test_calls_still_queued_when_the_drain_ends_are_shutting_down_with_ret
         )
         held.cancel()
         await draining
+
+
+async def test_the_admin_api_and_cli_show_what_waits_by_model_class_and_tenant(
+    capsys: Any,
+) -> None:
+    async with one_slot() as (gw, stub, _):
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        await until(lambda: busy.inflight == 1)
+        waits = [
+            stub.Generate(sgl_generate(f"w{i}"), metadata=model_md("m", ("x-priority", klass)))
+            for i, klass in enumerate(("batch", "batch", "interactive"))
+        ]
+        await until(lambda: waiting(gw) == 3)
+        admin = f"127.0.0.1:{gw.admin_port}"
+        async with aio.insecure_channel(admin) as ch:
+            listed = await admin_pb2_grpc.AdminServiceStub(ch).ListQueues(
+                admin_pb.ListQueuesRequest(), timeout=5
+            )
+        assert listed.enabled
+        assert [(q.model, q.priority, q.tenant, q.waiting) for q in listed.queues] == [
+            ("m", "batch", "default", 2),
+            ("m", "interactive", "default", 1),
+        ]
+        args = argparse.Namespace(admin=admin, token=None, json=False)
+        capsys.readouterr()  # the gateway's own log lines so far
+        assert await asyncio.to_thread(run_queues, args) == 0
+        assert capsys.readouterr().out.splitlines()[-3:] == [
+            "MODEL  CLASS        TENANT   WAITING",
+            "m      batch        default  2",
+            "m      interactive  default  1",
+        ]
+        for call in [held, *waits]:
+            call.cancel()
+        await idle(gw)
+    assert format_queues(admin_pb.ListQueuesResponse(enabled=True)) == "no calls waiting"
+    assert format_queues(admin_pb.ListQueuesResponse()) == (
+        "flow control is off (no flow: section): calls are refused, never queued"
+    )

@@ -233,3 +233,27 @@ class WatchWorkersResponse(_message.Message):
     status_change: StatusChange
     breaker_change: BreakerChange
     def __init__(self, kind: _Optional[_Union[WorkerEventKind, str]] = ..., worker: _Optional[_Union[Worker, _Mapping]] = ..., cause: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., status_change: _Optional[_Union[StatusChange, _Mapping]] = ..., breaker_change: _Optional[_Union[BreakerChange, _Mapping]] = ...) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QueueDepth(_message.Message):
+    __slots__ = ("model", "priority", "tenant", "waiting")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    priority: str
+    tenant: str
+    waiting: int
+    def __init__(self, model: _Optional[str] = ..., priority: _Optional[str] = ..., tenant: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("enabled", "queues")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    queues: _containers.RepeatedCompositeFieldContainer[QueueDepth]
+    def __init__(self, enabled: _Optional[bool] = ..., queues: _Optional[_Iterable[_Union[QueueDepth, _Mapping]]] = ...) -> None: ...

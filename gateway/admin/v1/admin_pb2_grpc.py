@@ -60,6 +60,11 @@ class AdminServiceStub:
                 request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.WatchWorkersRequest.SerializeToString,
                 response_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.WatchWorkersResponse.FromString,
                 _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/gateway.admin.v1.AdminService/ListQueues',
+                request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -111,6 +116,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueues(self, request, context):
+        """Calls waiting for a worker (flow control), by model, priority class and tenant.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +150,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.WatchWorkers,
                     request_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.WatchWorkersRequest.FromString,
                     response_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.WatchWorkersResponse.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesRequest.FromString,
+                    response_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +293,33 @@ class AdminService:
             '/gateway.admin.v1.AdminService/WatchWorkers',
             gateway_dot_admin_dot_v1_dot_admin__pb2.WatchWorkersRequest.SerializeToString,
             gateway_dot_admin_dot_v1_dot_admin__pb2.WatchWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gateway.admin.v1.AdminService/ListQueues',
+            gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
+            gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,
