@@ -59,6 +59,7 @@ def cluster_factory(
     kv_index: KvIndex,
     kv_settings: KvConfig,
     stale_after_s: float,
+    stale_saturates: bool = False,
 ) -> ClusterFactory:
     """How the registry makes a cluster: the model's policy and limits (a cache-aware
     model's decode leg goes by load: the prompt's cache is the prefill's)."""
@@ -72,7 +73,9 @@ def cluster_factory(
             policy = LeastInflight()
         else:
             policy = CacheAware(kv_index, kv_settings, stale_after_s)
-        limits = Limits(model.max_inflight, model.max_waiting, model.max_token_usage)
+        limits = Limits(
+            model.max_inflight, model.max_waiting, model.max_token_usage, stale_saturates
+        )
         return Cluster(key, policy, limits)
 
     return make

@@ -62,8 +62,14 @@ class Fleet:
         self.settings = settings
         self.adapters = adapters
         self.kv_index = KvIndex.from_config(settings.kv)
+        # With flow control, a worker without a fresh load report waits out its load
+        # limits (max_waiting, max_token_usage) instead of being taken as idle.
         clusters = cluster_factory(
-            settings.model, self.kv_index, settings.kv, settings.loads.stale_after_s
+            settings.model,
+            self.kv_index,
+            settings.kv,
+            settings.loads.stale_after_s,
+            stale_saturates=settings.flow is not None,
         )
         self.registry = Registry(clusters)
         self.registry.subscribe(self._log_event)
@@ -158,7 +164,8 @@ class Fleet:
             self._breaker_changed(worker, old.value, outcome.value)
 
     def released(self, worker: Worker) -> None:
-        """A request's slot on the worker came free: listeners for capacity hear it."""
+        """A request's slot on the worker came free, or its load was reported again:
+        listeners for capacity hear it."""
         for listener in self._capacity:
             listener(worker)
 
@@ -365,6 +372,7 @@ class Fleet:
         failing = False
         while True:
             await poll_load(worker, channel, adapter, settings)
+            self.released(worker)  # a fresh report may leave room: whoever waits hears it
             if (worker.load_error is not None) != failing:
                 failing = not failing
                 log.warning(

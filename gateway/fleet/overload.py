@@ -19,6 +19,9 @@ class Limits:
     max_inflight: int | None = None
     max_waiting: int | None = None
     max_token_usage: float | None = None
+    # With flow control: a worker whose load report is missing or stale counts as
+    # saturated for the load limits (calls wait for a fresh report, not guess).
+    stale_saturates: bool = False
 
     @property
     def any(self) -> bool:
@@ -33,6 +36,9 @@ def overload_reason(worker: Worker, limits: Limits, now: float, stale_after_s: f
         return f"{worker.inflight} in flight (limit {limits.max_inflight})"
     load = worker.load
     if load is None or now - load.at > stale_after_s:
+        by_load = limits.max_waiting is not None or limits.max_token_usage is not None
+        if limits.stale_saturates and by_load:
+            return "no fresh load report"
         return None
     if limits.max_waiting is not None and load.waiting > limits.max_waiting:
         return f"{load.waiting} waiting (limit {limits.max_waiting})"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -325,3 +326,33 @@ async def test_the_admin_api_and_cli_show_what_waits_by_model_class_and_tenant(
     assert format_queues(admin_pb.ListQueuesResponse()) == (
         "flow control is off (no flow: section): calls are refused, never queued"
     )
+
+
+async def test_a_worker_without_a_fresh_load_report_waits_out_the_load_limits() -> None:
+    """With flow control and a load limit, a stale report counts as saturated: the call
+    waits, and the next load poll (not a released slot: none is in flight) serves it."""
+    async with (
+        sim("--model", "m") as w,
+        gateway(
+            w.url(model="m", runtime="sglang"),
+            models={"m": {"max_waiting": 5}},
+            flow={},
+            # Stale after three intervals; KV-event load records off (they refresh it too).
+            **{"loads.interval_s": 0.2, "kv.events": False},
+        ) as gw,
+        client(gw) as ch,
+    ):
+        records: list[CallRecord] = []
+        for front in gw.fronts:
+            observe = front._observe
+            front._observe = lambda r, o=observe: (records.append(r), o(r))  # type: ignore[misc]
+        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        await until(lambda: busy.load is not None)
+        assert busy.load is not None
+        busy.reported(dataclasses.replace(busy.load, at=busy.load.at - 10))  # stale now
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        messages, error = await collect(stub.Generate(sgl_generate("r"), metadata=model_md("m")))
+        assert error is None and len(messages) == 5
+        await until(lambda: bool(records))
+        assert records[-1].queued_s is not None and records[-1].queued_s > 0.01
+        await idle(gw)

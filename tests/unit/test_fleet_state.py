@@ -156,6 +156,17 @@ def test_a_stale_load_report_is_not_trusted_but_inflight_still_counts() -> None:
     assert overload_reason(worker(4, stale), limits, 104.0, 3.0) is not None
 
 
+def test_with_flow_control_a_missing_or_stale_report_saturates_the_load_limits() -> None:
+    waits = Limits(max_waiting=10, stale_saturates=True)
+    stale = LoadReport(running=3, waiting=0, token_usage=0.5, at=100.0)
+    assert overload_reason(worker(0, stale), waits, 102.0, 3.0) is None  # fresh, fits
+    assert overload_reason(worker(0, stale), waits, 104.0, 3.0) == "no fresh load report"
+    assert overload_reason(worker(0, None), waits, 104.0, 3.0) == "no fresh load report"
+    # Without a load limit there is nothing a report would decide: no waiting for one.
+    only_inflight = Limits(max_inflight=4, stale_saturates=True)
+    assert overload_reason(worker(0, None), only_inflight, 104.0, 3.0) is None
+
+
 def test_health_entries_from_the_fleet() -> None:
     servable = {
         ("a", Runtime.SGLANG): True,
