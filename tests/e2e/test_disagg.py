@@ -62,7 +62,9 @@ async def test_a_failing_choice_ends_the_stream_with_its_status_and_cancels_the_
     prefill, decode = start_many(
         sim,
         ("--role", "prefill", "--model", "m"),
-        ("--role", "decode", "--model", "m", "--token-ms", "20"),
+        # A decode whose prefill was cancelled before the hand-off waits for the KV this
+        # long, then ends: well within wait_idle's bound (the default, 3 s, is not).
+        ("--role", "decode", "--model", "m", "--token-ms", "20", "--bootstrap-timeout-ms", "1000"),
     )
     gw = gateway(*pd_urls(prefill, decode))
     await wait_health(gw.address, "m")
