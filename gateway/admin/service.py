@@ -24,7 +24,7 @@ from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import AdminConfig, ConfigError, GatewayConfig, WorkerSpec, parse_worker_url
 from gateway.fleet.fleet import Fleet, WorkerExists
 from gateway.fleet.registry import FleetEvent
-from gateway.fleet.worker import Worker
+from gateway.fleet.worker import Worker, discovered_sources
 from gateway.listen import bind
 from gateway.peer.service import PeerService, add_peer_service
 
@@ -60,7 +60,7 @@ async def require_registered(worker_id: str, registered: bool, context: Context)
 async def require_removable(worker_id: str, sources: Sequence[str], context: Context) -> None:
     """FAILED_PRECONDITION for a worker a discovery source lists: removed, it would come
     back at the source's next answer (DrainWorker works on any worker)."""
-    discovered = [s for s in sources if s not in ("static", "admin")]
+    discovered = discovered_sources(tuple(sources))
     if discovered:
         await abort(
             context,

@@ -27,12 +27,9 @@ import structlog
 
 from gateway.discovery.source import Discovered
 from gateway.fleet.fleet import Fleet
-from gateway.fleet.worker import Worker
+from gateway.fleet.worker import PERMANENT_SOURCES, Worker
 
 log = structlog.get_logger("gateway.discovery")
-
-# Sources of hosts that no discovery report can take away.
-PERMANENT = frozenset({"static", "admin"})
 
 
 class Membership:
@@ -124,7 +121,7 @@ class Membership:
             if claims and any(c.in_service for c in claims) and not fleet.has(address):
                 self._join(address, claims)
             return
-        permanent = tuple(s for s in worker.sources if s in PERMANENT)
+        permanent = tuple(s for s in worker.sources if s in PERMANENT_SOURCES)
         if not claims:
             self._cancel_expiry(address)
             if permanent:

@@ -19,6 +19,15 @@ from gateway.fleet.probe import ProbeState
 from gateway.load import LoadReport as LoadReport  # re-exported: it lived here
 from gateway.roles import Role, Runtime
 
+# Where a worker came from that no discovery report can take away: flags and the config
+# file, and the admin API. Any other source is a discovery source.
+PERMANENT_SOURCES = frozenset({"static", "admin"})
+
+
+def discovered_sources(sources: tuple[str, ...]) -> list[str]:
+    """The discovery sources among a worker's `sources`."""
+    return [s for s in sources if s not in PERMANENT_SOURCES]
+
 
 class WorkerStatus(StrEnum):
     """`pending` until its first probe; only `ready` workers are routable."""

@@ -316,31 +316,26 @@ class EngineFront:
         def place(tried: Collection[str]) -> Decision | Verdict:
             return placer.place(model, runtime, hints, items, tried, legs)
 
-        n = info.n if spec.kind is RpcKind.GENERATE else 1
-        if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
-            job = replace(job, return_logprob=info.return_logprob)
-            first = await self._wait(call, model, len(prefix or ()), n, lambda: place(()))
-            try:
-                await self._disagg.serve(job, n, place, first)
-            finally:
-                self._admitted_done(call, first)
-            return None
-
         def place_receiver(tried: Collection[str]) -> Decision | Verdict:
             decided = place(tried)
             return decided if isinstance(decided, Verdict) else decided.only(decided.receiver)
 
-        first = await self._wait(call, model, len(prefix or ()), n, lambda: place_receiver(()))
-        flow = self._dispatcher.flow(spec.server_streaming)
+        n = info.n if spec.kind is RpcKind.GENERATE else 1
+        prompt = len(prefix or ())
+        run: Awaitable[bytes | None]
+        if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
+            job = replace(job, return_logprob=info.return_logprob)
+            first = await self._wait(call, model, prompt, n, lambda: place(()))
+            run = self._disagg.serve(job, n, place, first)
+        else:
+            first = await self._wait(call, model, prompt, n, lambda: place_receiver(()))
+            flow = self._dispatcher.flow(spec.server_streaming)
+            run = self._dispatcher.serve(job, place_receiver, flow, first)
         try:
-            return await self._dispatcher.serve(job, place_receiver, flow, first)
-        finally:
-            self._admitted_done(call, first)
-
-    def _admitted_done(self, call: Call, admitted: Reserved | None) -> None:
-        """A call admitted by flow control ended: its tenant may run another."""
-        if admitted is not None and self._rooms is not None and call.record.tenant is not None:
-            self._rooms.done(call.record.tenant)
+            return await run
+        finally:  # admitted by flow control: its tenant may run another
+            if first is not None and self._rooms is not None and record.tenant is not None:
+                self._rooms.done(record.tenant)
 
     async def _wait(
         self, call: Call, model: str, prompt_tokens: int, n: int, place: Callable[[], Any]

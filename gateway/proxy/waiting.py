@@ -82,9 +82,8 @@ class WaitingRooms:
     def depth(self) -> dict[tuple[str, str], int]:
         """(model, class) -> calls waiting, over every class of every model that waits."""
         found: dict[tuple[str, str], int] = {}
-        for model, room in list(self._rooms.items()):
-            for (klass, _tenant), count in room.queue.depth().items():
-                found[(model, klass)] = found.get((model, klass), 0) + count
+        for (model, klass, _tenant), count in self.by_tenant().items():
+            found[(model, klass)] = found.get((model, klass), 0) + count
         return found
 
     def queued_bytes(self) -> dict[str, int]:
@@ -114,7 +113,7 @@ class WaitingRooms:
         room = self._room(model)
         queue = room.queue
         waiter = Waiter(tenant, klass, cost, size, time.monotonic())
-        full = self._full(model, queue)
+        full = self._full(model, queue)  # as the queue is before this push
         pushed = queue.push(waiter)
         if pushed is None:
             return full

@@ -32,6 +32,7 @@ from gateway.admin.service import (
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig, WorkerSpec
+from gateway.fleet.worker import discovered_sources
 
 log = structlog.get_logger("gateway.control")
 
@@ -348,8 +349,7 @@ async def reconcile(
         if worker_id not in have:
             await _quiet(admin.AddWorker(pb.AddWorkerRequest(url=url), timeout=add_s))
     for worker_id, worker in have.items():
-        discovered = any(s not in ("static", "admin") for s in worker.sources)
-        if worker_id not in desired.specs and not discovered:
+        if worker_id not in desired.specs and not discovered_sources(tuple(worker.sources)):
             request = pb.RemoveWorkerRequest(worker_id=worker_id, drain_timeout=Duration())
             await _quiet(admin.RemoveWorker(request, timeout=timeout_s))
     for worker_id in list(desired.drained):

@@ -39,16 +39,21 @@ async def one_slot(
         gateway(w.url(model="m", runtime="sglang"), **overrides) as gw,
         client(gw) as ch,
     ):
-        records: list[CallRecord] = []
-        for front in gw.fronts:
-            observe = front._observe
+        yield gw, sgl_grpc.SglangSchedulerStub(ch), recorded(gw)
 
-            def keep(record: CallRecord, observe: Any = observe) -> None:
-                records.append(record)
-                observe(record)
 
-            front._observe = keep
-        yield gw, sgl_grpc.SglangSchedulerStub(ch), records
+def recorded(gw: Gateway) -> list[CallRecord]:
+    """The records of the calls that end from now on (as the metrics see them)."""
+    records: list[CallRecord] = []
+    for front in gw.fronts:
+        observe = front._observe
+
+        def keep(record: CallRecord, observe: Any = observe) -> None:
+            records.append(record)
+            observe(record)
+
+        front._observe = keep
+    return records
 
 
 def waiting(gw: Gateway) -> int:
@@ -342,10 +347,7 @@ async def test_a_worker_without_a_fresh_load_report_waits_out_the_load_limits() 
         ) as gw,
         client(gw) as ch,
     ):
-        records: list[CallRecord] = []
-        for front in gw.fronts:
-            observe = front._observe
-            front._observe = lambda r, o=observe: (records.append(r), o(r))  # type: ignore[misc]
+        records = recorded(gw)
         busy = gw.fleet.registry.pool("m", *_regular())[0]
         await until(lambda: busy.load is not None)
         assert busy.load is not None
