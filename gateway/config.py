@@ -16,7 +16,7 @@ import functools
 import ipaddress
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -627,6 +627,9 @@ class FlowQueueConfig:
     max_bytes: AtLeastOne = 256 * 1024 * 1024
 
 
+DEFAULT_COST_TOKENS = 256
+
+
 def _standard_classes() -> tuple[FlowClassConfig, ...]:
     return (
         FlowClassConfig("interactive", ttl_s=30.0),
@@ -646,7 +649,8 @@ class FlowConfig:
     queue: FlowQueueConfig = dataclasses.field(default_factory=FlowQueueConfig)
     trust_tenant_header: Flag = False  # true: x-tenant-id names the tenant
     tenant_header: HeaderName = "x-tenant-id"
-    cost_tokens: AtLeastOne = 256  # a request's cost beyond its prompt (its output, estimated)
+    # A call's output when it does not set its max new tokens (its cost, its token budget).
+    cost_tokens: AtLeastOne = DEFAULT_COST_TOKENS
 
     @model_validator(mode="after")
     def _known_classes(self) -> FlowConfig:
@@ -671,6 +675,21 @@ class TenantConfig:
     max_class: Name | None = None  # None: any class
     weight: Annotated[float, Strict(), Field(gt=0)] = 1.0
     max_inflight: AtLeastOne | None = None  # its calls in flight; past it, they wait
+    requests_per_minute: AtLeastOne | None = None  # past it: RATE_LIMITED
+    tokens_per_minute: AtLeastOne | None = None  # prompt + generated tokens; past it: too
+
+    def shared(self, share: Callable[[int], int]) -> TenantConfig:
+        """One serving process's part of the tenant's limits (`--processes N`)."""
+        return dataclasses.replace(
+            self,
+            max_inflight=_maybe(share, self.max_inflight),
+            requests_per_minute=_maybe(share, self.requests_per_minute),
+            tokens_per_minute=_maybe(share, self.tokens_per_minute),
+        )
+
+
+def _maybe(share: Callable[[int], int], limit: int | None) -> int | None:
+    return None if limit is None else share(limit)
 
 
 @functools.cache

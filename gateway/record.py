@@ -35,6 +35,7 @@ class CallRecord:
     handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
     prompt_tokens: int = 0  # Generate: the prompt's length
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
+    completion_tokens: int | None = None  # generated, as the answers said (when counted)
     principal: str | None = None  # who called (API key, client certificate), if known
     # Flow control (a `flow:` section): the tenant and class it waited as, how long.
     tenant: str | None = None
@@ -48,9 +49,10 @@ class CallRecord:
     def log_fields(self) -> dict[str, object]:
         first = self.first_message_s
         fields = self._fields(first)
+        if self.tenant is not None:  # flow control or rate limits: only then
+            fields["tenant"] = self.tenant
         if self.priority is not None:  # flow control: only then
             fields.update(
-                tenant=self.tenant,
                 priority=self.priority,
                 lowered=self.lowered,
                 queued_ms=round((self.queued_s or 0.0) * 1000, 3),

@@ -23,6 +23,7 @@ from gateway.discovery.source import Discovered
 from gateway.engines import engine_adapters
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.registry import FleetEvent
+from gateway.flow.budget import RateLimits
 from gateway.health import HealthService, desired_statuses
 from gateway.listen import CannotListen, bind
 from gateway.member import Member
@@ -144,6 +145,7 @@ class Gateway:
             )
             waiting = self.rooms
             self.fleet.on_capacity(lambda worker: waiting.kick(worker.model))
+        self.rates = rate_limits(config)
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
         limits = config.limits
         self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
@@ -189,7 +191,7 @@ class Gateway:
     async def start(self, drained: Sequence[str] = ()) -> int:
         """Listen and serve; `drained` workers start drained (a restarted serving process
         takes over what the admin API did to its predecessor)."""
-        door = Door(self.caller, self.admission, self.reads)
+        door = Door(self.caller, self.admission, self.reads, self.rates)
         routing = Routing(
             self.fleet.registry,
             self.placer,
@@ -401,3 +403,15 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         await gateway.close()
+
+
+def rate_limits(config: GatewayConfig) -> RateLimits | None:
+    """Tenants' rate limits, if any tenant (or `default`) has one."""
+    if not any(t.requests_per_minute or t.tokens_per_minute for t in config.tenants.values()):
+        return None
+
+    def limits(tenant: str) -> tuple[int | None, int | None]:
+        found = config.tenant(tenant)
+        return found.requests_per_minute, found.tokens_per_minute
+
+    return RateLimits(limits)

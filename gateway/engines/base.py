@@ -66,6 +66,7 @@ class GenerateInfo:
     return_logprob: bool = False
     tokens: TokenIds = ()  # the prompt's token ids (not copied)
     namespace: str = ""  # what else keys the prompt's KV cache (a LoRA adapter)
+    max_new_tokens: int | None = None  # the most each choice may generate, if the call says
 
 
 class PrefillStream(Protocol):
@@ -214,6 +215,14 @@ class EngineAdapter(ABC):
         part.index = index
         self._set_response_id(response, request_id)
         return bytes(response.SerializeToString())
+
+    def completion_tokens(self, message: bytes) -> int | None:
+        """The tokens a choice generated, from its closing Generate answer (None for a
+        chunk): what a tenant's token budget is settled with."""
+        response: Any = self.rpcs["Generate"].response_type.FromString(message)
+        if response.WhichOneof("response") != "complete":
+            return None
+        return int(response.complete.completion_tokens)
 
     def _set_response_id(self, response: Any, request_id: str) -> None:  # noqa: B027
         """Engines whose responses carry the request id override this."""

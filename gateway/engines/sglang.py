@@ -106,6 +106,11 @@ class SglangAdapter(EngineAdapter):
             return_logprob=request.return_logprob,
             tokens=tokens,
             namespace=f"lora:{request.lora_id}" if request.lora_id else "",
+            max_new_tokens=(
+                request.sampling_params.max_new_tokens
+                if request.sampling_params.HasField("max_new_tokens")
+                else None
+            ),
         )
 
     def _set_response_id(self, response: Any, request_id: str) -> None:

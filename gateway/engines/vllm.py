@@ -89,6 +89,11 @@ class VllmAdapter(EngineAdapter):
             multimodal=multimodal,
             return_logprob=request.sampling_params.HasField("prompt_logprobs"),
             tokens=tokens,
+            max_new_tokens=(
+                request.sampling_params.max_tokens
+                if request.sampling_params.HasField("max_tokens")
+                else None
+            ),
         )
 
     def server_facts(self, server_info: bytes) -> ServerFacts:

@@ -29,6 +29,7 @@ class Reason(Enum):
     QUEUE_FULL = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "queue_full", True, True)
     QUEUE_TIMEOUT = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "queue_timeout", True, True)
     SHUTTING_DOWN = (grpc.StatusCode.UNAVAILABLE, 503, "shutting_down", True, True)
+    RATE_LIMITED = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limited", True, True)
 
     def __init__(
         self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
@@ -195,6 +196,21 @@ def queue_timeout(model: str, klass: str, waited_s: float, retry_after_ms: int) 
         "without one becoming free",
         model=model,
         extra={"class": klass},
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def rate_limited(
+    model: str, tenant: str, budget: str, per_minute: int, retry_after_ms: int
+) -> Verdict:
+    """`budget`: `requests_per_minute` or `tokens_per_minute`; the retry hint is when the
+    tenant's budget allows the call."""
+    return Verdict(
+        Reason.RATE_LIMITED,
+        f"Tenant '{shown(tenant)}' is over its rate limit ({budget} {per_minute}); "
+        f"its budget allows this call in {retry_after_ms} ms",
+        model=model,
+        extra={"tenant": shown(tenant), "limit": budget},
         retry_after_ms=retry_after_ms,
     )
 

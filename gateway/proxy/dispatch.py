@@ -53,11 +53,19 @@ async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:
 class Downstream:
     """The client's side of a call: headers go out at most once, messages are counted."""
 
-    __slots__ = ("_context", "_headers_sent", "_record", "delivered")
+    __slots__ = ("_context", "_count", "_headers_sent", "_record", "delivered")
 
-    def __init__(self, context: Context, record: CallRecord) -> None:
+    def __init__(
+        self,
+        context: Context,
+        record: CallRecord,
+        count: Callable[[bytes], int | None] | None = None,
+    ) -> None:
+        """`count`: the completion tokens in an answer (None: not a closing one), summed
+        into the record when given."""
         self._context = context
         self._record = record
+        self._count = count
         self._headers_sent = False
         self.delivered = False
 
@@ -73,6 +81,10 @@ class Downstream:
             self.delivered = True
             record.first_message_s = time.perf_counter() - record.started
         record.messages += 1
+        if self._count is not None:
+            used = self._count(message)
+            if used is not None:
+                record.completion_tokens = (record.completion_tokens or 0) + used
         await self._context.write(message)
 
     def trailers(self, metadata: Metadata) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
@@ -20,10 +21,11 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from gateway.auth import Caller
-from gateway.config import GatewayConfig
+from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.fleet.registry import Registry
+from gateway.flow.budget import Charge, OverBudget, RateLimits
 from gateway.kv.prefix import Prefix
 from gateway.offload import Offload
 from gateway.placement.decision import Decision
@@ -34,6 +36,7 @@ from gateway.placement.verdicts import (
     caller_over_share,
     gateway_overloaded,
     over_limit,
+    rate_limited,
     shown,
 )
 from gateway.proxy.admission import Admission, Refusal
@@ -46,7 +49,7 @@ from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
 from gateway.proxy.metadata import Metadata, read_request_meta
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import Outbound, Reserved, UpstreamFailure
-from gateway.proxy.waiting import WaitingRooms
+from gateway.proxy.waiting import Place, WaitingRooms
 from gateway.record import CallRecord
 from gateway.roles import Role
 
@@ -100,6 +103,7 @@ class Door:
     caller: Caller
     admission: Admission
     gate: ReadGate
+    rates: RateLimits | None = None  # tenants' requests and tokens per minute
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,8 @@ class EngineFront:
         self._dispatcher = routing.dispatcher
         self._upstreams = routing.dispatcher.upstreams
         self._rooms = routing.rooms
+        flow = config.flow  # a call's output, when it does not say: estimated
+        self._estimate = flow.cost_tokens if flow is not None else DEFAULT_COST_TOKENS
 
     def drain(self) -> None:
         """SIGTERM: from now on the engine HealthCheck answers unhealthy, so a client's
@@ -264,8 +270,11 @@ class EngineFront:
         record.model = resolved
         return resolved
 
-    def _job(self, call: Call) -> Job:
-        sink = Downstream(call.context, call.record)
+    def _job(self, call: Call, *, metered: bool = False) -> Job:
+        """`metered`: its answers' completion tokens are counted (a rate-limited tenant's
+        budget is settled from them)."""
+        count = self.adapter.completion_tokens if metered else None
+        sink = Downstream(call.context, call.record, count)
         return Job(call, self.adapter, call.request, sink, call.record.request_id)
 
     async def _placed(self, call: Call) -> bytes | None:
@@ -296,9 +305,10 @@ class EngineFront:
                 await refuse(context, record, verdict)
         else:
             try:
-                spec.request_type.FromString(request)
+                parsed: Any = spec.request_type.FromString(request)
             except DecodeError:
                 await abort_invalid(context, f"Request bytes are not a valid {spec.name} request")
+            record.prompt_tokens = len(parsed.tokenized.input_ids)
         meta = call.meta
         model = await self._model(call)
         runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
@@ -311,7 +321,6 @@ class EngineFront:
         legs = placer.legs(model, bool(items))
         if prefix is not None:  # hashed ahead, off the loop for long prompts (cache_aware)
             await prefix.prepare(placer.block_sizes(model, runtime, legs), self._offload)
-        job = self._job(call)
 
         def place(tried: Collection[str]) -> Decision | Verdict:
             return placer.place(model, runtime, hints, items, tried, legs)
@@ -320,25 +329,83 @@ class EngineFront:
             decided = place(tried)
             return decided if isinstance(decided, Verdict) else decided.only(decided.receiver)
 
-        n = info.n if spec.kind is RpcKind.GENERATE else 1
-        prompt = len(prefix or ())
-        run: Awaitable[bytes | None]
-        if spec.kind is RpcKind.GENERATE and legs != REGULAR_ONLY:
-            job = replace(job, return_logprob=info.return_logprob)
-            first = await self._wait(call, model, prompt, n, lambda: place(()))
-            run = self._disagg.serve(job, n, place, first)
-        else:
-            first = await self._wait(call, model, prompt, n, lambda: place_receiver(()))
-            flow = self._dispatcher.flow(spec.server_streaming)
-            run = self._dispatcher.serve(job, place_receiver, flow, first)
+        generating = spec.kind is RpcKind.GENERATE
+        n = info.n if generating else 1
+        # Its cost in tokens: the prompt, plus what its choices may generate.
+        output = (info.max_new_tokens or self._estimate) * n if generating else 0
+        cost = record.prompt_tokens + output
+        who = self._classify(call)
+        tenant = who[0]
+        charge = await self._charge(call, model, tenant, cost)
+        job = self._job(call, metered=charge is not None)
+        first: Reserved | None = None
         try:
+            run: Awaitable[bytes | None]
+            if generating and legs != REGULAR_ONLY:
+                job = replace(job, return_logprob=info.return_logprob)
+                first = await self._wait(call, model, who, cost, n, lambda: place(()))
+                run = self._disagg.serve(job, n, place, first)
+            else:
+                first = await self._wait(call, model, who, cost, n, lambda: place_receiver(()))
+                flow = self._dispatcher.flow(spec.server_streaming)
+                run = self._dispatcher.serve(job, place_receiver, flow, first)
             return await run
-        finally:  # admitted by flow control: its tenant may run another
-            if first is not None and self._rooms is not None and record.tenant is not None:
-                self._rooms.done(record.tenant)
+        finally:
+            if first is not None and self._rooms is not None:  # its tenant may run another
+                self._rooms.done(tenant)
+            if charge is not None:
+                self._settle(charge, record)
+
+    def _classify(self, call: Call) -> tuple[str, int]:
+        """Whose budget and queue share the call uses (its principal: an API key's name, a
+        client certificate's identity; the tenant header behind a trusted proxy; else
+        `default`) and its class with flow control (the one it asks for, lowered to its
+        tenant's `max_class`); both go into the record when flow control or rate limits
+        are on."""
+        flow, record = self._config.flow, call.record
+        asked_class, asked_tenant = call.meta.flow
+        if flow is not None and flow.trust_tenant_header and asked_tenant:
+            tenant = shown(asked_tenant)
+        elif record.principal is not None:  # `key:NAME` or `cert:NAME`: the tenant NAME
+            tenant = record.principal.partition(":")[2]
+        else:
+            tenant = "default"
+        if flow is None:
+            if self._door.rates is not None:
+                record.tenant = tenant
+            return tenant, 0
+        klass = flow.index(asked_class) if asked_class is not None else None
+        if klass is None:
+            klass = flow.index(flow.default_class)
+        assert klass is not None
+        cap = self._config.tenant(tenant).max_class
+        ceiling = flow.index(cap) if cap is not None else None
+        if ceiling is not None and klass < ceiling:
+            klass, record.lowered = ceiling, True
+        record.tenant, record.priority = tenant, flow.classes[klass].name
+        return tenant, klass
+
+    async def _charge(self, call: Call, model: str, tenant: str, tokens: int) -> Charge | None:
+        """Taken from the tenant's rate limits (its tokens reserved), else RATE_LIMITED
+        with the time its budget allows the call. None: the tenant has no rate limits."""
+        rates = self._door.rates
+        if rates is None:
+            return None
+        taken = rates.take(tenant, tokens, time.monotonic())
+        if isinstance(taken, OverBudget):
+            wait_ms = math.ceil(taken.wait_s * 1000)
+            verdict = rate_limited(model, tenant, taken.budget, taken.per_minute, wait_ms)
+            await refuse(call.context, call.record, verdict)
+        return taken
+
+    def _settle(self, charge: Charge, record: CallRecord) -> None:
+        """The call ended: its tenant pays what it used (all back if no worker saw it)."""
+        assert self._door.rates is not None
+        used = record.prompt_tokens + (record.completion_tokens or 0) if record.attempts else None
+        self._door.rates.settle(charge, used, time.monotonic())
 
     async def _wait(
-        self, call: Call, model: str, prompt_tokens: int, n: int, place: Callable[[], Any]
+        self, call: Call, model: str, who: tuple[str, int], cost: int, n: int, place: Place
     ) -> Reserved | None:
         """With flow control: placed and reserved now or once capacity frees (waiting in
         the model's queue), else refused (QUEUE_FULL, QUEUE_TIMEOUT, or the verdict of a
@@ -347,21 +414,7 @@ class EngineFront:
         rooms, flow = self._rooms, self._config.flow
         if rooms is None or flow is None or n > 1:
             return None
-        record = call.record
-        asked_class, asked_tenant = call.meta.flow
-        tenant = record.principal or "default"
-        if flow.trust_tenant_header and asked_tenant:
-            tenant = shown(asked_tenant)
-        klass = flow.index(asked_class) if asked_class is not None else None
-        if klass is None:
-            klass = flow.index(flow.default_class)
-        cap = self._config.tenant(tenant).max_class
-        ceiling = flow.index(cap) if cap is not None else None
-        assert klass is not None
-        if ceiling is not None and klass < ceiling:
-            klass, record.lowered = ceiling, True
-        record.tenant, record.priority = tenant, flow.classes[klass].name
-        cost = prompt_tokens + flow.cost_tokens
+        record, (tenant, klass) = call.record, who
         started = time.monotonic()
         got = await rooms.admit(model, tenant, klass, cost, len(call.request), place)
         record.queued_s = round(time.monotonic() - started, 6)

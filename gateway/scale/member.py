@@ -27,12 +27,7 @@ def serving_config(
         else settings
         for name, settings in config.models.items()
     }
-    tenants = {
-        name: replace(tenant, max_inflight=member.share(tenant.max_inflight))
-        if tenant.max_inflight is not None
-        else tenant
-        for name, tenant in config.tenants.items()
-    }
+    tenants = {name: tenant.shared(member.share) for name, tenant in config.tenants.items()}
     flow = config.flow
     if flow is not None:  # each process's queues hold its share
         queue = replace(

@@ -30,6 +30,7 @@ log = logging.getLogger("gateway_sim")
 WORKER_HEADER = "x-sim-worker"
 DEADLINE_HEADER = "x-sim-deadline-ms"
 SEEN_METADATA_HEADER = "x-sim-seen-metadata"
+RUNNING_HEADER = "x-sim-running"  # calls running here as this one's headers leave, itself too
 FAILURE_TRAILER = "x-sim-failure"
 FAILURE_DETAILS = "simulated failure"
 
@@ -148,14 +149,17 @@ class SimEngine:
     def headers(
         self, context: ServicerContext[Any, Any], view: RequestView
     ) -> tuple[tuple[str, str], ...]:
-        """Response headers telling a test which worker answered, what deadline it saw
-        and which metadata reached it."""
+        """Response headers telling a test which worker answered, what deadline it saw,
+        which metadata reached it, and how many calls this worker ran at that moment (the
+        call included: it is tracked before its headers are sent), so a test can check
+        from the worker's own count that the gateway kept it within `max_inflight`."""
         remaining = context.time_remaining()
         deadline = "none" if remaining is None else str(int(remaining * 1000))
         return (
             (WORKER_HEADER, self.name),
             (DEADLINE_HEADER, deadline),
             (SEEN_METADATA_HEADER, view.seen_keys),
+            (RUNNING_HEADER, str(len(self.active))),
         )
 
     def rank_of(self, request: Any) -> int:

@@ -214,8 +214,11 @@ def assert_verdict(
     *,
     retry_s: int | None = None,
     pushback_ms: int | None = None,
+    retry_ms_exact: bool = False,
 ) -> None:
-    """A placement verdict: code, message, ErrorInfo, RetryInfo and the plain trailers."""
+    """A placement verdict: code, message, ErrorInfo, RetryInfo and the plain trailers
+    (`retry_ms_exact`: RetryInfo is `pushback_ms` to the millisecond, `retry-after` its
+    seconds rounded up)."""
     assert error.code() is code
     assert error.details() == message
     status, details = rich_status(error)
@@ -231,7 +234,8 @@ def assert_verdict(
         assert "RetryInfo" not in details
         assert "retry-after" not in plain
     else:
-        assert details["RetryInfo"].retry_delay.ToMilliseconds() == retry_s * 1000
+        delay_ms = details["RetryInfo"].retry_delay.ToMilliseconds()
+        assert delay_ms == (pushback_ms if retry_ms_exact else retry_s * 1000)
         assert plain["retry-after"] == str(retry_s)
     if pushback_ms is None:
         assert "grpc-retry-pushback-ms" not in plain

@@ -46,6 +46,10 @@ def test_a_serving_process_runs_with_its_share_and_the_supervisors_port() -> Non
             "limits": {"max_inflight_requests": 5},
             "models": {"a": {"max_inflight": 1}, "b": {"max_inflight": 9}, "c": {}},
             "admin": {"listen": "127.0.0.1:50052", "token": "secret"},
+            "tenants": {
+                "t": {"max_inflight": 3, "requests_per_minute": 601, "tokens_per_minute": 10},
+                "u": {"weight": 2.0},
+            },
         },
         worker_urls=["grpc://w:1?model=a&runtime=sglang"],
     )
@@ -60,6 +64,9 @@ def test_a_serving_process_runs_with_its_share_and_the_supervisors_port() -> Non
         "b": 5,
         "c": None,
     }
+    t, u = served.tenants["t"], served.tenants["u"]
+    assert (t.max_inflight, t.requests_per_minute, t.tokens_per_minute) == (2, 301, 5)
+    assert (u.max_inflight, u.requests_per_minute, u.weight) == (None, None, 2.0)
     assert (served.admin.listen, served.admin.token) == ("unix:/run/gw/p1.sock", None)
     assert served.metrics.listen is None and served.processes == 1
     assert served.max_attempts == config.max_attempts  # everything else as configured

@@ -1,0 +1,122 @@
+"""Tenant rate limits: requests and tokens per minute, as token buckets (pure bookkeeping,
+the caller passes the clock).
+
+A bucket holds up to one minute's allowance and refills continuously. A call is checked
+against both of its tenant's buckets and takes from both only if both allow it, so a
+refused call costs nothing. Tokens are reserved at admission (the prompt, which is known,
+plus what the call may generate) and settled when it ends from what it did generate: the
+difference goes back, or is taken as debt when the worker generated more than reserved.
+A call the gateway answered itself without reaching a worker gives everything back.
+
+A call larger than a whole minute's allowance waits for a full bucket and then runs into
+debt, rather than never running. Memory: a full bucket is the same as no bucket, so full
+buckets are dropped whenever the table grows past its last high-water mark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+REQUESTS = "requests_per_minute"
+TOKENS = "tokens_per_minute"
+
+
+class Bucket:
+    __slots__ = ("at", "level", "per_minute")
+
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.per_minute = per_minute
+        self.level = float(per_minute)
+        self.at = now
+
+    def fill(self, now: float) -> None:
+        if now > self.at:
+            self.level = min(self.per_minute, self.level + (now - self.at) * self.per_minute / 60)
+            self.at = now
+
+    def wait_s(self, amount: float) -> float:
+        """Seconds until `amount` (at most a minute's allowance) is there; 0: it is now."""
+        missing = min(amount, self.per_minute) - self.level
+        return 0.0 if missing <= 0 else missing * 60 / self.per_minute
+
+    def full(self, now: float) -> bool:
+        self.fill(now)
+        return self.level >= self.per_minute
+
+
+@dataclass(frozen=True, slots=True)
+class OverBudget:
+    """Over budget: which one (REQUESTS or TOKENS), its size, and when the call fits."""
+
+    budget: str
+    per_minute: int
+    wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What an admitted call took, to settle when it ends."""
+
+    tenant: str
+    tokens: int
+
+
+Limits = Callable[[str], tuple[int | None, int | None]]  # tenant -> (requests, tokens)/min
+
+
+class RateLimits:
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._prune_at = 1024
+
+    def take(self, tenant: str, tokens: int, now: float) -> Charge | OverBudget | None:
+        """Charge one call of `tenant` reserving `tokens`; None: the tenant has no limits."""
+        per_request, per_token = self._limits(tenant)
+        if per_request is None and per_token is None:
+            return None
+        wanted = ((REQUESTS, per_request, 1), (TOKENS, per_token, tokens))
+        buckets = [
+            (budget, self._bucket(tenant, budget, size, now), amount)
+            for budget, size, amount in wanted
+            if size is not None
+        ]
+        for budget, bucket, amount in buckets:
+            wait = bucket.wait_s(amount)
+            if wait > 0:
+                return OverBudget(budget, bucket.per_minute, wait)
+        for _budget, bucket, amount in buckets:
+            bucket.level -= amount
+        return Charge(tenant, tokens)
+
+    def settle(self, charge: Charge, used_tokens: int | None, now: float) -> None:
+        """`charge`'s call ended: `used_tokens` it really cost (None: it never reached a
+        worker, and the request goes back too)."""
+        if used_tokens is None:
+            self._give(charge.tenant, REQUESTS, 1, now)
+        self._give(charge.tenant, TOKENS, charge.tokens - (used_tokens or 0), now)
+
+    def _give(self, tenant: str, budget: str, amount: float, now: float) -> None:
+        bucket = self._buckets.get((tenant, budget))
+        if bucket is not None and amount:
+            bucket.fill(now)
+            bucket.level = min(bucket.per_minute, bucket.level + amount)
+
+    def _bucket(self, tenant: str, budget: str, per_minute: int, now: float) -> Bucket:
+        key = (tenant, budget)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self._prune_at:
+                self._prune(now)
+            bucket = self._buckets[key] = Bucket(per_minute, now)
+        else:
+            bucket.fill(now)
+        return bucket
+
+    def _prune(self, now: float) -> None:
+        self._buckets = {k: b for k, b in self._buckets.items() if not b.full(now)}
+        self._prune_at = max(1024, 2 * len(self._buckets))
+
+    def __len__(self) -> int:
+        return len(self._buckets)
