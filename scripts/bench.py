@@ -362,6 +362,27 @@ def report(direct: Result, via: Result, pd: Result | None, bare: Result | None =
         )
 
 
+def compare_variant(
+    args: argparse.Namespace, workers: list[str], pids: dict[str, int], children_: list[Child]
+) -> None:
+    """The gateway as configured (A) and with `--variant-arg` (B), two rounds each in
+    alternation, so drift on a shared machine falls on both alike."""
+    names = {"A": args.gateway_arg, "B": [*args.gateway_arg, *args.variant_arg]}
+    per_message: dict[str, list[float]] = {"A": [], "B": []}
+    for name in ("A", "B", "A", "B"):
+        gateway = start(gateway_args(workers, names[name], 1))
+        children_.append(gateway)
+        result = run_one(gateway.address, args, name, {**pids, "gateway": gateway.process.pid})
+        per_message[name].append(cpu_per_message(result, "gateway") * 1e6)
+        gateway.stop()
+    a, b = (sum(per_message[n]) / 2 for n in ("A", "B"))
+    print(f"\nvariant B = A + {' '.join(args.variant_arg)}")
+    for name in ("A", "B"):
+        rounds = ", ".join(f"{v:.0f}" for v in per_message[name])
+        print(f"gateway {name}: {rounds} us/message (rounds)")
+    print(f"ratio B/A gateway CPU per message: {b / a:.3f}")
+
+
 # -- scaling over serving processes ---------------------------------------------------------
 
 
@@ -575,6 +596,14 @@ def main() -> None:
         "--gateway-arg", action="append", default=[], help="extra `gateway serve` flag"
     )
     parser.add_argument(
+        "--variant-arg",
+        action="append",
+        default=[],
+        help="also run a second gateway with this extra `gateway serve` flag (repeatable), "
+        "in alternation with the first (A B A B), and print its CPU per message against "
+        "the first's: the cost of a feature, measured in the same run",
+    )
+    parser.add_argument(
         "--no-bare",
         action="store_true",
         help="skip the bare grpc.aio relay phase (the per-core floor)",
@@ -661,6 +690,9 @@ def main() -> None:
             f"duration={args.duration}s"
         )
         report(direct, via, pd, bare)
+        if args.variant_arg:
+            gateway.stop()
+            compare_variant(args, workers, pids, children_)
     except KeyboardInterrupt:
         print("interrupted: stopping every process started", file=sys.stderr)
         raise SystemExit(130) from None

@@ -343,10 +343,11 @@ class EngineFront:
             run: Awaitable[bytes | None]
             if generating and legs != REGULAR_ONLY:
                 job = replace(job, return_logprob=info.return_logprob)
-                first = await self._wait(call, model, who, cost, n, lambda: place(()))
+                if n == 1:  # n > 1: each choice is placed on its own pair, at once
+                    first = await self._wait(call, model, who, cost, lambda: place(()))
                 run = self._disagg.serve(job, n, place, first)
             else:
-                first = await self._wait(call, model, who, cost, n, lambda: place_receiver(()))
+                first = await self._wait(call, model, who, cost, lambda: place_receiver(()))
                 flow = self._dispatcher.flow(spec.server_streaming)
                 run = self._dispatcher.serve(job, place_receiver, flow, first)
             return await run
@@ -405,14 +406,13 @@ class EngineFront:
         self._door.rates.settle(charge, used, time.monotonic())
 
     async def _wait(
-        self, call: Call, model: str, who: tuple[str, int], cost: int, n: int, place: Place
+        self, call: Call, model: str, who: tuple[str, int], cost: int, place: Place
     ) -> Reserved | None:
         """With flow control: placed and reserved now or once capacity frees (waiting in
         the model's queue), else refused (QUEUE_FULL, QUEUE_TIMEOUT, or the verdict of a
-        model that cannot be placed at all). None: no flow control for this call (none
-        configured, or n > 1 choices, each placed on its own)."""
+        model that cannot be placed at all). None: no flow control."""
         rooms, flow = self._rooms, self._config.flow
-        if rooms is None or flow is None or n > 1:
+        if rooms is None or flow is None:
             return None
         record, (tenant, klass) = call.record, who
         started = time.monotonic()

@@ -358,3 +358,19 @@ async def test_a_worker_without_a_fresh_load_report_waits_out_the_load_limits() 
         await until(lambda: bool(records))
         assert records[-1].queued_s is not None and records[-1].queued_s > 0.01
         await idle(gw)
+
+
+async def test_a_call_with_several_choices_waits_as_one_call() -> None:
+    async with one_slot() as (gw, stub, records):
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
+        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        queued = asyncio.ensure_future(
+            collect(stub.Generate(sgl_generate("two", n=2), metadata=model_md("m")))
+        )
+        await until(lambda: waiting(gw) == 1)
+        held.cancel()
+        messages, error = await queued
+        assert error is None and len(messages) == 10  # 4 chunks + 1 complete per choice
+        await idle(gw)
+        served = next(r for r in records if r.request_id == "two")
+        assert served.code == "OK" and served.queued_s is not None and served.queued_s > 0
