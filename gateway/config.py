@@ -651,6 +651,7 @@ class FlowConfig:
     tenant_header: HeaderName = "x-tenant-id"
     # A call's output when it does not set its max new tokens (its cost, its token budget).
     cost_tokens: AtLeastOne = DEFAULT_COST_TOKENS
+    tenant_labels: Whole = 20  # tenants named in per-tenant metrics at once; the rest `other`
 
     @model_validator(mode="after")
     def _known_classes(self) -> FlowConfig:

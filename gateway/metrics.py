@@ -24,6 +24,7 @@ from gateway.discovery.source import SourceStats
 from gateway.fleet.breaker import BreakerState
 from gateway.fleet.registry import Registry
 from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.flow.labels import TenantLabels
 from gateway.kv.index import KvIndex
 from gateway.kv.subscriber import KvFollower
 from gateway.placement.verdicts import Reason
@@ -214,6 +215,16 @@ class KvCollector(Collector):
 
 
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# Every value `flow_outcome` gives: an evicted tenant's series are removed by this list.
+FLOW_OUTCOMES = (
+    "admitted",
+    "queue_full",
+    "queue_timeout",
+    "rate_limited",
+    "shutting_down",
+    "deadline",
+    "cancelled",
+)
 
 
 def flow_outcome(record: CallRecord) -> str:
@@ -223,6 +234,10 @@ def flow_outcome(record: CallRecord) -> str:
         return "queue_full"
     if reason is Reason.QUEUE_TIMEOUT:
         return "queue_timeout"
+    if reason is Reason.RATE_LIMITED:
+        return "rate_limited"
+    if reason is Reason.SHUTTING_DOWN:
+        return "shutting_down"
     if record.attempts == 0 and record.code == "DEADLINE_EXCEEDED":
         return "deadline"
     if record.attempts == 0 and record.code == "CANCELLED":
@@ -278,7 +293,11 @@ class Metrics:
         registry: Registry,
         prometheus_registry: CollectorRegistry | None = None,
         kv: KvSource | None = None,
+        *,
+        tenant_labels: int = 20,
     ) -> None:
+        """`tenant_labels`: at most this many tenants are labelled by name at once in
+        `gateway_flow_tenant_outcomes` (the rest as `other`), so its series stay bounded."""
         self.prometheus = (
             prometheus_registry if prometheus_registry is not None else CollectorRegistry()
         )
@@ -335,11 +354,23 @@ class Metrics:
         )
         self._flow_outcomes = Counter(
             "gateway_flow_outcomes",
-            "calls under flow control by class and how their wait ended: admitted, "
-            "queue_full, queue_timeout, deadline, cancelled",
+            "calls under flow control by class and how their wait ended: "
+            + ", ".join(FLOW_OUTCOMES),
             ["class", "outcome"],
             registry=self.prometheus,
         )
+        # By tenant, the label set bounded: the busiest tenants by name, the rest `other`;
+        # a tenant that loses its name has its series removed.
+        self._tenant_outcomes = Counter(
+            "gateway_flow_tenant_outcomes",
+            "calls under flow control or rate limits by tenant (at most "
+            f"{tenant_labels} by name, the busiest of late; the rest as other) and how "
+            "their wait ended: " + ", ".join(FLOW_OUTCOMES),
+            ["tenant", "outcome"],
+            registry=self.prometheus,
+        )
+        self._tenant_labels = TenantLabels(tenant_labels)
+        self._tenant_children: dict[tuple[str, ...], Any] = {}
         self._flow_outcome_children: dict[tuple[str, ...], Any] = {}
         self._flow_wait_children: dict[tuple[str, ...], Any] = {}
         self._prompt_children: dict[tuple[str, ...], Any] = {}
@@ -420,12 +451,28 @@ class Metrics:
             _child(self._hit_children, self._hit_tokens, (model,)).inc(expected)
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
-        klass = record.priority
+        if record.priority is not None or record.tenant is not None:
+            self._flow_observe(record)  # flow control or rate limits on
+
+    def _flow_observe(self, record: CallRecord) -> None:
+        """By class (flow control) and by tenant (flow control or rate limits)."""
+        klass, tenant, outcome = record.priority, record.tenant, flow_outcome(record)
         if klass is not None:
-            outcome = (klass, flow_outcome(record))
-            _child(self._flow_outcome_children, self._flow_outcomes, outcome).inc()
+            _child(self._flow_outcome_children, self._flow_outcomes, (klass, outcome)).inc()
             if record.queued_s is not None:
                 _child(self._flow_wait_children, self._flow_wait, (klass,)).observe(record.queued_s)
+        if tenant is not None:
+            self._tenant_outcome(tenant, outcome)
+
+    def _tenant_outcome(self, tenant: str, outcome: str) -> None:
+        """Count one outcome under the tenant's bounded label, first removing the series
+        of tenants that lost theirs (so at most `tenant_labels` + 1 tenants are live)."""
+        label, evicted = self._tenant_labels.count(tenant)
+        for gone in evicted:
+            for each in FLOW_OUTCOMES:
+                if self._tenant_children.pop((gone, each), None) is not None:
+                    self._tenant_outcomes.remove(gone, each)
+        _child(self._tenant_children, self._tenant_outcomes, (label, outcome)).inc()
 
     def flow(self, queues: FlowQueues) -> None:
         """Queue depth per model and class, and bytes per model, at scrape time."""

@@ -157,7 +157,11 @@ class Gateway:
             pd_rooms = Rooms(index=member.index, count=member.count)  # SGLang bootstrap rooms
             self.disagg = DisaggregatedDispatch(self.dispatcher, pd_rooms)
             self.siblings = Siblings(member.siblings())
-        self.metrics = Metrics(self.fleet.registry, kv=self.fleet)
+        self.metrics = Metrics(
+            self.fleet.registry,
+            kv=self.fleet,
+            tenant_labels=config.flow.tenant_labels if config.flow else 20,
+        )
         if self.rooms is not None:
             self.metrics.flow(self.rooms)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)

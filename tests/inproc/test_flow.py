@@ -292,6 +292,9 @@ async def test_calls_still_queued_when_the_drain_ends_are_shutting_down_with_ret
         )
         held.cancel()
         await draining
+        sample = gw.metrics.prometheus.get_sample_value
+        outcome = {"class": "standard", "outcome": "shutting_down"}
+        assert sample("gateway_flow_outcomes_total", outcome) == 1
 
 
 async def test_the_admin_api_and_cli_show_what_waits_by_model_class_and_tenant(
