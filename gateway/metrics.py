@@ -345,6 +345,14 @@ class Metrics:
             ["model"],
             registry=self.prometheus,
         )
+        self._engine_cached = Counter(
+            "gateway_engine_cached_tokens",
+            "prompt tokens the engines reported cached in their answers, every Generate (set "
+            "beside gateway_prefix_hit_tokens_total: what the index expected)",
+            ["model"],
+            registry=self.prometheus,
+        )
+        self._engine_cached_children: dict[tuple[str, ...], Any] = {}
         self._flow_wait = Histogram(
             "gateway_flow_wait_seconds",
             "time calls waited in a flow-control queue, by class (0 for those not waiting)",
@@ -449,6 +457,9 @@ class Metrics:
         if expected is not None:
             _child(self._prompt_children, self._prompt_tokens, (model,)).inc(record.prompt_tokens)
             _child(self._hit_children, self._hit_tokens, (model,)).inc(expected)
+        if record.cached_tokens is not None:
+            counter = _child(self._engine_cached_children, self._engine_cached, (model,))
+            counter.inc(record.cached_tokens)
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
         if record.priority is not None or record.tenant is not None:

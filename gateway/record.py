@@ -35,7 +35,10 @@ class CallRecord:
     handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
     prompt_tokens: int = 0  # Generate: the prompt's length
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
-    completion_tokens: int | None = None  # generated, as the answers said (when counted)
+    # Generate: what its engine reported in its closing answers (completion tokens summed
+    # over the choices; cached tokens are the prompt's, the most any choice reported).
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None  # beside expected_cached_tokens: was the index right?
     principal: str | None = None  # who called (API key, client certificate), if known
     # Flow control (a `flow:` section): the tenant and class it waited as, how long.
     tenant: str | None = None
@@ -77,4 +80,6 @@ class CallRecord:
             "request_id": self.request_id or None,
             "rooms": self.rooms or None,
             "expected_cached_tokens": self.expected_cached_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
         }

@@ -56,6 +56,14 @@ class ServerFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class Usage:
+    """One choice's closing figures, as its engine reported them."""
+
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateInfo:
     """The fields of a Generate request that routing reads."""
 
@@ -216,13 +224,15 @@ class EngineAdapter(ABC):
         self._set_response_id(response, request_id)
         return bytes(response.SerializeToString())
 
-    def completion_tokens(self, message: bytes) -> int | None:
-        """The tokens a choice generated, from its closing Generate answer (None for a
-        chunk): what a tenant's token budget is settled with."""
+    def usage(self, message: bytes) -> Usage | None:
+        """What a choice cost the engine, from its closing Generate answer (None for a
+        chunk): a tenant's token budget is settled with it, and its cached tokens are set
+        beside what the gateway's prefix index expected."""
         response: Any = self.rpcs["Generate"].response_type.FromString(message)
         if response.WhichOneof("response") != "complete":
             return None
-        return int(response.complete.completion_tokens)
+        done = response.complete
+        return Usage(int(done.completion_tokens), int(done.cached_tokens))
 
     def _set_response_id(self, response: Any, request_id: str) -> None:  # noqa: B027
         """Engines whose responses carry the request id override this."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from gateway.engines import EngineAdapter
+from gateway.engines.base import Usage
 from gateway.fleet.worker import Worker
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
@@ -53,19 +54,19 @@ async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:
 class Downstream:
     """The client's side of a call: headers go out at most once, messages are counted."""
 
-    __slots__ = ("_context", "_count", "_headers_sent", "_record", "delivered")
+    __slots__ = ("_context", "_headers_sent", "_record", "_usage", "delivered")
 
     def __init__(
         self,
         context: Context,
         record: CallRecord,
-        count: Callable[[bytes], int | None] | None = None,
+        usage: Callable[[bytes], Usage | None] | None = None,
     ) -> None:
-        """`count`: the completion tokens in an answer (None: not a closing one), summed
-        into the record when given."""
+        """`usage`: an answer's closing figures (None: not a closing one), into the record
+        when given (Generate): completion tokens summed over the choices."""
         self._context = context
         self._record = record
-        self._count = count
+        self._usage = usage
         self._headers_sent = False
         self.delivered = False
 
@@ -81,10 +82,12 @@ class Downstream:
             self.delivered = True
             record.first_message_s = time.perf_counter() - record.started
         record.messages += 1
-        if self._count is not None:
-            used = self._count(message)
+        if self._usage is not None:
+            used = self._usage(message)
             if used is not None:
-                record.completion_tokens = (record.completion_tokens or 0) + used
+                record.completion_tokens = (record.completion_tokens or 0) + used.completion_tokens
+                # The prompt's, shared by its choices: each reports the same.
+                record.cached_tokens = max(record.cached_tokens or 0, used.cached_tokens)
         await self._context.write(message)
 
     def trailers(self, metadata: Metadata) -> None:

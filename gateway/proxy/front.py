@@ -270,11 +270,9 @@ class EngineFront:
         record.model = resolved
         return resolved
 
-    def _job(self, call: Call, *, metered: bool = False) -> Job:
-        """`metered`: its answers' completion tokens are counted (a rate-limited tenant's
-        budget is settled from them)."""
-        count = self.adapter.completion_tokens if metered else None
-        sink = Downstream(call.context, call.record, count)
+    def _job(self, call: Call) -> Job:
+        usage = self.adapter.usage if call.spec.kind is RpcKind.GENERATE else None
+        sink = Downstream(call.context, call.record, usage)
         return Job(call, self.adapter, call.request, sink, call.record.request_id)
 
     async def _placed(self, call: Call) -> bytes | None:
@@ -337,7 +335,7 @@ class EngineFront:
         who = self._classify(call)
         tenant = who[0]
         charge = await self._charge(call, model, tenant, cost)
-        job = self._job(call, metered=charge is not None)
+        job = self._job(call)
         first: Reserved | None = None
         try:
             run: Awaitable[bytes | None]
