@@ -15,21 +15,30 @@ comes after many other requests.
 The oracle bound is the hit rate one worker with N times the capacity would reach on the
 same trace (LRU over blocks), computed offline.
 
+For cache_aware, the gateway's expected cached tokens of every request (its JSON request
+log, `expected_cached_tokens`) are summed against the cached tokens the workers reported
+for the same requests: the ratio says how far the prefix index is from the engines' own
+count (`--kv-blocks 256` makes evictions frequent).
+
     python scripts/bench_routing.py                       # every policy, 4 workers
     python scripts/bench_routing.py --policies cache_aware --drop-rate 0.01 --restart
+    python scripts/bench_routing.py --policies cache_aware-approx,cache_aware --kv-blocks 256
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
@@ -105,6 +114,8 @@ class Outcome:
     failures: int = 0
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, cached, prompt)
     restarted_at: float | None = None
+    reported: dict[str, int] = field(default_factory=dict)  # request id -> engine's cached
+    expected: dict[str, int] = field(default_factory=dict)  # request id -> gateway's expected
 
     def recovery(self, seconds: int = 8) -> str:
         """Hit rate per second after the restart (by request start time)."""
@@ -119,6 +130,22 @@ class Outcome:
         before = [(c, p) for t, c, p in self.timeline if t < self.restarted_at]
         base = sum(c for c, _ in before) / max(1, sum(p for _, p in before))
         return f"before the restart {base:.0%}; each second after: {' '.join(rates)}"
+
+    def expectation(self) -> str:
+        """The gateway's expected cached tokens against the engines' own count, summed
+        over the requests that have both."""
+        both = [r for r in self.expected if r in self.reported]
+        if not both:
+            return ""
+        expected = sum(self.expected[r] for r in both)
+        reported = sum(self.reported[r] for r in both)
+        over = sum(self.expected[r] > self.reported[r] for r in both)
+        under = sum(self.expected[r] < self.reported[r] for r in both)
+        ratio = expected / reported if reported else float("inf")
+        return (
+            f"expected {expected} / engine-reported {reported} cached tokens = {ratio:.3f} "
+            f"over {len(both)} requests ({over} over, {under} under)"
+        )
 
     @property
     def hit_rate(self) -> float:
@@ -157,6 +184,7 @@ async def send(channel: aio.Channel, turn: Turn, outcome: Outcome, index: int) -
             response = sgl.GenerateResponse.FromString(raw)
             if response.HasField("complete"):
                 cached = response.complete.cached_tokens
+                outcome.reported[request.request_id] = cached
                 outcome.cached += cached
                 outcome.prompt += len(turn.tokens)
         outcome.served[dict(await call.initial_metadata()).get("x-sim-worker", "?")] += 1
@@ -195,16 +223,33 @@ async def run_policy(
     args: argparse.Namespace, policy: str, events: bool, trace: list[Turn]
 ) -> Outcome:
     label = f"{policy}{'' if events or policy != 'cache_aware' else ' (no events)'}"
+    outcome = Outcome(label)
+    with tempfile.TemporaryFile("w+") as log:  # the request log: expected cached tokens
+        await serve_trace(args, policy, events, trace, outcome, log)
+        log.seek(0)
+        outcome.expected = expected_cached(log)
+    return outcome
+
+
+async def serve_trace(
+    args: argparse.Namespace,
+    policy: str,
+    events: bool,
+    trace: list[Turn],
+    outcome: Outcome,
+    log: IO[str],
+) -> None:
+    """Workers and a gateway (its log to `log`), the trace sent through it."""
     workers = start_workers(args, events, None)
     gateway = start(
         [
             "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-            "--metrics-listen", "off", "--drain-delay", "0", "--log-level", "warning",
-            "--policy", policy,
+            "--metrics-listen", "off", "--drain-delay", "0", "--log-level", "info",
+            "--log-format", "json", "--policy", policy,
             *(f for w in workers for f in ("--worker", f"grpc://{w.address}?model=m&runtime=sglang")),
-        ]
+        ],
+        stderr=log.fileno(),
     )  # fmt: skip
-    outcome = Outcome(label)
     restart_at = len(trace) // 2 if args.restart else -1
     try:
         await asyncio.sleep(1.0)  # probes and subscriptions settle
@@ -225,7 +270,19 @@ async def run_policy(
         gateway.stop()
         for worker in workers:
             worker.stop()
-    return outcome
+
+
+def expected_cached(log: IO[str]) -> dict[str, int]:
+    """Request id -> the gateway's expected cached tokens, from its JSON request log."""
+    expected = {}
+    for line in log:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == "request" and entry.get("expected_cached_tokens") is not None:
+            expected[entry["request_id"]] = entry["expected_cached_tokens"]
+    return expected
 
 
 def main() -> None:
@@ -268,6 +325,8 @@ def main() -> None:
             f"{r.policy:28} {r.hit_rate:6.1%} {r.hit_rate / oracle:8.2f} "
             f"{r.quantile(0.5):8.1f}ms {r.quantile(0.9):6.1f}ms {r.imbalance:9.2f} {r.failures:5d}"
         )
+        if r.expected:
+            print(f"  {r.policy}: {r.expectation()}")
         if r.restarted_at is not None:
             print(f"  {r.policy}, worker w0 restarted: {r.recovery()}")
 

@@ -129,4 +129,5 @@ class CacheAware(Policy):
         # A data-parallel worker: name the rank whose cache holds the prompt, rather than
         # leave it to the engine's own balancing.
         on_rank = hit[1] if hit is not None and self.index.ranks(chosen.id) > 1 else None
-        return Choice(cast("C", chosen), on_rank, total - uncached[pick])
+        expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
+        return Choice(cast("C", chosen), on_rank, expected)

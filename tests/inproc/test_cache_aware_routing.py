@@ -5,6 +5,7 @@ prefill leg of SGLang PD, vLLM, and a removed worker's entries."""
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -191,6 +192,44 @@ async def test_vllm_workers_route_cache_aware_too() -> None:
         holder = a if first == "a" else b
         await until(lambda: gw.fleet.kv_index.size(holder.address) == 4)
         assert [await ask(f"v{i}") for i in range(1, 4)] == [(first, 64)] * 3
+
+
+def sessions_trace(seed: int = 3) -> list[tuple[str, list[int]]]:
+    """(LoRA, prompt) per request: 4 tenants with a 128-token system prompt (one on a
+    LoRA adapter), 8 sessions of 6 turns of 32 tokens each, interleaved; 312 blocks in
+    all against 2 workers of 32 blocks."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(30_000) for _ in range(128)] for _ in range(4)]
+    loras = ["", "", "", "adapter-a"]
+    sessions = [(t % 4, list(systems[t % 4])) for t in range(8)]
+    trace = []
+    for _ in range(6):
+        for tenant, history in rng.sample(sessions, len(sessions)):
+            history += [rng.randrange(30_000) for _ in range(32)]
+            trace.append((loras[tenant], list(history)))
+    return trace
+
+
+async def test_expected_cached_tokens_agree_with_the_engines_when_caches_evict() -> None:
+    """The gateway's expected hit against the cached tokens the engines report, over a
+    multi-tenant trace whose working set is several times the workers' caches."""
+    small = ("--model", "m", "--kv-blocks", "32")
+    async with (
+        sim(*small, "--name", "a") as a,
+        sim(*small, "--name", "b") as b,
+        gateway(url(a), url(b), default_policy="cache_aware") as gw,
+        client(gw) as ch,
+    ):
+        await following(gw, a, b)
+        reported = 0
+        with capture_logs() as logs:
+            for i, (lora, tokens) in enumerate(sessions_trace()):
+                request = sgl_request(tokens, f"t{i}", lora_id=lora)
+                reported += (await generate(ch, request))[1]
+        expected = sum(e["expected_cached_tokens"] for e in logs if e.get("event") == "request")
+        evictions = sum(f.events.get("removed", 0) for f in gw.fleet.followers.values())
+        assert evictions > 0 and reported > 0
+        assert abs(expected - reported) <= 0.05 * reported, (expected, reported)
 
 
 async def test_a_removed_worker_leaves_the_index() -> None:

@@ -154,3 +154,24 @@ def test_a_data_parallel_worker_gets_the_rank_that_holds_the_prompt() -> None:
     raw = adapter.with_dp_rank(b"", 1)
     request = adapter.rpcs["Generate"].request_type.FromString(raw)
     assert request.data_parallel_rank == 1
+
+
+def test_the_expected_hit_is_what_the_workers_events_show_not_where_it_was_placed() -> None:
+    """Placement memory steers placement (a burst, a session, goes back where it went),
+    but the hit the gateway expects is what the worker's own events say it holds: a
+    prompt whose first request is still in its prefill is not stored yet, and blocks an
+    eviction event removed are computed again."""
+    index = KvIndex()
+    f = follower(index)
+    f.apply(kv.KvEventBatch(sequence_number=1))  # following h:1: its events are the facts
+    policy = CacheAware(index, SETTINGS, stale_after_s=3)
+    a, b = f.worker, worker(2)
+    assert policy.choose([a], Hints(prefix=Prefix(PROMPT))) == Choice(a, None, 0)
+    # The burst's second request, before the worker has stored the first's blocks.
+    assert policy.choose([a], Hints(prefix=Prefix(PROMPT))) == Choice(a, None, 0)
+    f.apply(stored(2, list(range(100, 132)), PROMPT))  # its 32 blocks are stored
+    assert policy.choose([a], Hints(prefix=Prefix(PROMPT))) == Choice(a, None, 512)
+    evicted = kv.KvCacheEvent(removed=kv.KvBlocksRemoved(block_hashes=list(range(116, 132))))
+    f.apply(kv.KvEventBatch(sequence_number=3, events=[evicted]))  # the last 16 evicted
+    # Still placed where it went (it is cached again there), expecting only what is left.
+    assert policy.choose([a, b], Hints(prefix=Prefix(PROMPT))) == Choice(a, None, 256)

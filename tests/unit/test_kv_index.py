@@ -101,10 +101,27 @@ def test_events_take_over_from_assumptions() -> None:
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 16}
     # A placement on an exact slot is remembered for the pending TTL (5 s here), also
     # across the worker evicting the blocks meanwhile: sending the prompt back where it
-    # went keeps affinity, which measured better than moving it (see the README).
+    # went keeps affinity, which measured better than moving it (see the README). What
+    # it expects cached there is what the events show stored, never the memory.
     index.assume(A, Prefix(PROMPT), now=0)
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 1) == {A: 48}
+    assert index.stored_tokens(Prefix(PROMPT), A, 48) == 16
     index.store(A, [StoredBlock(2, PROMPT[16:32])], parent_engine_hash=1)
+    assert index.stored_tokens(Prefix(PROMPT), A, 48) == 32
     index.remove(A, [2])
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 2) == {A: 48}
+    assert index.stored_tokens(Prefix(PROMPT), A, 48) == 16
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 6) == {A: 16}  # facts remain
+
+
+def test_the_stored_part_of_a_match_is_found_in_long_prompts_too() -> None:
+    index = KvIndex(pending_ttl_s=5)
+    long = list(range(10_000, 10_000 + 300 * 16))  # 300 blocks: past 2 x STRIDE
+    index.store(A, stored(long[: 200 * 16], 1), None)
+    index.assume(A, Prefix(long), now=0)
+    assert index.matched_tokens(Prefix(long), ["a:1"], 1) == {A: 300 * 16}
+    assert index.stored_tokens(Prefix(long), A, 300 * 16) == 200 * 16
+    assert index.stored_tokens(Prefix(long), A, 150 * 16) == 150 * 16  # at most the match
+    # Without KV events the placements are all there is.
+    index.assume(B, Prefix(long), now=0)
+    assert index.stored_tokens(Prefix(long), B, 300 * 16) == 300 * 16
