@@ -499,6 +499,22 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
+class TracingConfig:
+    """OpenTelemetry traces over OTLP/gRPC (see README "Observability"): on when an
+    endpoint is set here or in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT/OTEL_EXPORTER_OTLP_ENDPOINT;
+    what is not set here comes from the standard OTEL_* variables."""
+
+    endpoint: Text | None = None  # e.g. http://collector:4317 (http: plaintext)
+    insecure: Flag | None = None  # None: from the endpoint's scheme, or the environment
+    sample_ratio: Annotated[float, Strict(), Field(ge=0, le=1)] | None = None  # parent-based
+    service_name: Text | None = None  # None: OTEL_SERVICE_NAME, else model-gateway
+    max_queue: AtLeastOne = 2048  # spans waiting for export; past it the oldest are dropped
+    batch_size: AtLeastOne = 512
+    schedule_delay_ms: AtLeastOne = 1000
+    export_timeout_s: Interval = 10.0
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class MetricsConfig:
     listen: MetricsListen = "127.0.0.1:9464"  # "off": None, no endpoint
 
@@ -730,6 +746,7 @@ class GatewayConfig:
     kv: KvConfig = dataclasses.field(default_factory=KvConfig)
     admin: AdminConfig = dataclasses.field(default_factory=AdminConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
     processes: Processes = 1  # serving processes behind the main port (`auto`: usable cores)
 
     def model(self, name: str) -> ModelSettings:
@@ -771,6 +788,7 @@ SECTIONS: dict[str, type] = {
     "kv": KvConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
+    "tracing": TracingConfig,
 }
 
 

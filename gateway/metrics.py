@@ -251,6 +251,32 @@ class FlowQueues(Protocol):
     def queued_bytes(self) -> dict[str, int]: ...
 
 
+class TracingCollector(Collector):
+    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
+        self._counts = counts
+
+    def describe(self) -> Iterable[Any]:
+        return self._families(0, 0)
+
+    def collect(self) -> Iterable[Any]:
+        return self._families(*self._counts())
+
+    @staticmethod
+    def _families(exported: int, dropped: int) -> list[Any]:
+        return [
+            CounterMetricFamily(
+                "gateway_trace_spans_exported",
+                "spans the OTLP exporter delivered to the collector",
+                value=exported,
+            ),
+            CounterMetricFamily(
+                "gateway_trace_spans_dropped",
+                "spans dropped: the export queue was full, or the collector did not take them",
+                value=dropped,
+            ),
+        ]
+
+
 class FlowCollector(Collector):
     def __init__(self, queues: FlowQueues) -> None:
         self._queues = queues
@@ -484,6 +510,10 @@ class Metrics:
                 if self._tenant_children.pop((gone, each), None) is not None:
                     self._tenant_outcomes.remove(gone, each)
         _child(self._tenant_children, self._tenant_outcomes, (label, outcome)).inc()
+
+    def tracing(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Spans exported and dropped (`counts`: both, at scrape time)."""
+        self.prometheus.register(TracingCollector(counts))
 
     def flow(self, queues: FlowQueues) -> None:
         """Queue depth per model and class, and bytes per model, at scrape time."""

@@ -45,6 +45,7 @@ class CallRecord:
     priority: str | None = None
     lowered: bool = False  # asked for a class above its tenant's max_class
     queued_s: float | None = None
+    trace_id: str | None = None  # tracing on: the call's trace, to find it from its log line
 
     def called(self, leg: Role, worker: str) -> None:
         self.legs.setdefault(leg, []).append(worker)
@@ -52,6 +53,8 @@ class CallRecord:
     def log_fields(self) -> dict[str, object]:
         first = self.first_message_s
         fields = self._fields(first)
+        if self.trace_id is not None:  # tracing on
+            fields["trace_id"] = self.trace_id
         if self.tenant is not None:  # flow control or rate limits: only then
             fields["tenant"] = self.tenant
         if self.priority is not None:  # flow control: only then

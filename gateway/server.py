@@ -41,6 +41,8 @@ from gateway.proxy.intake import ReadGate
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
 from gateway.tls import CertificateFiles, channel_credentials
+from gateway.tracing import Tracing
+from gateway.tracing import enabled as tracing_enabled
 
 log = structlog.get_logger("gateway")
 
@@ -157,6 +159,10 @@ class Gateway:
             pd_rooms = Rooms(index=member.index, count=member.count)  # SGLang bootstrap rooms
             self.disagg = DisaggregatedDispatch(self.dispatcher, pd_rooms)
             self.siblings = Siblings(member.siblings())
+        self.tracing: Tracing | None = None
+        if tracing_enabled(config.tracing):
+            process = str(member.index) if member is not None else ""
+            self.tracing = Tracing(config.tracing, process=process)
         self.metrics = Metrics(
             self.fleet.registry,
             kv=self.fleet,
@@ -164,6 +170,8 @@ class Gateway:
         )
         if self.rooms is not None:
             self.metrics.flow(self.rooms)
+        if self.tracing is not None:
+            self.metrics.tracing(self.tracing.counts)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
         self.caller = Caller(self.auth, certificates=config.tls.client_ca is not None)
@@ -205,7 +213,15 @@ class Gateway:
             self.rooms,
         )
         self.fronts = fronts = [
-            EngineFront(adapter, self.config, door, routing, self.metrics.observe, self.siblings)
+            EngineFront(
+                adapter,
+                self.config,
+                door,
+                routing,
+                self.metrics.observe,
+                self.siblings,
+                self.tracing,
+            )
             for adapter in self.adapters.values()
         ]
         self.server.add_generic_rpc_handlers(tuple(front.handler() for front in fronts))
@@ -352,6 +368,8 @@ class Gateway:
             await self.siblings.close()
         self.metrics.close()
         self.offload.close()
+        if self.tracing is not None:  # bounded: a collector that is down holds up nothing
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.close)
         if self.sources is not None:
             await self.sources.close()
         await self.membership.close()

@@ -30,6 +30,7 @@ class Decision:
     ranks: Mapping[str, int] = field(default_factory=lambda: NO_RANKS)
     expected_cached_tokens: int | None = None
     policy: str = ""
+    candidates: int = 0  # the workers that could take the prompt-receiving leg (traces)
 
     @property
     def primary(self) -> Worker:
@@ -59,6 +60,7 @@ class Decision:
             ranks=NO_RANKS if rank is None else MappingProxyType({worker.id: rank}),
             expected_cached_tokens=self.expected_cached_tokens,
             policy=self.policy,
+            candidates=self.candidates,
         )
 
     def rank_of(self, worker: Worker) -> int | None:

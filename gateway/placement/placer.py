@@ -218,6 +218,7 @@ class Placer:
             MappingProxyType({c.worker.id: c.rank for c in chosen.values() if c.rank is not None}),
             receiver.expected_cached,
             self._cluster(model, runtime, receiving_leg).policy.name,
+            len(fitting[receiving_leg]),
         )
 
     def _pair(

@@ -17,6 +17,7 @@ from gateway.engines import RpcSpec
 from gateway.proxy.metadata import RequestMeta
 from gateway.proxy.upstream import Reserved
 from gateway.record import CallRecord
+from gateway.tracing import CallTrace
 
 Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
 
@@ -32,3 +33,4 @@ class Call:
     # Every placement, in order (a retry's, each choice's of n>1), with its reservations:
     # written by dispatch only, as it places.
     placements: list[Reserved] = field(default_factory=list)
+    trace: CallTrace | None = None  # tracing on: its spans (the front starts and ends them)

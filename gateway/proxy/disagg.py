@@ -154,7 +154,12 @@ class PlacedLegs:
         call = self._upstreams.call(
             self._reserved.take(worker),
             leg,
-            job.outbound(request, streaming=streaming, path=path),
+            job.outbound(
+                request,
+                streaming=streaming,
+                path=path,
+                rank=self._reserved.decision.rank_of(worker),
+            ),
             label=label(worker),
             # Encoders do not speak the engine protocol: an Abort is not theirs to take.
             hold=None if leg is Role.ENCODE else job.hold(),

@@ -114,9 +114,11 @@ class Job:
     def record(self) -> CallRecord:
         return self.call.record
 
-    def outbound(self, request: bytes, *, streaming: bool, path: str | None = None) -> Outbound:
+    def outbound(
+        self, request: bytes, *, streaming: bool, path: str | None = None, rank: int | None = None
+    ) -> Outbound:
         """`request` as an RPC to a worker: the call's method (or `path`), its forwarded
-        metadata and the client's time left."""
+        metadata and the client's time left (`rank`: the data-parallel rank it runs on)."""
         call = self.call
         return Outbound(
             path or call.spec.path,
@@ -124,6 +126,8 @@ class Job:
             call.meta.forward,
             call.context.time_remaining(),
             streaming,
+            call.trace,
+            rank,
         )
 
     def for_worker(self, request: bytes, decision: Decision, worker: Worker) -> bytes:
@@ -167,7 +171,10 @@ class Dispatcher:
             if first is not None:
                 reserved, first = first, None
             else:
+                started_ns = time.time_ns()
                 placed = place(tried)
+                if job.call.trace is not None:
+                    job.call.trace.placement(started_ns, placed, tried)
                 if isinstance(placed, Verdict):
                     if failure is None:
                         await refuse(job.context, record, placed)
@@ -217,6 +224,6 @@ class Dispatcher:
         return self.upstreams.call(
             reserved.take(worker),
             worker.role,
-            job.outbound(request, streaming=streaming),
+            job.outbound(request, streaming=streaming, rank=reserved.decision.rank_of(worker)),
             hold=job.hold() if streaming else None,
         )

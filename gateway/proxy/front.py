@@ -52,6 +52,7 @@ from gateway.proxy.upstream import Outbound, Reserved, UpstreamFailure
 from gateway.proxy.waiting import Place, WaitingRooms
 from gateway.record import CallRecord
 from gateway.roles import Role
+from gateway.tracing import TRACE_KEYS, CallTrace, Tracing
 
 log = structlog.get_logger("gateway.request")
 
@@ -132,6 +133,7 @@ class EngineFront:
         routing: Routing,
         observe: Callable[[CallRecord], None],
         siblings: Siblings | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.adapter = adapter
         self._config = config
@@ -149,6 +151,11 @@ class EngineFront:
         self._dispatcher = routing.dispatcher
         self._upstreams = routing.dispatcher.upstreams
         self._rooms = routing.rooms
+        self._tracing = tracing
+        # With tracing on, the gateway continues the client's trace and sends workers its
+        # own trace context: the client's is not forwarded as it is.
+        private = door.caller.private_keys
+        self._private_keys = private | TRACE_KEYS if tracing is not None else private
         flow = config.flow  # a call's output, when it does not say: estimated
         self._estimate = flow.cost_tokens if flow is not None else DEFAULT_COST_TOKENS
 
@@ -180,6 +187,7 @@ class EngineFront:
         }[spec.kind]
 
         admission, gate, limits = self._door.admission, self._door.gate, self._config.limits
+        tracing = self._tracing
         retry_after_ms = self._config.retry_after_ms
         # The engine HealthCheck is answered from memory: it stays cheap and open under load.
         bounded = spec.kind is not RpcKind.HEALTH_CHECK
@@ -190,8 +198,11 @@ class EngineFront:
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
             admitted = False
             caller = ""
+            trace = None
+            if tracing is not None:  # the SERVER span: from the stream's opening
+                trace = tracing.start(record, context.invocation_metadata(), context.peer())
             try:
-                call = await self._open(spec, context, record)
+                call = await self._open(spec, context, record, trace)
                 caller = call.caller
                 if bounded:  # from the stream's opening: streams that send nothing count
                     refusal = admission.enter(caller)
@@ -230,11 +241,13 @@ class EngineFront:
             finally:
                 if admitted:
                     admission.leave(caller)
-                self._log(record)
+                self._log(record, trace)
 
         return run
 
-    async def _open(self, spec: RpcSpec, context: Context, record: CallRecord) -> Call:
+    async def _open(
+        self, spec: RpcSpec, context: Context, record: CallRecord, trace: CallTrace | None
+    ) -> Call:
         """The call as it opens: its metadata read once (the bearer token, the routing
         hints, what goes upstream); the caller authenticated (API keys on: a known key, or
         UNAUTHENTICATED) and named; a value no worker channel would accept refused
@@ -246,7 +259,7 @@ class EngineFront:
             config.model_headers,
             config.routing_key_header,
             config.target_worker_header,
-            caller.private_keys,
+            self._private_keys,
             (config.flow.priority_header, config.flow.tenant_header) if config.flow else ("", ""),
         )
         principal = await caller.identify(context, meta.bearer, spec.path)
@@ -254,9 +267,11 @@ class EngineFront:
         if meta.bad_key is not None:
             await refuse(context, record, bad_metadata(meta.bad_key))
         share = principal if principal is not None else "peer:" + peer_host(context.peer())
-        return Call(spec, context, record, meta, share)
+        return Call(spec, context, record, meta, share, trace=trace)
 
-    def _log(self, record: CallRecord) -> None:
+    def _log(self, record: CallRecord, trace: CallTrace | None = None) -> None:
+        if trace is not None:
+            trace.finish(record)
         self._observe(record)
         log.info("request", **record.log_fields())
 
@@ -413,9 +428,12 @@ class EngineFront:
         if rooms is None or flow is None:
             return None
         record, (tenant, klass) = call.record, who
-        started = time.monotonic()
+        started, started_ns = time.monotonic(), time.time_ns()
         got = await rooms.admit(model, tenant, klass, cost, len(call.request), place)
         record.queued_s = round(time.monotonic() - started, 6)
+        if call.trace is not None:
+            placed = got if isinstance(got, Verdict) else got.decision
+            call.trace.placement(started_ns, placed, queued_s=record.queued_s)
         if isinstance(got, Verdict):
             await refuse(call.context, record, got)
         return got

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import grpc
 import structlog
 from grpc import aio
+from opentelemetry import trace
 
 from gateway.fleet.breaker import Outcome, outcome_of
 from gateway.fleet.worker import Worker
@@ -32,6 +33,7 @@ from gateway.placement.decision import Decision
 from gateway.proxy.inflight import Hold, Holder, InflightTable
 from gateway.proxy.metadata import Metadata, clean
 from gateway.roles import Role
+from gateway.tracing import CallTrace, end_leg
 
 log = structlog.get_logger("gateway.upstream")
 
@@ -92,6 +94,8 @@ class Outbound:
     metadata: Metadata
     timeout: float | None
     streaming: bool = False
+    trace: CallTrace | None = None  # tracing on: the call's spans, for this RPC's own
+    rank: int | None = None  # the data-parallel rank it runs on, if placement chose one
 
 
 class Sink(Protocol):
@@ -199,13 +203,20 @@ class Upstreams:
         Abort; `until_started` (decode legs) delays its cancel until its first message,
         bounded, so a KV hand-off is not torn in the middle.
         """
-        channel = self._fleet.channel(reservation.worker)
-        path, timeout = outbound.path, outbound.timeout
+        worker = reservation.worker
+        channel = self._fleet.channel(worker)
+        path, timeout, metadata = outbound.path, outbound.timeout, outbound.metadata
         method = channel.unary_stream(path) if outbound.streaming else channel.unary_unary(path)
+        span = None
+        if outbound.trace is not None:
+            span, carried = outbound.trace.leg(worker, leg, outbound.rank)
+            metadata = (*metadata, *carried)
         try:
-            rpc = method(outbound.request, metadata=outbound.metadata, timeout=timeout)
+            rpc = method(outbound.request, metadata=metadata, timeout=timeout)
         except BaseException:
             reservation.release(None)
+            if span is not None:
+                end_leg(span, None)
             raise
         holder = None
         if hold is not None:
@@ -214,7 +225,7 @@ class Upstreams:
             self.inflight.add(hold.request_id, holder)
         key = hold.request_id if hold is not None else ""
         deadline = None if timeout is None else time.monotonic() + timeout
-        return UpstreamCall(self, reservation, leg, rpc, label, key, holder, deadline)
+        return UpstreamCall(self, reservation, leg, rpc, label, key, holder, deadline, span)
 
     def ask(self, reservation: Reservation, outbound: Outbound) -> UpstreamCall:
         """A unary call to one of several workers (a fan-out target, an abort holder):
@@ -256,6 +267,7 @@ class UpstreamCall:
         key: str,
         holder: Holder | None,
         deadline: float | None,
+        span: trace.Span | None = None,
     ) -> None:
         self._upstreams = upstreams
         self.reservation = reservation
@@ -275,6 +287,7 @@ class UpstreamCall:
         # The client's own deadline ended it, or the gateway's channel refused it: not
         # the worker's doing, so it neither counts against it nor decides a trial.
         self._blameless = False
+        self._span = span  # tracing on: this RPC's CLIENT span, ended as it settles
 
     def __enter__(self) -> UpstreamCall:
         return self
@@ -421,6 +434,9 @@ class UpstreamCall:
             self._leave_table()
         finally:
             self.reservation.release(None if self._blameless else self.code)
+            if self._span is not None:
+                end_leg(self._span, self.code.name if self.code is not None else None)
+                self._span = None
 
     def _leave_table(self) -> None:
         if self._in_table and self._holder is not None:

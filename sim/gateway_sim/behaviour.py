@@ -93,6 +93,7 @@ class RequestView:
 
     behaviour: Behaviour
     seen_keys: str
+    traceparent: str = ""  # the W3C trace context it came with, if any
 
 
 def _int(key: str, value: str) -> int:
@@ -156,11 +157,14 @@ def read_request(base: Behaviour, metadata: Iterable[tuple[str, str | bytes]]) -
     """
     keys: set[str] = set()
     overrides: dict[str, str] | None = None
+    traceparent = ""
     for key, value in metadata:
         keys.add(key)
+        if key == "traceparent" and isinstance(value, str):
+            traceparent = value
         if key.startswith(OVERRIDE_PREFIX) and isinstance(value, str):
             if overrides is None:
                 overrides = {}
             overrides[key] = value
     behaviour = base if overrides is None else _apply(base, overrides)
-    return RequestView(behaviour, ",".join(sorted(keys)))
+    return RequestView(behaviour, ",".join(sorted(keys)), traceparent)

@@ -30,6 +30,7 @@ log = logging.getLogger("gateway_sim")
 WORKER_HEADER = "x-sim-worker"
 DEADLINE_HEADER = "x-sim-deadline-ms"
 SEEN_METADATA_HEADER = "x-sim-seen-metadata"
+TRACEPARENT_HEADER = "x-sim-traceparent"  # the trace context the call came with, if any
 RUNNING_HEADER = "x-sim-running"  # calls running here as this one's headers leave, itself too
 FAILURE_TRAILER = "x-sim-failure"
 FAILURE_DETAILS = "simulated failure"
@@ -139,12 +140,17 @@ class SimEngine:
     # ----------------------------------------------------------------- per request
 
     async def read(self, context: ServicerContext[Any, Any]) -> RequestView:
-        """This request's behaviour and metadata keys; INVALID_ARGUMENT on a bad override."""
+        """This request's behaviour and metadata keys; INVALID_ARGUMENT on a bad override.
+        A W3C `traceparent` is logged (with the worker's name): what a tracing engine would
+        continue, so a test can check each leg's parent span."""
         try:
-            return read_request(self.behaviour, context.invocation_metadata() or ())
+            view = read_request(self.behaviour, context.invocation_metadata() or ())
         except BadOverride as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("unreachable") from exc
+        if view.traceparent:
+            log.info("traceparent %s %s", self.name, view.traceparent)
+        return view
 
     def headers(
         self, context: ServicerContext[Any, Any], view: RequestView
@@ -160,6 +166,7 @@ class SimEngine:
             (DEADLINE_HEADER, deadline),
             (SEEN_METADATA_HEADER, view.seen_keys),
             (RUNNING_HEADER, str(len(self.active))),
+            *(((TRACEPARENT_HEADER, view.traceparent),) if view.traceparent else ()),
         )
 
     def rank_of(self, request: Any) -> int:

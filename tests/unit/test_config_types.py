@@ -88,6 +88,16 @@ SECTION_DEFAULTS = {
     ),
     "admin": dict(listen="127.0.0.1:50052", token=None),
     "metrics": dict(listen="127.0.0.1:9464"),
+    "tracing": dict(
+        endpoint=None,
+        insecure=None,
+        sample_ratio=None,
+        service_name=None,
+        max_queue=2048,
+        batch_size=512,
+        schedule_delay_ms=1000,
+        export_timeout_s=10.0,
+    ),
 }
 
 
