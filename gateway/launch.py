@@ -64,14 +64,17 @@ def spawn(
     *,
     stderr: int | None = subprocess.DEVNULL,
     env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> subprocess.Popen[str]:
-    """Run `python -m gateway ARGS`; `ready` waits for its READY line."""
+    """Run `python -m gateway ARGS` (in `cwd`: `-m` imports from there first); `ready`
+    waits for its READY line."""
     return subprocess.Popen(
         [sys.executable, "-m", "gateway", *args],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -103,9 +106,10 @@ def start(
     timeout: float = 20.0,
     stderr: int | None = subprocess.DEVNULL,
     env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> Child:
     """Run `python -m gateway ARGS` and wait (bounded) for its READY line."""
-    return ready(spawn(args, stderr=stderr, env=env), args, timeout)
+    return ready(spawn(args, stderr=stderr, env=env, cwd=cwd), args, timeout)
 
 
 def sim_args(*args: str) -> list[str]:

@@ -38,6 +38,7 @@ import re
 import resource
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -362,25 +363,56 @@ def report(direct: Result, via: Result, pd: Result | None, bare: Result | None =
         )
 
 
+def start_otlp_sink() -> Child:
+    """A trace receiver that counts and drops (scripts/otlp_sink.py)."""
+    command = [sys.executable, str(Path(__file__).with_name("otlp_sink.py"))]
+    return ready(subprocess.Popen(command, stdout=subprocess.PIPE, text=True), ["otlp_sink"])
+
+
+def variant_env(args: argparse.Namespace, sink: Child | None) -> dict[str, str]:
+    """B's environment: `--variant-env` (`{otlp}`: the sink's endpoint) and, with
+    `--variant-tree`, the other source tree first on the import path."""
+    env = dict(os.environ)
+    for item in args.variant_env:
+        key, _, value = item.partition("=")
+        if sink is not None:
+            value = value.replace("{otlp}", f"http://127.0.0.1:{sink.port}")
+        env[key] = value
+    if args.variant_tree:
+        tree = str(Path(args.variant_tree).resolve())
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def compare_variant(
     args: argparse.Namespace, workers: list[str], pids: dict[str, int], children_: list[Child]
 ) -> None:
-    """The gateway as configured (A) and with `--variant-arg` (B), two rounds each in
-    alternation, so drift on a shared machine falls on both alike."""
+    """The gateway as configured (A) and its variant (B: `--variant-arg` flags,
+    `--variant-env` variables, or the code of `--variant-tree`), `--rounds` each in
+    alternation, so drift on a shared machine falls on both alike; the medians compared."""
+    sink = start_otlp_sink() if args.otlp_sink else None
+    if sink is not None:
+        children_.append(sink)
     names = {"A": args.gateway_arg, "B": [*args.gateway_arg, *args.variant_arg]}
+    envs = {"A": None, "B": variant_env(args, sink)}
+    tree = str(Path(args.variant_tree).resolve()) if args.variant_tree else None
+    cwds = {"A": None, "B": tree}
     per_message: dict[str, list[float]] = {"A": [], "B": []}
-    for name in ("A", "B", "A", "B"):
-        gateway = start(gateway_args(workers, names[name], 1))
+    for name in ("A", "B") * args.rounds:
+        gateway = start(gateway_args(workers, names[name], 1), env=envs[name], cwd=cwds[name])
         children_.append(gateway)
         result = run_one(gateway.address, args, name, {**pids, "gateway": gateway.process.pid})
         per_message[name].append(cpu_per_message(result, "gateway") * 1e6)
         gateway.stop()
-    a, b = (sum(per_message[n]) / 2 for n in ("A", "B"))
-    print(f"\nvariant B = A + {' '.join(args.variant_arg)}")
+    a, b = (statistics.median(per_message[n]) for n in ("A", "B"))
+    described = [*args.variant_arg, *args.variant_env]
+    if args.variant_tree:
+        described.append(f"code from {args.variant_tree}")
+    print(f"\nvariant B = A + {' '.join(described)}")
     for name in ("A", "B"):
         rounds = ", ".join(f"{v:.0f}" for v in per_message[name])
         print(f"gateway {name}: {rounds} us/message (rounds)")
-    print(f"ratio B/A gateway CPU per message: {b / a:.3f}")
+    print(f"medians: A {a:.0f}, B {b:.0f} us/message; ratio B/A {b / a:.3f}")
 
 
 # -- scaling over serving processes ---------------------------------------------------------
@@ -604,6 +636,27 @@ def main() -> None:
         "the first's: the cost of a feature, measured in the same run",
     )
     parser.add_argument(
+        "--variant-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="B's environment (repeatable); `{otlp}` in VALUE: the --otlp-sink endpoint",
+    )
+    parser.add_argument(
+        "--variant-tree",
+        metavar="DIR",
+        help="B runs the gateway code of another source tree (e.g. a git worktree of an "
+        "earlier commit): a change's cost, measured in the same run",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="A/B rounds in alternation (default 2)"
+    )
+    parser.add_argument(
+        "--otlp-sink",
+        action="store_true",
+        help="start a trace receiver that counts and drops spans (scripts/otlp_sink.py)",
+    )
+    parser.add_argument(
         "--no-bare",
         action="store_true",
         help="skip the bare grpc.aio relay phase (the per-core floor)",
@@ -690,7 +743,7 @@ def main() -> None:
             f"duration={args.duration}s"
         )
         report(direct, via, pd, bare)
-        if args.variant_arg:
+        if args.variant_arg or args.variant_env or args.variant_tree:
             gateway.stop()
             compare_variant(args, workers, pids, children_)
     except KeyboardInterrupt:
