@@ -122,8 +122,9 @@ class Tracing:
             attributes[SERVICE_NAME] = settings.service_name
         elif not os.environ.get("OTEL_SERVICE_NAME"):
             attributes[SERVICE_NAME] = "model-gateway"
-        if process:
-            attributes["service.instance.process"] = process
+        attributes["process.pid"] = os.getpid()
+        if process:  # one of --processes N
+            attributes["gateway.process"] = process
         sampler = (
             ParentBased(TraceIdRatioBased(settings.sample_ratio))
             if settings.sample_ratio is not None
