@@ -5,6 +5,7 @@ and streams ending when the gateway drains."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import grpc
@@ -41,7 +42,7 @@ async def arrivals(call: Any, count: int) -> list[tuple[float, OrcaLoadReport]]:
 
 
 def gaps(got: list[tuple[float, OrcaLoadReport]]) -> list[float]:
-    return [b[0] - a[0] for a, b in zip(got, got[1:], strict=False)]
+    return [b[0] - a[0] for a, b in itertools.pairwise(got)]
 
 
 async def test_reports_come_at_the_interval_asked_for_never_under_the_floor() -> None:
