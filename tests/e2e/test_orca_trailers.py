@@ -1,7 +1,8 @@
 """The `endpoint-load-metrics-bin` trailer, read off the wire with a raw HTTP/2 client
 (grpcio's own client consumes it for its load balancing and never shows it): once on an
 answer, on a relayed worker failure and on the gateway's own refusal (Trailers-Only),
-decoding as an ORCA OrcaLoadReport; none with `orca.trailers: false`."""
+decoding as an ORCA OrcaLoadReport; none with `orca.trailers: false`; with
+`--processes 2`, each process's own load."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from gateway.orca.report import IN_FLIGHT
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from tests.conftest import Launcher, worker_url
-from tests.e2e.helpers import sgl_generate, write_config
+from tests.e2e.helpers import channel, sgl_generate, sgl_grpc, write_config
 from tests.e2e.rawclient import RawClient, Stream
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
@@ -84,3 +85,24 @@ async def test_trailers_off_in_the_config(sim: Launcher, gateway: Launcher, tmp_
     for stream in (await call(port), await call(port, model=b"nope")):
         assert stream.status in (0, 5)
         assert LOAD not in stream.headers
+
+
+async def test_each_serving_process_reports_its_own_load(sim: Launcher, gateway: Launcher) -> None:
+    """--processes 2: calls held on one connection (one process) show in that process's
+    reports only; connections spread over both processes see both."""
+    worker = sim("--model", "m", "--runtime", "sglang")
+    port = gateway("--processes", "2", "--worker", worker_url(worker, model="m")).port
+    held_md = (("x-model-id", "m"), ("x-sim-ttft-ms", "30000"))
+    async with channel(f"127.0.0.1:{port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        held = [stub.Generate(sgl_generate(f"held-{i}"), metadata=held_md) for i in range(3)]
+        for call_ in held:
+            await call_.initial_metadata()  # the worker took it: in flight
+        seen = set()
+        for _ in range(16):  # new connections, spread by the kernel over the processes
+            await asyncio.sleep(0.11)  # past the report's refresh period
+            (report,) = load_reports(await call(port))
+            seen.add(report.named_metrics[IN_FLIGHT])
+        for call_ in held:
+            call_.cancel()
+    assert seen == {4.0, 1.0}  # the held calls and the report's own call; its own alone
