@@ -71,7 +71,7 @@ class Reporting:
 
     def set_trailing_metadata(self, metadata: Metadata) -> None:
         """Kept until the call ends (`end`), when they go out with the report."""
-        self._trailers = tuple(metadata)
+        self._trailers = metadata
 
     async def abort(
         self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()
@@ -90,5 +90,7 @@ class Reporting:
             self._context.set_trailing_metadata(self._with_load(self._trailers))
 
     def _with_load(self, trailers: Metadata) -> Metadata:
-        kept = tuple(kv for kv in trailers if kv[0] != LOAD_TRAILER) if trailers else ()
-        return (*kept, self._load.trailer())
+        load = self._load.trailer()
+        if not trailers:
+            return (load,)
+        return (*[kv for kv in trailers if kv[0] != LOAD_TRAILER], load)
