@@ -88,6 +88,7 @@ SECTION_DEFAULTS = {
     ),
     "admin": dict(listen="127.0.0.1:50052", token=None),
     "metrics": dict(listen="127.0.0.1:9464"),
+    "orca": dict(trailers=True, min_interval_s=1.0, max_streams=256),
 }
 
 

@@ -83,6 +83,20 @@ def test_the_reporter_counts_calls_and_failures_over_its_window() -> None:
     assert report.named_metrics[IN_FLIGHT] == 1
 
 
+class Rooms:
+    """Flow control's queues, as the reporter reads them."""
+
+    def depth(self) -> dict[tuple[str, str], int]:
+        return {("m", "standard"): 2, ("m", "batch"): 3, ("n", "standard"): 1}
+
+
+def test_with_flow_control_the_queue_depth_is_every_waiting_call() -> None:
+    clock = Clock(100.0)
+    rooms: Any = Rooms()
+    reporter = LoadReporter(Admission(4, clock=clock), rooms, cores=1, clock=clock)
+    assert decoded(reporter).named_metrics[QUEUE_DEPTH] == 6
+
+
 def test_the_serialized_report_is_kept_for_the_refresh_period() -> None:
     clock = Clock(100.0)
     admission = Admission(4, clock=clock)
