@@ -56,9 +56,9 @@ async def test_reports_come_at_the_interval_asked_for_never_under_the_floor() ->
         floored = await arrivals(orca.StreamCoreMetrics(ask(10)), 5)  # under the floor
         print("300 ms asked:", [round(g, 3) for g in gaps(asked)])
         print("10 ms asked, 100 ms floor:", [round(g, 3) for g in gaps(floored)])
-        assert all(0.27 <= g <= 0.6 for g in gaps(asked)), gaps(asked)
-        assert sum(gaps(asked)) / 4 < 0.4
-        assert all(0.09 <= g <= 0.4 for g in gaps(floored)), gaps(floored)
+        # Never sooner than asked (or than the floor); late only by a busy machine's jitter.
+        assert all(g >= 0.27 for g in gaps(asked)) and sum(gaps(asked)) / 4 < 0.45, gaps(asked)
+        assert all(g >= 0.09 for g in gaps(floored)) and sum(gaps(floored)) / 4 < 0.2
         await until(lambda: gw.orca.streams == 0)  # a client that leaves frees its slot
 
 
