@@ -519,6 +519,18 @@ class MetricsConfig:
     listen: MetricsListen = "127.0.0.1:9464"  # "off": None, no endpoint
 
 
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class OrcaConfig:
+    """ORCA load reports of each serving process (gateway/orca). `trailers`: every engine
+    call's trailers end with `endpoint-load-metrics-bin`; `min_interval_s`: the shortest
+    interval a StreamCoreMetrics stream gets, whatever it asks; `max_streams`: those
+    streams open at once, per serving process."""
+
+    trailers: Flag = True
+    min_interval_s: Interval = 1.0
+    max_streams: AtLeastOne = 256
+
+
 # -- discovery: sources of workers, each feeding the fleet's one door -----------------------
 
 
@@ -747,6 +759,7 @@ class GatewayConfig:
     admin: AdminConfig = dataclasses.field(default_factory=AdminConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
+    orca: OrcaConfig = dataclasses.field(default_factory=OrcaConfig)
     processes: Processes = 1  # serving processes behind the main port (`auto`: usable cores)
 
     def model(self, name: str) -> ModelSettings:
@@ -789,6 +802,7 @@ SECTIONS: dict[str, type] = {
     "admin": AdminConfig,
     "metrics": MetricsConfig,
     "tracing": TracingConfig,
+    "orca": OrcaConfig,
 }
 
 

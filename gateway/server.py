@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gateway.admin.service import start_admin_server
 from gateway.auth import ApiKeyAuth, ApiKeys, Caller
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, usable_cores
 from gateway.connections import ConnectionWatch, raise_fd_limit
 from gateway.discovery.membership import Membership
 from gateway.discovery.runner import Sources, grace_by_source
@@ -29,6 +29,9 @@ from gateway.listen import CannotListen, bind
 from gateway.member import Member
 from gateway.metrics import Metrics
 from gateway.offload import Offload
+from gateway.orca.report import LoadReporter
+from gateway.orca.service import SERVICE_NAME as ORCA_SERVICE
+from gateway.orca.service import OrcaService
 from gateway.peer.client import Siblings
 from gateway.peer.service import PeerService
 from gateway.placement.placer import Placer
@@ -40,6 +43,7 @@ from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
+from gateway.record import CallRecord
 from gateway.tls import CertificateFiles, channel_credentials
 from gateway.tracing import Tracing
 from gateway.tracing import enabled as tracing_enabled
@@ -172,6 +176,9 @@ class Gateway:
             self.metrics.flow(self.rooms)
         if self.tracing is not None:
             self.metrics.tracing(self.tracing.counts)
+        # This process's own load (ORCA), on trailers and StreamCoreMetrics streams.
+        self.reporter = LoadReporter(self.admission, self.rooms, usable_cores())
+        self.orca = OrcaService(self.reporter, config.orca.min_interval_s, config.orca.max_streams)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
         self.caller = Caller(self.auth, certificates=config.tls.client_ca is not None)
@@ -197,13 +204,19 @@ class Gateway:
         self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0
 
+    def _observe(self, record: CallRecord) -> None:
+        """An engine call ended: counted in the metrics and in the load reports."""
+        self.metrics.observe(record)
+        self.reporter.observe(record)
+
     def _front_prefixes(self) -> tuple[str, ...]:
         return tuple(f"/{a.service_name}/" for a in self.adapters.values())
 
     async def start(self, drained: Sequence[str] = ()) -> int:
         """Listen and serve; `drained` workers start drained (a restarted serving process
         takes over what the admin API did to its predecessor)."""
-        door = Door(self.caller, self.admission, self.reads, self.rates)
+        load = self.reporter if self.config.orca.trailers else None
+        door = Door(self.caller, self.admission, self.reads, self.rates, load)
         routing = Routing(
             self.fleet.registry,
             self.placer,
@@ -218,17 +231,19 @@ class Gateway:
                 self.config,
                 door,
                 routing,
-                self.metrics.observe,
+                self._observe,
                 self.siblings,
                 self.tracing,
             )
             for adapter in self.adapters.values()
         ]
-        self.server.add_generic_rpc_handlers(tuple(front.handler() for front in fronts))
+        self.server.add_generic_rpc_handlers(
+            (*(front.handler() for front in fronts), self.orca.handler())
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             [a.service_name for a in self.adapters.values()]
-            + [HEALTH_SERVICE, reflection.SERVICE_NAME],
+            + [HEALTH_SERVICE, ORCA_SERVICE, reflection.SERVICE_NAME],
             self.server,
         )
         credentials = self.certificates.credentials() if self.certificates else None
@@ -342,6 +357,7 @@ class Gateway:
         started = time.monotonic()
         log.info("stopping", in_flight=sum(w.inflight for w in self.fleet.registry))
         self.health.close_watches()
+        self.orca.close_streams()
         flush = None
         if self.rooms is not None:  # queued calls keep their place until the grace ends
             rooms = self.rooms

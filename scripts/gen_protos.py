@@ -1,23 +1,36 @@
-"""Regenerate the Python code of the gateway's own protos (its admin API).
+"""Regenerate the Python code of the gateway's own protos (its admin API, peer calls,
+and the ORCA load report it serves).
 
-    .venv/bin/python scripts/gen_protos.py            # rewrite gateway/admin/v1/*_pb2*
+    .venv/bin/python scripts/gen_protos.py            # rewrite gateway/*/v*/*_pb2*
     .venv/bin/python scripts/gen_protos.py --out DIR  # write under DIR instead (tests)
 
 protoc runs with `-Iprotos` and the output root `.`, so `protos/gateway/admin/v1/x.proto`
 becomes `gateway/admin/v1/x_pb2.py` (+ `.pyi`, `_grpc.py`) and imports read
 `from gateway.admin.v1 import x_pb2`. The generated files are committed, so running the
 gateway needs no grpcio-tools; tests/unit/test_protos.py checks they are up to date.
+
+Protos declared under another project's package keep that project's file paths (so their
+descriptors name the same files as upstream's), but their Python modules are moved under
+the gateway's own package (`RELOCATED`) and their imports rewritten to match: a top-level
+`xds` package would clash with the xds-protos distribution's.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
+SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+# Upstream proto directory -> the gateway's package its Python modules go to.
+RELOCATED = {
+    "xds/data/orca/v3": "gateway/orca/v3",  # ORCA, from github.com/cncf/xds
+    "xds/service/orca/v3": "gateway/orca/v3",
+}
 
 
 def proto_files() -> list[Path]:
@@ -25,13 +38,25 @@ def proto_files() -> list[Path]:
     return sorted(p.relative_to(PROTO_ROOT) for p in PROTO_ROOT.rglob("*.proto"))
 
 
+def _module_dir(proto: Path) -> Path:
+    """Where the Python modules of `proto` (relative to protos/) go, relative to the root."""
+    return Path(RELOCATED.get(proto.parent.as_posix(), proto.parent.as_posix()))
+
+
+def _relocate_imports(text: str) -> str:
+    """`from xds.data.orca.v3 import x_pb2` -> `from gateway.orca.v3 import x_pb2`."""
+    for upstream, module_dir in RELOCATED.items():
+        dotted, target = upstream.replace("/", "."), module_dir.replace("/", ".")
+        text = text.replace(f"from {dotted} import ", f"from {target} import ")
+    return text
+
+
 def generated_paths(out: Path) -> list[Path]:
     """The files a generation writes under `out`, in a stable order."""
     paths: list[Path] = []
     for proto in proto_files():
-        stem = out / proto.with_suffix("")
-        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
-            paths.append(stem.parent / (stem.name + suffix))
+        for suffix in SUFFIXES:
+            paths.append(out / _module_dir(proto) / (proto.stem + suffix))
     return paths
 
 
@@ -40,19 +65,26 @@ def generate(out: Path) -> list[Path]:
     from grpc_tools import protoc  # dev dependency: only needed to regenerate
 
     well_known = resources.files("grpc_tools") / "_proto"  # google/protobuf/*.proto
-    out.mkdir(parents=True, exist_ok=True)
-    args = [
-        "protoc",
-        f"-I{PROTO_ROOT}",
-        f"-I{well_known}",
-        f"--python_out={out}",
-        f"--pyi_out={out}",
-        f"--grpc_python_out={out}",
-        *(str(p) for p in proto_files()),
-    ]
-    code = protoc.main(args)
-    if code != 0:
-        raise RuntimeError(f"protoc failed with exit status {code}")
+    with tempfile.TemporaryDirectory(prefix="gen-protos-") as scratch:
+        args = [
+            "protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{well_known}",
+            f"--python_out={scratch}",
+            f"--pyi_out={scratch}",
+            f"--grpc_python_out={scratch}",
+            *(str(p) for p in proto_files()),
+        ]
+        code = protoc.main(args)
+        if code != 0:
+            raise RuntimeError(f"protoc failed with exit status {code}")
+        for proto in proto_files():
+            for suffix in SUFFIXES:
+                name = proto.stem + suffix
+                written = Path(scratch) / proto.parent / name
+                target = out / _module_dir(proto) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(_relocate_imports(written.read_text()))
     return generated_paths(out)
 
 

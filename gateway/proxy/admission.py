@@ -10,6 +10,8 @@ streams that never send one count too.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from enum import Enum
 
 
@@ -19,13 +21,21 @@ class Refusal(Enum):
 
 
 class Admission:
-    __slots__ = ("_held", "active", "limit", "per_caller")
+    __slots__ = ("_area", "_clock", "_held", "_since", "active", "limit", "per_caller")
 
-    def __init__(self, limit: int, per_caller: int | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        per_caller: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.per_caller = limit if per_caller is None else per_caller
         self.active = 0
         self._held: dict[str, int] = {}  # caller -> calls in flight (absent: none)
+        self._clock = clock
+        self._area = 0.0  # call-seconds in flight up to `_since` (see `busy`)
+        self._since = clock()
 
     def enter(self, caller: str) -> Refusal | None:
         """Take a slot for `caller`; why not, when a bound is reached."""
@@ -35,16 +45,29 @@ class Admission:
         if held >= self.per_caller:
             return Refusal.CALLER_FULL
         self._held[caller] = held + 1
+        self._tally()
         self.active += 1
         return None
 
     def leave(self, caller: str) -> None:
+        self._tally()
         self.active -= 1
         held = self._held[caller] - 1
         if held:
             self._held[caller] = held
         else:
             del self._held[caller]
+
+    def _tally(self) -> None:
+        now = self._clock()
+        self._area += self.active * (now - self._since)
+        self._since = now
+
+    def busy(self) -> float:
+        """Calls in flight integrated over time, in call-seconds, up to now: its growth
+        over an interval divided by the interval is the mean number in flight then (the
+        load report's utilization), however briefly each call held its slot."""
+        return self._area + self.active * (self._clock() - self._since)
 
     def held(self, caller: str) -> int:
         return self._held.get(caller, 0)

@@ -47,6 +47,7 @@ from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
 from gateway.proxy.metadata import Metadata, read_request_meta
+from gateway.proxy.reporting import LoadTrailer, Reporting
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import Outbound, Reserved, UpstreamFailure
 from gateway.proxy.waiting import Place, WaitingRooms
@@ -99,12 +100,14 @@ def named(ids: list[str]) -> str:
 class Door:
     """What every engine call passes before it is placed (one of each per serving
     process, shared by its engine fronts): who sent it, the admission bounds, and the
-    gate its request is read through."""
+    gate its request is read through; and what it leaves with: the process's load report
+    on its trailers."""
 
     caller: Caller
     admission: Admission
     gate: ReadGate
     rates: RateLimits | None = None  # tenants' requests and tokens per minute
+    load: LoadTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +196,12 @@ class EngineFront:
         bounded = spec.kind is not RpcKind.HEALTH_CHECK
         streaming, idle_s = spec.server_streaming, limits.stream_idle_timeout_s
         read_s = limits.request_read_timeout_s
+        load = self._door.load
 
         async def run(_requests: Any, context: Context) -> Any:
+            reporting = None
+            if load is not None:  # every way the call ends carries the load report
+                context = reporting = Reporting(context, load)
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
             admitted = False
             caller = ""
@@ -239,6 +246,8 @@ class EngineFront:
                 record.code = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
                 raise
             finally:
+                if reporting is not None:
+                    reporting.end()
                 if admitted:
                     admission.leave(caller)
                 self._log(record, trace)

@@ -20,6 +20,7 @@ import h2.settings
 @dataclass
 class Stream:
     headers: dict[bytes, bytes] = field(default_factory=dict)  # response headers + trailers
+    fields: list[tuple[bytes, bytes]] = field(default_factory=list)  # the same, repeats kept
     data: bytes = b""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     reset: bool = False
@@ -138,6 +139,7 @@ class RawClient:
                     if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
                         if stream is not None:
                             stream.headers.update(dict(event.headers))
+                            stream.fields += event.headers
                     elif isinstance(event, h2.events.DataReceived):
                         conn.acknowledge_received_data(
                             event.flow_controlled_length, event.stream_id

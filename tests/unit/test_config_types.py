@@ -98,6 +98,7 @@ SECTION_DEFAULTS = {
         schedule_delay_ms=1000,
         export_timeout_s=10.0,
     ),
+    "orca": dict(trailers=True, min_interval_s=1.0, max_streams=256),
 }
 
 
