@@ -178,9 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.logs import configure
+    from gateway.logs import configure, prefer
     from gateway.server import serve
 
+    prefer(args.log_format or "console")  # a config error is a JSON line with the flag
     try:
         config = config_from_args(args)
     except ConfigError as exc:

@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
     lock = share_directory(launch.member.control_dir)
     orphan = die_with(launch.supervisor_pid)
     config, member = launch.config, launch.member
-    configure(config.log_format, config.log_level, process=member.index)
+    configure(config.log_format, config.log_level, process=str(member.index))
     try:
         return run_until_done(serve(config, member, launch.drained, launch.discovered))
     finally:

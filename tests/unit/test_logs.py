@@ -1,5 +1,6 @@
 """Log lines: a logged exception keeps its traceback in JSON, and the console never
-prints a traceback's local variables."""
+prints a traceback's local variables; console lines leave out empty fields, JSON lines
+keep them; `process` is a string; one-off lines (`say`) are JSON in JSON mode."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import pytest
 import structlog
 
-from gateway.logs import configure
+from gateway import logs
+from gateway.logs import Throttle, configure
+from gateway.record import CallRecord
 
 
 def fail(secret: str) -> None:
@@ -19,6 +22,7 @@ def fail(secret: str) -> None:
 def _reset() -> object:
     yield None
     structlog.reset_defaults()
+    logs.prefer("console")
 
 
 def test_json_lines_carry_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,3 +49,72 @@ def test_console_tracebacks_show_no_locals(capsys: pytest.CaptureFixture[str]) -
     text = capsys.readouterr().err
     assert "ValueError: broken" in text and "in fail" in text
     assert secret not in text
+
+
+# -- lines that say what happened, not the schema ---------------------------------------
+
+
+def request_fields() -> dict[str, object]:
+    """A refused call's request line: most of its fields have nothing to say."""
+    record = CallRecord(rpc="Generate", service="sglang.grpc.scheduler.SglangScheduler")
+    record.model, record.code = "m", "UNAUTHENTICATED"
+    return record.log_fields()
+
+
+def test_console_lines_leave_out_empty_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    configure("console", "info")
+    structlog.get_logger("t").info("request", **request_fields(), lowered=False, empty={})
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "None" not in line and "=[]" not in line and "={}" not in line
+    assert "worker=" not in line and "rooms=" not in line and "empty=" not in line
+    for kept in ("attempts=0", "lowered=False", "code=UNAUTHENTICATED", "model=m"):
+        assert kept in line
+
+
+def test_json_lines_keep_every_field(capsys: pytest.CaptureFixture[str]) -> None:
+    configure("json", "info")
+    fields = request_fields()
+    structlog.get_logger("t").info("request", **fields)
+    event = json.loads(capsys.readouterr().err)
+    assert set(fields) <= set(event)
+    assert event["worker"] is None and event["rooms"] is None
+
+
+def test_the_process_is_a_string_on_every_line(capsys: pytest.CaptureFixture[str]) -> None:
+    configure("json", "info", process="3")
+    structlog.get_logger("t").info("serving")
+    logs.say("cannot listen on 127.0.0.1:1: Address already in use")
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["process"] for line in lines] == ["3", "3"]
+
+
+def test_say_is_one_plain_line_on_the_console_and_one_json_line_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logs.prefer("console")
+    logs.say("config error: bad\nline")
+    assert capsys.readouterr().err == "gateway: config error: bad\nline\n"
+    logs.prefer("json")  # before configure: `--log-format json` on the command line
+    logs.say("config error: bad\nline")
+    (line,) = capsys.readouterr().err.splitlines()
+    event = json.loads(line)
+    assert event["event"] == "config error: bad\\nline" and event["level"] == "error"
+    assert event["timestamp"].endswith("Z")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_throttle_lets_a_burst_through_then_its_rate_and_counts_the_rest() -> None:
+    clock = Clock()
+    throttle = Throttle(rate=10.0, burst=3, clock=clock)
+    assert [throttle.take() for _ in range(5)] == [0, 0, 0, None, None]
+    clock.now += 0.1  # one token back
+    assert [throttle.take(), throttle.take()] == [2, None]
+    clock.now += 60  # never more than the burst
+    assert [throttle.take() for _ in range(4)] == [1, 0, 0, None]
