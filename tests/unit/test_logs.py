@@ -1,6 +1,7 @@
 """Log lines: a logged exception keeps its traceback in JSON, and the console never
 prints a traceback's local variables; console lines leave out empty fields, JSON lines
-keep them; `process` is a string; one-off lines (`say`) are JSON in JSON mode."""
+keep them; the request line names the peer; `process` is a string; one-off lines
+(`say`) are JSON in JSON mode."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_console_tracebacks_show_no_locals(capsys: pytest.CaptureFixture[str]) -
 def request_fields() -> dict[str, object]:
     """A refused call's request line: most of its fields have nothing to say."""
     record = CallRecord(rpc="Generate", service="sglang.grpc.scheduler.SglangScheduler")
-    record.model, record.code = "m", "UNAUTHENTICATED"
+    record.model, record.code, record.peer = "m", "UNAUTHENTICATED", "ipv4:10.0.0.7:40022"
     return record.log_fields()
 
 
@@ -67,7 +68,7 @@ def test_console_lines_leave_out_empty_fields(capsys: pytest.CaptureFixture[str]
     (line,) = capsys.readouterr().err.splitlines()
     assert "None" not in line and "=[]" not in line and "={}" not in line
     assert "worker=" not in line and "rooms=" not in line and "empty=" not in line
-    for kept in ("attempts=0", "lowered=False", "code=UNAUTHENTICATED", "model=m"):
+    for kept in ("attempts=0", "lowered=False", "code=UNAUTHENTICATED", "peer=ipv4:10.0.0.7:40022"):
         assert kept in line
 
 
@@ -77,7 +78,14 @@ def test_json_lines_keep_every_field(capsys: pytest.CaptureFixture[str]) -> None
     structlog.get_logger("t").info("request", **fields)
     event = json.loads(capsys.readouterr().err)
     assert set(fields) <= set(event)
-    assert event["worker"] is None and event["rooms"] is None
+    assert event["worker"] is None and event["principal"] is None
+    assert event["peer"] == "ipv4:10.0.0.7:40022"
+
+
+def test_a_peer_grpc_percent_encodes_is_logged_readable() -> None:
+    record = CallRecord(rpc="Generate", service="s")
+    record.peer = "ipv6:%5B::1%5D:40022"
+    assert record.log_fields()["peer"] == "ipv6:[::1]:40022"
 
 
 def test_the_process_is_a_string_on_every_line(capsys: pytest.CaptureFixture[str]) -> None:
