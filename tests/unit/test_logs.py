@@ -1,7 +1,7 @@
 """Log lines: a logged exception keeps its traceback in JSON, and the console never
 prints a traceback's local variables; console lines leave out empty fields, JSON lines
 keep them; the request line names the peer; `process` is a string; one-off lines
-(`say`) are JSON in JSON mode."""
+(`say`) are JSON in JSON mode; a worker leaving service is a warning, its return info."""
 
 from __future__ import annotations
 
@@ -9,10 +9,16 @@ import json
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from gateway import logs
+from gateway.config import WorkerSpec, build_config
+from gateway.engines import engine_adapters
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.registry import FleetEvent
 from gateway.logs import Throttle, configure
 from gateway.record import CallRecord
+from tests.unit.factories import make_worker
 
 
 def fail(secret: str) -> None:
@@ -126,3 +132,28 @@ def test_a_throttle_lets_a_burst_through_then_its_rate_and_counts_the_rest() -> 
     assert [throttle.take(), throttle.take()] == [2, None]
     clock.now += 60  # never more than the burst
     assert [throttle.take() for _ in range(4)] == [1, 0, 0, None]
+
+
+# -- what an alert fires on -------------------------------------------------------------
+
+
+async def test_a_worker_leaving_service_is_a_warning_and_its_return_info() -> None:
+    fleet = Fleet(build_config(), engine_adapters())
+    worker = make_worker(WorkerSpec(host="10.0.0.5", port=30000))
+    fleet.registry.add(worker)
+    changes = [
+        ("status", "pending", "not_ready", "warning"),  # never came up
+        ("status", "not_ready", "ready", "info"),
+        ("status", "ready", "not_ready", "warning"),  # left service
+        ("status", "ready", "draining", "info"),  # the operator's doing
+        ("breaker", "closed", "open", "warning"),  # failing calls took it out
+        ("breaker", "open", "half_open", "info"),
+        ("breaker", "half_open", "open", "warning"),
+        ("breaker", "half_open", "closed", "info"),
+    ]
+    with capture_logs() as logged:
+        for kind, old, new, _ in changes:
+            fleet.registry.publish(FleetEvent(kind, worker, old, new, "test"))
+    seen = [(e["event"], e["old"], e["new"], e["log_level"]) for e in logged]
+    assert seen == [(f"worker_{kind}", old, new, level) for kind, old, new, level in changes]
+    await fleet.close()
