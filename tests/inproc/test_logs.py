@@ -1,6 +1,7 @@
 """Log lines an operator alerts on and finds a call by, in process: the request line
 names who sent the call (principal) and from where (peer); calls refused UNAUTHENTICATED
-are logged at a bounded rate, the next line counting those held back."""
+are logged at a bounded rate, the next line counting those held back; READY with no
+usable worker for a model is a warning naming the models."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from structlog.testing import capture_logs
 
@@ -73,3 +75,29 @@ async def test_request_lines_name_the_principal_and_the_peer_and_refusals_are_bo
             await until(lambda: len(requests(logged, "UNAUTHENTICATED")) == 21)
     last = requests(logged, "UNAUTHENTICATED")[-1]  # the call after the ten
     assert last["suppressed"] == 10  # refused unread: the request id is not known
+
+
+async def test_ready_with_no_usable_worker_for_a_model_is_a_warning_naming_it() -> None:
+    with capture_logs() as logged:
+        async with (
+            sim("--model", "m", "--not-serving") as down,
+            gateway(down.url(model="m", runtime="sglang"), ready=False) as gw,
+        ):
+            assert gw.health.status("models/m") == health_pb2.HealthCheckResponse.NOT_SERVING
+    warned = [e for e in logged if e["event"] == "no_usable_workers"]
+    assert [(e["log_level"], e["models"], e["workers"]) for e in warned] == [("warning", ["m"], 1)]
+
+
+async def test_ready_with_no_worker_at_all_is_a_warning() -> None:
+    with capture_logs() as logged:
+        async with gateway():
+            pass
+    warned = [e for e in logged if e["event"] == "no_usable_workers"]
+    assert [(e["log_level"], e["models"], e["workers"]) for e in warned] == [("warning", [], 0)]
+
+
+async def test_a_gateway_with_every_model_served_says_nothing_of_it() -> None:
+    with capture_logs() as logged:
+        async with sim("--model", "m") as up, gateway(up.url(model="m", runtime="sglang")):
+            pass
+    assert not [e for e in logged if e["event"] == "no_usable_workers"]
