@@ -51,8 +51,9 @@ def test_a_port_that_cannot_be_bound_is_one_line_and_exit_2(flag: str, busy: soc
         check=False,
     )
     assert result.returncode == 2
-    # JSON logs (SERVE_ARGS): the gateway's line is a JSON line too.
-    error = json.loads(result.stderr.splitlines()[-1])
+    # JSON logs (SERVE_ARGS): one JSON line, not grpc core's own line besides it.
+    (line,) = result.stderr.splitlines()
+    error = json.loads(line)
     assert error["event"].startswith(f"cannot listen on {address}: ")
     assert error["level"] == "error"
     assert "Traceback" not in result.stderr

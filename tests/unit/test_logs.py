@@ -1,17 +1,19 @@
 """Log lines: a logged exception keeps its traceback in JSON, and the console never
 prints a traceback's local variables; console lines leave out empty fields, JSON lines
 keep them; the request line names the peer; `process` is a string; one-off lines
-(`say`) are JSON in JSON mode; a worker leaving service is a warning, its return info."""
+(`say`) are JSON in JSON mode; grpc core's own lines become records, bounded in a flood;
+a worker leaving service is a warning, its return info."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from gateway import logs
+from gateway import corelog, logs
 from gateway.config import WorkerSpec, build_config
 from gateway.engines import engine_adapters
 from gateway.fleet.fleet import Fleet
@@ -132,6 +134,71 @@ def test_a_throttle_lets_a_burst_through_then_its_rate_and_counts_the_rest() -> 
     assert [throttle.take(), throttle.take()] == [2, None]
     clock.now += 60  # never more than the burst
     assert [throttle.take() for _ in range(4)] == [1, 0, 0, None]
+
+
+# -- grpc core's lines ------------------------------------------------------------------
+
+HANDSHAKE = (
+    "I1201 14:33:45.662420   22214 ssl_transport_security.cc:2563] Handshake failed with "
+    "error SSL_ERROR_SSL: error:100000f7:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER"
+)
+ADD_PORT = (
+    "E1201 14:33:05.159882   21392 add_port.cc:83] Failed to add port to server: No address "
+    "added out of total 1 resolved for '127.0.0.1:38095' (Error in bind for address "
+    "'[::ffff:127.0.0.1]:38095': Address already in use)"
+)
+
+
+def test_grpc_core_lines_become_records_with_their_level_and_source() -> None:
+    line = corelog.parse(HANDSHAKE)
+    assert line is not None and line.level == logging.INFO
+    assert line.event.startswith("Handshake failed with error SSL_ERROR_SSL")
+    assert line.fields == {"logger": "grpc", "file": "ssl_transport_security.cc:2563"}
+    error = corelog.parse("E1201 14:33:05.1 7 chttp2_server.cc:1] boom")
+    assert error is not None and (error.level, error.event) == (logging.ERROR, "boom")
+    fatal = corelog.parse("F1201 14:33:05.159882 7 x.cc:12] check failed")
+    assert fatal is not None and fatal.level == logging.CRITICAL
+
+
+def test_a_line_the_gateway_reports_itself_is_kept_at_debug() -> None:
+    line = corelog.parse(ADD_PORT)  # the gateway says "cannot listen on ..." and exits 2
+    assert line is not None and line.level == logging.DEBUG
+
+
+def test_other_writers_of_stderr_are_logged_as_warnings() -> None:
+    line = corelog.parse("Traceback (most recent call last):")
+    assert line is not None and line.level == logging.WARNING
+    assert line.fields == {"logger": "stderr"}
+    assert corelog.parse("   ") is None
+
+
+def test_a_flood_of_grpc_lines_is_bounded_and_the_next_line_counts_the_rest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure("json", "info", process="0")
+    clock = Clock()
+    reader = corelog.Reader(-1, logging.INFO, throttled=True, clock=clock)
+    for _ in range(corelog.BURST + 30):
+        reader.emit(HANDSHAKE)
+    reader.emit(ADD_PORT)  # debug: not logged, not counted
+    reader.emit("an error line nobody parses")  # warning and above: a band of its own
+    clock.now += 1.0
+    reader.emit(HANDSHAKE)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [e["logger"] for e in lines] == ["grpc"] * corelog.BURST + ["stderr", "grpc"]
+    assert {e["process"] for e in lines} == {"0"}
+    assert "suppressed" not in lines[-2] and lines[-1]["suppressed"] == 30
+    assert lines[-1]["level"] == "info" and lines[-1]["file"] == "ssl_transport_security.cc:2563"
+
+
+def test_asked_for_every_line_nothing_is_held_back(capsys: pytest.CaptureFixture[str]) -> None:
+    configure("json", "debug")
+    reader = corelog.Reader(-1, logging.DEBUG, throttled=False)
+    for _ in range(corelog.BURST + 5):
+        reader.emit(HANDSHAKE)
+    reader.emit(ADD_PORT)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert len(lines) == corelog.BURST + 6 and lines[-1]["level"] == "debug"
 
 
 # -- what an alert fires on -------------------------------------------------------------
