@@ -104,7 +104,9 @@ class Reader:
         """Until every writer of the pipe has closed it (the process's exit)."""
         pending = b""
         while True:
-            readable, _, _ = select.select([self._fd], [], [], LULL_S)
+            # Woken after a lull only while some lines are held back: idle, it sleeps.
+            held = self._bands is not None and any(band.suppressed for band in self._bands)
+            readable, _, _ = select.select([self._fd], [], [], LULL_S if held else None)
             if not readable:
                 self._report_held()
                 continue

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
+import time
 
 import pytest
 import structlog
@@ -224,3 +227,35 @@ async def test_a_worker_leaving_service_is_a_warning_and_its_return_info() -> No
     seen = [(e["event"], e["old"], e["new"], e["log_level"]) for e in logged]
     assert seen == [(f"worker_{kind}", old, new, level) for kind, old, new, level in changes]
     await fleet.close()
+
+
+def test_the_reader_logs_what_the_pipe_carries_and_reports_lines_held_back_after_a_lull(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure("json", "info")
+    clock = Clock()
+    read_fd, write_fd = os.pipe()
+    reader = corelog.Reader(read_fd, logging.INFO, throttled=True, clock=clock)
+    thread = threading.Thread(target=reader.run)
+    thread.start()
+    try:
+        os.write(write_fd, ((HANDSHAKE + "\n") * (corelog.BURST + 5)).encode())
+        os.write(write_fd, b"a line cut in ")  # the rest follows in another write
+        os.write(write_fd, b"two\n")
+        lines: list[dict[str, object]] = []
+        deadline = time.monotonic() + 10
+        while len(lines) < corelog.BURST + 1:
+            assert time.monotonic() < deadline, lines
+            lines += [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+            time.sleep(0.01)
+        clock.now += 1.0  # room again: the lull (a second without a line) reports the 5
+        while not [e for e in lines if e["event"] == "lines_held_back"]:
+            assert time.monotonic() < deadline, lines
+            lines += [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+            time.sleep(0.01)
+    finally:
+        os.close(write_fd)
+        thread.join(10)
+    assert not thread.is_alive()  # every writer gone: the reader ends
+    assert [e["event"] for e in lines[corelog.BURST :]] == ["a line cut in two", "lines_held_back"]
+    assert (lines[-1]["level"], lines[-1]["suppressed"]) == ("info", 5)
