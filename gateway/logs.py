@@ -115,6 +115,7 @@ class _Output:
     `say` writes one-off lines (a port that cannot be bound) the way `configure` set up."""
 
     json: bool = False
+    configured: bool = False  # by `configure`: JSON lines are then structlog's own
     process: str | None = None
     stream: TextIO | None = None  # None: sys.stderr, looked up when written
 
@@ -125,13 +126,16 @@ _output = _Output()
 def prefer(log_format: str) -> None:
     """The format of `say`'s lines before `configure` runs (a config error, with
     `--log-format json` on the command line, is a JSON line too)."""
-    _output.json = log_format == "json"
+    _output.json, _output.configured = log_format == "json", False
 
 
 def say(text: str) -> None:
     """One line for a person or a log pipeline, written at once (the serving processes of
     `--processes N` share stderr): `gateway: TEXT` on the console, else a JSON error
     line with the same fields as every other."""
+    if _output.json and _output.configured:  # the same writer (and lock) as every line
+        structlog.get_logger("gateway").error(text)
+        return
     stream = _output.stream if _output.stream is not None else sys.stderr
     if not _output.json:
         stream.write(f"gateway: {text}\n")
@@ -156,6 +160,7 @@ def configure(
     # console, never the local variables (which may hold keys or request bytes).
     json_lines = log_format == "json"
     _output.json, _output.process, _output.stream = json_lines, process, stream
+    _output.configured = True
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if json_lines
