@@ -178,9 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.logs import configure
+    from gateway.corelog import install
+    from gateway.logs import prefer
     from gateway.server import serve
 
+    prefer(args.log_format or "console")  # a config error is a JSON line with the flag
     try:
         config = config_from_args(args)
     except ConfigError as exc:
@@ -189,9 +191,9 @@ def _serve(args: argparse.Namespace) -> int:
     if config.processes > 1:
         from gateway.scale.supervisor import supervise
 
-        configure(config.log_format, config.log_level, process="supervisor")
+        install(config.log_format, config.log_level, process="supervisor")
         return run_until_done(supervise(config))
-    configure(config.log_format, config.log_level)
+    install(config.log_format, config.log_level)
     return run_until_done(serve(config))
 
 

@@ -5,10 +5,15 @@ escaped before rendering, so no value can end a line, forge one, or drive a term
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TextIO
 
 import structlog
 
@@ -65,15 +70,100 @@ def escape_controls(
     return event
 
 
-def configure(log_format: str, level: str, process: int | str | None = None) -> None:
+def drop_empty(_: object, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+    """structlog processor (console only): fields with nothing to say (None, "", an empty
+    list, tuple or mapping) left out, so a line shows what happened, not the schema. 0
+    and False are kept: they say something."""
+    for key in [k for k, v in event.items() if v is None or (type(v) in _SIZED and not v)]:
+        if key != "event":
+            del event[key]
+    return event
+
+
+_SIZED = (str, list, tuple, dict)
+
+
+class Throttle:
+    """A token bucket for log lines that a client or a flood can cause: at most `rate`
+    lines a second after a burst of `burst`. `take` says whether a line may go out and,
+    if so, how many were held back since the last one went (for the line to say so)."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._tokens = float(burst)
+        self._at = clock()
+        self.suppressed = 0
+
+    def take(self) -> int | None:
+        """None: hold the line back (counted); else the lines held back before it."""
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1:
+            self.suppressed += 1
+            return None
+        self._tokens -= 1
+        held, self.suppressed = self.suppressed, 0
+        return held
+
+
+@dataclass(slots=True)
+class _Output:
+    """Where the gateway's own lines go, in which format, and with which `process`:
+    `say` writes one-off lines (a port that cannot be bound) the way `configure` set up."""
+
+    json: bool = False
+    configured: bool = False  # by `configure`: JSON lines are then structlog's own
+    process: str | None = None
+    stream: TextIO | None = None  # None: sys.stderr, looked up when written
+
+
+_output = _Output()
+
+
+def prefer(log_format: str) -> None:
+    """The format of `say`'s lines before `configure` runs (a config error, with
+    `--log-format json` on the command line, is a JSON line too)."""
+    _output.json, _output.configured = log_format == "json", False
+
+
+def say(text: str) -> None:
+    """One line for a person or a log pipeline, written at once (the serving processes of
+    `--processes N` share stderr): `gateway: TEXT` on the console, else a JSON error
+    line with the same fields as every other."""
+    if _output.json and _output.configured:  # the same writer (and lock) as every line
+        structlog.get_logger("gateway").error(text)
+        return
+    stream = _output.stream if _output.stream is not None else sys.stderr
+    if not _output.json:
+        stream.write(f"gateway: {text}\n")
+        stream.flush()
+        return
+    event: dict[str, object] = {"event": escape(text), "level": "error"}
+    if _output.process is not None:
+        event["process"] = _output.process
+    event["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    stream.write(json.dumps(event) + "\n")
+    stream.flush()
+
+
+def configure(
+    log_format: str, level: str, process: str | None = None, stream: TextIO | None = None
+) -> None:
     """`process`: the serving process's index, or "supervisor" (`--processes N`), on every
-    line the process logs."""
+    line the process logs. `stream`: where lines go (sys.stderr unless given: a process
+    whose stderr carries grpc core's lines writes its own to the real one, see
+    gateway.corelog)."""
     # Tracebacks (log.exception): one "exception" string field in JSON; plain text on the
     # console, never the local variables (which may hold keys or request bytes).
-    json = log_format == "json"
+    json_lines = log_format == "json"
+    _output.json, _output.process, _output.stream = json_lines, process, stream
+    _output.configured = True
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
-        if json
+        if json_lines
         else structlog.dev.ConsoleRenderer(
             colors=False, exception_formatter=structlog.dev.plain_traceback
         )
@@ -84,8 +174,9 @@ def configure(log_format: str, level: str, process: int | str | None = None) -> 
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             escape_controls,
-            # After the escaping: JSON escapes the traceback's newlines itself.
-            *([structlog.processors.format_exc_info] if json else []),
+            # After the escaping: JSON escapes the traceback's newlines itself. JSON
+            # lines keep every field (a stable schema); console lines drop empty ones.
+            *([structlog.processors.format_exc_info] if json_lines else [drop_empty]),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
@@ -93,12 +184,12 @@ def configure(log_format: str, level: str, process: int | str | None = None) -> 
         ),
         # One write per line (message and newline together): the serving processes of
         # `--processes N` share one stderr, and print() would write the newline apart.
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr if stream is None else stream),
         cache_logger_on_first_use=True,
     )
 
 
-def _process_field(index: int | str) -> structlog.types.Processor:
+def _process_field(index: str) -> structlog.types.Processor:
     def add(_: object, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
         event.setdefault("process", index)
         return event

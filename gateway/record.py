@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from gateway.placement.verdicts import Verdict
 from gateway.roles import Role
@@ -40,6 +41,8 @@ class CallRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # beside expected_cached_tokens: was the index right?
     principal: str | None = None  # who called (API key, client certificate), if known
+    peer: str = ""  # the client's address, as grpc names it (`ipv4:10.0.0.1:5555`)
+    suppressed: int | None = 0  # like lines held back before this one; None: held back
     # Flow control (a `flow:` section): the tenant and class it waited as, how long.
     tenant: str | None = None
     priority: str | None = None
@@ -55,6 +58,8 @@ class CallRecord:
         fields = self._fields(first)
         if self.trace_id is not None:  # tracing on
             fields["trace_id"] = self.trace_id
+        if self.suppressed:  # refused calls' lines, bounded (gateway.proxy.front)
+            fields["suppressed"] = self.suppressed
         if self.tenant is not None:  # flow control or rate limits: only then
             fields["tenant"] = self.tenant
         if self.priority is not None:  # flow control: only then
@@ -70,6 +75,8 @@ class CallRecord:
             "model": self.model,
             "service": self.service,
             "rpc": self.rpc,
+            "principal": self.principal,
+            "peer": unquote(self.peer) if "%" in self.peer else self.peer,
             "worker": self.worker,
             "attempts": self.attempts,
             "retries": self.retries,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from collections.abc import Callable
 from types import FrameType
 
@@ -23,9 +22,12 @@ _saved: dict[signal.Signals, _Handler] = {}
 
 
 def say(line: str) -> None:
-    """One line on stderr, written at once: the serving processes of `--processes N`
-    share it, and print() would write the newline apart."""
-    sys.stderr.write(f"gateway: {line}\n")
+    """One line on stderr, written at once (the serving processes of `--processes N`
+    share it, and print() would write the newline apart): `gateway: LINE`, or a JSON
+    line where the logs are JSON (`gateway.logs.say`)."""
+    from gateway.logs import say as write
+
+    write(line)
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:

@@ -280,15 +280,42 @@ class Gateway:
         self.connections.start()
         if self.auth is not None:
             self.auth.start()
+        # One of --processes N answers the supervisor on its control socket: the admin
+        # port is the supervisor's, and so is the metrics endpoint.
+        admin = (
+            {"admin_port": self.admin_port}
+            if self.member is None
+            else {"control": self.config.admin.listen}
+        )
         log.info(
             "serving",
             listen=self.config.listen,
             port=self.port,
-            admin_port=self.admin_port,
+            **admin,
             metrics_port=self.metrics_port or None,
             workers=len(self.fleet.registry),
         )
+        self._warn_unservable()
         return self.port
+
+    def _warn_unservable(self) -> None:
+        """READY with no usable worker for a model is worth a warning an operator can
+        alert on (the model's health entry says NOT_SERVING too): no worker configured, a
+        model named in `models:` with none, every probe failing. Said once, at start-up,
+        by the process alone or the first of several (they see the same fleet); worker
+        statuses tell the rest."""
+        if self.member is not None and self.member.index != 0:
+            return
+        registry = self.fleet.registry
+        models = sorted(set(registry.models()) | set(self.config.models))
+        unusable = [model for model in models if not self.placer.servable(model)]
+        if unusable or not len(registry):
+            log.warning(
+                "no_usable_workers",
+                models=unusable,
+                workers=len(registry),
+                note="their calls are refused until a worker is ready",
+            )
 
     async def _discover(self) -> None:
         """Start-up waits (bounded by discovery_timeout_s) until every source answered

@@ -29,7 +29,7 @@ from grpc import aio
 from gateway.config import GatewayConfig, WorkerSpec
 from gateway.engines import Adapters, EngineAdapter, encoder
 from gateway.engines.base import ServerFacts
-from gateway.fleet.breaker import CircuitBreaker, Outcome
+from gateway.fleet.breaker import BreakerState, CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
 from gateway.fleet.cluster import cluster_factory
 from gateway.fleet.connection import watch_connection
@@ -407,13 +407,22 @@ class Fleet:
         elif event.kind == "removed":
             log.info("worker_removed", worker=worker.id, model=worker.model)
         elif event.old != event.new:
-            log.info(
+            # A host leaving service is a warning (what an alert fires on); its return, a
+            # drain (the operator's own doing) and the rest are info.
+            leaving = (event.kind, event.new) in LEAVING
+            (log.warning if leaving else log.info)(
                 f"worker_{event.kind}",
                 worker=worker.id,
                 old=event.old,
                 new=event.new,
                 cause=event.cause,
             )
+
+
+# (event kind, new state) of a worker that stops taking calls without being asked to.
+LEAVING = frozenset(
+    {("status", WorkerStatus.NOT_READY.value), ("breaker", BreakerState.OPEN.value)}
+)
 
 
 async def _stopped(tasks: list[asyncio.Task[None]]) -> None:

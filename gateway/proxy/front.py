@@ -27,6 +27,7 @@ from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.fleet.registry import Registry
 from gateway.flow.budget import Charge, OverBudget, RateLimits
 from gateway.kv.prefix import Prefix
+from gateway.logs import Throttle
 from gateway.offload import Offload
 from gateway.placement.decision import Decision
 from gateway.placement.placer import Placer
@@ -56,6 +57,10 @@ from gateway.roles import Role
 from gateway.tracing import TRACE_KEYS, CallTrace, Tracing
 
 log = structlog.get_logger("gateway.request")
+# Request lines of calls refused UNAUTHENTICATED, per process: 10 a second after a burst
+# of 20; the next line says how many were held back (every refusal is counted in
+# gateway_auth_failures_total, and gateway.auth logs them by address).
+REFUSED_LINES = Throttle(10.0, 20)
 
 REGULAR_ONLY = (Role.REGULAR,)
 
@@ -271,6 +276,7 @@ class EngineFront:
             self._private_keys,
             (config.flow.priority_header, config.flow.tenant_header) if config.flow else ("", ""),
         )
+        record.peer = context.peer()
         principal = await caller.identify(context, meta.bearer, spec.path)
         record.principal = principal
         if meta.bad_key is not None:
@@ -282,6 +288,10 @@ class EngineFront:
         if trace is not None:
             trace.finish(record)
         self._observe(record)
+        if record.code == "UNAUTHENTICATED":  # a client may send these at any rate
+            record.suppressed = REFUSED_LINES.take()
+            if record.suppressed is None:
+                return
         log.info("request", **record.log_fields())
 
     async def _model(self, call: Call) -> str:

@@ -116,14 +116,14 @@ def main(argv: list[str]) -> int:
     # a SIGINT or SIGTERM ends it quietly until `run_until_done` hands them to the server.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     quiet_signals()
-    from gateway.logs import configure
+    from gateway.corelog import install
     from gateway.server import serve
 
     launch: Launch = pickle.loads(Path(argv[1]).read_bytes())
     lock = share_directory(launch.member.control_dir)
     orphan = die_with(launch.supervisor_pid)
     config, member = launch.config, launch.member
-    configure(config.log_format, config.log_level, process=member.index)
+    install(config.log_format, config.log_level, process=str(member.index))
     try:
         return run_until_done(serve(config, member, launch.drained, launch.discovered))
     finally:

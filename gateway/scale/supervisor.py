@@ -34,6 +34,7 @@ from gateway.admin.service import serve_admin
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig
+from gateway.corelog import real_stderr
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.listen import CannotListen
 from gateway.metrics import Endpoint
@@ -146,6 +147,7 @@ class Supervisor:
                 "gateway.scale.child",
                 str(path),
                 stdout=asyncio.subprocess.PIPE,
+                stderr=real_stderr(),  # its own lines: not through this process's pipe
                 start_new_session=True,  # a Ctrl-C reaches the supervisor only; it forwards
             )
         except OSError as exc:  # e.g. out of processes or memory: try again later

@@ -4,6 +4,7 @@ promptly and quietly, and --version."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -50,8 +51,11 @@ def test_a_port_that_cannot_be_bound_is_one_line_and_exit_2(flag: str, busy: soc
         check=False,
     )
     assert result.returncode == 2
-    lines = result.stderr.splitlines()
-    assert lines[-1].startswith(f"gateway: cannot listen on {address}: ")
+    # JSON logs (SERVE_ARGS): one JSON line, not grpc core's own line besides it.
+    (line,) = result.stderr.splitlines()
+    error = json.loads(line)
+    assert error["event"].startswith(f"cannot listen on {address}: ")
+    assert error["level"] == "error"
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
 

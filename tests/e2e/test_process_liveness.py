@@ -154,7 +154,7 @@ async def test_sighups_to_the_supervisor_end_no_stream_and_restart_no_process(
     lines = log_lines(gw)
     assert not [e for e in lines if e["event"] == "serving_process_exited"]
     reloaded = {e["process"] for e in lines if e["event"] == "reloaded"}
-    assert reloaded == {0, 1}  # each serving process got them, and lived
+    assert reloaded == {"0", "1"}  # each serving process got them, and lived
     assert gw.stop() == 0
 
 
@@ -180,7 +180,7 @@ async def test_a_killed_supervisors_directory_is_removed_by_its_last_serving_pro
     # One SIGTERM each, however many times the kernel signals the supervisor's death: a
     # drain, not a "stop now".
     events = [(e["process"], e["event"]) for e in log_lines(gw)]
-    assert sorted(p for p, event in events if event == "draining") == [0, 1]
+    assert sorted(p for p, event in events if event == "draining") == ["0", "1"]
     assert not [p for p, event in events if event == "stopping now: second signal"]
 
 

@@ -87,7 +87,7 @@ async def per_process(gw: Child, model: str = "m", count: int = 2) -> dict[int, 
     for _ in range(CONNECTIONS):
         ch = own_channel(gw.address)
         await healthy(ch, model)
-        process = request_events(gw.log_path, "HealthCheck")[-1]["process"]  # type: ignore[attr-defined]
+        process = int(request_events(gw.log_path, "HealthCheck")[-1]["process"])  # type: ignore[attr-defined]
         if process in found:
             await ch.close()
         else:
@@ -162,8 +162,8 @@ async def test_both_processes_serve_generate_and_the_log_names_each(
     events = request_events(gw.log_path, "Generate")  # type: ignore[attr-defined]
     served = {e["request_id"]: (e["process"], e["code"], e["worker"]) for e in events}
     assert served == {
-        "on-0": (0, "OK", worker.address),
-        "on-1": (1, "OK", worker.address),
+        "on-0": ("0", "OK", worker.address),
+        "on-1": ("1", "OK", worker.address),
     }
     # One /metrics: every process's calls counted once, worker state not doubled.
     samples = scrape(gw)
@@ -265,7 +265,7 @@ async def test_an_abort_on_one_process_reaches_a_stream_on_the_other(
     assert unknown.success is False
     assert unknown.message == "request 'nobody' is not in flight here"
     aborts = [e for e in request_events(gw.log_path, "Abort") if e["request_id"] == "long"]  # type: ignore[attr-defined]
-    assert [(e["process"], e["targets"]) for e in aborts] == [(1, ["sibling process"])]
+    assert [(e["process"], e["targets"]) for e in aborts] == [("1", ["sibling process"])]
 
 
 async def test_sigterm_drains_both_processes_and_exits_0(
