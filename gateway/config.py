@@ -640,7 +640,8 @@ DiscoverySource = Annotated[
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class FlowClassConfig:
-    """A priority class; `starvation_s`: waited this long, served as the class above."""
+    """A priority class; `starvation_s`: waited this long, served next, ahead of every
+    class (so even a flood of higher classes cannot hold it back longer)."""
 
     name: Name
     ttl_s: Interval = 60.0

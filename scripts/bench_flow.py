@@ -271,8 +271,15 @@ def mix(args: argparse.Namespace) -> None:
     flow control off, then on."""
     for label, flow in (("off", None), ("on", flow_settings(args))):
         load = tenants(args.std_b)
-        state = run(args, flow, load)
+        log = Path(tempfile.mkdtemp(prefix="bench-flow-log-")) / "gateway.log"
+        state = run(args, flow, load, log=log if flow is not None else None)
         report(label, load)
+        if flow is not None:
+            report_waits(log)
+        a, b = (t.window_tokens for t in load if t.klass == "standard")
+        print(f"standard tokens served while the load lasted: std-a {a}, std-b {b}; "
+              f"shares {a / max(a + b, 1):.3f} : {b / max(a + b, 1):.3f}, "
+              f"Jain {jain([float(a), float(b)]):.3f}")  # fmt: skip
         report_running(state, args.slots)
 
 
@@ -324,17 +331,39 @@ def starvation(args: argparse.Namespace) -> None:
     report_running(state, args.slots)
 
 
-def queued_s(log: Path, request_id: str) -> float | None:
-    """A call's queue wait from the gateway's request log (`queued_ms`)."""
+def requests(log: Path) -> list[dict[str, Any]]:
+    """The gateway's request log lines (JSON)."""
+    found = []
     for line in log.read_text().splitlines():
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if event.get("event") == "request" and event.get("request_id") == request_id:
+        if event.get("event") == "request":
+            found.append(event)
+    return found
+
+
+def queued_s(log: Path, request_id: str) -> float | None:
+    """A call's queue wait from the gateway's request log (`queued_ms`)."""
+    for event in requests(log):
+        if event.get("request_id") == request_id:
             queued = event.get("queued_ms")
             return None if queued is None else float(queued) / 1000
     return None
+
+
+def report_waits(log: Path) -> None:
+    """Queue wait p50/p99 per tenant, admitted calls (the request log's `queued_ms`)."""
+    waits: dict[str, list[float]] = {}
+    for event in requests(log):
+        if event.get("code") == "OK" and event.get("queued_ms") is not None:
+            waits.setdefault(str(event.get("tenant")), []).append(event["queued_ms"] / 1000)
+    line = ", ".join(
+        f"{tenant} {percentile(v, 0.5) * 1000:.0f}/{percentile(v, 0.99) * 1000:.0f} ms"
+        for tenant, v in sorted(waits.items())
+    )
+    print(f"queue wait p50/p99 of the calls served: {line}")
 
 
 SCENARIOS = {"mix": mix, "weights": weights, "starvation": starvation}

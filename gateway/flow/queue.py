@@ -3,8 +3,9 @@ so every ordering rule is a unit test.
 
 Order of service:
 - strict priority between classes (index 0 is the highest);
-- a request that has waited longer than its class's `starvation_s` is served as the
-  class above, ahead of that class's own requests (oldest first);
+- a request that has waited longer than its class's `starvation_s` is served next,
+  ahead of every class (the oldest such first): even while higher classes alone keep
+  every worker busy, it waits at most `starvation_s` plus one service time;
 - within a class, start-time fair queueing between tenants: each request gets a start
   tag max(class clock, the tenant's last finish) and a finish tag start + cost / weight,
   the smallest start tag is served next and the class clock moves to it. Backlogged
@@ -151,10 +152,14 @@ class FlowQueue:
     def peek(self, now: float, eligible: Callable[[str], bool] = _anyone) -> Waiter | None:
         """The request to serve next, left in the queue; only tenants `eligible` now are
         considered (one at its own in-flight limit waits, the others go on)."""
+        starving = [
+            found
+            for index in range(len(self.classes))
+            if (found := self._starving(index, now, eligible)) is not None
+        ]
+        if starving:
+            return min(starving, key=_by_arrival)
         for index in range(len(self.classes)):
-            promoted = self._starving(index + 1, now, eligible)
-            if promoted is not None:
-                return promoted
             heads = [line[0] for t, line in self._state[index].tenants.items() if eligible(t)]
             if heads:
                 return min(heads, key=_by_tag)
@@ -166,7 +171,7 @@ class FlowQueue:
         line = state.tenants[waiter.tenant]
         if line[0] is waiter:
             line.popleft()
-        else:  # a promoted request: the oldest of its class, not its tenant's head
+        else:  # a starving request: the oldest of its class, not its tenant's head
             line.remove(waiter)
         if not line:
             del state.tenants[waiter.tenant]
@@ -191,8 +196,6 @@ class FlowQueue:
 
     def _starving(self, index: int, now: float, eligible: Callable[[str], bool]) -> Waiter | None:
         """The oldest eligible request of class `index` if it waited its starvation_s."""
-        if index >= len(self.classes):
-            return None
         limit = self.classes[index].starvation_s
         if limit is None:
             return None
@@ -215,3 +218,7 @@ class FlowQueue:
 
 def _by_tag(waiter: Waiter) -> tuple[float, int]:
     return waiter.start, waiter.seq
+
+
+def _by_arrival(waiter: Waiter) -> tuple[float, int]:
+    return waiter.since, waiter.seq

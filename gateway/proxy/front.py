@@ -50,7 +50,12 @@ from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
 from gateway.proxy.metadata import Metadata, read_request_meta
 from gateway.proxy.reporting import LoadTrailer, Reporting
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.upstream import Outbound, Reserved, UpstreamFailure
+from gateway.proxy.upstream import (
+    CLIENT_DEADLINE_SLACK_S,
+    Outbound,
+    Reserved,
+    UpstreamFailure,
+)
 from gateway.proxy.waiting import Place, WaitingRooms
 from gateway.record import CallRecord
 from gateway.roles import Role
@@ -242,8 +247,10 @@ class EngineFront:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(idle))
             except asyncio.CancelledError:
                 # The client went, or its deadline passed (grpc cancels the handler then).
+                # The gateway's copy of the deadline started as the call arrived, a little
+                # after the client's: a cancel within that slack of it is the deadline.
                 left = context.time_remaining()
-                expired = left is not None and left <= 0
+                expired = left is not None and left <= CLIENT_DEADLINE_SLACK_S
                 record.code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
                 raise
             except BaseException:
@@ -448,8 +455,10 @@ class EngineFront:
             return None
         record, (tenant, klass) = call.record, who
         started, started_ns = time.monotonic(), time.time_ns()
-        got = await rooms.admit(model, tenant, klass, cost, len(call.request), place)
-        record.queued_s = round(time.monotonic() - started, 6)
+        try:
+            got = await rooms.admit(model, tenant, klass, cost, len(call.request), place)
+        finally:  # also when the client left, or its deadline passed, while it waited
+            record.queued_s = round(time.monotonic() - started, 6)
         if call.trace is not None:
             placed = got if isinstance(got, Verdict) else got.decision
             call.trace.placement(started_ns, placed, queued_s=record.queued_s)

@@ -157,7 +157,13 @@ async def test_a_cancel_or_deadline_while_queued_reaches_no_worker_and_blames_no
         await until(lambda: {r.request_id for r in records} >= {"gone", "deadline"})
         for record in records:
             assert record.attempts == 0 and record.legs == {}  # no worker was called
+        by_id = {r.request_id: r for r in records}
+        # Their time in the queue counts, though they left it unserved.
+        assert (by_id["deadline"].queued_s or 0) >= 0.25
+        assert (by_id["gone"].queued_s or 0) > 0
         sample = gw.metrics.prometheus.get_sample_value
+        waited = {"class": "standard"}
+        assert sample("gateway_flow_wait_seconds_count", waited) == 2
         for outcome in ("cancelled", "deadline"):
             labels = {"class": "standard", "outcome": outcome}
             assert sample("gateway_flow_outcomes_total", labels) == 1

@@ -91,15 +91,17 @@ def test_an_idle_tenant_comes_back_without_saved_credit() -> None:
     assert order != ["late"] * 5 + ["busy"] * 5
 
 
-def test_a_starving_request_is_served_as_the_class_above() -> None:
+def test_a_starving_request_is_served_next_ahead_of_every_class() -> None:
     q = queue()
     old_batch = waiter("b", klass=2, since=0.0)
     q.push(old_batch)
     for i in range(3):
         q.push(waiter("s", klass=1, since=float(i)))
-    assert serve(q, now=59.0).klass == 1  # not starving yet: strict priority
-    assert serve(q, now=60.0) is old_batch  # waited starvation_s: ahead of standard
-    assert serve(q, now=60.0).klass == 1
+        q.push(waiter("i", klass=0, since=float(i)))
+    assert serve(q, now=59.0).klass == 0  # not starving yet: strict priority
+    # Waited starvation_s: ahead even of interactive, which alone would keep it waiting.
+    assert serve(q, now=60.0) is old_batch
+    assert serve(q, now=60.0).klass == 0
 
 
 def test_the_queue_is_bounded_in_requests_and_bytes() -> None:
