@@ -54,19 +54,33 @@ async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:
 class Downstream:
     """The client's side of a call: headers go out at most once, messages are counted."""
 
-    __slots__ = ("_context", "_headers_sent", "_record", "_usage", "delivered")
+    __slots__ = (
+        "_closing",
+        "_context",
+        "_headers_sent",
+        "_last",
+        "_record",
+        "_usage",
+        "delivered",
+    )
 
     def __init__(
         self,
         context: Context,
         record: CallRecord,
         usage: Callable[[bytes], Usage | None] | None = None,
+        *,
+        choices: int = 1,
     ) -> None:
         """`usage`: an answer's closing figures (None: not a closing one), into the record
-        when given (Generate): completion tokens summed over the choices."""
+        when given (Generate): completion tokens summed over the choices. One choice
+        closes with its last message, the only one read (`tally`, as the call ends);
+        several interleave, so each message is read."""
         self._context = context
         self._record = record
-        self._usage = usage
+        self._usage = usage if choices > 1 else None
+        self._closing = usage if choices == 1 else None
+        self._last: bytes | None = None
         self._headers_sent = False
         self.delivered = False
 
@@ -82,13 +96,23 @@ class Downstream:
             self.delivered = True
             record.first_message_s = time.perf_counter() - record.started
         record.messages += 1
+        self._last = message
         if self._usage is not None:
-            used = self._usage(message)
-            if used is not None:
-                record.completion_tokens = (record.completion_tokens or 0) + used.completion_tokens
-                # The prompt's, shared by its choices: each reports the same.
-                record.cached_tokens = max(record.cached_tokens or 0, used.cached_tokens)
+            self._count(self._usage(message))
         await self._context.write(message)
+
+    def tally(self) -> None:
+        """The call ended: a single choice's closing figures, from its last message."""
+        last, self._last = self._last, None
+        if self._closing is not None and last is not None:
+            self._count(self._closing(last))
+
+    def _count(self, used: Usage | None) -> None:
+        if used is not None:
+            record = self._record
+            record.completion_tokens = (record.completion_tokens or 0) + used.completion_tokens
+            # The prompt's, shared by its choices: each reports the same.
+            record.cached_tokens = max(record.cached_tokens or 0, used.cached_tokens)
 
     def trailers(self, metadata: Metadata) -> None:
         self._context.set_trailing_metadata(metadata)

@@ -165,6 +165,7 @@ class EngineFront:
         self._upstreams = routing.dispatcher.upstreams
         self._rooms = routing.rooms
         self._tracing = tracing
+        self._request_lines = config.log_level in ("debug", "info")
         # With tracing on, the gateway continues the client's trace and sends workers its
         # own trace context: the client's is not forwarded as it is.
         private = door.caller.private_keys
@@ -295,6 +296,8 @@ class EngineFront:
         if trace is not None:
             trace.finish(record)
         self._observe(record)
+        if not self._request_lines:  # below the log level: its fields are not even built
+            return
         if record.code == "UNAUTHENTICATED":  # a client may send these at any rate
             record.suppressed = REFUSED_LINES.take()
             if record.suppressed is None:
@@ -311,9 +314,8 @@ class EngineFront:
         record.model = resolved
         return resolved
 
-    def _job(self, call: Call) -> Job:
-        usage = self.adapter.usage if call.spec.kind is RpcKind.GENERATE else None
-        sink = Downstream(call.context, call.record, usage)
+    def _job(self, call: Call, sink: Downstream | None = None) -> Job:
+        sink = sink or Downstream(call.context, call.record)
         return Job(call, self.adapter, call.request, sink, call.record.request_id)
 
     async def _placed(self, call: Call) -> bytes | None:
@@ -376,7 +378,13 @@ class EngineFront:
         who = self._classify(call)
         tenant = who[0]
         charge = await self._charge(call, model, tenant, cost)
-        job = self._job(call)
+        sink = Downstream(
+            context,
+            record,
+            self.adapter.usage if generating else None,
+            choices=n,
+        )
+        job = self._job(call, sink)
         first: Reserved | None = None
         try:
             run: Awaitable[bytes | None]
@@ -391,6 +399,7 @@ class EngineFront:
                 run = self._dispatcher.serve(job, place_receiver, flow, first)
             return await run
         finally:
+            sink.tally()
             if first is not None and self._rooms is not None:  # its tenant may run another
                 self._rooms.done(tenant)
             if charge is not None:
