@@ -532,8 +532,16 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
         await until(trimmed, 10, step_s=0.1)
         assert all(not c.closed.is_set() for c in crowd[:5])  # the oldest five stay
         log_path: Path = gw.log_path  # type: ignore[attr-defined]
-        text = await asyncio.to_thread(log_path.read_text)
-        lines = [line for line in text.splitlines() if "connection_per_peer_limit" in line]
+
+        async def limit_lines() -> list[str]:
+            text = await asyncio.to_thread(log_path.read_text)
+            return [line for line in text.splitlines() if "connection_per_peer_limit" in line]
+
+        async def logged() -> bool:  # the watch logs once it has closed them
+            return bool(await limit_lines())
+
+        await until(logged, 10, step_s=0.1)
+        lines = await limit_lines()
         assert len(lines) == 1 and '"peer": "127.0.0.2"' in lines[0]
         closed = samples(
             await asyncio.to_thread(scrape, gw), "gateway_client_connections_closed_per_peer_total"
