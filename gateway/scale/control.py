@@ -356,7 +356,7 @@ async def reconcile(
         if worker_id in have and have[worker_id].status != pb.WORKER_STATUS_DRAINING:
             drain = pb.DrainWorkerRequest(worker_id=worker_id)
             await _quiet(admin.DrainWorker(drain, timeout=timeout_s))
-    log.debug("reconciled", serving_process=index, workers=len(desired.specs))
+    log.debug("reconciled", serving_process=str(index), workers=len(desired.specs))
 
 
 async def _quiet(call: Awaitable[Any]) -> None:

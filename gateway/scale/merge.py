@@ -75,7 +75,7 @@ def _parse(text: str, index: int) -> list[Metric] | None:
     try:
         return list(text_string_to_metric_families(text))
     except Exception as exc:  # a sick process's scrape must not take /metrics down
-        log.warning("metrics_text_unparsable", serving_process=index, error=repr(exc))
+        log.warning("metrics_text_unparsable", serving_process=str(index), error=repr(exc))
         return None
 
 
@@ -119,7 +119,7 @@ def merge_expositions(
                     family=family.name,
                     expected=entry.type,
                     got=family.type,
-                    serving_process=index,
+                    serving_process=str(index),
                 )
                 continue
             for sample in family.samples:

@@ -175,7 +175,7 @@ class Supervisor:
         try:
             await reconcile(slot.admin, self.desired, slot.index, self.config.discovery_timeout_s)
         except aio.AioRpcError as exc:  # it died meanwhile, or is stuck: it is replaced
-            log.warning("reconcile_failed", serving_process=slot.index, error=exc.details())
+            log.warning("reconcile_failed", serving_process=str(slot.index), error=exc.details())
         if self.relay is not None:
             await self.relay.catch_up(slot.channel)
 
@@ -194,7 +194,7 @@ class Supervisor:
                 slot.backoff_s = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, slot.backoff_s * 2))
             log.error(
                 "serving_process_exited",
-                serving_process=slot.index,
+                serving_process=str(slot.index),
                 code=code,
                 ran_s=round(ran_s, 3),
                 restart_in_s=slot.backoff_s,
@@ -207,11 +207,13 @@ class Supervisor:
                 await self._spawn(slot, self._start_timeout_s)
             except NotStarted as exc:
                 log.error(
-                    "serving_process_restart_failed", serving_process=slot.index, error=str(exc)
+                    "serving_process_restart_failed",
+                    serving_process=str(slot.index),
+                    error=str(exc),
                 )
                 continue
             log.info(
-                "serving_process_restarted", serving_process=slot.index, restarts=slot.restarts
+                "serving_process_restarted", serving_process=str(slot.index), restarts=slot.restarts
             )
 
     async def _watch(self, slot: Slot) -> None:
@@ -256,7 +258,7 @@ class Supervisor:
                 assert slot.process is not None
                 log.error(
                     "serving_process_unresponsive",
-                    serving_process=slot.index,
+                    serving_process=str(slot.index),
                     pid=slot.process.pid,
                     reason=reason,
                 )

@@ -116,10 +116,10 @@ async def test_a_stopped_serving_process_is_replaced_and_admin_answers_meanwhile
     lines = log_lines(gw)
     unresponsive = [e for e in lines if e["event"] == "serving_process_unresponsive"]
     assert [(e["process"], e["serving_process"], e["pid"]) for e in unresponsive] == [
-        ("supervisor", index, victim)
+        ("supervisor", str(index), victim)
     ]
     exited = [e for e in lines if e["event"] == "serving_process_exited"]
-    assert [(e["serving_process"], e["code"]) for e in exited] == [(index, -9)]
+    assert [(e["serving_process"], e["code"]) for e in exited] == [(str(index), -9)]
     assert gw.stop() == 0
 
 

@@ -331,7 +331,7 @@ async def test_a_killed_serving_process_is_replaced_and_serving_within_2s(
     lines = [json.loads(line) for line in gw.log_path.read_text().splitlines()]  # type: ignore[attr-defined]
     exited = [e for e in lines if e["event"] == "serving_process_exited"]
     assert [(e["process"], e["serving_process"], e["code"]) for e in exited] == [
-        ("supervisor", 0, -9)
+        ("supervisor", "0", -9)
     ]
     assert [e["restarts"] for e in lines if e["event"] == "serving_process_restarted"] == [1]
 

@@ -349,7 +349,7 @@ async def test_a_process_that_stops_answering_is_killed_once_after_its_misses() 
         {
             "event": "serving_process_unresponsive",
             "log_level": "error",
-            "serving_process": 1,
+            "serving_process": "1",
             "pid": 4242,
             "reason": "no answer to 2 checks of 0.05 s",
         }
