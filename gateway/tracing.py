@@ -23,7 +23,7 @@ import structlog
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     SpanExporter,
@@ -45,6 +45,7 @@ log = structlog.get_logger("gateway.tracing")
 # The trace context keys a client sends: with tracing on, the gateway continues the
 # trace and sends its own to the workers (the client's are not forwarded as they are).
 TRACE_KEYS = frozenset({"traceparent", "tracestate"})
+MAX_ATTRIBUTE_CHARS = 256
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -130,7 +131,12 @@ class Tracing:
             if settings.sample_ratio is not None
             else None  # the SDK reads OTEL_TRACES_SAMPLER(_ARG); parent-based always-on
         )
-        self.provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
+        # Clients name request ids, models and tenants: what a span keeps of any value is
+        # bounded, so a queue of spans stays small whatever they send.
+        limits = SpanLimits(max_attribute_length=MAX_ATTRIBUTE_CHARS)
+        self.provider = TracerProvider(
+            resource=Resource.create(attributes), sampler=sampler, span_limits=limits
+        )
         # The SDK logs each dropped span and failed export; they are counted instead.
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
         self.exporter = CountingExporter(

@@ -200,3 +200,19 @@ async def test_a_collector_that_goes_away_costs_the_calls_nothing_and_spans_coun
 
 def _url(worker: Sim) -> str:
     return worker.url(model="m", runtime="sglang")
+
+
+async def test_what_a_client_names_is_kept_bounded_in_its_spans() -> None:
+    async with (
+        receiver() as (kept, _, port),
+        sim("--model", "m") as w,
+        gateway(_url(w), **tracing(port)) as gw,
+        client(gw) as ch,
+    ):
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        _, error = await collect(stub.Generate(sgl_generate("x" * 100_000), metadata=model_md("m")))
+        assert error is None
+        await idle(gw)
+        await until(lambda: bool(kept.named("sglang")))
+    (server,) = kept.named("sglang")
+    assert attributes(server)["gen_ai.response.id"] == "x" * 256
