@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+MAX_KV_TOKENS = 10**12  # more than any accelerator holds: a bogus figure
+
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
@@ -28,6 +30,7 @@ class LoadReport:
     at: float  # monotonic time of the poll that produced it
     own: int = 0  # the gateway's own requests in flight on the worker at that time
     rejected: int = 0  # figures of this worker's reports ignored so far
+    kv_tokens: int | None = None  # its KV cache's size in tokens (per DP rank), if it says
 
     def others(self) -> int:
         """Requests the report shows beyond the gateway's own (other clients' load):
@@ -52,6 +55,7 @@ class LoadReport:
         at: float,
         own: int,
         previous: LoadReport | None,
+        kv_tokens: int | None = None,
     ) -> LoadReport:
         """A report from a worker's figures: each one out of range (NaN, infinite,
         negative, overflowing) is ignored, the previous report's (or 0) kept instead."""
@@ -68,5 +72,8 @@ class LoadReport:
             usage = token_usage
         else:
             usage, bad = (previous.token_usage if previous else 0.0), bad + 1
+        kept = previous.kv_tokens if previous else None
+        if kv_tokens is not None and not 0 < kv_tokens <= MAX_KV_TOKENS:
+            kv_tokens, bad = kept, bad + 1
         rejected = (previous.rejected if previous else 0) + bad
-        return cls(run, wait, usage, at, own, rejected)
+        return cls(run, wait, usage, at, own, rejected, kv_tokens if kv_tokens else kept)

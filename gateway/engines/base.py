@@ -195,14 +195,16 @@ class EngineAdapter(ABC):
         request: Any = self.rpcs["GetLoads"].request_type(include=["core"])
         return bytes(request.SerializeToString())
 
-    def load_figures(self, raw: bytes) -> tuple[int, int, float]:
-        """(running, waiting, KV token usage) over every DP rank: sums, and the worst usage."""
+    def load_figures(self, raw: bytes) -> tuple[int, int, float, int | None]:
+        """(running, waiting, KV token usage, KV cache tokens) over every DP rank: sums,
+        the worst usage, the smallest cache (None: not reported)."""
         reply: Any = self.rpcs["GetLoads"].response_type.FromString(raw)
         loads = list(reply.loads)
         return (
             sum(x.num_running_reqs for x in loads),
             sum(x.num_waiting_reqs for x in loads),
             max((x.token_usage for x in loads), default=0.0),
+            min((x.max_total_num_tokens for x in loads if x.max_total_num_tokens), default=None),
         )
 
     def single_choice(self, raw: bytes, request_id: str) -> bytes:

@@ -30,7 +30,7 @@ async def poll_load(
         raw = await channel.unary_unary(adapter.path("GetLoads"))(
             adapter.load_request(), timeout=settings.timeout_s
         )
-        running, waiting, usage = adapter.load_figures(raw)
+        running, waiting, usage, kv_tokens = adapter.load_figures(raw)
     except aio.AioRpcError as error:
         worker.load_failed(f"{error.code().name}: {error.details()}")
         return
@@ -39,5 +39,7 @@ async def poll_load(
         return
     # Worker numbers are untrusted: figures out of range keep the last report's.
     worker.reported(
-        LoadReport.checked(running, waiting, usage, time.monotonic(), worker.inflight, worker.load)
+        LoadReport.checked(
+            running, waiting, usage, time.monotonic(), worker.inflight, worker.load, kv_tokens
+        )
     )

@@ -121,6 +121,10 @@ class SlotState:
     copies: Sharded = field(default_factory=lambda: Sharded(SLOT_SHARD_BITS))  # own -> copies
     # Assumed blocks: own key -> expiry (monotonic), oldest (= soonest to expire) first.
     expiry: OrderedDict[int, float] = field(default_factory=OrderedDict)
+    # Without events, with the worker's cache size known: the blocks a cache of that size
+    # would hold after the gateway's placements (least recently sent first; a prompt's
+    # tail before its root, as engines evict). The expected hit only, never placement.
+    modelled: OrderedDict[int, None] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
         return len(self.copies) if self.exact else len(self.expiry)
@@ -443,9 +447,10 @@ class KvIndex:
 
     # -- assumed: from the gateway's own placements ------------------------------------
 
-    def assume(self, slot: Slot, prefix: Prefix, now: float) -> None:
+    def assume(self, slot: Slot, prefix: Prefix, now: float, kv_tokens: int | None = None) -> None:
         """The prompt's blocks will be cached on the slot: the gateway just sent it there.
-        Until the worker's events say so (or for good, if it has none)."""
+        Until the worker's events say so (or for good, if it has none). `kv_tokens`: the
+        worker's cache size, if it reports one (see `stored_tokens`)."""
         state = self._slots.get(slot)
         if state is None:
             if self.admit(slot) is not None:
@@ -471,6 +476,18 @@ class KvIndex:
             expiry[own] = expires
         while len(expiry) > self.capacity:
             self._forget(state, next(iter(expiry)))
+        if not state.exact and kv_tokens:
+            self._model(state, hashes, min(self.capacity, kv_tokens // state.block_size))
+
+    @staticmethod
+    def _model(state: SlotState, hashes: Sequence[int], blocks: int) -> None:
+        """The prompt went into a cache of `blocks`: its blocks most recent, the root last."""
+        modelled = state.modelled
+        for own in reversed(hashes):
+            modelled[own] = None
+            modelled.move_to_end(own)
+        while len(modelled) > blocks:
+            modelled.popitem(last=False)
 
     def _forget(self, state: SlotState, own: int) -> None:
         del state.expiry[own]
@@ -512,14 +529,22 @@ class KvIndex:
         worker's own KV events show stored: the hit to expect there. Placement memory
         steers placement (a burst, a session after an eviction, goes back where it went)
         but is no cached token: a request still in its prefill has stored nothing yet,
-        and what an eviction event removed is computed again. On a slot without events
-        the placements are all there is: all `tokens`."""
+        and what an eviction event removed is computed again. On a slot without events,
+        what a cache of the worker's reported size would still hold of the prompt after
+        the gateway's placements (the engine's evictions are not seen, but its size is
+        known); without that, the placements are all there is: all `tokens`."""
         state = self._slots.get(slot)
-        if state is None or not state.exact or tokens <= 0:
+        if state is None or tokens <= 0:
+            return tokens
+        copies: Sharded | OrderedDict[int, None]
+        if state.exact:
+            copies = state.copies
+        elif state.modelled:
+            copies = state.modelled
+        else:
             return tokens
         size = state.block_size
         keys = prefix.hashes(size)
-        copies = state.copies
         # The end of the stored chain by bisection, a few lookups however long the
         # prompt: engines evict a chain from its tail, so what the events show stored
         # of a prompt is a run from its root.

@@ -456,6 +456,7 @@ class KvFollower:
                 at=time.monotonic(),
                 own=self.worker.inflight,
                 rejected=(previous.rejected if previous is not None else 0) + bad,
+                kv_tokens=previous.kv_tokens if previous is not None else None,
             )
         )
 

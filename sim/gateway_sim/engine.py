@@ -394,5 +394,11 @@ class SimEngine:
     def token_usage(running: int) -> float:
         return min(running / MAX_RUNNING_REQUESTS, 1.0)
 
+    @property
+    def kv_tokens(self) -> int:
+        """The KV cache's size in tokens (per DP rank): what an engine reports as
+        `max_total_num_tokens`, and what its prefix cache holds at most."""
+        return self.config.kv_blocks * self.config.block_size
+
     def uptime(self) -> float:
         return time.time() - self.started_at

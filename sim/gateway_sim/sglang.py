@@ -9,7 +9,7 @@ from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway_sim.engine import MAX_TOTAL_NUM_TOKENS, Codec, SimEngine
+from gateway_sim.engine import Codec, SimEngine
 from gateway_sim.shared import SIM_VERSION, SharedRpcs
 
 SERVICE_NAME: str = sgl_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
@@ -61,7 +61,7 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
             }
         )
         scheduler_info = struct_pb2.Struct()
-        scheduler_info.update({"max_total_num_tokens": MAX_TOTAL_NUM_TOKENS})
+        scheduler_info.update({"max_total_num_tokens": self._engine.kv_tokens})
         start_time = timestamp_pb2.Timestamp()
         start_time.FromSeconds(int(self._engine.started_at))
         return sgl_pb2.GetServerInfoResponse(
@@ -72,7 +72,7 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
             sglang_version=SIM_VERSION,
             server_type="grpc",
             start_time=start_time,
-            max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
+            max_total_num_tokens=self._engine.kv_tokens,
         )
 
     async def GetLoads(self, request: Any, context: ServicerContext[Any, Any]) -> Any:

@@ -19,7 +19,6 @@ from smg_grpc_proto.generated import common_pb2
 
 from gateway_sim.engine import (
     MAX_RUNNING_REQUESTS,
-    MAX_TOTAL_NUM_TOKENS,
     SimEngine,
 )
 
@@ -94,7 +93,7 @@ class SharedRpcs:
                     num_total_reqs=running,
                     num_used_tokens=self._engine.active.generated(rank),
                     max_running_requests=MAX_RUNNING_REQUESTS,
-                    max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
+                    max_total_num_tokens=self._engine.kv_tokens,
                     token_usage=usage,
                     utilization=usage,
                 )

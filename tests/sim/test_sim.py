@@ -430,7 +430,8 @@ async def test_sglang_info_rpcs(sglang_sim: SimProcess) -> None:
     assert [load.dp_rank for load in loads.loads] == [0, 1]
     for load in loads.loads:
         assert load.num_running_reqs == 0 and load.num_waiting_reqs == 0
-        assert load.max_running_requests == 256 and load.max_total_num_tokens == 100_000
+        # Its prefix cache's size: the default 4,096 blocks of 16 tokens per rank.
+        assert load.max_running_requests == 256 and load.max_total_num_tokens == 65_536
         assert load.token_usage == 0.0
     assert loads.HasField("aggregate") and loads.aggregate.total_running_reqs == 0
     datetime.fromisoformat(loads.timestamp)

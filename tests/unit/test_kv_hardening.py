@@ -332,6 +332,16 @@ def test_load_reports_keep_the_previous_figure_for_one_out_of_range() -> None:
     assert (third.running, third.token_usage, third.rejected) == (5, 0.0, 1)
 
 
+def test_a_workers_kv_cache_size_is_kept_only_when_plausible() -> None:
+    sized = LoadReport.checked(1, 0, 0.1, 1.0, 0, None, kv_tokens=65_536)
+    assert sized.kv_tokens == 65_536
+    for bogus in (-1, 10**13):
+        kept = LoadReport.checked(1, 0, 0.1, 2.0, 0, sized, kv_tokens=bogus)
+        assert (kept.kv_tokens, kept.rejected) == (65_536, 1)
+    silent = LoadReport.checked(1, 0, 0.1, 3.0, 0, sized)  # not reported this time
+    assert (silent.kv_tokens, silent.rejected) == (65_536, 0)
+
+
 def test_admin_and_metrics_survive_a_workers_numbers() -> None:
     w = worker()
     w.load = LoadReport(3 * 2**32, -5, math.nan, 0.0, rejected=7)  # unchecked, on purpose

@@ -125,3 +125,20 @@ def test_the_stored_part_of_a_match_is_found_in_long_prompts_too() -> None:
     # Without KV events the placements are all there is.
     index.assume(B, Prefix(long), now=0)
     assert index.stored_tokens(Prefix(long), B, 300 * 16) == 300 * 16
+
+
+def test_without_events_the_expected_hit_follows_a_cache_of_the_workers_size() -> None:
+    """Placement memory keeps both prompts (it steers placement); the hit to expect is
+    what a 4-block cache would still hold: the newer prompt whole, the older one's root
+    (an engine evicts a prompt's tail first)."""
+    index = KvIndex(ttl_s=100, capacity=1000)
+    other = list(range(900, 948))  # three blocks of its own
+    index.assume(A, Prefix(PROMPT), now=0, kv_tokens=64)  # 4 blocks of 16
+    index.assume(A, Prefix(other), now=1, kv_tokens=64)
+    matched = index.matched_tokens
+    assert matched(Prefix(PROMPT), ["a:1"], now=2) == {A: 48}  # memory: all of it
+    assert index.stored_tokens(Prefix(PROMPT), A, 48) == 16
+    assert index.stored_tokens(Prefix(other), A, 48) == 48
+    unsized = KvIndex(ttl_s=100, capacity=1000)  # a worker that reports no size
+    unsized.assume(A, Prefix(PROMPT), now=0)
+    assert unsized.stored_tokens(Prefix(PROMPT), A, 48) == 48
