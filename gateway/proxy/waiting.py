@@ -113,12 +113,14 @@ class WaitingRooms:
         room = self._room(model)
         queue = room.queue
         waiter = Waiter(tenant, klass, cost, size, time.monotonic())
-        full = self._full(model, queue)  # as the queue is before this push
+        waiting = queue.count  # the answer, if any, says the queue as it was before
         pushed = queue.push(waiter)
         if pushed is None:
-            return full
-        for victim in pushed:  # made room for a higher class or a lighter tenant
-            room.tickets[victim].answer.set_result(full)
+            return self._full(model, queue, waiting)
+        if pushed:  # made room for a higher class or a lighter tenant
+            full = self._full(model, queue, waiting)
+            for victim in pushed:
+                room.tickets[victim].answer.set_result(full)
         ticket = Ticket(waiter, place)
         room.tickets[waiter] = ticket
         ttl = self.classes[klass].ttl_s
@@ -175,13 +177,14 @@ class WaitingRooms:
                     answered += 1
         return answered
 
-    def _full(self, model: str, queue: FlowQueue) -> Verdict:
+    def _full(self, model: str, queue: FlowQueue, waiting: int) -> Verdict:
+        """QUEUE_FULL for a queue that held `waiting` calls (built only when answered)."""
         limit = (
             f"flow.queue.max_requests {queue.max_requests}"
-            if queue.count >= queue.max_requests
+            if waiting >= queue.max_requests
             else f"flow.queue.max_bytes {queue.max_bytes}"
         )
-        return verdicts.queue_full(model, queue.count, limit, self._retry_after_ms)
+        return verdicts.queue_full(model, waiting, limit, self._retry_after_ms)
 
     def kick(self, model: str) -> None:
         """Capacity for `model` may have come free: serve its queue soon (once per burst)."""
