@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from gateway.bucket import TokenBucket
+
 # C0 and C1 controls (newline and tab too), DEL, the Unicode line and paragraph separators,
 # and the bidirectional overrides and isolates (text that reads other than it is).
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -91,20 +93,18 @@ class Throttle:
     def __init__(
         self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self._tokens = float(burst)
-        self._at = clock()
+        self.clock = clock
+        self._bucket = TokenBucket(rate, burst, clock())
         self.suppressed = 0
 
     def take(self) -> int | None:
         """None: hold the line back (counted); else the lines held back before it."""
-        now = self.clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self._tokens < 1:
+        bucket = self._bucket
+        bucket.fill(self.clock())
+        if bucket.wait_s(1) > 0:
             self.suppressed += 1
             return None
-        self._tokens -= 1
+        bucket.take(1)
         held, self.suppressed = self.suppressed, 0
         return held
 

@@ -18,31 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.bucket import TokenBucket
+
 REQUESTS = "requests_per_minute"
 TOKENS = "tokens_per_minute"
-
-
-class Bucket:
-    __slots__ = ("at", "level", "per_minute")
-
-    def __init__(self, per_minute: int, now: float) -> None:
-        self.per_minute = per_minute
-        self.level = float(per_minute)
-        self.at = now
-
-    def fill(self, now: float) -> None:
-        if now > self.at:
-            self.level = min(self.per_minute, self.level + (now - self.at) * self.per_minute / 60)
-            self.at = now
-
-    def wait_s(self, amount: float) -> float:
-        """Seconds until `amount` (at most a minute's allowance) is there; 0: it is now."""
-        missing = min(amount, self.per_minute) - self.level
-        return 0.0 if missing <= 0 else missing * 60 / self.per_minute
-
-    def full(self, now: float) -> bool:
-        self.fill(now)
-        return self.level >= self.per_minute
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +47,7 @@ Limits = Callable[[str], tuple[int | None, int | None]]  # tenant -> (requests, 
 class RateLimits:
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
-        self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
         self._prune_at = 1024
 
     def take(self, tenant: str, tokens: int, now: float) -> Charge | OverBudget | None:
@@ -85,9 +64,9 @@ class RateLimits:
         for budget, bucket, amount in buckets:
             wait = bucket.wait_s(amount)
             if wait > 0:
-                return OverBudget(budget, bucket.per_minute, wait)
+                return OverBudget(budget, round(bucket.capacity), wait)
         for _budget, bucket, amount in buckets:
-            bucket.level -= amount
+            bucket.take(amount)
         return Charge(tenant, tokens)
 
     def settle(self, charge: Charge, used_tokens: int | None, now: float) -> None:
@@ -101,15 +80,15 @@ class RateLimits:
         bucket = self._buckets.get((tenant, budget))
         if bucket is not None and amount:
             bucket.fill(now)
-            bucket.level = min(bucket.per_minute, bucket.level + amount)
+            bucket.give(amount)
 
-    def _bucket(self, tenant: str, budget: str, per_minute: int, now: float) -> Bucket:
+    def _bucket(self, tenant: str, budget: str, per_minute: int, now: float) -> TokenBucket:
         key = (tenant, budget)
         bucket = self._buckets.get(key)
         if bucket is None:
             if len(self._buckets) >= self._prune_at:
                 self._prune(now)
-            bucket = self._buckets[key] = Bucket(per_minute, now)
+            bucket = self._buckets[key] = TokenBucket(per_minute / 60, per_minute, now)
         else:
             bucket.fill(now)
         return bucket
