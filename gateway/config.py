@@ -657,6 +657,7 @@ class FlowQueueConfig:
 
 
 DEFAULT_COST_TOKENS = 256
+DEFAULT_TENANT_LABELS = 20
 
 
 def _standard_classes() -> tuple[FlowClassConfig, ...]:
@@ -680,7 +681,8 @@ class FlowConfig:
     tenant_header: HeaderName = "x-tenant-id"
     # A call's output when it does not set its max new tokens (its cost, its token budget).
     cost_tokens: AtLeastOne = DEFAULT_COST_TOKENS
-    tenant_labels: Whole = 20  # tenants named in per-tenant metrics at once; the rest `other`
+    # Tenants named in per-tenant metrics at once; the rest `other`.
+    tenant_labels: Whole = DEFAULT_TENANT_LABELS
 
     @model_validator(mode="after")
     def _known_classes(self) -> FlowConfig:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.config import parse_address
+from gateway.config import DEFAULT_TENANT_LABELS, parse_address
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.discovery.source import SourceStats
 from gateway.fleet.breaker import BreakerState
@@ -227,17 +227,16 @@ FLOW_OUTCOMES = (
 )
 
 
+FLOW_REASONS = frozenset(
+    {Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT, Reason.RATE_LIMITED, Reason.SHUTTING_DOWN}
+)
+
+
 def flow_outcome(record: CallRecord) -> str:
     """How a flow-controlled call's wait ended (its class and the record say)."""
     reason = record.verdict.reason if record.verdict is not None else None
-    if reason is Reason.QUEUE_FULL:
-        return "queue_full"
-    if reason is Reason.QUEUE_TIMEOUT:
-        return "queue_timeout"
-    if reason is Reason.RATE_LIMITED:
-        return "rate_limited"
-    if reason is Reason.SHUTTING_DOWN:
-        return "shutting_down"
+    if reason in FLOW_REASONS:
+        return reason.error_code  # queue_full, queue_timeout, rate_limited, shutting_down
     if record.attempts == 0 and record.code == "DEADLINE_EXCEEDED":
         return "deadline"
     if record.attempts == 0 and record.code == "CANCELLED":
@@ -320,7 +319,7 @@ class Metrics:
         prometheus_registry: CollectorRegistry | None = None,
         kv: KvSource | None = None,
         *,
-        tenant_labels: int = 20,
+        tenant_labels: int = DEFAULT_TENANT_LABELS,
     ) -> None:
         """`tenant_labels`: at most this many tenants are labelled by name at once in
         `gateway_flow_tenant_outcomes` (the rest as `other`), so its series stay bounded."""

@@ -55,23 +55,7 @@ class CallRecord:
 
     def log_fields(self) -> dict[str, object]:
         first = self.first_message_s
-        fields = self._fields(first)
-        if self.trace_id is not None:  # tracing on
-            fields["trace_id"] = self.trace_id
-        if self.suppressed:  # refused calls' lines, bounded (gateway.proxy.front)
-            fields["suppressed"] = self.suppressed
-        if self.tenant is not None:  # flow control or rate limits: only then
-            fields["tenant"] = self.tenant
-        if self.priority is not None:  # flow control: only then
-            fields.update(
-                priority=self.priority,
-                lowered=self.lowered,
-                queued_ms=round((self.queued_s or 0.0) * 1000, 3),
-            )
-        return fields
-
-    def _fields(self, first: float | None) -> dict[str, object]:
-        return {
+        fields: dict[str, object] = {
             "model": self.model,
             "service": self.service,
             "rpc": self.rpc,
@@ -93,3 +77,16 @@ class CallRecord:
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
         }
+        if self.trace_id is not None:  # tracing on
+            fields["trace_id"] = self.trace_id
+        if self.suppressed:  # refused calls' lines, bounded (gateway.proxy.front)
+            fields["suppressed"] = self.suppressed
+        if self.tenant is not None:  # flow control or rate limits: only then
+            fields["tenant"] = self.tenant
+        if self.priority is not None:  # flow control: only then
+            fields.update(
+                priority=self.priority,
+                lowered=self.lowered,
+                queued_ms=round((self.queued_s or 0.0) * 1000, 3),
+            )
+        return fields

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gateway.admin.service import start_admin_server
 from gateway.auth import ApiKeyAuth, ApiKeys, Caller
-from gateway.config import GatewayConfig, usable_cores
+from gateway.config import DEFAULT_TENANT_LABELS, GatewayConfig, usable_cores
 from gateway.connections import ConnectionWatch, raise_fd_limit
 from gateway.discovery.membership import Membership
 from gateway.discovery.runner import Sources, grace_by_source
@@ -167,11 +167,8 @@ class Gateway:
         if tracing_enabled(config.tracing):
             process = str(member.index) if member is not None else ""
             self.tracing = Tracing(config.tracing, process=process)
-        self.metrics = Metrics(
-            self.fleet.registry,
-            kv=self.fleet,
-            tenant_labels=config.flow.tenant_labels if config.flow else 20,
-        )
+        tenant_labels = config.flow.tenant_labels if config.flow else DEFAULT_TENANT_LABELS
+        self.metrics = Metrics(self.fleet.registry, kv=self.fleet, tenant_labels=tenant_labels)
         if self.rooms is not None:
             self.metrics.flow(self.rooms)
         if self.tracing is not None:

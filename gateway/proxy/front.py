@@ -289,7 +289,7 @@ class EngineFront:
         record.principal = principal
         if meta.bad_key is not None:
             await refuse(context, record, bad_metadata(meta.bad_key))
-        share = principal if principal is not None else "peer:" + peer_host(context.peer())
+        share = principal if principal is not None else "peer:" + peer_host(record.peer)
         return Call(spec, context, record, meta, share, trace=trace)
 
     def _log(self, record: CallRecord, trace: CallTrace | None = None) -> None:

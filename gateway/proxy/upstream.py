@@ -25,7 +25,6 @@ from typing import Any, Protocol
 import grpc
 import structlog
 from grpc import aio
-from opentelemetry import trace
 
 from gateway.fleet.breaker import Outcome, outcome_of
 from gateway.fleet.worker import Worker
@@ -33,7 +32,7 @@ from gateway.placement.decision import Decision
 from gateway.proxy.inflight import Hold, Holder, InflightTable
 from gateway.proxy.metadata import Metadata, clean
 from gateway.roles import Role
-from gateway.tracing import CallTrace, end_leg
+from gateway.tracing import CallTrace, Span, end_leg
 
 log = structlog.get_logger("gateway.upstream")
 
@@ -267,7 +266,7 @@ class UpstreamCall:
         key: str,
         holder: Holder | None,
         deadline: float | None,
-        span: trace.Span | None = None,
+        span: Span | None = None,
     ) -> None:
         self._upstreams = upstreams
         self.reservation = reservation

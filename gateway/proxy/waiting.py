@@ -106,8 +106,7 @@ class WaitingRooms:
         if not ahead and self._may_run(tenant):
             placed = place()
             if isinstance(placed, Decision):
-                self._started(tenant)
-                return self._upstreams.reserve_all(placed)
+                return self._start(tenant, placed)
             if placed.reason is not Reason.WORKERS_OVERLOADED:
                 return placed
         room = self._room(model)
@@ -161,8 +160,10 @@ class WaitingRooms:
         limit = self._tenant(tenant).max_inflight
         return limit is None or self._inflight.get(tenant, 0) < limit
 
-    def _started(self, tenant: str) -> None:
+    def _start(self, tenant: str, decision: Decision) -> Reserved:
+        """An admitted call of `tenant`: its workers reserved, counted against its tenant."""
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+        return self._upstreams.reserve_all(decision)
 
     def shut(self) -> int:
         """The drain ends: every call still queued is answered SHUTTING_DOWN (UNAVAILABLE,
@@ -216,8 +217,7 @@ class WaitingRooms:
                 return  # still full: the next release tries again
             queue.pop(waiter)
             if isinstance(placed, Decision):
-                self._started(waiter.tenant)
-                ticket.answer.set_result(self._upstreams.reserve_all(placed))
+                ticket.answer.set_result(self._start(waiter.tenant, placed))
             else:
                 ticket.answer.set_result(placed)
 
