@@ -23,6 +23,12 @@ from gateway.roles import Role, Runtime
 
 # A Generate request this long has its token ids decoded apart (numpy, off the loop).
 SPLIT_MIN_BYTES = 256 * 1024
+MAX_BLOCK_TOKENS = 4096  # a KV block size beyond this is not a real engine's
+
+
+def block_size_ok(size: float) -> bool:
+    """A worker's reported KV block size is one a real engine has."""
+    return 0 < size <= MAX_BLOCK_TOKENS
 
 
 class RpcKind(Enum):
@@ -53,14 +59,61 @@ class ServerFacts:
     role: Role | None  # None: the worker does not say
     bootstrap_port: int | None = None
     pairing: str = ""
+    block_size: int | None = None  # tokens per KV block (page), if the worker says
+
+
+class Counting(Enum):
+    """How an engine's Generate answers count a choice's completion tokens."""
+
+    TOTALS = "totals"  # each message says the choice's count so far; the closing one, all
+    DELTAS = "deltas"  # each chunk says its own tokens; a closing one repeats the last chunk
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """One choice's closing figures, as its engine reported them."""
+    """One Generate answer's figures for its choice, as its engine reported them."""
 
+    index: int  # the choice
     completion_tokens: int
     cached_tokens: int
+    closing: bool  # the choice's closing answer (a Complete), not a chunk
+
+
+class Tally:
+    """A call's completion and cached tokens as its answers pass, per choice, counted the
+    engine's way. A choice index past the call's choices (a worker's stray one) counts as
+    the last choice: the table never grows with what a worker sends."""
+
+    __slots__ = ("_chunked", "_counting", "_tokens", "cached_tokens", "seen")
+
+    def __init__(self, counting: Counting, choices: int) -> None:
+        self._counting = counting
+        self._tokens = [0] * max(1, choices)
+        self._chunked = [False] * max(1, choices)
+        self.cached_tokens = 0
+        self.seen = False  # any answer with figures
+
+    @property
+    def last_only(self) -> bool:
+        """One choice's running totals: its last answer says all."""
+        return self._counting is Counting.TOTALS and len(self._tokens) == 1
+
+    def add(self, used: Usage) -> None:
+        self.seen = True
+        slot = min(used.index, len(self._tokens) - 1) if used.index >= 0 else 0
+        if self._counting is Counting.TOTALS:
+            self._tokens[slot] = used.completion_tokens
+        elif not used.closing:
+            self._tokens[slot] += used.completion_tokens
+            self._chunked[slot] = True
+        elif not self._chunked[slot]:  # a closing answer with no chunk before it
+            self._tokens[slot] = used.completion_tokens
+        # The prompt's, shared by its choices: each reports the same.
+        self.cached_tokens = max(self.cached_tokens, used.cached_tokens)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self._tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +128,7 @@ class GenerateInfo:
     tokens: TokenIds = ()  # the prompt's token ids (not copied)
     namespace: str = ""  # what else keys the prompt's KV cache (a LoRA adapter)
     max_new_tokens: int | None = None  # the most each choice may generate, if the call says
+    stream: bool = True  # answered in chunks, not one closing message per choice
 
 
 class PrefillStream(Protocol):
@@ -226,15 +280,25 @@ class EngineAdapter(ABC):
         self._set_response_id(response, request_id)
         return bytes(response.SerializeToString())
 
+    def counting(self, stream: bool) -> Counting:
+        """How this engine's answers to a Generate (streamed or not) count its tokens."""
+        return Counting.TOTALS
+
     def usage(self, message: bytes) -> Usage | None:
-        """What a choice cost the engine, from its closing Generate answer (None for a
-        chunk): a tenant's token budget is settled with it, and its cached tokens are set
-        beside what the gateway's prefix index expected."""
+        """One Generate answer's figures (None: neither chunk nor Complete): a tenant's
+        token budget is settled with them, and the cached tokens are set beside what the
+        gateway's prefix index expected. `counting` says how they add up."""
         response: Any = self.rpcs["Generate"].response_type.FromString(message)
-        if response.WhichOneof("response") != "complete":
+        kind = response.WhichOneof("response")
+        if kind not in ("chunk", "complete"):
             return None
-        done = response.complete
-        return Usage(int(done.completion_tokens), int(done.cached_tokens))
+        part = getattr(response, kind)
+        return Usage(
+            int(part.index),
+            int(part.completion_tokens),
+            int(part.cached_tokens),
+            kind == "complete",
+        )
 
     def _set_response_id(self, response: Any, request_id: str) -> None:  # noqa: B027
         """Engines whose responses carry the request id override this."""

@@ -8,12 +8,14 @@ from typing import Any
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from gateway.engines.base import (
+    Counting,
     EngineAdapter,
     GenerateInfo,
     Handoff,
     PlacedPair,
     RpcKind,
     ServerFacts,
+    block_size_ok,
 )
 from gateway.engines.tokens import TokenIds
 from gateway.roles import Role, Runtime
@@ -111,10 +113,15 @@ class SglangAdapter(EngineAdapter):
                 if request.sampling_params.HasField("max_new_tokens")
                 else None
             ),
+            stream=request.stream,
         )
 
     def _set_response_id(self, response: Any, request_id: str) -> None:
         response.request_id = request_id
+
+    def counting(self, stream: bool) -> Counting:
+        """SGLang's chunks carry the choice's running totals, its Complete all of them."""
+        return Counting.TOTALS
 
     def server_facts(self, server_info: bytes) -> ServerFacts:
         args = pb.GetServerInfoResponse.FromString(server_info).server_args
@@ -124,10 +131,16 @@ class SglangAdapter(EngineAdapter):
         port_value = fields.get("disaggregation_bootstrap_port")
         port = int(port_value.number_value) if port_value is not None else 0
         backend = fields.get("disaggregation_transfer_backend")
+        page = fields.get("page_size")
         return ServerFacts(
             role=role,
             bootstrap_port=port or None,
             pairing=backend.string_value if backend is not None else "",
+            block_size=(
+                int(page.number_value)
+                if page is not None and block_size_ok(page.number_value)
+                else None
+            ),
         )
 
     def abort_ids(self, raw: bytes) -> list[str]:

@@ -9,12 +9,14 @@ from typing import Any
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
 from gateway.engines.base import (
+    Counting,
     EngineAdapter,
     GenerateInfo,
     Handoff,
     PlacedPair,
     RpcKind,
     ServerFacts,
+    block_size_ok,
 )
 from gateway.engines.tokens import TokenIds
 from gateway.roles import Role, Runtime
@@ -94,7 +96,13 @@ class VllmAdapter(EngineAdapter):
                 if request.sampling_params.HasField("max_tokens")
                 else None
             ),
+            stream=request.stream,
         )
+
+    def counting(self, stream: bool) -> Counting:
+        """vLLM streams in delta mode: a chunk counts its own tokens, and the Complete
+        after a choice's last chunk repeats that chunk; unstreamed, the Complete has all."""
+        return Counting.DELTAS if stream else Counting.TOTALS
 
     def server_facts(self, server_info: bytes) -> ServerFacts:
         info = pb.GetServerInfoResponse.FromString(server_info)
@@ -112,7 +120,11 @@ class VllmAdapter(EngineAdapter):
             "block_size": str(info.block_size or ""),
         }
         pairing = " ".join([info.kv_connector, *(f"{k}={v}" for k, v in agree.items() if v)])
-        return ServerFacts(role=role, pairing=pairing if info.kv_connector else "")
+        return ServerFacts(
+            role=role,
+            pairing=pairing if info.kv_connector else "",
+            block_size=info.block_size if block_size_ok(info.block_size) else None,
+        )
 
     def abort_ids(self, raw: bytes) -> list[str]:
         return list(pb.AbortRequest.FromString(raw).request_ids)

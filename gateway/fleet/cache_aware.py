@@ -128,7 +128,8 @@ class CacheAware(Policy):
         # What the worker holds of it before this placement adds it.
         expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
         kv_tokens = chosen.load.kv_tokens if chosen.load is not None else None
-        self.index.assume((chosen.id, hit[1] if hit else 0), prefix, now, kv_tokens)
+        slot = (chosen.id, hit[1] if hit else 0)
+        self.index.assume(slot, prefix, now, kv_tokens, chosen.block_size)
         # A data-parallel worker: name the rank whose cache holds the prompt, rather than
         # leave it to the engine's own balancing.
         on_rank = hit[1] if hit is not None and self.index.ranks(chosen.id) > 1 else None

@@ -292,6 +292,7 @@ class Fleet:
             role=spec.role or facts.role or Role.REGULAR,
             bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
             pairing=facts.pairing,
+            block_size=facts.block_size,
         )
         self._channels[worker] = channel
         self.registry.add(worker)
@@ -344,17 +345,18 @@ class Fleet:
         runtime = spec.runtime or await detect_runtime(channel, self.adapters, call_timeout)
         adapter = self.adapters[runtime]
         model = spec.model or await served_model(channel, adapter, call_timeout)
-        facts = ServerFacts(role=None)
         # A URL naming model and runtime but no role means a regular worker: registering
-        # it must not wait for a worker that may be down. Disaggregated roles are asked
-        # for their bootstrap port and pairing key, best effort.
-        if (spec.role is None and discovering) or spec.role in (Role.PREFILL, Role.DECODE):
-            try:
-                facts = await server_facts(channel, adapter, call_timeout)
-            except DiscoveryError as exc:
-                if discovering:
-                    raise
+        # it does not wait on a worker that is down (its block size is then not known).
+        # Disaggregated roles are asked for their bootstrap port and pairing key, and
+        # every worker for its KV block size, best effort.
+        try:
+            facts = await server_facts(channel, adapter, call_timeout)
+        except DiscoveryError as exc:
+            if spec.role is None and discovering:
+                raise
+            if spec.role in (Role.PREFILL, Role.DECODE):
                 log.warning("server_info_failed", worker=spec.address, error=str(exc))
+            facts = ServerFacts(role=None)
         return runtime, model, facts
 
     async def _probe_loop(self, worker: Worker, prober: ProbeLoop, probed: asyncio.Event) -> None:

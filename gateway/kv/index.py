@@ -447,15 +447,23 @@ class KvIndex:
 
     # -- assumed: from the gateway's own placements ------------------------------------
 
-    def assume(self, slot: Slot, prefix: Prefix, now: float, kv_tokens: int | None = None) -> None:
+    def assume(
+        self,
+        slot: Slot,
+        prefix: Prefix,
+        now: float,
+        kv_tokens: int | None = None,
+        block_size: int | None = None,
+    ) -> None:
         """The prompt's blocks will be cached on the slot: the gateway just sent it there.
         Until the worker's events say so (or for good, if it has none). `kv_tokens`: the
-        worker's cache size, if it reports one (see `stored_tokens`)."""
+        worker's cache size, if it reports one (see `stored_tokens`); `block_size`: its
+        block size, if it reports one (else `kv.block_size`)."""
         state = self._slots.get(slot)
         if state is None:
             if self.admit(slot) is not None:
                 return
-            state = self._new_slot(slot, self.block_size, exact=False)
+            state = self._new_slot(slot, block_size or self.block_size, exact=False)
         expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
         expiry, bit = state.expiry, state.bit
         copy_parts, copy_mask = state.copies.parts, state.copies.mask

@@ -1,12 +1,16 @@
 """Following one worker's KV events (`SubscribeKvEvents`) into the prefix index.
 
 One subscription per worker carries every DP rank's batches; each rank has its own
-sequence. The follower keeps a cursor per rank: a duplicate is skipped, a gap makes it
-subscribe again from its cursor, `DATA_LOSS` (the cursor is older than the worker keeps)
-drops the worker's entries and starts over from a snapshot, and a broken connection
-starts over from a snapshot too (the worker may have restarted, its sequences with it).
-A worker that answers UNIMPLEMENTED has no KV events: the index then learns from the
-gateway's own placements. Every batch's load record refreshes the worker's load.
+sequence. The follower keeps a cursor per rank: a duplicate is skipped; a gap makes it
+subscribe again from its cursor where the worker can replay (history kept between
+subscriptions), else from 0. A subscription from 0 starts afresh: the real relays keep
+no history and send no snapshot (live only), and a restarted engine numbers its batches
+from the start again, so every from-0 subscription forgets the cursors and drops the
+worker's entries (a relay that sends a snapshot rebuilds them). `OUT_OF_RANGE` to a
+non-zero start means the worker cannot replay: from then on every resubscription is
+from 0. `DATA_LOSS` and a broken connection start over from 0 too. A worker that answers
+UNIMPLEMENTED has no KV events: the index then learns from the gateway's own placements.
+Every batch's load record refreshes the worker's load.
 
 A worker's events are untrusted input:
 - the subscription has its own channel, whose receive limit is `kv.max_event_bytes`: a
@@ -44,7 +48,7 @@ from grpc import aio
 from smg_grpc_proto.generated import common_pb2
 
 from gateway.config import KvConfig
-from gateway.engines.base import EngineAdapter
+from gateway.engines.base import EngineAdapter, block_size_ok
 from gateway.kv.index import KvIndex
 from gateway.load import LoadReport
 from gateway.wire import payload, records
@@ -59,7 +63,6 @@ RESET_AFTER_S = 30.0  # or a subscription that lasted this long
 CHUNK_BYTES = 4 * 1024  # events (or stored blocks) decoded at once: < 1 ms of work
 SLICE_S = 0.002  # work between two yields to the event loop
 SCAN_TICK = 512  # records scanned between two looks at the clock
-MAX_BLOCK_TOKENS = 4096  # a block size beyond this is not a real engine's
 
 
 class FollowState(StrEnum):
@@ -150,7 +153,9 @@ class KvFollower:
         self.state = FollowState.CONNECTING
         self.cursors: dict[int, int] = {}
         self.events: dict[str, int] = {}  # by kind: stored, removed, cleared, rejected_*
-        self.resyncs: dict[str, int] = {}  # by reason: gap, data_loss, reconnect, too_large
+        # by reason: gap, data_loss, out_of_range, reconnect, too_large, undecodable
+        self.resyncs: dict[str, int] = {}
+        self.replays = True  # resumes from a cursor (until it answers OUT_OF_RANGE)
         self._loads: dict[int, tuple[int, int, float]] = {}
         self._warned: set[str] = set()
         self._backoff = Backoff(self.settings.resubscribe_max_s)
@@ -181,16 +186,15 @@ class KvFollower:
         )
         start = 0
         while True:
-            reason = ""
+            if not start:
+                self._afresh()
             try:
                 await self._follow(subscribe, start)
-                start = 0  # the worker ended the stream: start over from a snapshot
-                reason = "ended"
+                start, reason = 0, "ended"  # the worker ended the stream
             except Gap:
-                start = min(self.cursors.values(), default=0)
-                reason = "gap"
+                start, reason = self._resume(), "gap"
             except (DecodeError, TooLarge) as error:
-                start = min(self.cursors.values(), default=0)
+                start = self._resume()
                 reason = "too_large" if isinstance(error, TooLarge) else "undecodable"
             except aio.AioRpcError as error:
                 code = error.code()
@@ -199,19 +203,28 @@ class KvFollower:
                     self.index.drop_worker(self.worker.id)
                     log.info("kv_events_unsupported", worker=self.worker.id)
                     return
+                start, reason = 0, "reconnect"
                 if code is grpc.StatusCode.DATA_LOSS:
-                    self.index.drop_worker(self.worker.id)
-                    self.cursors.clear()
                     reason = "data_loss"
+                elif code is grpc.StatusCode.OUT_OF_RANGE:
+                    self.replays = False  # live only: it keeps nothing to resume from
+                    reason = "out_of_range"
                 elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    reason = "too_large"  # the channel refused a message over the cap
+                    start, reason = self._resume(), "too_large"  # over the channel's cap
                 else:
-                    reason = "reconnect"
                     self.state = FollowState.RECONNECTING
-                start = 0
-                if reason == "too_large":
-                    start = min(self.cursors.values(), default=0)
             await self._again(reason)
+
+    def _resume(self) -> int:
+        """Where to subscribe from after missing batches: the cursor, if the worker can
+        replay from it; else 0 (and a rebuild)."""
+        return min(self.cursors.values(), default=0) if self.replays else 0
+
+    def _afresh(self) -> None:
+        """A subscription from 0: what the cursors and the worker's entries say is not
+        continued by it (no history, maybe a restarted engine, its sequences anew)."""
+        self.cursors.clear()
+        self.index.drop_worker(self.worker.id)
 
     async def _again(self, reason: str) -> None:
         if self._in_order >= RESET_BATCHES or time.monotonic() - self._since >= RESET_AFTER_S:
@@ -395,7 +408,7 @@ class KvFollower:
         if not on_device(stored.tier, level, stored.locality):
             return None
         size = blocks[0].block_size or self.settings.block_size
-        if not 0 < size <= MAX_BLOCK_TOKENS:
+        if not block_size_ok(size):
             self._reject("tokens", count=len(blocks))
             return None
         if self.index.admit(slot, size) == "block_sizes":

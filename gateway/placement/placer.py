@@ -114,7 +114,10 @@ class Placer:
         leg = Role.PREFILL if Role.PREFILL in legs else Role.REGULAR
         cluster = self._registry.cluster(model, runtime, leg)
         policy = None if cluster is None else cluster.policy
-        return policy.block_sizes() if isinstance(policy, CacheAware) else set()
+        if cluster is None or not isinstance(policy, CacheAware):
+            return set()
+        reported = {w.block_size for w in cluster.workers if w.block_size}
+        return policy.block_sizes() | reported
 
     def place(
         self,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from gateway.engines import EngineAdapter
-from gateway.engines.base import Usage
+from gateway.engines.base import Tally, Usage
 from gateway.fleet.worker import Worker
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
@@ -55,11 +55,12 @@ class Downstream:
     """The client's side of a call: headers go out at most once, messages are counted."""
 
     __slots__ = (
-        "_closing",
         "_context",
+        "_every",
         "_headers_sent",
         "_last",
         "_record",
+        "_tally",
         "_usage",
         "delivered",
     )
@@ -69,17 +70,17 @@ class Downstream:
         context: Context,
         record: CallRecord,
         usage: Callable[[bytes], Usage | None] | None = None,
-        *,
-        choices: int = 1,
+        tally: Tally | None = None,
     ) -> None:
-        """`usage`: an answer's closing figures (None: not a closing one), into the record
-        when given (Generate): completion tokens summed over the choices. One choice
-        closes with its last message, the only one read (`tally`, as the call ends);
-        several interleave, so each message is read."""
+        """`usage` reads an answer's figures into `tally` when given (Generate), and the
+        tally goes into the record as the call ends. Running totals of one choice need its
+        last message only (read as the call ends: nothing parsed per message); deltas, or
+        several choices interleaved, need every message read."""
         self._context = context
         self._record = record
-        self._usage = usage if choices > 1 else None
-        self._closing = usage if choices == 1 else None
+        self._usage = usage if tally is not None else None
+        self._tally = tally
+        self._every = tally is not None and not tally.last_only
         self._last: bytes | None = None
         self._headers_sent = False
         self.delivered = False
@@ -96,23 +97,27 @@ class Downstream:
             self.delivered = True
             record.first_message_s = time.perf_counter() - record.started
         record.messages += 1
-        self._last = message
-        if self._usage is not None:
-            self._count(self._usage(message))
+        if self._every:
+            self._add(message)
+        else:
+            self._last = message
         await self._context.write(message)
 
     def tally(self) -> None:
-        """The call ended: a single choice's closing figures, from its last message."""
+        """The call ended: what the engine reported goes into the record."""
         last, self._last = self._last, None
-        if self._closing is not None and last is not None:
-            self._count(self._closing(last))
+        if last is not None:
+            self._add(last)
+        tally = self._tally
+        if tally is not None and tally.seen:
+            self._record.completion_tokens = tally.completion_tokens
+            self._record.cached_tokens = tally.cached_tokens
 
-    def _count(self, used: Usage | None) -> None:
-        if used is not None:
-            record = self._record
-            record.completion_tokens = (record.completion_tokens or 0) + used.completion_tokens
-            # The prompt's, shared by its choices: each reports the same.
-            record.cached_tokens = max(record.cached_tokens or 0, used.cached_tokens)
+    def _add(self, message: bytes) -> None:
+        if self._usage is not None and self._tally is not None:
+            used = self._usage(message)
+            if used is not None:
+                self._tally.add(used)
 
     def trailers(self, metadata: Metadata) -> None:
         self._context.set_trailing_metadata(metadata)

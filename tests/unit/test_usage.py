@@ -1,0 +1,94 @@
+"""Usage is counted the engine's way: vLLM streams deltas (a chunk counts its own tokens, a
+streamed Complete repeats the last chunk), its unstreamed Complete and SGLang's answers carry
+totals. Built from the messages the real servicers send (smg-grpc-servicer 0.14.1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+
+from gateway.engines import engine_adapters
+from gateway.engines.base import Counting, Tally
+from gateway.roles import Runtime
+
+VLLM = engine_adapters()[Runtime.VLLM]
+SGLANG = engine_adapters()[Runtime.SGLANG]
+
+
+def vllm_chunk(tokens: list[int], index: int = 0, cached: int = 0) -> bytes:
+    chunk = vllm.GenerateStreamChunk(
+        token_ids=tokens, completion_tokens=len(tokens), cached_tokens=cached, index=index
+    )
+    return bytes(vllm.GenerateResponse(chunk=chunk).SerializeToString())
+
+
+def vllm_complete(tokens: list[int], index: int = 0, cached: int = 0) -> bytes:
+    complete = vllm.GenerateComplete(
+        output_ids=tokens,
+        completion_tokens=len(tokens),
+        cached_tokens=cached,
+        index=index,
+        finish_reason="length",
+    )
+    return bytes(vllm.GenerateResponse(complete=complete).SerializeToString())
+
+
+def counted(adapter: Any, stream: bool, choices: int, messages: list[bytes]) -> tuple[int, int]:
+    tally = Tally(adapter.counting(stream), choices)
+    for message in messages:
+        used = adapter.usage(message)
+        if used is not None:
+            tally.add(used)
+    return tally.completion_tokens, tally.cached_tokens
+
+
+def test_a_vllm_stream_counts_every_chunk_and_not_the_complete_again() -> None:
+    # 150 tokens: one per chunk, then three at once (a reader that lagged), the last one
+    # repeated by the Complete, as vLLM's delta mode sends them.
+    messages = [vllm_chunk([7], cached=32) for _ in range(146)]
+    messages += [vllm_chunk([7, 8, 9], cached=32), vllm_chunk([5], cached=32)]
+    messages.append(vllm_complete([5], cached=32))
+    assert VLLM.counting(True) is Counting.DELTAS
+    assert counted(VLLM, True, 1, messages) == (150, 32)
+
+
+def test_vllm_choices_interleave_each_with_its_own_deltas() -> None:
+    messages = [
+        vllm_chunk([1], index=0),
+        vllm_chunk([2, 3], index=1),
+        vllm_chunk([4], index=0),
+        vllm_complete([4], index=0),
+        vllm_chunk([5], index=1),
+        vllm_complete([5], index=1),
+    ]
+    assert counted(VLLM, True, 2, messages) == (5, 0)
+
+
+def test_an_unstreamed_vllm_complete_has_all_of_its_choice() -> None:
+    assert VLLM.counting(False) is Counting.TOTALS
+    messages = [vllm_complete([1, 2, 3], index=0), vllm_complete([4, 5], index=1)]
+    assert counted(VLLM, False, 2, messages) == (5, 0)
+
+
+def test_sglang_chunks_carry_running_totals_and_a_cut_stream_counts_what_came() -> None:
+    def chunk(total: int) -> bytes:
+        part = sgl.GenerateStreamChunk(token_ids=[1], completion_tokens=total, cached_tokens=16)
+        return bytes(sgl.GenerateResponse(request_id="r", chunk=part).SerializeToString())
+
+    done = sgl.GenerateComplete(output_ids=[1], completion_tokens=5, cached_tokens=16)
+    complete = sgl.GenerateResponse(request_id="r", complete=done).SerializeToString()
+    assert SGLANG.counting(True) is Counting.TOTALS
+    assert counted(SGLANG, True, 1, [chunk(k) for k in range(1, 6)] + [complete]) == (5, 16)
+    assert counted(SGLANG, True, 1, [chunk(k) for k in range(1, 4)]) == (3, 16)
+
+
+def test_a_workers_stray_choice_index_does_not_grow_the_tally() -> None:
+    tally = Tally(Counting.DELTAS, 2)
+    for index in (0, 1, 7, 2**32 - 1, 1):
+        used = VLLM.usage(vllm_chunk([1, 2], index=index))
+        assert used is not None
+        tally.add(used)
+    assert tally.completion_tokens == 10
+    assert len(tally._tokens) == 2
