@@ -11,10 +11,12 @@ The worker runs vLLM's own gRPC launcher (`python -m vllm.entrypoints.launchers.
 which serves smg-grpc-servicer's VllmEngine) under the engines venv's python, in a
 process group of its own: vLLM starts an engine-core and a model-runner process, and
 every stop (stop, kill, the context manager's exit, an error while starting) ends the
-whole group. Its KV events publisher listens on an `ipc://` socket in the worker's own
-temporary directory, so nothing listens beyond loopback (the servicer would otherwise
-turn the publisher on by itself, on every interface). This module runs under the main
-venv (grpcio, grpcio-health-checking); only the worker process needs the engines venv.
+whole group. A small guard leads the group (GUARD): it ends the group when the launcher
+exits and when the process that started the worker dies, however it died. The KV events
+publisher listens on an `ipc://` socket in the worker's own temporary directory, so
+nothing listens beyond loopback (the servicer would otherwise turn the publisher on by
+itself, on every interface). This module runs under the main venv (grpcio,
+grpcio-health-checking); only the worker process needs the engines venv.
 """
 
 from __future__ import annotations
@@ -52,6 +54,28 @@ BASE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 WARMUP_ENV = "SMG_VLLM_SERVICER_WARMUP"  # the servicer's planned warm-up: on unless "off"
+
+
+# The worker's process group leader, between this process and vLLM's launcher: it runs
+# the launcher, passes it SIGTERM, and ends the whole group (the launcher's engine-core
+# and model-runner processes, which outlive a launcher that was killed) once the launcher
+# has exited or once whoever started the worker is gone, whatever way it went (a test
+# run killed with SIGKILL included).
+GUARD = """
+import os, signal, subprocess, sys, time
+parent = os.getppid()
+launcher = subprocess.Popen(sys.argv[1:])
+def forward(signum, frame):
+    if launcher.poll() is None:
+        launcher.send_signal(signum)
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
+while launcher.poll() is None and os.getppid() == parent:
+    time.sleep(0.25)
+why = "its starter is gone" if os.getppid() != parent else f"exit {launcher.poll()}"
+print(f"==== worker guard: launcher ended ({why}): ending its process group", flush=True)
+os.killpg(0, signal.SIGKILL)
+"""
 
 
 class WorkerFailed(RuntimeError):
@@ -206,13 +230,13 @@ class EngineWorker:
             log.write(f"\n==== start {self.starts}: {' '.join(self.args())}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                self.args(),
+                [self.python, "-c", GUARD, *self.args()],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
                 cwd=self.workdir,
-                start_new_session=True,  # its own process group: stop() ends every child
+                start_new_session=True,  # its own process group, which the guard leads
             )
         try:
             self._wait_serving(began + timeout)
@@ -257,14 +281,16 @@ class EngineWorker:
         self._reap_group()
         self.process = None
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM the process group, SIGKILL what is left after `timeout`; the exit code
-        of the launcher (None when it was not running)."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to the launcher (vLLM shuts its engine down), SIGKILL to the whole group
+        if it has not ended after `timeout`; either way, every process of the group is
+        gone when this returns."""
         if self.process is None:
-            return None
+            return
         process = self.process
         if process.poll() is None:
-            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)  # the guard passes it to the launcher
             try:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -272,13 +298,11 @@ class EngineWorker:
                 process.wait()
         self._reap_group()
         self.process = None
-        return process.returncode
 
     def _reap_group(self) -> None:
-        """The launcher has exited: its engine-core and model-runner children may still be
-        in its process group for a moment (or for good, if they ignore SIGTERM). Waits
-        (bounded) until every member of the group has exited (zombies waiting for init to
-        reap them hold nothing)."""
+        """The guard has exited: the rest of its group may still be ending for a moment.
+        Waits (bounded) until every member has exited (zombies waiting for init to reap
+        them hold nothing)."""
         assert self.process is not None
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while group_alive(self.process.pid) and time.monotonic() < deadline:
