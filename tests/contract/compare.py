@@ -297,6 +297,16 @@ def event_shape(batch: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def gap_class(units: float) -> str:
+    """A gap between load records, in heartbeat units, with room for a busy machine's
+    jitter: about one unit, about five (the servicer's backoff), or itself."""
+    if 0.5 <= units < 2.5:
+        return "1 unit"
+    if 3.5 <= units < 7.5:
+        return "5 units"
+    return f"{units:.1f} units"
+
+
 def subscription_features(
     entry: Mapping[str, Any], unit_s: float, idle_until_ms: float
 ) -> dict[str, Any]:
@@ -345,7 +355,7 @@ def subscription_features(
             after[0] - first_event_at < 300.0
         )
         gaps = [(b - a) / (1000.0 * unit_s) for a, b in itertools.pairwise(after)]
-        features["heartbeat_gaps_in_units"] = sorted({round(gap) for gap in gaps})
+        features["heartbeat_gaps"] = sorted({gap_class(gap) for gap in gaps})
     return features
 
 

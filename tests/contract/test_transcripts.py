@@ -29,7 +29,9 @@ from tests.contract.compare import differences, features
 from tests.contract.runner import run_all
 
 TRANSCRIPT = Path(__file__).parent / "transcripts" / "vllm-0.32.0.json"
-UNIT_S = 0.2  # the simulator's load-record heartbeat here (the real servicer's: 1 s)
+# The simulator's load-record heartbeat here (the real servicer's: 1 s): short, but long
+# enough beside the record of a call's completion (~100 ms after it) to tell them apart.
+UNIT_S = 0.5
 TREE = os.environ.get("GATEWAY_CONTRACT_SIM_TREE")
 DUMP = os.environ.get("GATEWAY_CONTRACT_DUMP")  # a file: the simulator's answers, as JSON
 
