@@ -74,7 +74,7 @@ def request_bytes(call: Call) -> bytes:
     if call.raw is not None:
         return call.raw
     request_type, _, _ = method_types(call.full_method)
-    return json_format.ParseDict(call.request, request_type()).SerializeToString()
+    return json_format.ParseDict(dict(call.request), request_type()).SerializeToString()
 
 
 def ms(seconds: float) -> float:
@@ -205,9 +205,11 @@ async def run_call(channel: aio.Channel, call: Call) -> dict[str, Any]:
 
 
 def kv_request(start: int) -> bytes:
-    return common_pb2.SubscribeKvEventsRequest(
+    """From `start`, with load records before the first batch, as the gateway asks."""
+    request = common_pb2.SubscribeKvEventsRequest(
         start_sequence_number=start, load_records_before_first_batch=True
-    ).SerializeToString()
+    )
+    return bytes(request.SerializeToString())
 
 
 def last_sequence(stream: Stream) -> int:
