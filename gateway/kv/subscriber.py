@@ -10,7 +10,8 @@ worker's entries (a relay that sends a snapshot rebuilds them). `OUT_OF_RANGE` t
 non-zero start means the worker cannot replay: from then on every resubscription is
 from 0. `DATA_LOSS` and a broken connection start over from 0 too. A worker that answers
 UNIMPLEMENTED has no KV events: the index then learns from the gateway's own placements.
-Every batch's load record refreshes the worker's load.
+A subscription waits for the worker's connection, so a restarted worker is followed
+from the moment it listens. Every batch's load record refreshes the worker's load.
 
 A worker's events are untrusted input:
 - the subscription has its own channel, whose receive limit is `kv.max_event_bytes`: a
@@ -247,7 +248,9 @@ class KvFollower:
         request = common_pb2.SubscribeKvEventsRequest(
             start_sequence_number=start, load_records_before_first_batch=True
         )
-        call = subscribe(request)
+        # Waits for the connection (a restarting worker): subscribed as soon as it listens,
+        # before its first batch, which a live-only relay would not send again.
+        call = subscribe(request, wait_for_ready=True)
         try:
             async for raw in call:
                 self.state = FollowState.FOLLOWING

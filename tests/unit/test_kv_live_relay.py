@@ -40,7 +40,7 @@ class Relay:
     def unary_stream(self, path: str, **_: Any) -> Callable[[Any], Subscription]:
         return self.subscribe
 
-    def subscribe(self, request: kv.SubscribeKvEventsRequest) -> Subscription:
+    def subscribe(self, request: kv.SubscribeKvEventsRequest, **_: Any) -> Subscription:
         self.starts.append(request.start_sequence_number)
         if request.start_sequence_number and not self.replays:
             return Subscription([], grpc.StatusCode.OUT_OF_RANGE, None)
