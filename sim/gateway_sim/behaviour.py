@@ -22,6 +22,8 @@ FAIL_CODE_KEY = "x-sim-fail-code"
 FAIL_AFTER_KEY = "x-sim-fail-after"
 STALL_KEY = "x-sim-stall"
 EXIT_AFTER_KEY = "x-sim-exit-after"
+TOKENS_PER_CHUNK_KEY = "x-sim-tokens-per-chunk"
+HEADERS_FIRST_KEY = "x-sim-headers-first"
 
 OVERRIDE_KEYS = (
     TOKENS_KEY,
@@ -31,6 +33,8 @@ OVERRIDE_KEYS = (
     FAIL_AFTER_KEY,
     STALL_KEY,
     EXIT_AFTER_KEY,
+    TOKENS_PER_CHUNK_KEY,
+    HEADERS_FIRST_KEY,
 )
 
 # Values that switch an optional knob off, so a request can undo a command-line setting.
@@ -60,6 +64,10 @@ class Behaviour:
     ``fail_code``/``exit_after``: when set, the request never ends OK. The failure (or
     the process exit) fires once ``fail_after``/``exit_after`` response messages have
     been sent, or at the end of the stream if it has fewer messages than that.
+    ``tokens_per_chunk``: tokens a streamed chunk carries, as an engine batches the
+    tokens of several steps when its reader lags. ``headers_first``: Generate's headers
+    go as soon as the call is taken, not with its first message as the real servicers
+    send them (a test that waits for a call to be running reads them).
     """
 
     tokens: int = 16
@@ -69,10 +77,14 @@ class Behaviour:
     fail_after: int = 0
     exit_after: int | None = None
     stall: bool = False
+    tokens_per_chunk: int = 1
+    headers_first: bool = False
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.ttft_ms < 0 or self.token_ms < 0 or self.fail_after < 0:
             raise ValueError("tokens, delays and fail_after must not be negative")
+        if self.tokens_per_chunk < 1:
+            raise ValueError("tokens_per_chunk must be at least 1")
         if self.exit_after is not None and self.exit_after < 0:
             raise ValueError("exit_after must not be negative")
 
@@ -136,11 +148,16 @@ def _apply(base: Behaviour, overrides: dict[str, str]) -> Behaviour:
                     raise BadOverride(f"{key}: {exc}") from None
         elif key == FAIL_AFTER_KEY:
             changes["fail_after"] = _int(key, value)
-        elif key == STALL_KEY:
+        elif key in (STALL_KEY, HEADERS_FIRST_KEY):
             lowered = value.lower()
             if lowered not in _ON and lowered not in _OFF:
                 raise BadOverride(f"{key}: {value!r} is not a boolean")
-            changes["stall"] = lowered in _ON
+            changes["stall" if key == STALL_KEY else "headers_first"] = lowered in _ON
+        elif key == TOKENS_PER_CHUNK_KEY:
+            per_chunk = _int(key, value)
+            if per_chunk < 1:
+                raise BadOverride(f"{key}: {value!r} is not a positive integer")
+            changes["tokens_per_chunk"] = per_chunk
         elif key == EXIT_AFTER_KEY:
             changes["exit_after"] = (
                 None if value.lower() in ("", "none", "off") else _int(key, value)

@@ -11,6 +11,9 @@ from gateway_sim.behaviour import Behaviour, parse_status_code
 
 RUNTIMES = ("sglang", "vllm")
 ROLES = ("regular", "prefill", "decode", "encode")
+# SubscribeKvEvents as served by smg-grpc-servicer 0.14.1's relays: the Python one
+# (kv_relay.py: live only) or the Rust one of its engine_servicer (history, snapshots).
+KV_RELAYS = ("python", "rust")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -98,7 +101,15 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens",
         type=_non_negative,
         default=16,
-        help="output tokens when the request sets no maximum (default: %(default)s)",
+        help="output tokens when the request sets no maximum: the model then stops by "
+        "itself, its last token the EOS token, finish_reason stop (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tokens-per-chunk",
+        type=_positive,
+        default=1,
+        help="tokens per streamed chunk, as an engine batches steps for a lagging "
+        "reader (default: %(default)s)",
     )
     parser.add_argument("--ttft-ms", type=_millis, default=0.0, help="time to first token")
     parser.add_argument("--token-ms", type=_millis, default=0.0, help="delay between tokens")
@@ -125,6 +136,12 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stall", action="store_true", help="accept Generate/Embed and never answer"
+    )
+    parser.add_argument(
+        "--headers-first",
+        action="store_true",
+        help="send Generate's response headers as soon as a call is taken, not with its "
+        "first message as the real servicers do (for tests that wait on a running call)",
     )
     parser.add_argument(
         "--not-serving", action="store_true", help="start with grpc.health NOT_SERVING"
@@ -155,6 +172,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV token usage (0..1) GetLoads reports at least",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    _add_model_arguments(parser)
     _add_cache_arguments(parser)
     parser.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="... and this private key")
@@ -164,14 +182,35 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     _add_role_arguments(parser)
 
 
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The served model's limits, which the engines check every request against."""
+    group = parser.add_argument_group(
+        "model (defaults: the tiny Llama the real-engine tests serve)"
+    )
+    group.add_argument(
+        "--max-model-len",
+        type=_positive,
+        default=2048,
+        help="context length: longer prompts are refused, output stops where the "
+        "context ends (default: %(default)s)",
+    )
+    group.add_argument(
+        "--vocab-size",
+        type=_positive,
+        default=512,
+        help="token ids at or above this are refused (default: %(default)s)",
+    )
+
+
 def _add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     """The prefix cache per DP rank and its KV events (SubscribeKvEvents)."""
     group = parser.add_argument_group("prefix cache and KV events")
     group.add_argument(
         "--block-size",
         type=_positive,
-        default=16,
-        help="tokens per KV block; only full prompt blocks are cached (default: %(default)s)",
+        default=128,
+        help="tokens per KV block (page), as GetServerInfo reports it; only full prompt "
+        "blocks are cached (default: %(default)s, vLLM's CPU backend)",
     )
     group.add_argument(
         "--kv-blocks",
@@ -188,32 +227,54 @@ def _add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         "time to first token (default: %(default)s)",
     )
     group.add_argument(
+        "--kv-relay",
+        choices=KV_RELAYS,
+        default="python",
+        help="how SubscribeKvEvents relays the events, as smg-grpc-servicer 0.14.1 "
+        "does: python (its Python relay, kv_relay.py): live only, batches numbered from "
+        "0 as vLLM's publisher numbers them, a non-zero start refused OUT_OF_RANGE, a "
+        "lost batch ends the stream DATA_LOSS; rust (the Rust relay of its "
+        "engine_servicer): batches numbered from 1, a history to resume from, a "
+        "snapshot for a start from 0, DATA_LOSS past the history (default: %(default)s)",
+    )
+    group.add_argument(
         "--kv-history",
         type=_positive,
         default=1024,
-        help="KV event batches kept per DP rank for subscribers that resume (default: %(default)s)",
+        help="rust relay: KV event batches kept per DP rank for subscribers that resume "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--kv-drop-rate",
         type=float,
         default=0.0,
         metavar="P",
-        help="lose each live KV event batch with probability P (kept in the history, as "
-        "a relay that missed it would): subscribers see a gap (default: %(default)s)",
+        help="lose each live KV event batch with probability P: subscribers see a gap "
+        "(rust relay: kept in its history, as a relay that missed it would; python "
+        "relay: the stream ends DATA_LOSS at the next batch) (default: %(default)s)",
     )
     group.add_argument(
         "--kv-heartbeat-ms",
         type=_millis,
         default=1000.0,
-        help="send a load-only batch for a DP rank quiet this long; 0: never "
-        "(default: %(default)s)",
+        help="send a load-only batch after this long without one; 0: never (python "
+        "relay: per stream, once a batch went, sooner when the load moves; rust relay: "
+        "per DP rank) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-heartbeat-backoff-ms",
+        type=_millis,
+        default=5000.0,
+        help="python relay: the heartbeat interval once two heartbeats in a row carried "
+        "the same load (default: %(default)s)",
     )
     group.add_argument(
         "--kv-queue",
         type=_positive,
         default=1024,
-        help="live batches a KV event subscriber may fall behind before it is dropped "
-        "with RESOURCE_EXHAUSTED (default: %(default)s)",
+        help="live batches a KV event subscriber may fall behind; past it the rust "
+        "relay drops it with RESOURCE_EXHAUSTED, the python relay loses the batches "
+        "(DATA_LOSS at the next one) (default: %(default)s)",
     )
     group.add_argument(
         "--no-kv-events",
@@ -307,12 +368,16 @@ class SimConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
-    block_size: int = 16
+    max_model_len: int = 2048
+    vocab_size: int = 512
+    block_size: int = 128
     kv_blocks: int = 4096
     prefill_s_per_token: float = 0.0
+    kv_relay: str = "python"
     kv_history: int = 1024
     kv_drop_rate: float = 0.0
     kv_heartbeat_s: float = 1.0  # 0: no heartbeats
+    kv_heartbeat_backoff_s: float = 5.0
     kv_queue: int = 1024
     kv_events: bool = True
 
@@ -333,6 +398,8 @@ class SimConfig:
                 fail_after=args.fail_after,
                 exit_after=args.exit_after,
                 stall=args.stall,
+                tokens_per_chunk=args.tokens_per_chunk,
+                headers_first=args.headers_first,
             ),
             not_serving=args.not_serving,
             grpc_health=args.grpc_health,
@@ -352,12 +419,16 @@ class SimConfig:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
+            max_model_len=args.max_model_len,
+            vocab_size=args.vocab_size,
             block_size=args.block_size,
             kv_blocks=args.kv_blocks,
             prefill_s_per_token=args.prefill_us_per_token / 1_000_000.0,
+            kv_relay=args.kv_relay,
             kv_history=args.kv_history,
             kv_drop_rate=args.kv_drop_rate,
             kv_heartbeat_s=args.kv_heartbeat_ms / 1000.0,
+            kv_heartbeat_backoff_s=args.kv_heartbeat_backoff_ms / 1000.0,
             kv_queue=args.kv_queue,
             kv_events=args.kv_events,
         )

@@ -19,7 +19,7 @@ import grpc
 from grpc.aio import ServicerContext
 
 from gateway_sim.embeddings import EmbeddingsMissing
-from gateway_sim.engine import Codec, SimEngine
+from gateway_sim.engine import Dialect, Finish, Sampling, SimEngine
 from gateway_sim.handoff import KvTransferError
 
 N_NOT_SUPPORTED = "n>1 is not supported in disaggregated mode"
@@ -91,43 +91,44 @@ async def _unless_aborted(abort: Awaitable[bool], work: Awaitable[Start]) -> Sta
 async def run_leg(
     engine: SimEngine,
     context: ServicerContext[Any, Any],
-    codec: Codec,
+    dialect: Dialect,
     request_id: str,
-    input_ids: Sequence[int],
-    max_tokens: int | None,
-    stream: bool,
+    input_ids: Sequence[int] | None,
+    sampling: Sampling,
     prepare: Callable[[], Awaitable[Start]],
     rank: int = 0,
     namespace: str = "",
 ) -> None:
-    """Serve one PD leg: ``prepare`` (bounded by its own timeouts; INTERNAL when the KV
-    or embeddings do not come, as the engines fail such a request), then the engine's
-    regular responses, starting from the handed-over first token if any."""
+    """Serve one PD leg: the engine's checks, ``prepare`` (bounded by its own timeouts;
+    INTERNAL when the KV or embeddings do not come, as the engines fail such a
+    request), then the engine's regular responses, starting from the handed-over first
+    token if any."""
     view = await engine.read(context)
     entry = engine.active.add(request_id, rank)
     try:
+        await engine.plan(context, dialect, view, input_ids, sampling)  # refused first
         try:
             start = await _unless_aborted(entry.sleep(None), prepare())
         except (KvTransferError, EmbeddingsMissing) as exc:
             await reject(context, grpc.StatusCode.INTERNAL, str(exc))
         if start is None:  # aborted while waiting: the stream ends with nothing produced
-            await context.send_initial_metadata(engine.headers(context, view))
-            await context.write(codec.complete(request_id, [], "abort", len(input_ids), 0))
+            prompt_tokens = len(input_ids or ())
+            out = engine.writer(context, view)
+            if sampling.stream:
+                message = dialect.chunk(request_id, prompt_tokens, 0, 0)
+                dialect.fill(message, (), 0)
+                await out.write(message)
+            await out.write(
+                dialect.complete(
+                    request_id, (), 0, Finish("abort"), prompt_tokens, 0, 0, sampling.stream
+                )
+            )
             return
         target = context
         if start.amend is not None or start.restore is not None:
             target = cast("ServicerContext[Any, Any]", _FirstWrite(context, start))
         await engine.respond(
-            target,
-            codec,
-            entry,
-            view,
-            input_ids,
-            1,
-            max_tokens,
-            stream,
-            start.first_token,
-            namespace,
+            target, dialect, entry, view, input_ids, sampling, start.first_token, namespace
         )
     finally:
         engine.active.remove(entry)

@@ -1,8 +1,11 @@
 """The simulated engine both wire protocols share: token generation, failure injection,
 request tracking and health.
 
-The two servicers only translate their protos to and from this; anything that decides
-*what* a worker does lives here, once.
+The servicers translate their protos to and from this; anything that decides *what* a
+worker does lives here, once. How each engine's servicer shapes its answers (how a chunk
+counts its tokens, what a streamed Complete repeats, which requests it refuses and with
+what words) is that engine's ``Dialect``, defined beside its servicer (``vllm.py``,
+``sglang.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NoReturn
 
 import grpc
 from grpc.aio import ServicerContext
@@ -35,27 +40,37 @@ RUNNING_HEADER = "x-sim-running"  # calls running here as this one's headers lea
 FAILURE_TRAILER = "x-sim-failure"
 FAILURE_DETAILS = "simulated failure"
 
-VOCAB_SIZE = 32000
-EMBEDDING_DIM = 8
-MAX_CONTEXT_LENGTH = 8192
+# The served model's facts: those of the tiny Llama the real-engine tests serve
+# (scripts/engines/make_model.py), its vocabulary and context from the flags.
+DEFAULT_VOCAB_SIZE = 512
+BOS_TOKEN_ID = 1
 EOS_TOKEN_IDS = (2,)
-MAX_RUNNING_REQUESTS = 256
-MAX_TOTAL_NUM_TOKENS = 100_000
+PAD_TOKEN_ID = 3
+MODEL_TYPE = "llama"
+ARCHITECTURES = ("LlamaForCausalLM",)
+EMBEDDING_DIM = 8
+MAX_RUNNING_REQUESTS = 256  # the running window, unless the engine's dialect says
 
 # How long a dying worker waits for its last written messages to leave the socket.
 _EXIT_FLUSH_S = 0.05
+# Chunks a stream with no delay between tokens writes before letting the loop run.
+_YIELD_EVERY = 64
+# Tokens made at once for an unstreamed answer before letting the loop run.
+_SLICE_TOKENS = 65_536
 
 
-def output_tokens(input_ids: Sequence[int], count: int) -> list[int]:
-    """Deterministic output: token k is (sum(input_ids) + k) % VOCAB_SIZE."""
+def output_tokens(
+    input_ids: Sequence[int], count: int, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> list[int]:
+    """Deterministic output: token k is (sum(input_ids) + k) % vocab_size."""
     base = sum(input_ids)
-    return [(base + k) % VOCAB_SIZE for k in range(count)]
+    return [(base + k) % vocab_size for k in range(count)]
 
 
-def tokens_from(first_token: int, count: int) -> list[int]:
+def tokens_from(first_token: int, count: int, vocab_size: int = DEFAULT_VOCAB_SIZE) -> list[int]:
     """The same output continued from its first token alone, as a PD decode must:
     it never computes the prompt, it only has what the prefill handed over."""
-    return [(first_token + k) % VOCAB_SIZE for k in range(count)]
+    return [(first_token + k) % vocab_size for k in range(count)]
 
 
 def input_logprobs_for(input_ids: Sequence[int]) -> list[float | None]:
@@ -70,58 +85,254 @@ def embedding_for(input_ids: Sequence[int]) -> list[float]:
     return [((seed * (j + 1) * 2_654_435_761) % 1024) / 1024.0 for j in range(EMBEDDING_DIM)]
 
 
-class Codec:
-    """Builds one runtime's Generate responses; the engine decides what goes in them.
+class Refused(ValueError):
+    """The engine refuses the request as its caller's mistake: INVALID_ARGUMENT."""
 
-    Both protos shape `GenerateResponse{chunk | complete}` alike; SGLang's also carries
-    the request id on every message (`with_request_id`).
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """What a Generate request asks for that the simulated engine honours."""
+
+    n: int = 1
+    max_tokens: int | None = None  # None: until the model stops or the context ends
+    stream: bool = True
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    temperature: float | None = None  # None: unset
+    logprobs: int | None = None  # the top logprobs per output token asked for, if any
+    prompt_logprobs: int | None = None  # ... per prompt token
+
+    @property
+    def choices(self) -> int:
+        return max(self.n, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """How a choice ended: ``stop`` (EOS or a stop token, ``matched`` naming the token
+    when the engine reports it), ``length`` or ``abort``."""
+
+    reason: str
+    matched: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A request the engine took: how many tokens each choice produces and why it ends.
+    Token k is ``(base + k) % vocab`` (the last one EOS when the model stops by itself),
+    made when it is sent: a long output costs nothing up front."""
+
+    count: int
+    finish: Finish
+    base: int
+    vocab: int
+    eos_last: bool = False
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        base, vocab = self.base, self.vocab
+        ids = [(base + k) % vocab for k in range(start, end)]
+        if self.eos_last and end == self.count and ids:
+            ids[-1] = EOS_TOKEN_IDS[0]
+        return ids
+
+    async def all_tokens(self, count: int | None = None) -> list[int]:
+        """The first ``count`` tokens (all by default), made in slices that let the
+        event loop run between them."""
+        end = self.count if count is None else count
+        ids: list[int] = []
+        for start in range(0, end, _SLICE_TOKENS):
+            if start:
+                await asyncio.sleep(0)
+            ids.extend(self.tokens(start, min(start + _SLICE_TOKENS, end)))
+        return ids
+
+
+class Dialect(ABC):
+    """One engine servicer's way of answering Generate: the counting rules below, its
+    validation (``check``) and the room its context leaves (``room``).
+
+    Both protos shape ``GenerateResponse{chunk | complete}`` alike; SGLang's also
+    carries the request id on every message.
     """
 
+    # A chunk's completion_tokens: the choice's running total (else the chunk's own).
+    chunk_counts_total: ClassVar[bool]
+    # A streamed Complete's completion_tokens: the total (else its repeated last delta).
+    complete_counts_total: ClassVar[bool]
+    # A stop on EOS names the token (matched_token_id).
+    names_eos: ClassVar[bool]
+    # Unstreamed n>1 Completes carry their choice's index (else all say 0).
+    indexes_unstreamed: ClassVar[bool]
+    # n>1 prefills the shared prompt once before the choices, which then find it cached.
+    prefix_pass: ClassVar[bool]
+    # The scheduler's running window (vLLM's max_num_seqs).
+    max_running_requests: ClassVar[int] = MAX_RUNNING_REQUESTS
+
     def __init__(self, pb: Any, with_request_id: bool) -> None:
-        self._pb = pb
+        self.pb = pb
         self._with_request_id = with_request_id
 
-    def _response(self, request_id: str) -> Any:
+    @abstractmethod
+    def check(self, config: SimConfig, input_ids: Sequence[int] | None, sampling: Sampling) -> None:
+        """Raise ``Refused`` with the engine's words for a request it refuses (``None``:
+        it carries no tokenized prompt)."""
+
+    @abstractmethod
+    def room(self, config: SimConfig, kv_tokens: int, prompt_tokens: int) -> int:
+        """The most tokens a choice may generate after a prompt this long."""
+
+    def annotate(  # noqa: B027 (engines without extras keep it)
+        self,
+        part: Any,
+        plan: Plan,
+        start: int,
+        end: int,
+        sampling: Sampling,
+        prompt: Sequence[int] | None,
+    ) -> None:
+        """Add what the engine reports beside tokens [start, end) to a chunk or Complete
+        (``part``: logprobs), and beside the ``prompt`` when it carries the prompt's.
+        Nothing by default."""
+
+    def response(self, request_id: str) -> Any:
         if self._with_request_id:
-            return self._pb.GenerateResponse(request_id=request_id)
-        return self._pb.GenerateResponse()
+            return self.pb.GenerateResponse(request_id=request_id)
+        return self.pb.GenerateResponse()
 
-    def chunk(
-        self, request_id: str, prompt_tokens: int, index: int, cached_tokens: int = 0
-    ) -> tuple[Any, Any]:
-        """A reusable response and its stream chunk, holding one token id.
-
-        The engine overwrites ``token_ids[0]`` and ``completion_tokens`` before each
-        write: gRPC serializes a message when it is written, so one object serves the
-        whole stream and the hot loop allocates nothing.
-        """
-        message = self._response(request_id)
+    def chunk(self, request_id: str, prompt_tokens: int, cached_tokens: int, index: int) -> Any:
+        """A reusable response for one choice's chunks (``fill`` sets each chunk's
+        tokens): gRPC serializes a message when it is written, so one object serves
+        the whole stream and the hot loop allocates little."""
+        message = self.response(request_id)
         chunk = message.chunk
-        chunk.token_ids.append(0)
         chunk.prompt_tokens = prompt_tokens
         chunk.cached_tokens = cached_tokens
         chunk.index = index
-        return message, chunk
+        return message
+
+    def fill(self, message: Any, delta: Sequence[int], total: int) -> None:
+        chunk = message.chunk
+        ids = chunk.token_ids
+        if len(delta) == 1 and len(ids) == 1:
+            ids[0] = delta[0]
+        else:
+            del ids[:]
+            ids.extend(delta)
+        chunk.completion_tokens = total if self.chunk_counts_total else len(delta)
 
     def complete(
         self,
         request_id: str,
-        output_ids: list[int],
-        finish_reason: str,
+        output_ids: Sequence[int],
+        total: int,
+        finish: Finish,
         prompt_tokens: int,
+        cached_tokens: int,
         index: int,
-        cached_tokens: int = 0,
+        streamed: bool,
     ) -> Any:
-        """The final response of choice ``index``."""
-        message = self._response(request_id)
+        """Choice ``index``'s closing answer: streamed, it repeats the last chunk's
+        tokens (``output_ids``); unstreamed, it holds them all."""
+        message = self.response(request_id)
         complete = message.complete
         complete.output_ids.extend(output_ids)
-        complete.finish_reason = finish_reason
+        complete.finish_reason = finish.reason
         complete.prompt_tokens = prompt_tokens
-        complete.completion_tokens = len(output_ids)
+        complete.completion_tokens = (
+            total if (self.complete_counts_total or not streamed) else len(output_ids)
+        )
         complete.cached_tokens = cached_tokens
-        complete.index = index
+        complete.index = index if (streamed or self.indexes_unstreamed) else 0
+        if finish.matched is not None:
+            complete.matched_token_id = finish.matched
         return message
+
+
+class _Writer:
+    """A call's writes: the response headers ride with the first message, as a servicer
+    that never sends them on its own has them sent."""
+
+    __slots__ = ("_context", "_headers", "sent")
+
+    def __init__(
+        self,
+        context: ServicerContext[Any, Any],
+        headers: Callable[[], tuple[tuple[str, str], ...]],
+    ) -> None:
+        self._context = context
+        self._headers: Callable[[], tuple[tuple[str, str], ...]] | None = headers
+        self.sent = 0
+
+    async def send_headers(self) -> None:
+        """Send the headers now, if they have not gone."""
+        if self._headers is not None:
+            headers, self._headers = self._headers, None
+            await self._context.send_initial_metadata(headers())
+
+    async def write(self, message: Any) -> None:
+        await self.send_headers()
+        await self._context.write(message)
+        self.sent += 1
+
+
+class _Answers:
+    """One call's answers: chunks and Completes in its engine's dialect, for its prompt,
+    cache hit and sampling, written through ``emit``."""
+
+    __slots__ = ("cached", "dialect", "emit", "plan", "prompt", "request_id", "sampling")
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        request_id: str,
+        prompt: Sequence[int],
+        cached: int,
+        sampling: Sampling,
+        plan: Plan,
+        emit: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        self.dialect = dialect
+        self.request_id = request_id
+        self.prompt = prompt
+        self.cached = cached
+        self.sampling = sampling
+        self.plan = plan
+        self.emit = emit
+
+    def chunks(self) -> list[Any]:
+        """A reusable chunk message per choice."""
+        return [
+            self.dialect.chunk(self.request_id, len(self.prompt), self.cached, index)
+            for index in range(self.sampling.choices)
+        ]
+
+    async def chunk(self, message: Any, start: int, end: int) -> None:
+        """Write ``message`` holding tokens [start, end) of its choice."""
+        dialect = self.dialect
+        dialect.fill(message, self.plan.tokens(start, end), end)
+        if end > start:
+            prompt = self.prompt if start == 0 else None
+            dialect.annotate(message.chunk, self.plan, start, end, self.sampling, prompt)
+        await self.emit(message)
+
+    async def complete(
+        self, index: int, start: int, end: int, finish: Finish, streamed: bool
+    ) -> None:
+        """Write choice ``index``'s Complete: streamed, tokens [start, end) (its last
+        chunk's; none after an abort); unstreamed, all ``end`` tokens produced."""
+        plan, dialect = self.plan, self.dialect
+        if not streamed:
+            start = 0
+        ids = await plan.all_tokens(end) if start == 0 else plan.tokens(start, end)
+        if streamed and finish.reason == "abort":
+            ids, start = [], end
+        message = dialect.complete(
+            self.request_id, ids, end, finish, len(self.prompt), self.cached, index, streamed
+        )
+        if end > start:
+            prompt = self.prompt if start == 0 else None
+            dialect.annotate(message.complete, plan, start, end, self.sampling, prompt)
+        await self.emit(message)
 
 
 class SimEngine:
@@ -132,6 +343,7 @@ class SimEngine:
         self.config = config
         self.behaviour: Behaviour = config.behaviour
         self.active = ActiveRequests(config.dp_ranks)
+        self.max_running = MAX_RUNNING_REQUESTS  # the servicer sets its engine's
         self.kv = KvEvents(config, self.engine_load)
         self.healthy = not config.not_serving
         self.started_at = time.time()
@@ -169,6 +381,10 @@ class SimEngine:
             *(((TRACEPARENT_HEADER, view.traceparent),) if view.traceparent else ()),
         )
 
+    def writer(self, context: ServicerContext[Any, Any], view: RequestView) -> _Writer:
+        """Writes for one call, its headers sent with its first message."""
+        return _Writer(context, lambda: self.headers(context, view))
+
     def rank_of(self, request: Any) -> int:
         """The DP rank a GenerateRequest runs on: its ``data_parallel_rank`` when set
         and valid, else rank 0."""
@@ -181,48 +397,86 @@ class SimEngine:
     async def generate(
         self,
         context: ServicerContext[Any, Any],
-        codec: Codec,
+        dialect: Dialect,
         request_id: str,
-        input_ids: Sequence[int],
-        n: int,
-        max_tokens: int | None,
-        stream: bool,
+        input_ids: Sequence[int] | None,
+        sampling: Sampling,
         rank: int = 0,
         namespace: str = "",
     ) -> None:
-        """Serve one Generate call by writing its responses to ``context``."""
+        """Serve one Generate call by writing its responses to ``context`` (``input_ids``
+        None: the request has no tokenized prompt, which the engine may refuse)."""
         view = await self.read(context)
         entry = self.active.add(request_id, rank)
         try:
             await self.respond(
-                context,
-                codec,
-                entry,
-                view,
-                input_ids,
-                n,
-                max_tokens,
-                stream,
-                namespace=namespace,
+                context, dialect, entry, view, input_ids, sampling, namespace=namespace
             )
         finally:
             self.active.remove(entry)
 
+    async def plan(
+        self,
+        context: ServicerContext[Any, Any],
+        dialect: Dialect,
+        view: RequestView,
+        input_ids: Sequence[int] | None,
+        sampling: Sampling,
+        first_token: int | None = None,
+    ) -> Plan:
+        """What the engine makes of the request: refused (INVALID_ARGUMENT, the engine's
+        words), or each choice's tokens, bounded by the context.
+
+        A request that sets no maximum ends where the model stops by itself (``--tokens``,
+        its last token EOS: ``stop``), or where the context ends (``length``), or never
+        on EOS with ``ignore_eos``; one that does ends at its maximum (``length``). A
+        stop token in the output ends it there (``stop``, the token named)."""
+        try:
+            dialect.check(self.config, input_ids, sampling)
+        except Refused as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable") from exc
+        input_ids = input_ids or ()
+        room = max(0, dialect.room(self.config, self.kv_tokens, len(input_ids)))
+        natural = max(1, view.behaviour.tokens)
+        stops_by_itself = (
+            sampling.max_tokens is None and not sampling.ignore_eos and natural <= room
+        )
+        if stops_by_itself:
+            count = natural
+        elif sampling.max_tokens is None:
+            count = room
+        else:
+            count = min(sampling.max_tokens, room)
+        vocab = self.config.vocab_size
+        base = sum(input_ids) if first_token is None else first_token
+        finish = Finish("length")
+        if stops_by_itself:
+            finish = Finish("stop", EOS_TOKEN_IDS[0] if dialect.names_eos else None)
+        # The output repeats every `vocab` tokens: a stop token's first place is known.
+        limit = count - 1 if stops_by_itself else count
+        places = [(stop - base) % vocab for stop in sampling.stop_token_ids if 0 <= stop < vocab]
+        first_stop = min((k for k in places if k < limit), default=None)
+        if first_stop is not None:
+            count, stops_by_itself = first_stop + 1, False
+            finish = Finish("stop", (base + first_stop) % vocab)
+        return Plan(count, finish, base, vocab, stops_by_itself)
+
     async def respond(
         self,
         context: ServicerContext[Any, Any],
-        codec: Codec,
+        dialect: Dialect,
         entry: ActiveRequest,
         view: RequestView,
-        input_ids: Sequence[int],
-        n: int,
-        max_tokens: int | None,
-        stream: bool,
+        input_ids: Sequence[int] | None,
+        sampling: Sampling,
         first_token: int | None = None,
         namespace: str = "",
+        plan: Plan | None = None,
     ) -> None:
         """Write the responses of a tracked call; a PD decode passes the ``first_token``
-        its prefill handed over and the output continues from it.
+        its prefill handed over and the output continues from it (and the ``plan`` it
+        made before waiting for its KV).
 
         The prompt runs on ``entry.rank``'s prefix cache under ``namespace``: its cached
         full blocks are reported as ``cached_tokens`` and spare their prefill time, its
@@ -232,76 +486,89 @@ class SimEngine:
         trigger = behaviour.trigger_at
         if trigger == 0:
             await self._trigger(context, behaviour, 0)
+        if plan is None:
+            plan = await self.plan(context, dialect, view, input_ids, sampling, first_token)
+        prompt: Sequence[int] = input_ids or ()
         request_id = entry.request_id
-        prompt_tokens = len(input_ids)
-        choices = max(n, 1)
-        write = context.write
-        if behaviour.stall:
-            await entry.sleep(None)  # only an Abort gets past this; a cancel raises
-            await context.send_initial_metadata(self.headers(context, view))
-            for index in range(choices):
-                await write(codec.complete(request_id, [], "abort", prompt_tokens, index))
-            return
+        prompt_tokens = len(prompt)
+        stream = sampling.stream
+        out = self.writer(context, view)
+        if behaviour.headers_first:
+            await out.send_headers()
 
-        await context.send_initial_metadata(self.headers(context, view))
-        tokens = behaviour.tokens if max_tokens is None else max_tokens
-        output = (
-            output_tokens(input_ids, tokens)
-            if first_token is None
-            else tokens_from(first_token, tokens)
-        )
+        async def emit(message: Any) -> None:
+            await out.write(message)
+            if out.sent == trigger:
+                await self._trigger(context, behaviour, out.sent)
+
+        count = plan.count
         cache = self.kv.caches[entry.rank]
-        lease = cache.admit(namespace, input_ids)
-        cached = lease.cached_tokens
-        produced = tokens
-        sent = 0
-        ttft = behaviour.ttft_ms / 1000.0
-        if first_token is None:  # a PD decode has its KV handed over: no prefill
-            ttft += self.config.prefill_s_per_token * (prompt_tokens - cached)
-        gap = behaviour.token_ms / 1000.0
+        lease = cache.admit(namespace, prompt)
+        answers = _Answers(dialect, request_id, prompt, lease.cached_tokens, sampling, plan, emit)
+        produced = 0
+        done = False  # every token produced (else: aborted in the queue, prefill or decode)
         try:
-            if tokens and ttft and await entry.sleep(ttft):
-                produced = 0  # aborted in the prefill: nothing computed, nothing stored
+            if behaviour.stall:
+                await entry.sleep(None)  # only an Abort gets past this; a cancel raises
             else:
-                cache.store(lease)
-                if stream or ttft or gap:
-                    chunks = (
-                        [codec.chunk(request_id, prompt_tokens, i, cached) for i in range(choices)]
-                        if stream
-                        else []
-                    )
-                    for k in range(tokens):
-                        if k and gap:
-                            if await entry.sleep(gap):
-                                produced = k
-                                break
-                        elif entry.aborted:
-                            produced = k
-                            break
-                        if not stream:
-                            continue
-                        token = output[k]
-                        entry.generated = k + 1
-                        for message, chunk in chunks:
-                            chunk.token_ids[0] = token
-                            chunk.completion_tokens = k + 1
-                            await write(message)
-                            sent += 1
-                            if sent == trigger:
-                                await self._trigger(context, behaviour, sent)
-
-            reason = "abort" if entry.aborted else "length"
-            done = output if produced == tokens else output[:produced]
-            for index in range(choices):
-                await write(codec.complete(request_id, done, reason, prompt_tokens, index, cached))
-                sent += 1
-                if sent == trigger:
-                    await self._trigger(context, behaviour, sent)
-            if trigger > sent:
+                ttft = behaviour.ttft_ms / 1000.0
+                if first_token is None:  # a PD decode has its KV handed over: no prefill
+                    ttft += self.config.prefill_s_per_token * (prompt_tokens - answers.cached)
+                if not (count and ttft and await entry.sleep(ttft)):
+                    cache.store(lease)
+                    if dialect.prefix_pass and sampling.choices > 1:
+                        answers.cached = cache.hit_tokens(lease)
+                    produced = await self._tokens(entry, behaviour, answers)
+                    done = produced == count
+            if not done:
+                # Aborted: each choice's final answer from what it had produced.
+                for index in range(sampling.choices):
+                    if stream:
+                        chunk = dialect.chunk(request_id, prompt_tokens, answers.cached, index)
+                        await answers.chunk(chunk, produced, produced)
+                    await answers.complete(index, produced, produced, Finish("abort"), stream)
+            elif not stream:
+                for index in range(sampling.choices):
+                    await answers.complete(index, 0, count, plan.finish, False)
+            if trigger > out.sent:
                 # A stream shorter than the trigger point still never ends OK.
-                await self._trigger(context, behaviour, sent)
+                await self._trigger(context, behaviour, out.sent)
         finally:
             cache.release(lease)
+
+    async def _tokens(self, entry: ActiveRequest, behaviour: Behaviour, answers: _Answers) -> int:
+        """Produce the plan's tokens at the configured pace (streamed: in chunks of
+        ``tokens_per_chunk``, each choice's last chunk followed by its Complete); the
+        tokens produced, fewer when an Abort cut them short."""
+        count = answers.plan.count
+        stream = answers.sampling.stream
+        gap = behaviour.token_ms / 1000.0
+        if not stream and not gap:
+            entry.generated = count
+            return count
+        per = behaviour.tokens_per_chunk if stream else 1
+        chunks = answers.chunks() if stream else []
+        start = 0
+        written = 0
+        while start < count or (stream and not count and not written):
+            end = min(start + per, count)
+            # Token k is ready at ttft + k * gap: a chunk leaves with its last token.
+            wait = (end - start if start else max(end - 1, 0)) * gap
+            if wait:
+                if await entry.sleep(wait):
+                    return start
+            elif entry.aborted:
+                return start
+            elif written and written % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            entry.generated = end
+            written += 1
+            for index, chunk in enumerate(chunks):
+                await answers.chunk(chunk, start, end)
+                if end == count:
+                    await answers.complete(index, start, end, answers.plan.finish, True)
+            start = end
+        return count
 
     async def embed(
         self, context: ServicerContext[Any, Any], request_id: str, input_ids: Sequence[int]
@@ -368,11 +635,14 @@ class SimEngine:
             "tokenizer_path": self.config.model_path,
             "served_model_name": self.config.model,
             "is_generation": True,
-            "max_context_length": MAX_CONTEXT_LENGTH,
-            "vocab_size": VOCAB_SIZE,
+            "max_context_length": self.config.max_model_len,
+            "vocab_size": self.config.vocab_size,
+            "supports_vision": False,
             "eos_token_ids": list(EOS_TOKEN_IDS),
-            "model_type": "sim",
-            "architectures": ["SimForCausalLM"],
+            "pad_token_id": PAD_TOKEN_ID,
+            "bos_token_id": BOS_TOKEN_ID,
+            "model_type": MODEL_TYPE,
+            "architectures": list(ARCHITECTURES),
         }
 
     def running_on(self, dp_rank: int) -> int:
@@ -380,19 +650,18 @@ class SimEngine:
         return self.active.on_rank(dp_rank)
 
     def engine_load(self, dp_rank: int) -> Any:
-        """The load record a KV event batch of this rank carries."""
+        """The load record a KV event batch of this rank carries (``--kv-relay rust``)."""
         cache = self.kv.caches[dp_rank]
         return common_pb2.EngineLoad(
             running_requests=self.active.on_rank(dp_rank),
             waiting_requests=self.config.load_waiting if dp_rank == 0 else 0,
             token_usage=max(cache.usage, self.config.load_token_usage),
             active_token_usage=cache.active_usage,
-            max_running_requests=MAX_RUNNING_REQUESTS,
+            max_running_requests=self.max_running,
         )
 
-    @staticmethod
-    def token_usage(running: int) -> float:
-        return min(running / MAX_RUNNING_REQUESTS, 1.0)
+    def token_usage(self, running: int) -> float:
+        return min(running / self.max_running, 1.0)
 
     @property
     def kv_tokens(self) -> int:

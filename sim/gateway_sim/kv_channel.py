@@ -30,7 +30,6 @@ from gateway_sim.lines import ProtocolError
 
 LABEL = "kv"
 CONNECTOR = "NixlConnector"
-BLOCK_SIZE = 16
 
 
 def parse_params(raw: str) -> dict[str, Any] | None:
@@ -45,16 +44,17 @@ def parse_params(raw: str) -> dict[str, Any] | None:
 class KvChannel(HandoffServer):
     """The prefill's KV blocks, by request id, served on its side-channel port."""
 
-    def __init__(self, host: str, port: int, engine_id: str) -> None:
+    def __init__(self, host: str, port: int, engine_id: str, block_size: int) -> None:
         super().__init__(LABEL, host, port)
         self._host = host.strip("[]")
         self._engine_id = engine_id
+        self._block_size = block_size
         self._next_block = 0
 
     def hand_over(self, request_id: str, first_token: int, prompt_tokens: int) -> dict[str, Any]:
         """Keep the KV of ``request_id`` for a decode; returns the transfer params the
         prefill's Complete carries (NIXL's fields, plus the first token)."""
-        count = max(1, -(-prompt_tokens // BLOCK_SIZE))
+        count = max(1, -(-prompt_tokens // self._block_size))
         blocks = list(range(self._next_block, self._next_block + count))
         self._next_block += count
         self.publish(

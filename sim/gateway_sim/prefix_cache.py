@@ -1,6 +1,9 @@
 """A simulated engine's prefix cache, one per DP rank: full blocks of prompt token ids,
 chained, so a later prompt that starts the same way finds its prefix already computed.
 
+A prompt's hit stops short of its last token, as both engines match it: the engine needs
+that token's logits, so a prompt of exactly two blocks, both cached, is served one.
+
 A block is identified by (namespace, parent block, its token ids): the namespace (the
 request's LoRA) keeps two adapters apart even when their token ids agree, and the parent
 makes a block stand for the whole prefix up to it. A trailing partial block is never
@@ -127,10 +130,17 @@ class PrefixCache:
     # --------------------------------------------------------------- per request
 
     def admit(self, namespace: str, input_ids: Sequence[int]) -> Lease:
-        """Reference the longest cached run of full blocks the prompt starts with."""
+        """Reference the longest cached run of full blocks the prompt starts with, short
+        of its last token."""
         return Lease(
             namespace, input_ids, self._match(namespace, input_ids), self._epoch, self.block_size
         )
+
+    def hit_tokens(self, lease: Lease) -> int:
+        """What a request with this prompt would find cached now (its own blocks
+        stored): the leased blocks, short of the prompt's last token."""
+        usable = max(len(lease.input_ids) - 1, 0) // self.block_size
+        return min(len(lease.blocks), usable) * self.block_size
 
     def store(self, lease: Lease) -> None:
         """The prefill is done: cache the prompt's remaining full blocks (referenced
@@ -203,7 +213,7 @@ class PrefixCache:
         index = self._index
         path: list[Block] = []
         parent: Block | None = None
-        for start in range(0, len(ids) // size * size, size):
+        for start in range(0, max(len(ids) - 1, 0) // size * size, size):
             block = index.get((namespace, parent, tuple(ids[start : start + size])))
             if block is None:
                 break

@@ -36,7 +36,17 @@ SERVER_OPTIONS = (
 )
 
 
-class SlowHealth(health_aio.HealthServicer):  # type: ignore[misc]
+class EngineHealth(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc.health as the servicers answer it: an unknown service is NOT_FOUND, the
+    message naming it."""
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        if request.service not in self._server_status:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown service: {request.service}")
+        return await super().Check(request, context)
+
+
+class SlowHealth(EngineHealth):
     """grpc.health whose Check answers late (`delay_s`) or never (None): a wedged worker."""
 
     def __init__(self, delay_s: float | None) -> None:
@@ -151,7 +161,7 @@ async def serve(
     services = [service_name, reflection.SERVICE_NAME]
     if config.grpc_health:
         health = SlowHealth(config.health_delay_s) if config.health_delay_s != 0 else None
-        health = health or health_aio.HealthServicer()
+        health = health or EngineHealth()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         services.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     # Reflection lets grpcurl talk to a sim worker in demos without .proto files.

@@ -1,7 +1,19 @@
-"""The simulated SGLang scheduler: ``sglang.grpc.scheduler.SglangScheduler``."""
+"""The simulated SGLang scheduler: ``sglang.grpc.scheduler.SglangScheduler``, answering
+as smg-grpc-servicer 0.14.1's SGLang servicer does.
+
+- Generate's chunks carry their own tokens and count the choice's total so far (the
+  scheduler's ``meta_info``); a streamed Complete repeats the last chunk's tokens with
+  the totals, an unstreamed one holds them all. An unstreamed n>1 request's Completes
+  all say index 0 (the servicer sets none), and its choices find the prompt cached (the
+  scheduler prefills it once first).
+- The scheduler's checks: a prompt of ``max_req_input_len`` tokens or more is refused
+  (INVALID_ARGUMENT, its words); ``max_new_tokens`` is clamped to what the context
+  leaves; a stop on EOS names the token.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import struct_pb2, timestamp_pb2
@@ -9,42 +21,108 @@ from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway_sim.engine import Codec, SimEngine
+from gateway_sim.config import SimConfig
+from gateway_sim.engine import Dialect, Refused, Sampling, SimEngine
 from gateway_sim.shared import SIM_VERSION, SharedRpcs
 
 SERVICE_NAME: str = sgl_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
+# How many ids a refusal lists before it elides the rest (trailers have a size limit).
+_LISTED_IDS = 64
 
 
-_CODEC = Codec(sgl_pb2, with_request_id=True)
+def max_req_len(config: SimConfig) -> int:
+    """The scheduler's bound on prompt plus output: one short of the context and of
+    the KV pool."""
+    return min(config.max_model_len - 1, config.kv_blocks * config.block_size - 1)
+
+
+def max_req_input_len(config: SimConfig) -> int:
+    """The longest prompt the scheduler takes is one short of this."""
+    return max_req_len(config) - 5
+
+
+class SglangDialect(Dialect):
+    """SGLang's Generate answers and checks (the scheduler's, and the tokenizer
+    manager's vocabulary check, which the gRPC path would otherwise skip)."""
+
+    chunk_counts_total = True
+    complete_counts_total = True
+    names_eos = True
+    indexes_unstreamed = False
+    prefix_pass = True
+
+    def check(self, config: SimConfig, input_ids: Sequence[int] | None, sampling: Sampling) -> None:
+        if input_ids is None:
+            raise Refused("Tokenized input must be provided")
+        length = len(input_ids)
+        limit = max_req_input_len(config)
+        if length >= limit:
+            raise Refused(
+                f"Input length ({length} tokens) exceeds the maximum allowed length "
+                f"({limit} tokens). Use a shorter input or enable --allow-auto-truncate."
+            )
+        vocab = config.vocab_size
+        if any(token >= vocab for token in input_ids):
+            listed = list(input_ids[:_LISTED_IDS])
+            shown = str(listed) if length <= _LISTED_IDS else f"{str(listed)[:-1]}, ...]"
+            raise Refused(
+                f"The input_ids {shown} contains values greater than the vocab size ({vocab})."
+            )
+
+    def room(self, config: SimConfig, kv_tokens: int, prompt_tokens: int) -> int:
+        return max_req_len(config) - prompt_tokens - 1
+
+
+DIALECT = SglangDialect(sgl_pb2, with_request_id=True)
+
+
+def tokenized_ids(request: Any) -> Sequence[int] | None:
+    """The request's prompt; None when it carries no tokenized input (refused)."""
+    return request.tokenized.input_ids if request.HasField("tokenized") else None
+
+
+def sampling_of(request: Any) -> Sampling:
+    params = request.sampling_params
+    return Sampling(
+        n=params.n,
+        max_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
+        stream=request.stream,
+        stop_token_ids=frozenset(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+    )
 
 
 class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     """SGLang-only RPCs; the rest come from SharedRpcs or answer UNIMPLEMENTED."""
 
     _pb = sgl_pb2
+    dialect = DIALECT
 
     def __init__(self, engine: SimEngine) -> None:
         super().__init__(engine)
         self._loras: dict[str, Any] = {}
 
     async def Generate(self, request: Any, context: ServicerContext[Any, Any]) -> None:
-        params = request.sampling_params
         await self._engine.generate(
             context,
-            _CODEC,
+            DIALECT,
             request.request_id,
-            request.tokenized.input_ids,
-            params.n,
-            params.max_new_tokens if params.HasField("max_new_tokens") else None,
-            request.stream,
+            tokenized_ids(request),
+            sampling_of(request),
             self._engine.rank_of(request),
             request.lora_id,
         )
 
     async def Abort(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
-        if self._engine.active.abort((request.request_id,)):
-            return sgl_pb2.AbortResponse(success=True, message="")
-        return sgl_pb2.AbortResponse(success=False, message="request not found")
+        # The servicer hands the abort to the scheduler and says so, found or not.
+        self._engine.active.abort((request.request_id,))
+        return sgl_pb2.AbortResponse(success=True, message=f"Request {request.request_id} aborted")
+
+    async def GetModelInfo(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
+        return sgl_pb2.GetModelInfoResponse(
+            max_req_input_len=max_req_input_len(self._engine.config),
+            **self._engine.model_info_fields(),
+        )
 
     async def GetServerInfo(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
         config = self._engine.config
@@ -58,6 +136,10 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
                 "disaggregation_bootstrap_port": 8998,
                 "tp_size": 1,
                 "dp_size": config.dp_ranks,
+                "page_size": config.block_size,
+                "context_length": config.max_model_len,
+                "max_running_requests": DIALECT.max_running_requests,
+                "is_embedding": False,
             }
         )
         scheduler_info = struct_pb2.Struct()

@@ -26,12 +26,11 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from gateway_sim.config import split_listen
 from gateway_sim.disagg import Start, check_single_sample, reject, run_leg
 from gateway_sim.embeddings import EmbeddingReceiver, EmbeddingsMissing
-from gateway_sim.engine import Codec, SimEngine, input_logprobs_for
+from gateway_sim.engine import Sampling, SimEngine, input_logprobs_for
 from gateway_sim.lines import LineServer, address
 from gateway_sim.rendezvous import BootstrapServer, Room, wait_room
-from gateway_sim.sglang import SglangServicer
+from gateway_sim.sglang import DIALECT, SglangServicer, sampling_of, tokenized_ids
 
-_CODEC = Codec(sgl_pb2, with_request_id=True)
 # A prefill listening on every address is named by any of them.
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
@@ -90,11 +89,6 @@ async def disaggregated_params(request: Any, context: ServicerContext[Any, Any],
     return params
 
 
-def _max_new_tokens(request: Any) -> int | None:
-    params = request.sampling_params
-    return params.max_new_tokens if params.HasField("max_new_tokens") else None
-
-
 class _PdServicer(SglangServicer):
     """Reports the role in GetServerInfo and GetLoads."""
 
@@ -121,15 +115,14 @@ class _PdServicer(SglangServicer):
         )
         return response
 
-    async def GetLoads(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
-        response = await super().GetLoads(request, context)
-        for load in response.loads:
-            # The rendezvous traffic is counted on rank 0 (requests on their own rank).
-            if load.dp_rank == 0:
-                load.disaggregation.CopyFrom(self._metrics())
-            else:
-                load.disaggregation.mode = self.mode
-        return response
+    def _scheduler_load(self, rank: int) -> Any:
+        load = super()._scheduler_load(rank)
+        # The rendezvous traffic is counted on rank 0 (requests on their own rank).
+        if rank == 0:
+            load.disaggregation.CopyFrom(self._metrics())
+        else:
+            load.disaggregation.mode = self.mode
+        return load
 
 
 class SglangPrefillServicer(_PdServicer):
@@ -174,7 +167,8 @@ class SglangPrefillServicer(_PdServicer):
             )
         room = params.bootstrap_room
         request_id = request.request_id
-        input_ids = list(request.tokenized.input_ids)
+        prompt = tokenized_ids(request)
+        input_ids = list(prompt or ())
         logprobs = input_logprobs_for(input_ids) if request.return_logprob else None
         items = mm_item_count(request)
         timeout_s = self._engine.config.embedding_timeout_s
@@ -208,11 +202,10 @@ class SglangPrefillServicer(_PdServicer):
         await run_leg(
             self._engine,
             context,
-            _CODEC,
+            DIALECT,
             request_id,
-            input_ids,
-            1,
-            False,
+            prompt,
+            Sampling(max_tokens=1, stream=False),
             prepare,
             self._engine.rank_of(request),
             request.lora_id,
@@ -252,11 +245,10 @@ class SglangDecodeServicer(_PdServicer):
         await run_leg(
             self._engine,
             context,
-            _CODEC,
+            DIALECT,
             request.request_id,
-            request.tokenized.input_ids,
-            _max_new_tokens(request),
-            request.stream,
+            tokenized_ids(request),
+            sampling_of(request),
             prepare,
             self._engine.rank_of(request),
             request.lora_id,

@@ -21,16 +21,13 @@ from typing import Any
 
 import grpc
 from grpc.aio import ServicerContext
-from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 
 from gateway_sim.config import split_listen
 from gateway_sim.disagg import Start, check_single_sample, reject, run_leg
-from gateway_sim.engine import Codec, SimEngine
+from gateway_sim.engine import Sampling, SimEngine
 from gateway_sim.kv_channel import CONNECTOR, KvChannel, Remote, fetch, parse_params
 from gateway_sim.lines import LineServer
-from gateway_sim.vllm import VllmServicer, input_ids_of
-
-_CODEC = Codec(vllm_pb2, with_request_id=False)
+from gateway_sim.vllm import DIALECT, VllmServicer, input_ids_of, sampling_of
 
 
 async def transfer_params(
@@ -53,8 +50,6 @@ async def transfer_params(
 class _PdServicer(VllmServicer):
     """Reports the role in GetServerInfo."""
 
-    kv_role = ""
-
     @property
     def side_servers(self) -> list[LineServer]:
         return []
@@ -75,7 +70,7 @@ class VllmPrefillServicer(_PdServicer):
     def __init__(self, engine: SimEngine) -> None:
         super().__init__(engine)
         host, _ = split_listen(engine.config.listen)
-        self.kv = KvChannel(host, engine.config.kv_port, engine.name)
+        self.kv = KvChannel(host, engine.config.kv_port, engine.name, engine.config.block_size)
 
     @property
     def side_servers(self) -> list[LineServer]:
@@ -101,11 +96,10 @@ class VllmPrefillServicer(_PdServicer):
         await run_leg(
             self._engine,
             context,
-            _CODEC,
+            DIALECT,
             request_id,
             input_ids,
-            1,
-            False,
+            Sampling(max_tokens=1, stream=False),
             prepare,
             self._engine.rank_of(request),
         )
@@ -124,15 +118,13 @@ class VllmDecodeServicer(_PdServicer):
         async def prepare() -> Start:
             return Start(first_token=await fetch(Remote.of(params), timeout_s))
 
-        sampling = request.sampling_params
         await run_leg(
             self._engine,
             context,
-            _CODEC,
+            DIALECT,
             request.request_id,
             input_ids_of(request),
-            sampling.max_tokens if sampling.HasField("max_tokens") else None,
-            request.stream,
+            sampling_of(request),
             prepare,
             self._engine.rank_of(request),
         )

@@ -109,7 +109,7 @@ async def test_sigkilled_worker_gets_no_new_request_after_one_second(
         held = [
             sgl_grpc.SglangSchedulerStub(held_ch).Generate(
                 sgl_generate(f"held{i}", tokens=2),
-                metadata=model_md("m", ("x-sim-ttft-ms", "1200")),
+                metadata=model_md("m", ("x-sim-ttft-ms", "1200"), ("x-sim-headers-first", "1")),
                 timeout=5,
             )
             for i in range(4)

@@ -38,6 +38,7 @@ from tests.e2e.helpers import (
 )
 
 SLOW = ("x-sim-token-ms", "50")  # 100 tokens: 5 s unless aborted or cancelled
+VOCAB = ("--vocab-size", "32000")  # the vocabulary GetModelInfo is checked for
 
 
 def urls(*children: Child, runtime: str = "sglang", model: str = "m") -> list[str]:
@@ -67,9 +68,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, sim_host: SimHost) -> Iterat
     shared = SharedProcesses(tmp_path_factory.mktemp("fleet"), sim_host)
     try:
         a, b, c, v = shared.sims(
-            ("--runtime", "sglang", "--model", "m", "--name", "a"),
-            ("--runtime", "sglang", "--model", "m", "--name", "b"),
-            ("--runtime", "sglang", "--model", "m", "--name", "c"),
+            ("--runtime", "sglang", "--model", "m", "--name", "a", *VOCAB),
+            ("--runtime", "sglang", "--model", "m", "--name", "b", *VOCAB),
+            ("--runtime", "sglang", "--model", "m", "--name", "c", *VOCAB),
             ("--runtime", "vllm", "--model", "v", "--name", "v0"),
         )
         gw = shared.gateway(*urls(a, b), *urls(v, runtime="vllm", model="v"))
@@ -158,7 +159,7 @@ async def test_fleet_wide_rpcs_are_forwarded(ready: Fleet) -> None:
         vinfo = await vstub.GetModelInfo(vllm.GetModelInfoRequest(), metadata=model_md("v"))
         assert vinfo.served_model_name == "v"
         vserver = await vstub.GetServerInfo(vllm.GetServerInfoRequest(), metadata=model_md("v"))
-        assert vserver.server_type == "vllm-grpc"
+        assert (vserver.server_type, vserver.block_size) == ("", 128)  # vLLM's answer
         # A named worker (x-target-worker) answers a fleet-wide RPC when it is available.
         for _ in range(2):
             pinned = await stub.GetServerInfo(

@@ -160,7 +160,7 @@ async def test_a_full_queue_is_queue_full_with_retry_info(
 ) -> None:
     """One slot, one place in the queue: the third call is QUEUE_FULL (429, RetryInfo),
     and the one that waited keeps its place and is served once the slot frees."""
-    worker = sim("--model", "m")
+    worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {"models": {"m": {"max_inflight": 1}}, "flow": {"queue": {"max_requests": 1}}}
     gw = flow_gateway(gateway, tmp_path, [worker], settings)
     await wait_health(gw.address, "m")
@@ -198,7 +198,7 @@ async def test_a_call_waiting_past_its_class_ttl_is_queue_timeout_with_retry_inf
 ) -> None:
     """A class with a 0.3 s ttl_s: a call that waits that long is QUEUE_TIMEOUT (429,
     RetryInfo), not sooner, and no worker saw it."""
-    worker = sim("--model", "m")
+    worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {
         "models": {"m": {"max_inflight": 1}},
         "flow": {"classes": [{"name": "standard", "ttl_s": 0.3}]},
@@ -238,7 +238,7 @@ async def test_a_deadline_expiring_in_the_queue_is_deadline_exceeded_and_blames_
     """The client's own deadline passes while its call waits: DEADLINE_EXCEEDED, the
     worker never ran it, and nothing counts against the worker: with a breaker that
     opens on one failure, the worker still serves the next call."""
-    worker = sim("--model", "m")
+    worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {
         "models": {"m": {"max_inflight": 1}},
         "flow": {},
@@ -292,7 +292,7 @@ async def test_a_queued_call_whose_client_cancels_never_reaches_a_worker(
 ) -> None:
     """A queued call cancelled by its client leaves the queue at once; when the slot
     frees, nothing is sent for it: the worker goes idle and the record says no attempt."""
-    worker = sim("--model", "m")
+    worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {"models": {"m": {"max_inflight": 1}}, "flow": {}}
     gw = flow_gateway(gateway, tmp_path, [worker], settings)
     await wait_health(gw.address, "m")
@@ -331,7 +331,7 @@ async def test_a_tenant_past_its_requests_per_minute_is_rate_limited_with_retry_
     """A tenant allowed two requests a minute: its third is RATE_LIMITED (429) with
     RetryInfo saying when its budget allows it (some 30 s: the bucket refills one
     request every 30 s), before it queues or reaches a worker; another tenant is served."""
-    worker = sim("--model", "m")
+    worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {
         "flow": {"trust_tenant_header": True},
         "tenants": {"alice": {"requests_per_minute": 2}},
@@ -384,7 +384,7 @@ async def test_sigterm_serves_queued_calls_while_the_drain_lasts_then_shutting_d
     cut as any such stream is); the third, still queued a quarter second before the grace
     ends, is UNAVAILABLE SHUTTING_DOWN with RetryInfo; the gateway exits 0."""
     grace = 2.5  # ample time to free the slot before the queue is answered
-    worker = sim("--model", "m")
+    worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {"models": {"m": {"max_inflight": 1}}, "flow": {}}
     gw = flow_gateway(gateway, tmp_path, [worker], settings, "--shutdown-grace", str(grace))
     await wait_health(gw.address, "m")

@@ -92,7 +92,7 @@ async def test_each_serving_process_reports_its_own_load(sim: Launcher, gateway:
     reports only; connections spread over both processes see both."""
     worker = sim("--model", "m", "--runtime", "sglang")
     port = gateway("--processes", "2", "--worker", worker_url(worker, model="m")).port
-    held_md = (("x-model-id", "m"), ("x-sim-ttft-ms", "30000"))
+    held_md = (("x-model-id", "m"), ("x-sim-ttft-ms", "30000"), ("x-sim-headers-first", "1"))
     async with channel(f"127.0.0.1:{port}") as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         held = [stub.Generate(sgl_generate(f"held-{i}"), metadata=held_md) for i in range(3)]

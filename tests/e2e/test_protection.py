@@ -173,7 +173,7 @@ async def test_clients_that_stop_reading_stall_the_worker_not_the_gateway(
     is sampled every 0.25 s and called paused once it has not moved for 2 s (a filling
     sim adds hundreds in any 0.25 s), then must stay put for 2 s more."""
     streams = 5
-    worker = sim("--model", "m", "--tokens", "1000000")
+    worker = sim("--model", "m", "--tokens", "1000000", "--max-model-len", "2000000")
     config = write_config(tmp_path, {"upstream": {"stream_window_bytes": 64 * 1024}})
     gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
     await wait_health(gw.address, "m")

@@ -94,7 +94,9 @@ async def test_both_protocols_relay_exact_message_counts(ready: Fleet) -> None:
         assert [m.chunk.token_ids[0] for m in messages[:5]] == [6, 7, 8, 9, 10]
         assert all(m.request_id == "s1" for m in messages)
         assert messages[-1].complete.finish_reason == "length"
-        assert list(messages[-1].complete.output_ids) == [6, 7, 8, 9, 10]
+        # SGLang's streamed Complete repeats its last chunk's tokens, with the totals.
+        assert list(messages[-1].complete.output_ids) == [10]
+        assert messages[-1].complete.completion_tokens == 5
         assert dict(await call.initial_metadata())["x-sim-worker"] == "sgl-0"
 
         call = sgl_stub.Generate(sgl_generate("s2", tokens=5, stream=False), metadata=model_md("s"))
@@ -115,7 +117,9 @@ async def test_both_protocols_relay_exact_message_counts(ready: Fleet) -> None:
         assert error is None
         assert len(messages) == 8
         assert messages[-1].complete.finish_reason == "length"
-        assert messages[-1].complete.completion_tokens == 7
+        # vLLM streams deltas: each chunk counts its own token, the Complete its last.
+        assert sum(m.chunk.completion_tokens for m in messages[:-1]) == 7
+        assert messages[-1].complete.completion_tokens == 1
         assert dict(await call.initial_metadata())["x-sim-worker"] == "vllm-0"
 
         call = vllm_stub.Generate(
@@ -153,7 +157,8 @@ async def test_response_headers_are_relayed_before_the_first_message(ready: Flee
     async with channel(gw.address) as ch:
         started = time.monotonic()
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(
-            sgl_generate(tokens=2), metadata=model_md("s", ("x-sim-ttft-ms", "1200"))
+            sgl_generate(tokens=2),
+            metadata=model_md("s", ("x-sim-ttft-ms", "1200"), ("x-sim-headers-first", "1")),
         )
         headers = await call.initial_metadata()
         headers_s = time.monotonic() - started
@@ -280,7 +285,8 @@ async def test_concurrent_streams_are_relayed_independently(ready: Fleet) -> Non
         tokens = i % 12 + 1
         assert error is None
         assert len(messages) == tokens + 1
-        assert messages[-1].complete.completion_tokens == tokens
+        # SGLang's Complete counts them all; vLLM's, a delta, its last chunk's one.
+        assert messages[-1].complete.completion_tokens == (tokens if i < 12 else 1)
         if i < 12:
             assert {m.request_id for m in messages} == {f"cc-{i}"}
     assert await wait_idle(ready.sglang.address) == 0

@@ -67,7 +67,7 @@ async def test_worker_dying_after_its_headers_but_before_a_message_is_retried(
     async with channel(gw.address) as ch:
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(
             sgl_generate("h1", tokens=3),
-            metadata=model_md("m", ("x-sim-ttft-ms", "1500")),
+            metadata=model_md("m", ("x-sim-ttft-ms", "1500"), ("x-sim-headers-first", "1")),
             timeout=8,
         )
         # The worker has sent its headers and now waits for its first token: kill it.

@@ -352,7 +352,8 @@ class TestLegVerdicts:
     async def test_sglang_prefill_and_vllm_decode_is_no_compatible_pair(self) -> None:
         message = (
             "The prefill and decode workers for model 'm' share no runtime or KV transfer "
-            "setup (prefill on sglang [sim]; decode on vllm [NixlConnector])"
+            "setup (prefill on sglang [sim]; decode on vllm [NixlConnector kv_cache_dtype=auto "
+            "block_size=128])"
         )
         async with (
             sim("--role", "prefill", "--model", "m") as prefill,

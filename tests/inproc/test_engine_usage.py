@@ -15,7 +15,8 @@ from tests.e2e.helpers import collect, model_md
 from tests.inproc.harness import client, gateway, idle, sim
 from tests.inproc.test_flow import recorded
 
-PROMPT = list(range(100, 164))  # 64 tokens: four full blocks of the simulator's 16
+# Four full blocks of 16 and a token (an engine's hit stops short of the last token).
+PROMPT = list(range(100, 165))
 
 
 def generate(request_id: str, n: int = 1, stream: bool = True) -> Any:
@@ -29,7 +30,7 @@ def generate(request_id: str, n: int = 1, stream: bool = True) -> Any:
 
 async def test_engine_reported_tokens_are_recorded_beside_the_expected_ones() -> None:
     async with (
-        sim("--model", "m") as w,
+        sim("--model", "m", "--block-size", "16") as w,
         gateway(w.url(model="m", runtime="sglang"), default_policy="cache_aware") as gw,
         client(gw) as ch,
     ):

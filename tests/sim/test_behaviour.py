@@ -29,9 +29,14 @@ def test_defaults() -> None:
     assert config.behaviour == Behaviour()
     assert config.worker_name(4242) == "sglang@127.0.0.1:4242"
     assert config.grpc_health and not config.not_serving and config.dp_ranks == 1
-    assert (config.block_size, config.kv_blocks, config.prefill_s_per_token) == (16, 4096, 0.0)
+    # The tiny Llama the real-engine tests serve, on vLLM's CPU backend.
+    assert (config.max_model_len, config.vocab_size) == (2048, 512)
+    assert (config.block_size, config.kv_blocks, config.prefill_s_per_token) == (128, 4096, 0.0)
+    assert config.kv_relay == "python"
     assert (config.kv_history, config.kv_heartbeat_s, config.kv_queue) == (1024, 1.0, 1024)
+    assert config.kv_heartbeat_backoff_s == 5.0
     assert config.kv_events
+    assert config.behaviour.tokens_per_chunk == 1
 
 
 def test_cache_flags() -> None:
@@ -43,10 +48,21 @@ def test_cache_flags() -> None:
         "--kv-heartbeat-ms=0",
         "--kv-queue=2",
         "--no-kv-events",
+        "--kv-relay=rust",
+        "--kv-heartbeat-backoff-ms=250",
     )
     assert (config.block_size, config.kv_blocks, config.prefill_s_per_token) == (4, 9, 0.00025)
     assert (config.kv_history, config.kv_heartbeat_s, config.kv_queue) == (3, 0.0, 2)
+    assert (config.kv_relay, config.kv_heartbeat_backoff_s) == ("rust", 0.25)
     assert not config.kv_events
+
+
+def test_model_flags() -> None:
+    config = parse(
+        "--max-model-len=64", "--vocab-size=32000", "--tokens-per-chunk=3", "--headers-first"
+    )
+    assert (config.max_model_len, config.vocab_size) == (64, 32000)
+    assert config.behaviour.tokens_per_chunk == 3 and config.behaviour.headers_first
 
 
 def test_flags() -> None:
@@ -87,6 +103,10 @@ def test_flags() -> None:
         ["--kv-blocks=0"],
         ["--kv-history=0"],
         ["--prefill-us-per-token=-1"],
+        ["--kv-relay=go"],
+        ["--max-model-len=0"],
+        ["--vocab-size=0"],
+        ["--tokens-per-chunk=0"],
     ],
 )
 def test_bad_flags(argv: list[str]) -> None:
@@ -112,10 +132,14 @@ def test_overrides() -> None:
             ("x-sim-fail-code", "none"),
             ("x-sim-stall", "0"),
             ("x-sim-exit-after", "none"),
+            ("x-sim-tokens-per-chunk", "4"),
+            ("x-sim-headers-first", "yes"),
             ("x-sim-unknown", "ignored"),
         ],
     )
-    assert view.behaviour == Behaviour(tokens=7, ttft_ms=2.5, token_ms=1.0)
+    assert view.behaviour == Behaviour(
+        tokens=7, ttft_ms=2.5, token_ms=1.0, tokens_per_chunk=4, headers_first=True
+    )
     failing = read_request(base, [("x-sim-fail-code", "unavailable"), ("x-sim-fail-after", "4")])
     assert failing.behaviour.fail_code == grpc.StatusCode.UNAVAILABLE
     assert failing.behaviour.trigger_at == 1  # the exit comes first
@@ -129,6 +153,7 @@ def test_overrides() -> None:
         ("x-sim-token-ms", "nan"),
         ("x-sim-fail-code", "BOGUS"),
         ("x-sim-stall", "maybe"),
+        ("x-sim-tokens-per-chunk", "0"),
     ],
 )
 def test_bad_overrides(key: str, value: str) -> None:

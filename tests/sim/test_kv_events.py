@@ -1,6 +1,8 @@
-"""SubscribeKvEvents of the simulated engines (hosted workers, tests/sim/conftest.py):
+"""SubscribeKvEvents of the simulated engines (hosted workers, tests/sim/conftest.py), as
+the Rust relay of smg-grpc-servicer's engine_servicer serves it (``--kv-relay rust``):
 snapshots, live stored/removed/cleared events, resuming from a cursor, DATA_LOSS,
-heartbeats, DP ranks, slow subscribers and engines without KV events."""
+heartbeats, DP ranks, slow subscribers and engines without KV events. The default, the
+Python relay (live only), is tests/sim/test_kv_relay.py's."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from tests.sim.kv import RUNTIMES, engine, hashes, kinds, prompt, stored_of
 from tests.sim.test_sim import StartSim
 
 INT64 = range(-(2**63), 2**63)
+# The Rust relay, and token ids past the tiny model's vocabulary.
+RUST = ("--kv-relay", "rust", "--vocab-size", "32000")
 
 
 def assert_device_store(stored: Any, blocks: list[list[int]], block_size: int) -> None:
@@ -31,7 +35,7 @@ def assert_device_store(stored: Any, blocks: list[list[int]], block_size: int) -
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_snapshot_then_live_stored_events(start_sim: StartSim, runtime: str) -> None:
-    sim = start_sim("--runtime", runtime, "--block-size", "4")
+    sim = start_sim(*RUST, "--runtime", runtime, "--block-size", "4")
     ten = prompt(10)
     async with engine(sim, runtime) as eng, eng.subscribe() as feed:
         snapshot = await feed.next()
@@ -48,7 +52,9 @@ async def test_snapshot_then_live_stored_events(start_sim: StartSim, runtime: st
     assert snapshot.sequence_number == 1 and snapshot.dp_rank == 0
     assert (snapshot.snapshot.index, snapshot.snapshot.count, snapshot.snapshot.blocks) == (0, 1, 0)
     assert kinds(snapshot) == ["cleared"]
-    assert snapshot.load.max_running_requests == 256 and not snapshot.load.load_only
+    # The running window: SGLang's, vLLM's CPU backend's max_num_seqs.
+    assert snapshot.load.max_running_requests == (256 if runtime == "sglang" else 128)
+    assert not snapshot.load.load_only
 
     assert first.sequence_number == 2 and first.dp_rank == 0 and not first.HasField("snapshot")
     [stored] = stored_of(first)
@@ -79,7 +85,7 @@ async def test_snapshot_then_live_stored_events(start_sim: StartSim, runtime: st
 async def test_snapshot_chunks_are_consecutive_and_end_at_the_sequence(
     start_sim: StartSim,
 ) -> None:
-    sim = start_sim("--block-size", "1")
+    sim = start_sim(*RUST, "--block-size", "1")
     long = prompt(600)
     async with engine(sim) as eng:
         await eng.generate(long)  # sequence 1: 600 blocks
@@ -114,7 +120,7 @@ async def test_snapshot_chunks_are_consecutive_and_end_at_the_sequence(
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_resume_replays_exactly_the_missed_batches(start_sim: StartSim, runtime: str) -> None:
-    sim = start_sim("--runtime", runtime, "--block-size", "4")
+    sim = start_sim(*RUST, "--runtime", runtime, "--block-size", "4")
     async with engine(sim, runtime) as eng, eng.subscribe() as witness:
         await witness.next()  # snapshot, sequence 1
         async with eng.subscribe() as leaving:
@@ -141,7 +147,7 @@ async def test_resume_replays_exactly_the_missed_batches(start_sim: StartSim, ru
 
 
 async def test_data_loss_when_the_cursor_is_older_than_the_history(start_sim: StartSim) -> None:
-    sim = start_sim("--block-size", "4", "--kv-history", "2")
+    sim = start_sim(*RUST, "--block-size", "4", "--kv-history", "2")
     async with engine(sim) as eng:
         for start in (100, 200, 300, 400):  # sequences 1..4; 3 and 4 are kept
             await eng.generate(prompt(4, start))
@@ -163,7 +169,7 @@ async def test_data_loss_when_the_cursor_is_older_than_the_history(start_sim: St
 
 
 async def test_heartbeats_are_load_only_and_repeat_the_last_sequence(start_sim: StartSim) -> None:
-    sim = start_sim("--block-size", "4", "--kv-heartbeat-ms", "100", "--load-waiting", "3")
+    sim = start_sim(*RUST, "--block-size", "4", "--kv-heartbeat-ms", "100", "--load-waiting", "3")
     async with engine(sim) as eng, eng.subscribe() as feed:
         snapshot = await feed.next(heartbeats=True)
         since = time.monotonic()
@@ -186,7 +192,7 @@ async def test_heartbeats_are_load_only_and_repeat_the_last_sequence(start_sim: 
 async def test_heartbeats_before_the_first_batch_only_when_asked(start_sim: StartSim) -> None:
     """A rank that has published nothing numbers its heartbeats 0, and only a subscriber
     that takes load records before the first batch gets them."""
-    sim = start_sim("--block-size", "4", "--kv-heartbeat-ms", "50")
+    sim = start_sim(*RUST, "--block-size", "4", "--kv-heartbeat-ms", "50")
     async with (
         engine(sim) as eng,
         eng.subscribe(7, early_records=True) as early,
@@ -204,7 +210,7 @@ async def test_heartbeats_before_the_first_batch_only_when_asked(start_sim: Star
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_flush_cache_clears_every_rank(start_sim: StartSim, runtime: str) -> None:
-    sim = start_sim("--runtime", runtime, "--block-size", "4", "--dp-ranks", "2")
+    sim = start_sim(*RUST, "--runtime", runtime, "--block-size", "4", "--dp-ranks", "2")
     tokens = prompt(8)
     async with engine(sim, runtime) as eng, eng.subscribe() as feed:
         await feed.take(2)  # the snapshots
@@ -229,8 +235,8 @@ async def test_flush_cache_clears_every_rank(start_sim: StartSim, runtime: str) 
 async def test_dp_ranks_have_their_own_cache_and_sequence(
     start_sim: StartSim, runtime: str
 ) -> None:
-    sim = start_sim("--runtime", runtime, "--block-size", "4", "--dp-ranks", "2")
-    tokens = prompt(8)
+    sim = start_sim(*RUST, "--runtime", runtime, "--block-size", "4", "--dp-ranks", "2")
+    tokens = prompt(9)  # two full blocks, both hit (a hit stops short of the last token)
     async with engine(sim, runtime) as eng, eng.subscribe() as feed:
         snapshots = await feed.take(2)
         slow = eng.generate(tokens, rank=1, tokens=3, metadata=(("x-sim-token-ms", "200"),))
@@ -265,12 +271,12 @@ async def test_dp_ranks_have_their_own_cache_and_sequence(
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_no_kv_events_is_unimplemented(start_sim: StartSim, runtime: str) -> None:
-    sim = start_sim("--runtime", runtime, "--block-size", "4", "--no-kv-events")
+    sim = start_sim(*RUST, "--runtime", runtime, "--block-size", "4", "--no-kv-events")
     async with engine(sim, runtime) as eng:
         async with eng.subscribe() as feed:
             error = await feed.error()
-        await eng.generate(prompt(8))
-        again = await eng.generate(prompt(8))
+        await eng.generate(prompt(9))
+        again = await eng.generate(prompt(9))
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
     assert again.cached[-1] == 8  # the cache itself still works
 
@@ -278,7 +284,10 @@ async def test_no_kv_events_is_unimplemented(start_sim: StartSim, runtime: str) 
 async def test_a_slow_subscriber_is_dropped_not_buffered(start_sim: StartSim) -> None:
     """A subscriber that stops reading fills its flow-control window, then its queue of
     4 batches: it ends with RESOURCE_EXHAUSTED while a reading subscriber gets all."""
-    sim = start_sim("--kv-queue", "4", "--kv-heartbeat-ms", "0")
+    sim = start_sim(
+        *RUST, "--kv-queue", "4", "--kv-heartbeat-ms", "0", "--block-size", "16",
+        "--max-model-len", "8192",
+    )  # fmt: skip
     small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384)]
     requests = 30
     async with (

@@ -503,9 +503,11 @@ async def test_abort_while_waiting_for_the_room(sims: Sims) -> None:
         messages = [message async for message in call]
         assert time.monotonic() - started < 0.3  # not the 0.5 s bootstrap timeout
         loads = await stub.GetLoads(sgl_pb2.GetLoadsRequest())
-    assert [m.WhichOneof("response") for m in messages] == ["complete"]
-    assert messages[0].complete.finish_reason == "abort"
-    assert list(messages[0].complete.output_ids) == []
+    # Streamed: the final output with no new token, then its Complete.
+    assert [m.WhichOneof("response") for m in messages] == ["chunk", "complete"]
+    assert list(messages[0].chunk.token_ids) == []
+    assert messages[1].complete.finish_reason == "abort"
+    assert list(messages[1].complete.output_ids) == []
     assert loads.loads[0].num_running_reqs == 0
     assert loads.loads[0].disaggregation.decode_transfer_queue_reqs == 0
 

@@ -26,7 +26,7 @@ async def test_cached_tokens_count_full_blocks_only(start_sim: StartSim, runtime
         # Shares only the first block (token 4 differs), then longer than the cached run.
         branch = await eng.generate([*ten[:4], 7, *ten[5:], *prompt(6, 500)])
         short = await eng.generate(ten[:3])  # no full block at all
-        longer = await eng.generate([*ten, *prompt(6, 900)])  # 4 full blocks, 2 cached
+        longer = await eng.generate([*ten, *prompt(6, 300)])  # 4 full blocks, 2 cached
 
     assert first.cached == [0, 0, 0]
     assert again.cached == [8, 8, 8]
@@ -38,9 +38,22 @@ async def test_cached_tokens_count_full_blocks_only(start_sim: StartSim, runtime
     assert longer.complete.prompt_tokens == 16
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_hit_stops_short_of_the_last_token(start_sim: StartSim, runtime: str) -> None:
+    """The engine needs the last prompt token's logits: a prompt of exactly two blocks,
+    both cached, is served one from the cache."""
+    sim = start_sim("--runtime", runtime, "--block-size", "4")
+    async with engine(sim, runtime) as eng:
+        await eng.generate(prompt(8))
+        exact = await eng.generate(prompt(8))
+        one_more = await eng.generate(prompt(9))
+    assert exact.cached[-1] == 4
+    assert one_more.cached[-1] == 8
+
+
 async def test_lora_namespaces_never_share_blocks(start_sim: StartSim) -> None:
     sim = start_sim("--block-size", "4")
-    tokens = prompt(8)
+    tokens = prompt(9)
     async with engine(sim) as eng:
         a1 = await eng.generate(tokens, lora="adapter-a")
         b1 = await eng.generate(tokens, lora="adapter-b")
@@ -56,7 +69,10 @@ async def test_lora_namespaces_never_share_blocks(start_sim: StartSim) -> None:
 async def test_ttft_counts_the_uncached_tokens(start_sim: StartSim, runtime: str) -> None:
     """1 ms a prompt token: 250 ms for 250 new tokens; 10 ms once 240 are cached; the
     per-request TTFT override stays the base."""
-    sim = start_sim("--runtime", runtime, "--prefill-us-per-token", "1000", "--ttft-ms", "20")
+    sim = start_sim(
+        "--runtime", runtime, "--prefill-us-per-token", "1000", "--ttft-ms", "20",
+        "--block-size", "16",
+    )  # fmt: skip
     run_alone()
     tokens = prompt(250)  # 15 full blocks of 16 and a partial one
     async with engine(sim, runtime) as eng:
@@ -72,8 +88,8 @@ async def test_ttft_counts_the_uncached_tokens(start_sim: StartSim, runtime: str
 async def test_lru_eviction_tail_first_then_misses(start_sim: StartSim) -> None:
     """Four blocks of room: A and B fill it, A is used again, C evicts B (the least
     recently used) tail first; B then misses and A still hits."""
-    sim = start_sim("--block-size", "4", "--kv-blocks", "4")
-    a, b, c = prompt(8, 100), prompt(8, 200), prompt(8, 300)
+    sim = start_sim("--block-size", "4", "--kv-blocks", "4", "--kv-relay", "rust")
+    a, b, c = prompt(9, 100), prompt(9, 200), prompt(9, 300)  # two full blocks each
     async with engine(sim) as eng, eng.subscribe() as feed:
         assert kinds(await feed.next()) == ["cleared"]
         await eng.generate(a)
@@ -88,7 +104,7 @@ async def test_lru_eviction_tail_first_then_misses(start_sim: StartSim) -> None:
         again_c = await eng.generate(c)
     assert kinds(c_batch) == ["removed", "stored"]
     assert removed_of(c_batch) == hashes(stored_b)[::-1]  # tail first
-    assert [list(block.token_ids) for block in stored_of(c_batch)[0].blocks] == [c[:4], c[4:]]
+    assert [list(block.token_ids) for block in stored_of(c_batch)[0].blocks] == [c[:4], c[4:8]]
     assert again_b.cached[-1] == 0
     assert removed_of(b_batch) == hashes(stored_a)[::-1]
     assert again_c.cached[-1] == 8
@@ -97,8 +113,8 @@ async def test_lru_eviction_tail_first_then_misses(start_sim: StartSim) -> None:
 async def test_blocks_in_use_are_not_evicted(start_sim: StartSim) -> None:
     """While A streams, its blocks stay: C, with B filling the rest of the room, evicts
     B instead. Once A ends it is evictable again, and counts as used when it ended."""
-    sim = start_sim("--block-size", "4", "--kv-blocks", "4")
-    a, b, c, d = prompt(8, 100), prompt(8, 200), prompt(8, 300), prompt(8, 400)
+    sim = start_sim("--block-size", "4", "--kv-blocks", "4", "--kv-relay", "rust")
+    a, b, c, d = prompt(9, 100), prompt(9, 200), prompt(9, 300), prompt(9, 400)
     async with engine(sim) as eng, eng.subscribe() as feed:
         await feed.next()  # the snapshot
         running = asyncio.ensure_future(

@@ -59,6 +59,7 @@ def sgl_request(
 def vllm_request(
     request_id: str = "req", *, stream: bool = True, max_tokens: int | None = None, n: int = 0
 ) -> Any:
+    """A vLLM GenerateRequest for PROMPT."""
     params = vllm_pb2.SamplingParams(n=n)
     if max_tokens is not None:
         params.max_tokens = max_tokens
@@ -110,6 +111,9 @@ def trailers(error: grpc.aio.AioRpcError) -> dict[str, Any]:
 
 
 async def test_sglang_streaming_generate(sglang_sim: SimProcess) -> None:
+    """No maximum: the model stops by itself after 16 tokens, the last one EOS. Chunks
+    count the choice's total so far; the Complete repeats the last chunk's tokens with
+    the totals and names the EOS it stopped on."""
     async with channel(sglang_sim) as ch:
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(
             sgl_request("s-1"), metadata=(("x-trace", "t1"),), timeout=10
@@ -118,8 +122,8 @@ async def test_sglang_streaming_generate(sglang_sim: SimProcess) -> None:
         headers = dict(await call.initial_metadata())
         assert await call.code() == grpc.StatusCode.OK
 
-    expected = output_tokens(PROMPT, 16)
-    assert expected[0] == sum(PROMPT) % 32000
+    expected = [*output_tokens(PROMPT, 15), 2]
+    assert expected[0] == sum(PROMPT) % 512
     assert len(messages) == 17
     for k, message in enumerate(messages[:-1]):
         assert message.request_id == "s-1"
@@ -131,8 +135,8 @@ async def test_sglang_streaming_generate(sglang_sim: SimProcess) -> None:
     final = messages[-1]
     assert final.request_id == "s-1"
     assert final.WhichOneof("response") == "complete"
-    assert list(final.complete.output_ids) == expected
-    assert final.complete.finish_reason == "length"
+    assert list(final.complete.output_ids) == [2]  # the last chunk's, again
+    assert (final.complete.finish_reason, final.complete.matched_token_id) == ("stop", 2)
     assert (final.complete.prompt_tokens, final.complete.completion_tokens) == (3, 16)
 
     assert headers["x-sim-worker"] == "sgl-shared"
@@ -150,41 +154,255 @@ async def test_sglang_non_streaming_request_max_wins(sglang_sim: SimProcess) -> 
     assert len(messages) == 1
     assert list(messages[0].complete.output_ids) == output_tokens(PROMPT, 5)
     assert messages[0].complete.completion_tokens == 5
+    assert messages[0].complete.finish_reason == "length"
+    assert not messages[0].complete.HasField("matched_token_id")
     assert headers["x-sim-deadline-ms"] == "none"
 
 
 async def test_vllm_streaming_and_non_streaming(vllm_sim: SimProcess) -> None:
+    """Deltas: every chunk carries and counts its own token; the Complete repeats the
+    last one only. Unstreamed, one Complete holds them all; a stop on EOS names none."""
     async with channel(vllm_sim) as ch:
         stub = vllm_grpc.VllmEngineStub(ch)
         streamed = await drain(stub.Generate(vllm_request(max_tokens=4), timeout=10))
-        whole = await drain(stub.Generate(vllm_request(stream=False), timeout=10))
-        call = stub.Generate(vllm_request(stream=False, max_tokens=0), timeout=10)
-        empty = await drain(call)
+        call = stub.Generate(vllm_request(stream=False), timeout=10)
+        whole = await drain(call)
         assert dict(await call.initial_metadata())["x-sim-worker"] == "vllm-shared"
 
+    expected = output_tokens(PROMPT, 4)
     assert [m.WhichOneof("response") for m in streamed] == ["chunk"] * 4 + ["complete"]
-    assert [m.chunk.token_ids[0] for m in streamed[:-1]] == output_tokens(PROMPT, 4)
-    assert streamed[-1].complete.completion_tokens == 4
+    assert [list(m.chunk.token_ids) for m in streamed[:-1]] == [[t] for t in expected]
+    assert [m.chunk.completion_tokens for m in streamed[:-1]] == [1, 1, 1, 1]
+    assert all(m.chunk.prompt_tokens == 3 for m in streamed[:-1])
+    final = streamed[-1].complete
+    assert list(final.output_ids) == expected[-1:] and final.completion_tokens == 1
+    assert (final.finish_reason, final.prompt_tokens, final.index) == ("length", 3, 0)
     assert len(whole) == 1
-    assert list(whole[0].complete.output_ids) == output_tokens(PROMPT, 16)
-    assert whole[0].complete.finish_reason == "length"
-    assert len(empty) == 1 and list(empty[0].complete.output_ids) == []
+    assert list(whole[0].complete.output_ids) == [*output_tokens(PROMPT, 15), 2]
+    assert whole[0].complete.completion_tokens == 16
+    assert whole[0].complete.finish_reason == "stop"
+    assert not whole[0].complete.HasField("matched_token_id")
 
 
 async def test_n2_indices(sglang_sim: SimProcess, vllm_sim: SimProcess) -> None:
+    """n=2 interleaves the choices, each with its index. Unstreamed, vLLM's Completes
+    carry their index and SGLang's all say 0 (its servicer sets none)."""
     async with channel(sglang_sim) as ch:
-        sgl = await drain(
-            sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_request(max_new_tokens=3, n=2))
-        )
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        sgl = await drain(stub.Generate(sgl_request(max_new_tokens=3, n=2)))
+        sgl_whole = await drain(stub.Generate(sgl_request(max_new_tokens=3, n=2, stream=False)))
     async with channel(vllm_sim) as ch:
-        vl = await drain(vllm_grpc.VllmEngineStub(ch).Generate(vllm_request(max_tokens=3, n=2)))
-    for messages in (sgl, vl):
+        stub = vllm_grpc.VllmEngineStub(ch)
+        vl = await drain(stub.Generate(vllm_request(max_tokens=3, n=2)))
+        vl_whole = await drain(stub.Generate(vllm_request(max_tokens=3, n=2, stream=False)))
+    for messages, last_count in ((sgl, 3), (vl, 1)):
         assert len(messages) == 2 * 3 + 2
         chunks = [m.chunk for m in messages if m.WhichOneof("response") == "chunk"]
         completes = [m.complete for m in messages if m.WhichOneof("response") == "complete"]
-        assert sorted(c.index for c in chunks) == [0, 0, 0, 1, 1, 1]
+        assert [c.index for c in chunks] == [0, 1, 0, 1, 0, 1]
         assert sorted(c.index for c in completes) == [0, 1]
-        assert all(c.completion_tokens == 3 for c in completes)
+        assert all(c.completion_tokens == last_count for c in completes)
+    assert [m.complete.index for m in vl_whole] == [0, 1]
+    assert [m.complete.index for m in sgl_whole] == [0, 0]
+    for whole in (sgl_whole, vl_whole):
+        assert all(list(m.complete.output_ids) == output_tokens(PROMPT, 3) for m in whole)
+        assert all(m.complete.completion_tokens == 3 for m in whole)
+
+
+async def test_several_tokens_per_chunk(sglang_sim: SimProcess, vllm_sim: SimProcess) -> None:
+    """A reader that lags gets several tokens a chunk: vLLM counts each chunk's own,
+    SGLang the total; both Completes repeat the last chunk."""
+    per_chunk = (("x-sim-tokens-per-chunk", "3"),)
+    async with channel(vllm_sim) as ch:
+        vl = await drain(
+            vllm_grpc.VllmEngineStub(ch).Generate(vllm_request(max_tokens=7), metadata=per_chunk)
+        )
+    async with channel(sglang_sim) as ch:
+        sgl = await drain(
+            sgl_grpc.SglangSchedulerStub(ch).Generate(
+                sgl_request(max_new_tokens=7), metadata=per_chunk
+            )
+        )
+    expected = output_tokens(PROMPT, 7)
+    for messages in (vl, sgl):
+        assert [list(m.chunk.token_ids) for m in messages[:-1]] == [
+            expected[:3],
+            expected[3:6],
+            expected[6:],
+        ]
+        assert list(messages[-1].complete.output_ids) == expected[6:]
+    assert [m.chunk.completion_tokens for m in vl[:-1]] == [3, 3, 1]
+    assert vl[-1].complete.completion_tokens == 1
+    assert [m.chunk.completion_tokens for m in sgl[:-1]] == [3, 6, 7]
+    assert sgl[-1].complete.completion_tokens == 7
+
+
+async def test_stop_token_ids_end_the_choice(sglang_sim: SimProcess, vllm_sim: SimProcess) -> None:
+    expected = output_tokens(PROMPT, 10)
+    stop = expected[2]
+    sgl = sgl_request(max_new_tokens=10, stream=False)
+    sgl.sampling_params.stop_token_ids.append(stop)
+    vl = vllm_request(max_tokens=10, stream=False)
+    vl.sampling_params.stop_token_ids.append(stop)
+    async with channel(sglang_sim) as ch:
+        [sgl_done] = await drain(sgl_grpc.SglangSchedulerStub(ch).Generate(sgl))
+    async with channel(vllm_sim) as ch:
+        [vl_done] = await drain(vllm_grpc.VllmEngineStub(ch).Generate(vl))
+    for done in (sgl_done.complete, vl_done.complete):
+        assert list(done.output_ids) == expected[:3]
+        assert (done.finish_reason, done.matched_token_id, done.completion_tokens) == (
+            "stop",
+            stop,
+            3,
+        )
+
+
+async def test_output_ends_where_the_context_does(start_sim: StartSim) -> None:
+    """A request for 4e9 tokens gets what the context leaves (vLLM: the model length
+    less the prompt; SGLang: one short of that, and one more for its own bound), and so
+    does one that ignores EOS and sets no maximum."""
+    vl = start_sim("--runtime", "vllm", "--max-model-len", "64")
+    sgl = start_sim("--max-model-len", "64")
+    async with channel(vl) as ch:
+        stub = vllm_grpc.VllmEngineStub(ch)
+        [huge] = await drain(stub.Generate(vllm_request(max_tokens=4_000_000_000, stream=False)))
+        request = vllm_request(stream=False)
+        request.sampling_params.ignore_eos = True
+        [endless] = await drain(stub.Generate(request))
+    async with channel(sgl) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        [sgl_huge] = await drain(
+            stub.Generate(sgl_request(max_new_tokens=4_000_000_000, stream=False))
+        )
+        request = sgl_request(stream=False)
+        request.sampling_params.ignore_eos = True
+        [sgl_endless] = await drain(stub.Generate(request))
+    for done, count in ((huge, 61), (endless, 61), (sgl_huge, 59), (sgl_endless, 59)):
+        assert (done.complete.completion_tokens, done.complete.finish_reason) == (count, "length")
+        assert list(done.complete.output_ids) == output_tokens(PROMPT, count)
+
+
+async def test_a_huge_stream_never_starves_the_loop(start_sim: StartSim) -> None:
+    """4e9 tokens asked, no delay between them: the stream yields to the event loop, so
+    the worker answers other calls while it streams."""
+    sim = start_sim("--runtime", "vllm", "--max-model-len", "10000000")
+    async with channel(sim) as ch:
+        stub = vllm_grpc.VllmEngineStub(ch)
+        call = stub.Generate(vllm_request("big", max_tokens=4_000_000_000), timeout=30)
+        await call.read()
+        for _ in range(5):
+            started = time.monotonic()
+            await stub.GetLoads(vllm_pb2.GetLoadsRequest(), timeout=5)
+            assert time.monotonic() - started < 0.5
+        call.cancel()
+
+
+async def test_headers_ride_with_the_first_message(sglang_sim: SimProcess) -> None:
+    """The servicer never sends Generate's headers on their own: they come with the
+    first message, after the time to first token."""
+    async with channel(sglang_sim) as ch:
+        started = time.monotonic()
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_request(max_new_tokens=2), metadata=(("x-sim-ttft-ms", "300"),), timeout=10
+        )
+        headers = dict(await call.initial_metadata())
+        waited = time.monotonic() - started
+        await drain(call)
+    assert headers["x-sim-worker"] == "sgl-shared"
+    assert waited >= 0.25
+
+
+async def test_headers_first_sends_them_as_the_call_is_taken(sglang_sim: SimProcess) -> None:
+    """`x-sim-headers-first` (`--headers-first`): a test that waits for a call to run
+    reads its headers before its first token."""
+    async with channel(sglang_sim) as ch:
+        started = time.monotonic()
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            sgl_request(max_new_tokens=2),
+            metadata=(("x-sim-ttft-ms", "400"), ("x-sim-headers-first", "1")),
+            timeout=10,
+        )
+        headers = dict(await call.initial_metadata())
+        waited = time.monotonic() - started
+        messages = await drain(call)
+    assert headers["x-sim-running"] == "1" and waited < 0.3
+    assert len(messages) == 3
+
+
+VLLM_REFUSALS = [
+    ([], None, "The decoder prompt cannot be empty"),
+    (
+        list(range(65)),
+        None,
+        "The decoder prompt (length 65) is longer than the maximum model length of 64. "
+        "Make sure that `max_model_len` is no smaller than the number of text tokens.",
+    ),
+    (
+        list(range(64)),
+        None,
+        "The decoder prompt (length 64) plus the number of requested output tokens (at "
+        "least 1) is longer than the maximum model length of 64. Make sure that "
+        "`max_model_len` is no smaller than the number of text tokens (prompt + requested "
+        "output tokens).",
+    ),
+    ([5, 512, 7], None, "Token id 512 is out of vocabulary"),
+    (PROMPT, 0, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
+]
+
+
+@pytest.mark.parametrize(("input_ids", "max_tokens", "message"), VLLM_REFUSALS)
+async def test_vllm_refuses_with_its_own_words(
+    start_sim: StartSim, input_ids: list[int], max_tokens: int | None, message: str
+) -> None:
+    sim = start_sim("--runtime", "vllm", "--max-model-len", "64")
+    request = vllm_request(max_tokens=max_tokens)
+    request.tokenized.input_ids[:] = input_ids
+    async with channel(sim) as ch:
+        call = vllm_grpc.VllmEngineStub(ch).Generate(request, timeout=5)
+        messages, error = await drain_until_error(call)
+        headers = dict(await call.initial_metadata())
+    assert messages == [] and "x-sim-worker" not in headers  # Trailers-Only
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == message
+
+
+SGLANG_REFUSALS = [
+    (
+        list(range(58)),
+        "Input length (58 tokens) exceeds the maximum allowed length (58 tokens). Use a "
+        "shorter input or enable --allow-auto-truncate.",
+    ),
+    (
+        [5, 512, 7],
+        "The input_ids [5, 512, 7] contains values greater than the vocab size (512).",
+    ),
+    (None, "Tokenized input must be provided"),
+]
+
+
+@pytest.mark.parametrize(("input_ids", "message"), SGLANG_REFUSALS)
+async def test_sglang_refuses_with_its_own_words(
+    start_sim: StartSim, input_ids: list[int] | None, message: str
+) -> None:
+    sim = start_sim("--max-model-len", "64")
+    request = sgl_request()
+    if input_ids is None:
+        request.ClearField("tokenized")
+    else:
+        request.tokenized.input_ids[:] = input_ids
+    async with channel(sim) as ch:
+        messages, error = await drain_until_error(
+            sgl_grpc.SglangSchedulerStub(ch).Generate(request, timeout=5)
+        )
+        fine = await drain(
+            sgl_grpc.SglangSchedulerStub(ch).Generate(
+                sgl_request(input_ids=list(range(57)), max_new_tokens=1)
+            )
+        )
+    assert messages == []
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == message
+    assert fine[-1].complete.completion_tokens == 1  # one short of the bound is taken
 
 
 # ------------------------------------------------------------------------------ failures
@@ -289,13 +507,16 @@ async def test_sglang_abort_ends_stream(sglang_sim: SimProcess) -> None:
         missing = await stub.Abort(sgl_pb2.AbortRequest(request_id="no-such-request"))
         assert await call.code() == grpc.StatusCode.OK
         assert await running(stub) == 0
-    assert (response.success, response.message) == (True, "")
-    assert (missing.success, missing.message) == (False, "request not found")
-    final = rest[-1]
+    # The servicer passes an Abort on to the scheduler and says so, found or not.
+    assert (response.success, response.message) == (True, "Request ab-1 aborted")
+    assert (missing.success, missing.message) == (True, "Request no-such-request aborted")
+    *chunks, last_chunk, final = first + rest
     assert final.WhichOneof("response") == "complete"
     assert final.complete.finish_reason == "abort"
+    assert list(final.complete.output_ids) == []  # the last chunk's: none
+    assert list(last_chunk.chunk.token_ids) == []
     assert 2 <= final.complete.completion_tokens < 1000
-    assert len(first) + len(rest) == final.complete.completion_tokens + 1
+    assert len(chunks) == final.complete.completion_tokens == last_chunk.chunk.completion_tokens
 
 
 async def test_vllm_abort_stalled_and_streaming(vllm_sim: SimProcess) -> None:
@@ -309,10 +530,13 @@ async def test_vllm_abort_stalled_and_streaming(vllm_sim: SimProcess) -> None:
         stalled_messages = await drain(stalled)
         slow_rest = await read_rest(slow)
         assert await running(stub) == 0
-    assert len(stalled_messages) == 1
-    assert stalled_messages[0].complete.finish_reason == "abort"
-    assert list(stalled_messages[0].complete.output_ids) == []
+    # vLLM's final output for an aborted request: no new token, finish_reason abort.
+    assert [m.WhichOneof("response") for m in stalled_messages] == ["chunk", "complete"]
+    assert list(stalled_messages[0].chunk.token_ids) == []
+    assert stalled_messages[1].complete.finish_reason == "abort"
+    assert list(stalled_messages[1].complete.output_ids) == []
     assert slow_rest[-1].complete.finish_reason == "abort"
+    assert list(slow_rest[-2].chunk.token_ids) == [] and slow_rest[-2].chunk.completion_tokens == 0
 
 
 async def _running_is(stub: Any, count: int) -> bool:
@@ -414,8 +638,11 @@ async def test_sglang_info_rpcs(sglang_sim: SimProcess) -> None:
         chunks = await drain(stub.GetTokenizer(common_pb2.GetTokenizerRequest()))
     assert model.served_model_name == "sim-model"
     assert model.model_path == model.tokenizer_path == "sim/sim-model"
-    assert model.is_generation and model.max_context_length == 8192
-    assert model.vocab_size == 32000 and list(model.eos_token_ids) == [2]
+    assert model.is_generation and model.max_context_length == 2048
+    assert model.max_req_input_len == 2042  # one short of the context, less 5
+    assert model.vocab_size == 512 and list(model.eos_token_ids) == [2]
+    assert (model.bos_token_id, model.pad_token_id) == (1, 3)
+    assert (model.model_type, list(model.architectures)) == ("llama", ["LlamaForCausalLM"])
 
     args = dict(server.server_args.items())
     assert args["model_path"] == "sim/sim-model"
@@ -423,6 +650,11 @@ async def test_sglang_info_rpcs(sglang_sim: SimProcess) -> None:
     assert args["disaggregation_mode"] == "null"
     assert args["disaggregation_bootstrap_port"] == 8998
     assert (args["tp_size"], args["dp_size"]) == (1, 2)
+    assert (args["page_size"], args["context_length"], args["max_running_requests"]) == (
+        128,
+        2048,
+        256,
+    )
     assert server.server_type == "grpc" and server.sglang_version == "sim"
     assert server.active_requests == 0
 
@@ -430,8 +662,8 @@ async def test_sglang_info_rpcs(sglang_sim: SimProcess) -> None:
     assert [load.dp_rank for load in loads.loads] == [0, 1]
     for load in loads.loads:
         assert load.num_running_reqs == 0 and load.num_waiting_reqs == 0
-        # Its prefix cache's size: the default 4,096 blocks of 16 tokens per rank.
-        assert load.max_running_requests == 256 and load.max_total_num_tokens == 65_536
+        # Its prefix cache's size: the default 4,096 blocks of 128 tokens per rank.
+        assert load.max_running_requests == 256 and load.max_total_num_tokens == 524_288
         assert load.token_usage == 0.0
     assert loads.HasField("aggregate") and loads.aggregate.total_running_reqs == 0
     datetime.fromisoformat(loads.timestamp)
@@ -453,10 +685,25 @@ async def test_vllm_info_rpcs(vllm_sim: SimProcess) -> None:
         flush = await stub.FlushCache(common_pb2.FlushCacheRequest())
         profile = await stub.StartProfile(common_pb2.StartProfileRequest())
     assert (model.served_model_name, model.model_path) == ("tiny", "sim/tiny")
-    assert model.vocab_size == 32000 and list(model.eos_token_ids) == [2]
-    assert server.server_type == "vllm-grpc" and server.kv_role == ""
-    assert server.data_parallel_size == 1 and server.active_requests == 0
-    assert loads.dp_rank_count == 1 and len(loads.loads) == 1
+    assert model.vocab_size == 512 and list(model.eos_token_ids) == [2]
+    assert model.max_context_length == model.max_req_input_len == 2048
+    assert (model.model_type, model.bos_token_id, model.pad_token_id) == ("llama", 1, 3)
+    # The fields the servicer fills from the engine's config, and only those.
+    assert (server.block_size, server.kv_cache_dtype, server.model_dtype) == (
+        128,
+        "auto",
+        "torch.bfloat16",
+    )
+    assert (server.max_num_seqs, server.data_parallel_size) == (128, 1)  # the CPU backend's
+    assert (server.multimodal_encoder_dtype, server.constrained_decoding_start) == (
+        "bfloat16",
+        "first_token",
+    )
+    assert server.kv_role == server.kv_connector == server.kv_engine_id == ""
+    assert server.server_type == "" and server.active_requests == 0
+    assert server.uptime_seconds == 0.0 and not server.is_paused
+    assert loads.dp_rank_count == 1 and len(loads.loads) == 1 and loads.version == "0.32.0"
+    assert loads.loads[0].max_running_requests == 128
     assert len(chunks) == 2 and chunks[1].sha256
     assert flush.success and "vllm-shared" in flush.message
     assert profile.success
@@ -515,3 +762,50 @@ async def test_slow_and_hanging_health_and_reported_load(start_sim: StartSim) ->
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await health_pb2_grpc.HealthStub(ch).Check(request, timeout=0.5)
         assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_vllm_logprobs_and_greedy_n(vllm_sim: SimProcess) -> None:
+    """Logprobs as the servicer converts vLLM's: each token's value and its top list;
+    the prompt's on the first chunk (streamed) or the Complete (unstreamed), the first
+    position without a value. Greedy sampling takes one choice only."""
+    streamed = vllm_request(max_tokens=3)
+    streamed.sampling_params.logprobs = 2
+    streamed.sampling_params.prompt_logprobs = 1
+    whole = vllm_request(max_tokens=3, stream=False)
+    whole.sampling_params.logprobs = 0
+    greedy = vllm_request(max_tokens=3, n=2)
+    greedy.sampling_params.temperature = 0.0
+    async with channel(vllm_sim) as ch:
+        stub = vllm_grpc.VllmEngineStub(ch)
+        chunks = await drain(stub.Generate(streamed))
+        [done] = await drain(stub.Generate(whole))
+        refused, error = await drain_until_error(stub.Generate(greedy))
+    first, *rest, final = chunks
+    assert list(first.chunk.input_logprobs.token_ids) == PROMPT
+    assert [e.HasField("value") for e in first.chunk.input_logprobs.token_logprobs] == [
+        False,
+        True,
+        True,
+    ]
+    assert [len(t.token_ids) for t in first.chunk.input_logprobs.top_logprobs] == [0, 1, 1]
+    assert not any(m.chunk.HasField("input_logprobs") for m in rest)
+    for message in (*chunks[:-1], final):
+        part = message.chunk if message.WhichOneof("response") == "chunk" else message.complete
+        ids = part.token_ids if message.WhichOneof("response") == "chunk" else part.output_ids
+        assert list(part.output_logprobs.token_ids) == list(ids)
+        [top] = part.output_logprobs.top_logprobs
+        assert len(top.token_ids) == 2 and top.token_ids[0] == ids[0]
+    assert not final.complete.HasField("input_logprobs")
+    assert list(done.complete.output_logprobs.token_ids) == output_tokens(PROMPT, 3)
+    assert len(done.complete.output_logprobs.token_logprobs) == 3
+    assert not done.complete.output_logprobs.top_logprobs  # logprobs 0: values only
+    assert refused == [] and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == "n must be 1 when using greedy sampling, got 2."
+
+
+async def test_grpc_health_names_an_unknown_service(sglang_sim: SimProcess) -> None:
+    async with channel(sglang_sim) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await _health(ch, "no.such.Service")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error.value.details() == "Unknown service: no.such.Service"
