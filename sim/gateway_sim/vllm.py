@@ -27,9 +27,9 @@ from gateway_sim.shared import SharedRpcs
 
 SERVICE_NAME: str = vllm_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 
-# What vLLM's CPU backend resolves for the tiny float32 Llama: the weights downcast to
-# bfloat16, the KV cache in the model's dtype.
-MODEL_DTYPE = "torch.bfloat16"
+# The tiny Llama as the real-engine tests serve it (`--dtype float32`; vLLM's CPU backend
+# would downcast an unset dtype to bfloat16), its KV cache in the model's dtype.
+MODEL_DTYPE = "torch.float32"
 KV_CACHE_DTYPE = "auto"
 # Where the engine starts a request's grammar (no reasoning parser: at once).
 CONSTRAINED_DECODING_START = "first_token"

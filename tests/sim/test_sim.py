@@ -692,11 +692,11 @@ async def test_vllm_info_rpcs(vllm_sim: SimProcess) -> None:
     assert (server.block_size, server.kv_cache_dtype, server.model_dtype) == (
         128,
         "auto",
-        "torch.bfloat16",
+        "torch.float32",
     )
     assert (server.max_num_seqs, server.data_parallel_size) == (128, 1)  # the CPU backend's
     assert (server.multimodal_encoder_dtype, server.constrained_decoding_start) == (
-        "bfloat16",
+        "float32",
         "first_token",
     )
     assert server.kv_role == server.kv_connector == server.kv_engine_id == ""
