@@ -84,12 +84,14 @@ class Tally:
     engine's way. A choice index past the call's choices (a worker's stray one) counts as
     the last choice: the table never grows with what a worker sends."""
 
-    __slots__ = ("_chunked", "_counting", "_tokens", "cached_tokens", "seen")
+    __slots__ = ("_chunked", "_closed", "_counting", "_tokens", "cached_tokens", "seen")
 
     def __init__(self, counting: Counting, choices: int) -> None:
         self._counting = counting
-        self._tokens = [0] * max(1, choices)
+        self._tokens = [0] * max(1, choices)  # per choice: what its answers counted so far
         self._chunked = [False] * max(1, choices)
+        self._closed = 0  # totals of the choices closed (SGLang's unstreamed n > 1 says
+        # index 0 in every Complete: each closing total counts once, whatever its index)
         self.cached_tokens = 0
         self.seen = False  # any answer with figures
 
@@ -102,7 +104,11 @@ class Tally:
         self.seen = True
         slot = min(used.index, len(self._tokens) - 1) if used.index >= 0 else 0
         if self._counting is Counting.TOTALS:
-            self._tokens[slot] = used.completion_tokens
+            if used.closing:
+                self._closed += used.completion_tokens
+                self._tokens[slot] = 0
+            else:
+                self._tokens[slot] = used.completion_tokens
         elif not used.closing:
             self._tokens[slot] += used.completion_tokens
             self._chunked[slot] = True
@@ -113,7 +119,7 @@ class Tally:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(self._tokens)
+        return self._closed + sum(self._tokens)
 
 
 @dataclass(frozen=True, slots=True)

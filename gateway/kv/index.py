@@ -540,8 +540,12 @@ class KvIndex:
         and what an eviction event removed is computed again. On a slot without events,
         what a cache of the worker's reported size would still hold of the prompt after
         the gateway's placements (the engine's evictions are not seen, but its size is
-        known); without that, the placements are all there is: all `tokens`."""
+        known); without that, the placements are all there is: all `tokens`. Engines
+        (vLLM, SGLang) compute at least the prompt's last token, so a prompt matched
+        whole is a hit of all its blocks but the one that holds that token."""
         state = self._slots.get(slot)
+        size = state.block_size if state is not None else self.block_size
+        tokens = min(tokens, max(0, len(prefix) - 1) // size * size)
         if state is None or tokens <= 0:
             return tokens
         copies: Sharded | OrderedDict[int, None]
@@ -551,7 +555,6 @@ class KvIndex:
             copies = state.modelled
         else:
             return tokens
-        size = state.block_size
         keys = prefix.hashes(size)
         # The end of the stored chain by bisection, a few lookups however long the
         # prompt: engines evict a chain from its tail, so what the events show stored

@@ -252,6 +252,11 @@ class KvFollower:
         # before its first batch, which a live-only relay would not send again.
         call = subscribe(request, wait_for_ready=True)
         try:
+            # A live-only relay sends its headers at once and nothing until the worker's
+            # next batch: following starts with the headers.
+            await call.initial_metadata()
+            if not call.done():
+                self.state = FollowState.FOLLOWING
             async for raw in call:
                 self.state = FollowState.FOLLOWING
                 await self.apply_raw(raw)

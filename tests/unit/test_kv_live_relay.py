@@ -61,6 +61,12 @@ class Subscription:
     def cancel(self) -> None:
         pass
 
+    def done(self) -> bool:
+        return False
+
+    async def initial_metadata(self) -> aio.Metadata:
+        return aio.Metadata()
+
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._stream()
 

@@ -84,6 +84,14 @@ def test_sglang_chunks_carry_running_totals_and_a_cut_stream_counts_what_came() 
     assert counted(SGLANG, True, 1, [chunk(k) for k in range(1, 4)]) == (3, 16)
 
 
+def test_sglang_unstreamed_choices_that_all_say_index_0_each_count() -> None:
+    def complete(tokens: int) -> bytes:
+        done = sgl.GenerateComplete(output_ids=[1] * tokens, completion_tokens=tokens, index=0)
+        return bytes(sgl.GenerateResponse(request_id="r", complete=done).SerializeToString())
+
+    assert counted(SGLANG, False, 2, [complete(4), complete(6)]) == (10, 0)
+
+
 def test_a_workers_stray_choice_index_does_not_grow_the_tally() -> None:
     tally = Tally(Counting.DELTAS, 2)
     for index in (0, 1, 7, 2**32 - 1, 1):
