@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from typing import Any
-
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scripts.engines.worker import ENGINE_SERVICE, EngineWorker
 from tests.conftest import Launcher
-from tests.e2e.availability_helpers import admin_address, is_ready, list_workers
+from tests.e2e.availability_helpers import admin_address, is_ready, wait_worker
 from tests.e2e.helpers import channel, model_md, vllm, vllm_grpc
 
 DISCOVERY_S = 30.0  # bounded wait for the gateway to register a discovered worker
@@ -46,22 +42,12 @@ async def streamed_tokens(
     return tokens
 
 
-async def wait_discovered(admin: str, worker_id: str) -> Any:
-    deadline = time.monotonic() + DISCOVERY_S
-    while True:
-        worker = (await list_workers(admin)).get(worker_id)
-        if worker is not None and is_ready(worker):
-            return worker
-        assert time.monotonic() < deadline, f"worker {worker_id} never registered: {worker}"
-        await asyncio.sleep(0.1)
-
-
 async def test_gateway_discovers_the_worker_and_relays_its_tokens(
     engine: EngineWorker, gateway: Launcher
 ) -> None:
     gw = gateway("--worker", engine.url)  # no model, no runtime: both asked from the worker
 
-    worker = await wait_discovered(admin_address(gw), engine.address)
+    worker = await wait_worker(admin_address(gw), engine.address, is_ready, within_s=DISCOVERY_S)
     assert (worker.model, worker.runtime) == ("tiny", "vllm")
 
     direct = await streamed_tokens(engine.address, greedy_request("smoke-direct"))
