@@ -260,7 +260,9 @@ async def test_epd_two_encoders_share_the_items_and_feed_the_prefill() -> None:
         ) as gw,
         channel(address(gw)) as ch,
     ):
-        images = [f"http://images/{i}.png" for i in range(8)]
+        # Rendezvous hashing per item: all of 24 on one encoder has odds of 2 in 2^24
+        # (with 8 it was 1 in 128, a test that failed now and then).
+        images = [f"http://images/{i}.png" for i in range(24)]
         request = sgl_request("epd-1", 3, mm_inputs=sgl.MultimodalInputs(image_urls=images))
         with capture_logs() as logs:
             messages, error = await collect(
@@ -270,7 +272,7 @@ async def test_epd_two_encoders_share_the_items_and_feed_the_prefill() -> None:
     assert error is None, error
     assert tokens_of(messages) == output_tokens(PROMPT, 3)
     assert set(event["legs"]) == {"encode", "prefill", "decode"}
-    # Both encoders took part (8 items hash onto both), the prefill waited for both parts.
+    # Both encoders took part (the items hash onto both), the prefill waited for both parts.
     assert sorted(event["legs"]["encode"]) == sorted([enc_a.address, enc_b.address])
 
 
