@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -63,13 +64,18 @@ class ChoiceSink:
         self.delivered = False
 
     async def headers(self, metadata: Metadata, *, always: bool = False) -> None:
-        await self._client.headers(metadata, always=always)
+        await asyncio.shield(self._one_at_a_time(self._client.headers(metadata, always=always)))
 
     async def write(self, message: bytes) -> None:
         self.delivered = True
         retagged = self._retag(message, self._index, self._client_id)
+        await asyncio.shield(self._one_at_a_time(self._client.write(retagged)))
+
+    async def _one_at_a_time(self, operation: Awaitable[None]) -> None:
+        """One operation on the client's call at a time, never cut by a cancel: a choice
+        cancelled (another failed) mid-write would leave the call unable to end."""
         async with self._lock:
-            await self._client.write(retagged)
+            await operation
 
     def trailers(self, metadata: Metadata) -> None:
         pass
@@ -231,3 +237,5 @@ class DisaggregatedDispatch:
             # The legs' own errors are collected, not raised; a cancel of this call is not
             # swallowed.
             await asyncio.gather(*tasks, return_exceptions=True)
+            async with lock:  # a write in flight on the client's call ends before its status
+                pass
