@@ -81,13 +81,17 @@ class Usage:
 
 class Tally:
     """A call's completion and cached tokens as its answers pass, per choice, counted the
-    engine's way. A choice index past the call's choices (a worker's stray one) counts as
-    the last choice: the table never grows with what a worker sends."""
+    engine's way (`read`: an answer's figures, None for neither chunk nor Complete). A
+    choice index past the call's choices (a worker's stray one) counts as the last
+    choice: the table never grows with what a worker sends."""
 
-    __slots__ = ("_chunked", "_closed", "_counting", "_tokens", "cached_tokens", "seen")
+    __slots__ = ("_chunked", "_closed", "_counting", "_read", "_tokens", "cached_tokens", "seen")
 
-    def __init__(self, counting: Counting, choices: int) -> None:
+    def __init__(
+        self, counting: Counting, choices: int, read: Callable[[bytes], Usage | None]
+    ) -> None:
         self._counting = counting
+        self._read = read
         self._tokens = [0] * max(1, choices)  # per choice: what its answers counted so far
         self._chunked = [False] * max(1, choices)
         self._closed = 0  # totals of the choices closed (SGLang's unstreamed n > 1 says
@@ -99,6 +103,12 @@ class Tally:
     def last_only(self) -> bool:
         """One choice's running totals: its last answer says all."""
         return self._counting is Counting.TOTALS and len(self._tokens) == 1
+
+    def see(self, message: bytes) -> None:
+        """One of the call's answers, as its client gets it."""
+        used = self._read(message)
+        if used is not None:
+            self.add(used)
 
     def add(self, used: Usage) -> None:
         self.seen = True
@@ -289,6 +299,10 @@ class EngineAdapter(ABC):
     def counting(self, stream: bool) -> Counting:
         """How this engine's answers to a Generate (streamed or not) count its tokens."""
         return Counting.TOTALS
+
+    def tally(self, stream: bool, choices: int) -> Tally:
+        """What a Generate of this engine (streamed or not, `choices` of them) used."""
+        return Tally(self.counting(stream), choices, self.usage)
 
     def usage(self, message: bytes) -> Usage | None:
         """One Generate answer's figures (None: neither chunk nor Complete): a tenant's

@@ -133,6 +133,7 @@ class CacheAware(Policy):
         # A data-parallel worker: name the rank whose cache holds the prompt, rather than
         # leave it to the engine's own balancing (a hit on a rank past 0 says the worker
         # has ranks, even before its other ranks sent their first batch: live only).
-        dp = hit is not None and (hit[1] > 0 or self.index.ranks(chosen.id) > 1)
-        on_rank = hit[1] if hit is not None and dp else None
+        on_rank = None
+        if hit is not None and (hit[1] > 0 or self.index.ranks(chosen.id) > 1):
+            on_rank = hit[1]
         return Choice(cast("C", chosen), on_rank, expected)

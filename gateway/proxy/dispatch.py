@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from gateway.engines import EngineAdapter
-from gateway.engines.base import Tally, Usage
+from gateway.engines.base import Tally
 from gateway.fleet.worker import Worker
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
@@ -61,7 +61,6 @@ class Downstream:
         "_last",
         "_record",
         "_tally",
-        "_usage",
         "delivered",
     )
 
@@ -69,18 +68,17 @@ class Downstream:
         self,
         context: Context,
         record: CallRecord,
-        usage: Callable[[bytes], Usage | None] | None = None,
         tally: Tally | None = None,
     ) -> None:
-        """`usage` reads an answer's figures into `tally` when given (Generate), and the
-        tally goes into the record as the call ends. Running totals of one choice need its
-        last message only (read as the call ends: nothing parsed per message); deltas, or
-        several choices interleaved, need every message read."""
+        """`tally` (Generate) sees the answers and goes into the record as the call ends.
+        Running totals of one choice need its last message only (read as the call ends:
+        nothing parsed per message); deltas, or several choices interleaved, need every
+        message read."""
         self._context = context
         self._record = record
-        self._usage = usage if tally is not None else None
         self._tally = tally
-        self._every = tally is not None and not tally.last_only
+        # The tally that reads every message (None: the last one only, or no tally).
+        self._every = tally if tally is not None and not tally.last_only else None
         self._last: bytes | None = None
         self._headers_sent = False
         self.delivered = False
@@ -97,27 +95,22 @@ class Downstream:
             self.delivered = True
             record.first_message_s = time.perf_counter() - record.started
         record.messages += 1
-        if self._every:
-            self._add(message)
+        if self._every is not None:
+            self._every.see(message)
         else:
             self._last = message
         await self._context.write(message)
 
     def tally(self) -> None:
         """The call ended: what the engine reported goes into the record."""
-        last, self._last = self._last, None
+        last, self._last, tally = self._last, None, self._tally
+        if tally is None:
+            return
         if last is not None:
-            self._add(last)
-        tally = self._tally
-        if tally is not None and tally.seen:
+            tally.see(last)
+        if tally.seen:
             self._record.completion_tokens = tally.completion_tokens
             self._record.cached_tokens = tally.cached_tokens
-
-    def _add(self, message: bytes) -> None:
-        if self._usage is not None and self._tally is not None:
-            used = self._usage(message)
-            if used is not None:
-                self._tally.add(used)
 
     def trailers(self, metadata: Metadata) -> None:
         self._context.set_trailing_metadata(metadata)

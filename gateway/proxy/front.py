@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from gateway.auth import Caller
 from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
-from gateway.engines.base import SPLIT_MIN_BYTES, Tally
+from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.fleet.registry import Registry
 from gateway.flow.budget import Charge, OverBudget, RateLimits
 from gateway.kv.prefix import Prefix
@@ -378,8 +378,8 @@ class EngineFront:
         who = self._classify(call)
         tenant = who[0]
         charge = await self._charge(call, model, tenant, cost)
-        tally = Tally(self.adapter.counting(info.stream), n) if generating else None
-        sink = Downstream(context, record, self.adapter.usage, tally)
+        tally = self.adapter.tally(info.stream, n) if generating else None
+        sink = Downstream(context, record, tally)
         job = self._job(call, sink)
         first: Reserved | None = None
         try:

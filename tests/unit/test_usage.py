@@ -10,7 +10,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from gateway.engines import engine_adapters
-from gateway.engines.base import Counting, Tally
+from gateway.engines.base import Counting
 from gateway.roles import Runtime
 
 VLLM = engine_adapters()[Runtime.VLLM]
@@ -36,11 +36,9 @@ def vllm_complete(tokens: list[int], index: int = 0, cached: int = 0) -> bytes:
 
 
 def counted(adapter: Any, stream: bool, choices: int, messages: list[bytes]) -> tuple[int, int]:
-    tally = Tally(adapter.counting(stream), choices)
+    tally = adapter.tally(stream, choices)
     for message in messages:
-        used = adapter.usage(message)
-        if used is not None:
-            tally.add(used)
+        tally.see(message)
     return tally.completion_tokens, tally.cached_tokens
 
 
@@ -93,10 +91,8 @@ def test_sglang_unstreamed_choices_that_all_say_index_0_each_count() -> None:
 
 
 def test_a_workers_stray_choice_index_does_not_grow_the_tally() -> None:
-    tally = Tally(Counting.DELTAS, 2)
+    tally = VLLM.tally(True, 2)
     for index in (0, 1, 7, 2**32 - 1, 1):
-        used = VLLM.usage(vllm_chunk([1, 2], index=index))
-        assert used is not None
-        tally.add(used)
+        tally.see(vllm_chunk([1, 2], index=index))
     assert tally.completion_tokens == 10
     assert len(tally._tokens) == 2
