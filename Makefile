@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # distributions, both installed (editable) in the venv.
 CODE := gateway sim tests scripts
 
-.PHONY: run test lint bench clean engines test-engines record-transcripts
+.PHONY: run test test-timing lint bench clean engines test-engines record-transcripts
 
 # Real engines (tests/engines, scripts/record_transcripts.py): vLLM for CPU and smg's gRPC
 # servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
@@ -38,6 +38,9 @@ test: $(STAMP)  ## lint, type-check and run every test
 	$(VENV)/bin/pytest -q; tests=$$?; \
 	wait $$mypy; typed=$$?; echo "mypy gateway sim/gateway_sim"; cat $(VENV)/mypy.out; \
 	test $$tests -eq 0 && test $$typed -eq 0
+
+test-timing: $(STAMP)  ## the strict wall-clock bounds (marked `timing`), one test at a time: an idle machine only
+	$(VENV)/bin/pytest -n 0 -q -m timing
 
 $(ENGINES_STAMP):
 	python3 -m venv $(ENGINES_VENV)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 
 class TokenBucket:
-    """Starts full. Taking more than is there leaves a debt that refills like the rest."""
+    """Starts full. Taking more than is there leaves a debt that refills like the rest; a
+    debt is at most one capacity, so no figure (a huge call, a worker's usage) holds a
+    bucket empty for longer than two refills."""
 
     __slots__ = ("at", "capacity", "level", "rate")
 
@@ -27,11 +29,11 @@ class TokenBucket:
         return 0.0 if missing <= 0 else missing / self.rate
 
     def take(self, amount: float) -> None:
-        self.level -= amount
+        self.level = max(-self.capacity, self.level - amount)
 
     def give(self, amount: float) -> None:
-        """Tokens back (a negative amount: a debt), never past the capacity."""
-        self.level = min(self.capacity, self.level + amount)
+        """Tokens back (a negative amount: a debt), never past the capacity either way."""
+        self.level = max(-self.capacity, min(self.capacity, self.level + amount))
 
     def full(self, now: float) -> bool:
         self.fill(now)

@@ -352,7 +352,9 @@ class LimitsConfig:
     `max_message_bytes`. `max_connections`: client connections at once (grpc core closes
     the ones past it); `max_connections_per_peer`: one client address's share of them (the
     newest past it are closed within a few seconds). `max_prompt_tokens`: prompt length a
-    Generate may carry."""
+    Generate may carry. `max_completion_tokens`: what one choice of a Generate that sets
+    no max new tokens is believed to generate; a worker's usage past what a call could
+    have generated (its choices times its max new tokens, else this) is not believed."""
 
     max_choices: AtLeastOne = 16
     max_inflight_requests: AtLeastOne = 4096
@@ -368,6 +370,7 @@ class LimitsConfig:
     max_connections: AtLeastOne = 10_000
     max_connections_per_peer: AtLeastOne = 1_000
     max_prompt_tokens: AtLeastOne = 1_000_000
+    max_completion_tokens: AtLeastOne = 131_072
 
     @property
     def principal_share(self) -> int:
@@ -389,6 +392,12 @@ class UpstreamConfig:
     # What a worker may send ahead on one stream before the gateway's client reads it:
     # the fixed HTTP/2 stream window of worker channels (grpc's default grows to 4 MiB).
     stream_window_bytes: AtLeastOne = 256 * 1024
+    # A worker's response headers, and its trailers, as relayed to the client: at most this
+    # many entries of at most this many bytes in all (HTTP/2's count: key + value + 32 per
+    # entry), the rest dropped; clients refuse a block over 8 KiB at random (grpc's soft
+    # limit), and the gateway's own trailers and the status message go in the same block.
+    max_relayed_metadata_bytes: Annotated[int, Strict(), Field(ge=0, le=16384)] = 4096
+    max_relayed_metadata_entries: Annotated[int, Strict(), Field(ge=0, le=1024)] = 64
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -524,11 +533,22 @@ class OrcaConfig:
     """ORCA load reports of each serving process (gateway/orca). `trailers`: every engine
     call's trailers end with `endpoint-load-metrics-bin`; `min_interval_s`: the shortest
     interval a StreamCoreMetrics stream gets, whatever it asks; `max_streams`: those
-    streams open at once, per serving process."""
+    streams open at once, per serving process; `max_streams_per_connection`: those one
+    client connection may hold; `max_streams_per_peer`: those one principal (API key,
+    client certificate, else peer address) may hold, None: a quarter of `max_streams`."""
 
     trailers: Flag = True
     min_interval_s: Interval = 1.0
     max_streams: AtLeastOne = 256
+    max_streams_per_connection: AtLeastOne = 4
+    max_streams_per_peer: AtLeastOne | None = None
+
+    @property
+    def peer_share(self) -> int:
+        """The streams one principal or peer may hold: configured, else a quarter."""
+        if self.max_streams_per_peer is not None:
+            return self.max_streams_per_peer
+        return max(1, self.max_streams // 4)
 
 
 # -- discovery: sources of workers, each feeding the fleet's one door -----------------------
@@ -567,7 +587,8 @@ ContainerPort = Annotated[int | str, BeforeValidator(_container_port)]
 class DnsDiscovery:
     """Workers at the addresses `name` resolves to: its A/AAAA records with `port`, or
     (no port) its SRV records, each naming a host and its port. Resolved again every
-    `interval_s`, sooner when the records' TTL is shorter, never faster than 1 s."""
+    `interval_s`, sooner when the records' TTL is shorter, never faster than 1 s. An
+    answer with more than `max_hosts` hosts (or SRV records) is refused: the last stay."""
 
     source: Literal["dns"]
     name: Name
@@ -578,6 +599,7 @@ class DnsDiscovery:
     runtime: Runtime | None = None
     role: Role | None = None
     tls: Flag = False
+    max_hosts: AtLeastOne = 256
 
     @property
     def label(self) -> str:
@@ -588,7 +610,8 @@ class DnsDiscovery:
 class KubernetesDiscovery:
     """Workers that are the Pods `selector` matches in `namespace`, at their container
     port `port` (a name or a number). A Pod is in service while Running, Ready and not
-    terminating; out of service longer than `unready_grace_s`, it leaves."""
+    terminating; out of service longer than `unready_grace_s`, it leaves. A list of more
+    than `max_hosts` hosts is refused: the last stay."""
 
     source: Literal["kubernetes"]
     port: ContainerPort
@@ -603,6 +626,7 @@ class KubernetesDiscovery:
     unready_grace_s: Seconds = 30.0
     resync_s: Interval = 60.0
     kubeconfig: Name | None = None  # None: in-cluster credentials, else $KUBECONFIG or ~/.kube
+    max_hosts: AtLeastOne = 256
 
     @property
     def label(self) -> str:
@@ -619,11 +643,14 @@ class KubernetesDiscovery:
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class FileDiscovery:
     """Workers listed in a YAML file (a list of worker URLs or `workers:` entries),
-    read again when it changes (checked every `interval_s`)."""
+    read again when it changes (checked every `interval_s`). A file of more than
+    `max_hosts` hosts, or larger than 256 bytes a host (64 KiB by default), is refused:
+    the last hosts stay."""
 
     source: Literal["file"]
     path: Name
     interval_s: Interval = 1.0
+    max_hosts: AtLeastOne = 256
 
     @property
     def label(self) -> str:

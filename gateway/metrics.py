@@ -276,6 +276,31 @@ class TracingCollector(Collector):
         ]
 
 
+class RelayedMetadataCollector(Collector):
+    """Entries of workers' headers and trailers not relayed (`MetadataRelay.dropped`)."""
+
+    def __init__(self, dropped: Callable[[], Mapping[str, int]]) -> None:
+        self._dropped = dropped
+
+    def describe(self) -> Iterable[Any]:
+        return [self._family()]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "gateway_relayed_metadata_dropped",
+            "entries of workers' response headers and trailers not relayed to the client "
+            "(over upstream.max_relayed_metadata_bytes or _entries), by kind",
+            labels=["kind"],
+        )
+
+    def collect(self) -> Iterable[Any]:
+        family = self._family()
+        for kind, count in dict(self._dropped()).items():
+            family.add_metric([kind], float(count))
+        return [family]
+
+
 class FlowCollector(Collector):
     def __init__(self, queues: FlowQueues) -> None:
         self._queues = queues
@@ -378,6 +403,13 @@ class Metrics:
             registry=self.prometheus,
         )
         self._engine_cached_children: dict[tuple[str, ...], Any] = {}
+        self._usage_rejected = Counter(
+            "gateway_worker_usage_rejected",
+            "Generate answers whose usage figure was past what the call could have used "
+            "(counted as the bound instead), by figure: completion_tokens, cached_tokens",
+            ["model", "figure"],
+            registry=self.prometheus,
+        )
         self._flow_wait = Histogram(
             "gateway_flow_wait_seconds",
             "time calls waited in a flow-control queue, by class (0 for those not waiting)",
@@ -442,6 +474,17 @@ class Metrics:
             "limits.max_connections_per_peer",
             registry=self.prometheus,
         )
+        # ORCA StreamCoreMetrics streams refused (gateway.orca), by the share that was full.
+        self._orca_refused = Counter(
+            "gateway_orca_streams_refused",
+            "StreamCoreMetrics streams refused RESOURCE_EXHAUSTED, by the share that was "
+            "full: gateway (orca.max_streams), connection, peer (a principal or address)",
+            ["share"],
+            registry=self.prometheus,
+        )
+        self._orca_refused_children = {
+            share: self._orca_refused.labels(share) for share in ("gateway", "connection", "peer")
+        }
 
     def discovery(self, stats: Callable[[], Iterable[SourceStats]]) -> None:
         """Series per discovery source (this process runs the sources)."""
@@ -452,6 +495,16 @@ class Metrics:
         self._connections.set(count)
         if closed:
             self._connections_closed.inc(closed)
+
+    def orca_refused(self, share: str) -> None:
+        """Count one refused ORCA stream (`OrcaService(refused=metrics.orca_refused)`)."""
+        child = self._orca_refused_children.get(share)
+        if child is not None:
+            child.inc()
+
+    def relayed_metadata(self, dropped: Callable[[], Mapping[str, int]]) -> None:
+        """Entries of workers' metadata not relayed, by kind (`dropped`: at scrape time)."""
+        self.prometheus.register(RelayedMetadataCollector(dropped))
 
     def auth_failure(self, reason: str) -> None:
         """Count one refused authentication (`ApiKeyAuth(count=metrics.auth_failure)`)."""
@@ -485,6 +538,8 @@ class Metrics:
         if record.cached_tokens is not None:
             counter = _child(self._engine_cached_children, self._engine_cached, (model,))
             counter.inc(record.cached_tokens)
+        for figure in record.usage_rejected:
+            self._usage_rejected.labels(model, figure).inc()
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
         if record.priority is not None or record.tenant is not None:

@@ -40,6 +40,7 @@ class CallRecord:
     # over the choices; cached tokens are the prompt's, the most any choice reported).
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # beside expected_cached_tokens: was the index right?
+    usage_rejected: tuple[str, ...] = ()  # figures the worker reported past their bounds
     principal: str | None = None  # who called (API key, client certificate), if known
     peer: str = ""  # the client's address, as grpc names it (`ipv4:10.0.0.1:5555`)
     suppressed: int | None = 0  # like lines held back before this one; None: held back

@@ -19,6 +19,12 @@ QUIET = (signal.SIGINT, signal.SIGTERM)
 
 _Handler = Callable[[int, FrameType | None], object] | int | None
 _saved: dict[signal.Signals, _Handler] = {}
+# What a signal that was ignored at start becomes: Python's own for SIGINT
+# (KeyboardInterrupt), the default action for SIGTERM.
+_DEFAULTS: dict[signal.Signals, _Handler] = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: signal.SIG_DFL,
+}
 
 
 def say(line: str) -> None:
@@ -41,12 +47,13 @@ def quiet_signals() -> None:
     traceback. Only while the process holds nothing that needs stopping: it starts no
     other process and opens no port before `own_signals`.
 
-    A signal the process was started with ignored (nohup, a background job) stays
-    ignored."""
+    A signal the process was started with ignored (a background job of a
+    non-interactive shell ignores SIGINT) gets its default back, as servers do: a gateway
+    always stops on SIGINT and SIGTERM (nohup ignores SIGHUP only)."""
     for sig in QUIET:
         current = signal.getsignal(sig)
         if current is signal.SIG_IGN:
-            continue
+            current = _DEFAULTS[sig]
         if current is not _exit_now:
             _saved[sig] = current
         signal.signal(sig, _exit_now)

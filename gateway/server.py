@@ -41,6 +41,7 @@ from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import Door, EngineFront, Routing
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
+from gateway.proxy.metadata import MetadataRelay
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
 from gateway.record import CallRecord
@@ -128,7 +129,11 @@ class Gateway:
         self.membership = Membership(
             self.fleet, config.drain.worker_timeout_s, grace_by_source(config.discovery)
         )
-        self.sources = Sources(config.discovery) if member is None and config.discovery else None
+        # A long prompt's decoding and hashing, and a discovery file's parsing.
+        self.offload = Offload()
+        self.sources: Sources | None = None
+        if member is None and config.discovery:
+            self.sources = Sources(config.discovery, self.offload)
         self._discovered = dict(discovered or {})
         self.inflight = InflightTable()
         self.placer = Placer(
@@ -139,8 +144,11 @@ class Gateway:
             config.loads.stale_after_s,
             adapters,
         )
-        self.offload = Offload()  # a long prompt's decoding and hashing
-        self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s)
+        upstream = config.upstream
+        relay = MetadataRelay(
+            upstream.max_relayed_metadata_bytes, upstream.max_relayed_metadata_entries
+        )
+        self.upstreams = Upstreams(self.fleet, self.inflight, config.disagg.abort_wait_s, relay)
         self.rooms: WaitingRooms | None = None
         if config.flow is not None:
             self.rooms = WaitingRooms(
@@ -173,12 +181,15 @@ class Gateway:
             self.metrics.flow(self.rooms)
         if self.tracing is not None:
             self.metrics.tracing(self.tracing.counts)
-        # This process's own load (ORCA), on trailers and StreamCoreMetrics streams.
-        self.reporter = LoadReporter(self.admission, self.rooms, usable_cores())
-        self.orca = OrcaService(self.reporter, config.orca.min_interval_s, config.orca.max_streams)
+        self.metrics.relayed_metadata(lambda: relay.dropped)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
         self.caller = Caller(self.auth, certificates=config.tls.client_ca is not None)
+        # This process's own load (ORCA), on trailers and StreamCoreMetrics streams.
+        self.reporter = LoadReporter(self.admission, self.rooms, usable_cores())
+        self.orca = OrcaService(
+            self.reporter, config.orca, self.caller, refused=self.metrics.orca_refused
+        )
         if any(spec.tls for spec in config.workers):
             self.fleet.upstream_credentials()  # unreadable files stop start-up, not a join
         self.health = HealthService(
@@ -407,11 +418,11 @@ class Gateway:
         if self.siblings is not None:
             await self.siblings.close()
         self.metrics.close()
+        if self.sources is not None:  # before the offload thread they parse in
+            await self.sources.close()
         self.offload.close()
         if self.tracing is not None:  # bounded: a collector that is down holds up nothing
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.close)
-        if self.sources is not None:
-            await self.sources.close()
         await self.membership.close()
         await self.fleet.close()
 

@@ -49,6 +49,42 @@ SERIAL_MARKER = (
     "enough to distort another test's (see run_alone() in tests/conftest.py)"
 )
 
+# --------------------------------------------------------------------------- timing tier
+#
+# `make test` must pass on a machine busy with other work (a 2-core box running two
+# CPU-bound jobs beside the suite). There a timer fires late and a process takes seconds
+# to start, so a test proves its point by states (it waits for what it expects, a
+# generous timeout only as a safety net), by counts, or by ratios to a baseline it
+# measures itself. The strict wall-clock bounds the gateway also promises (a latency
+# within 100 ms, a timeout kept to within a few tenths of a second) hold on an idle
+# machine only: such a check is marked `timing`, which `make test` leaves out
+# (pyproject's addopts) and `make test-timing` runs, one test at a time. A test that
+# holds both takes the `strict` fixture: it runs twice, strict False in `make test`,
+# strict True (marked `timing`) in the timing tier.
+
+TIMING_MARKER = (
+    "timing: strict wall-clock bounds that hold on an idle machine only (a latency, how "
+    "late a timer fires); left out of `make test`, run by `make test-timing`"
+)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(False, id="state"),
+        pytest.param(True, id="timing", marks=pytest.mark.timing),
+    ]
+)
+def strict(request: pytest.FixtureRequest) -> bool:
+    """Whether this run of the test also asserts its strict wall-clock bounds (the timing
+    tier); without them it proves the same by states and ratios."""
+    return bool(request.param)
+
+
+# Safety nets for a process's start-up and exit: some 1.5 s and 1 s idle, 10 s and 4 s
+# for a `--processes 2` gateway beside two CPU-bound jobs. Only a hang reaches them.
+START_S = 60.0
+STOP_S = 30.0
+
 
 class RunLock:
     """A readers-writer lock between the workers of one run (flock on two files),
@@ -120,6 +156,7 @@ def _share_bytecode(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     global _run_lock
     config.addinivalue_line("markers", SERIAL_MARKER)
+    config.addinivalue_line("markers", TIMING_MARKER)
     config.addinivalue_line("markers", SIM_PROCESSES_MARKER)
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is not None:  # an xdist worker
@@ -312,7 +349,7 @@ class SimHost:
         with self._arrived:
             self._arrived.notify_all()  # it ended: nobody waits for a reply any more
 
-    def start(self, *args: str, timeout: float = 20.0) -> HostedSim:
+    def start(self, *args: str, timeout: float = START_S) -> HostedSim:
         with self._write:
             process = self._running()
             ident = str(next(self._ids))
@@ -370,7 +407,7 @@ def sim(
     if request.node.get_closest_marker("sim_processes") is not None:
 
         def launch(*args: str) -> Child:
-            child = start_sim(*args)
+            child = start_sim(*args, timeout=START_S)
             processes.append(child)
             return child
 
@@ -398,10 +435,7 @@ def gateway(processes: list[Child], tmp_path_factory: pytest.TempPathFactory) ->
     def launch(*args: str) -> Child:
         log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - the child owns it for its lifetime
-        child = start(
-            [*SERVE_ARGS, *args],
-            stderr=log_file.fileno(),
-        )
+        child = start([*SERVE_ARGS, *args], stderr=log_file.fileno(), timeout=START_S)
         log_file.close()
         child.log_path = log_path  # type: ignore[attr-defined]
         processes.append(child)

@@ -15,7 +15,8 @@ logged once per outage and counted, and is tried again after 1 s, then 2, 4 ... 
 
 A Pod says what it likes (labels, annotations, ports): what is kept of it is bounded
 (MAX_PODS pods, a host per pod, names validated by WorkerSpec), and a Pod that does not
-make a valid host is skipped and logged once per problem.
+make a valid host is skipped and logged once per problem. A set of more than `max_hosts`
+hosts is not reported (refused, counted and logged as a failure): the last set stands.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.resources.core_v1 import Pod
 
 from gateway.config import KubernetesDiscovery, WorkerSpec
-from gateway.discovery.source import Discovered, Report, SourceStats
+from gateway.discovery.source import Discovered, Report, SourceStats, publish
 
 log = structlog.get_logger("gateway.discovery")
 
@@ -117,8 +118,7 @@ class KubernetesSource:
 
     def _report(self, report: Report) -> None:
         hosts = sorted((h for h in self._pods.values() if h is not None), key=lambda h: h.origin)
-        report(hosts)
-        self.stats.succeeded(len(hosts))
+        publish(report, self.stats, hosts, self.config.max_hosts)
 
     # -- list and watch -------------------------------------------------------------------
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import structlog
 
 from gateway.discovery.source import Discovered
+from gateway.fleet import stagger
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.worker import PERMANENT_SOURCES, Worker
 
@@ -34,12 +35,19 @@ log = structlog.get_logger("gateway.discovery")
 
 class Membership:
     """Applies reports to the fleet. `grace_s`: per source name, how long a host it lists
-    may stay out of service before it leaves (sources without one: at once)."""
+    may stay out of service before it leaves (sources without one: at once). `spread`:
+    how long a host that leaves waits, given how many leave (see gateway/fleet/stagger.py:
+    hundreds that leave at once, leave over up to a second)."""
 
     def __init__(
-        self, fleet: Fleet, drain_timeout_s: float, grace_s: Mapping[str, float] | None = None
+        self,
+        fleet: Fleet,
+        drain_timeout_s: float,
+        grace_s: Mapping[str, float] | None = None,
+        spread: Callable[[int], float] = stagger.spread,
     ) -> None:
         self._fleet = fleet
+        self._spread = spread
         self._drain_timeout_s = drain_timeout_s
         self._grace_s = dict(grace_s or {})
         self._claims: dict[str, dict[str, Discovered]] = {}  # source -> address -> host
@@ -47,7 +55,9 @@ class Membership:
         self._joining: dict[str, asyncio.Task[None]] = {}
         self._leaving: dict[str, asyncio.Task[bool]] = {}
         self._expiry: dict[str, asyncio.TimerHandle] = {}  # out of service: leaves then
-        self._warned: set[tuple[str, str]] = set()
+        # address -> the sources warned of naming another model there, while they do:
+        # never more than the claims themselves (each source's bounded by its max_hosts).
+        self._warned: dict[str, set[str]] = {}
         self._closed = False
 
     # -- reports ------------------------------------------------------------------------
@@ -108,6 +118,7 @@ class Membership:
         if self._closed or address in self._leaving:
             return  # settled again when that ends
         claims = [hosts[address] for hosts in self._claims.values() if address in hosts]
+        self._forget_warnings(address, claims)
         joining = self._joining.get(address)
         if joining is not None:
             # Still asking the worker what it is (or waiting for its first probe): a
@@ -151,8 +162,9 @@ class Membership:
         model = claim.spec.model
         if model is None or model == worker.model:
             return True
-        if (claim.origin, worker.id) not in self._warned:
-            self._warned.add((claim.origin, worker.id))
+        warned = self._warned.setdefault(worker.id, set())
+        if claim.origin not in warned:
+            warned.add(claim.origin)
             log.warning(
                 "discovery_conflict",
                 worker=worker.id,
@@ -161,6 +173,16 @@ class Membership:
                 source_model=model,
             )
         return False
+
+    def _forget_warnings(self, address: str, claims: list[Discovered]) -> None:
+        """A conflict ends when its source stops naming the address (warned again if it
+        comes back): the warnings kept are those of claims that still stand."""
+        warned = self._warned.get(address)
+        if warned is None:
+            return
+        warned &= {c.origin for c in claims}
+        if not warned:
+            del self._warned[address]
 
     def _join(self, address: str, claims: list[Discovered]) -> None:
         origins = tuple(sorted({c.origin for c in claims}))
@@ -189,8 +211,7 @@ class Membership:
     def _leave(self, worker: Worker, why: str) -> None:
         address = worker.id
         self._cancel_expiry(address)
-        log.info("discovery_leave", worker=address, why=why)
-        task = asyncio.ensure_future(self._fleet.remove(worker, self._drain_timeout_s))
+        task = asyncio.ensure_future(self._remove(worker, why))
         self._leaving[address] = task
 
         def left(done: asyncio.Task[bool]) -> None:
@@ -202,3 +223,9 @@ class Membership:
                 self._settle(address)  # listed again meanwhile: a fresh host
 
         task.add_done_callback(left)
+
+    async def _remove(self, worker: Worker, why: str) -> bool:
+        """Drain and forget the worker, once its turn among those leaving comes."""
+        await asyncio.sleep(self._spread(len(self._leaving)))
+        log.info("discovery_leave", worker=worker.id, why=why)
+        return await self._fleet.remove(worker, self._drain_timeout_s)

@@ -10,6 +10,7 @@ import structlog
 
 from gateway.config import DiscoverySource, DnsDiscovery, FileDiscovery, KubernetesDiscovery
 from gateway.discovery.source import Discovered, Source, SourceStats
+from gateway.offload import Offload
 
 log = structlog.get_logger("gateway.discovery")
 
@@ -18,9 +19,9 @@ RESTART_S = 1.0
 Sink = Callable[[str, Sequence[Discovered]], None]  # (source name, its hosts now)
 
 
-def make_source(config: DiscoverySource) -> Source:
+def make_source(config: DiscoverySource, offload: Offload) -> Source:
     """The source a `discovery:` entry describes (the Kubernetes client is imported only
-    when a Kubernetes source is configured)."""
+    when a Kubernetes source is configured); `offload`: the thread a file is parsed in."""
     if isinstance(config, DnsDiscovery):
         from gateway.discovery.dns import DnsSource
 
@@ -28,7 +29,7 @@ def make_source(config: DiscoverySource) -> Source:
     if isinstance(config, FileDiscovery):
         from gateway.discovery.file import FileSource
 
-        return FileSource(config)
+        return FileSource(config, offload)
     assert isinstance(config, KubernetesDiscovery)
     from gateway.discovery.kubernetes import KubernetesSource
 
@@ -41,11 +42,14 @@ def grace_by_source(configs: Sequence[DiscoverySource]) -> dict[str, float]:
 
 
 class Sources:
-    """The configured sources, run until `close`."""
+    """The configured sources, run until `close`. `offload`: the thread that parses what
+    they read (the gateway's; without one, their own, closed with them)."""
 
-    def __init__(self, configs: Sequence[DiscoverySource]) -> None:
+    def __init__(self, configs: Sequence[DiscoverySource], offload: Offload | None = None) -> None:
         self.names = [config.label for config in configs]
-        self._sources = [make_source(config) for config in configs]
+        thread = offload if offload is not None else Offload()
+        self._own = None if offload is not None else thread
+        self._sources = [make_source(config, thread) for config in configs]
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -78,3 +82,5 @@ class Sources:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._own is not None:
+            self._own.close()

@@ -4,7 +4,9 @@ A source runs for the gateway's lifetime and reports the complete set of hosts i
 each time it learns it (a resolution, a batch of watch events, a file read). When it
 cannot learn (the DNS server is down, the file does not parse, the watch broke) it
 reports nothing, so the last set stands: an outage of the source never empties a
-cluster. It counts what it did in its `SourceStats` (its own, written only by it).
+cluster. A set larger than the source's `max_hosts` is refused the same way (every host
+costs a channel, probes, load polls and metrics series: thousands would take the
+gateway down). It counts what it did in its `SourceStats` (its own, written only by it).
 """
 
 from __future__ import annotations
@@ -56,14 +58,45 @@ class SourceStats:
 
     def failed(self, error: str) -> None:
         """One failed attempt: counted; logged once per outage (the hosts stay)."""
-        self.errors += 1
-        if not self.failing:
-            self.failing = error
+        if self._outage(error):
             log.warning("discovery_failed", source=self.name, error=error, hosts_kept=self.hosts)
+
+    def too_many(self, hosts: int, max_hosts: int) -> None:
+        """An answer of more hosts than the source may report: a failed attempt."""
+        if self._outage(f"{hosts} hosts, more than max_hosts {max_hosts}"):
+            log.warning(
+                "discovery_too_many_hosts",
+                source=self.name,
+                hosts=hosts,
+                max_hosts=max_hosts,
+                hosts_kept=self.hosts,
+            )
+
+    def _outage(self, error: str) -> bool:
+        """Count a failed attempt; True if it starts an outage (then it is logged)."""
+        self.errors += 1
+        if self.failing:
+            return False
+        self.failing = error
+        return True
 
     def seconds_since_success(self, now: float) -> float:
         """Since the last report, or since the source started if it never reported."""
         return now - (self.last_success if self.last_success is not None else self._since)
+
+
+def publish(
+    report: Report, stats: SourceStats, hosts: Sequence[Discovered], max_hosts: int
+) -> bool:
+    """Report a source's whole set of hosts, unless it has more than `max_hosts` (then
+    it is refused, counted and logged as a failure: the last set stands). True if
+    reported."""
+    if len(hosts) > max_hosts:
+        stats.too_many(len(hosts), max_hosts)
+        return False
+    report(hosts)
+    stats.succeeded(len(hosts))
+    return True
 
 
 class Source(Protocol):

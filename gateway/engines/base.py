@@ -79,24 +79,52 @@ class Usage:
     closing: bool  # the choice's closing answer (a Complete), not a chunk
 
 
+@dataclass(frozen=True, slots=True)
+class UsageBounds:
+    """What a call could have used: a worker's figure past it is not believed (a worker is
+    untrusted, and its figures settle a tenant's token budget)."""
+
+    completion_tokens: int  # its choices times the most each may generate
+    cached_tokens: int  # its prompt's length
+
+
+COMPLETION_TOKENS = "completion_tokens"
+CACHED_TOKENS = "cached_tokens"
+
+
 class Tally:
     """A call's completion and cached tokens as its answers pass, per choice, counted the
     engine's way (`read`: an answer's figures, None for neither chunk nor Complete). A
     choice index past the call's choices (a worker's stray one) counts as the last
-    choice: the table never grows with what a worker sends."""
+    choice: the table never grows with what a worker sends. With `bounds`, a figure past
+    its bound counts as the bound and is named in `rejected`."""
 
-    __slots__ = ("_chunked", "_closed", "_counting", "_read", "_tokens", "cached_tokens", "seen")
+    __slots__ = (
+        "_bounds",
+        "_cached",
+        "_chunked",
+        "_closed",
+        "_counting",
+        "_read",
+        "_tokens",
+        "seen",
+    )
 
     def __init__(
-        self, counting: Counting, choices: int, read: Callable[[bytes], Usage | None]
+        self,
+        counting: Counting,
+        choices: int,
+        read: Callable[[bytes], Usage | None],
+        bounds: UsageBounds | None = None,
     ) -> None:
         self._counting = counting
         self._read = read
+        self._bounds = bounds
         self._tokens = [0] * max(1, choices)  # per choice: what its answers counted so far
         self._chunked = [False] * max(1, choices)
         self._closed = 0  # totals of the choices closed (SGLang's unstreamed n > 1 says
         # index 0 in every Complete: each closing total counts once, whatever its index)
-        self.cached_tokens = 0
+        self._cached = 0
         self.seen = False  # any answer with figures
 
     @property
@@ -125,11 +153,29 @@ class Tally:
         elif not self._chunked[slot]:  # a closing answer with no chunk before it
             self._tokens[slot] = used.completion_tokens
         # The prompt's, shared by its choices: each reports the same.
-        self.cached_tokens = max(self.cached_tokens, used.cached_tokens)
+        self._cached = max(self._cached, used.cached_tokens)
 
     @property
     def completion_tokens(self) -> int:
-        return self._closed + sum(self._tokens)
+        counted = self._closed + sum(self._tokens)
+        return counted if self._bounds is None else min(counted, self._bounds.completion_tokens)
+
+    @property
+    def cached_tokens(self) -> int:
+        cached = self._cached
+        return cached if self._bounds is None else min(cached, self._bounds.cached_tokens)
+
+    @property
+    def rejected(self) -> tuple[str, ...]:
+        """The figures the worker reported past what the call could have used."""
+        bounds = self._bounds
+        if bounds is None:
+            return ()
+        over = (
+            (COMPLETION_TOKENS, self._closed + sum(self._tokens) > bounds.completion_tokens),
+            (CACHED_TOKENS, self._cached > bounds.cached_tokens),
+        )
+        return tuple(name for name, past in over if past)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,9 +346,9 @@ class EngineAdapter(ABC):
         """How this engine's answers to a Generate (streamed or not) count its tokens."""
         return Counting.TOTALS
 
-    def tally(self, stream: bool, choices: int) -> Tally:
+    def tally(self, stream: bool, choices: int, bounds: UsageBounds | None = None) -> Tally:
         """What a Generate of this engine (streamed or not, `choices` of them) used."""
-        return Tally(self.counting(stream), choices, self.usage)
+        return Tally(self.counting(stream), choices, self.usage, bounds)
 
     def usage(self, message: bytes) -> Usage | None:
         """One Generate answer's figures (None: neither chunk nor Complete): a tenant's

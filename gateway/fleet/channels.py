@@ -8,6 +8,8 @@ from grpc import aio
 
 from gateway.config import UpstreamConfig
 
+WORKER_METADATA_BYTES = 16 * 1024  # grpc's default hard limit on a received header block
+
 
 def open_channel(
     address: str,
@@ -26,6 +28,11 @@ def open_channel(
         # for a client that stopped reading; a fixed window bounds it and pauses the worker.
         ("grpc.http2.bdp_probe", 0),
         ("grpc.http2.lookahead_bytes", upstream.stream_window_bytes),
+        # A worker's header block (headers, trailers) of up to grpc's own hard limit is
+        # taken, always (grpc's soft limit refuses a block over 8 KiB at random), and cut
+        # to what the client may get as it is relayed (gateway/proxy/metadata.py).
+        ("grpc.max_metadata_size", WORKER_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", WORKER_METADATA_BYTES),
         # Reconnect fast after a worker restart: availability follows the channel.
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.min_reconnect_backoff_ms", 200),

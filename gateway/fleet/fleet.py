@@ -29,6 +29,7 @@ from grpc import aio
 from gateway.config import GatewayConfig, WorkerSpec
 from gateway.engines import Adapters, EngineAdapter, encoder
 from gateway.engines.base import ServerFacts
+from gateway.fleet import stagger
 from gateway.fleet.breaker import BreakerState, CircuitBreaker, Outcome
 from gateway.fleet.channels import open_channel
 from gateway.fleet.cluster import cluster_factory
@@ -231,6 +232,8 @@ class Fleet:
         def forget(done: asyncio.Task[None]) -> None:
             if done in tasks:
                 tasks.remove(done)
+            if not tasks and self._tasks.get(key) is tasks:
+                del self._tasks[key]  # a join given up (a host dropped before it answered)
             if not done.cancelled() and (error := done.exception()) is not None:
                 log.error("task_failed", worker=key, error=repr(error), exc_info=error)
 
@@ -260,6 +263,11 @@ class Fleet:
     ) -> None:
         """Discover what the spec leaves open (retrying until the worker answers), then
         register the worker and start its loops."""
+        try:  # hundreds joining at once spread over up to a second
+            await asyncio.sleep(stagger.spread(len(self._joining)))
+        except asyncio.CancelledError:
+            self._joining.discard(spec.address)
+            raise
         channel = open_channel(
             spec.address,
             self.settings.max_message_bytes,
@@ -372,6 +380,7 @@ class Fleet:
     ) -> None:
         settings = self.settings.loads
         failing = False
+        waits = stagger.waits(settings.interval_s)  # workers that joined together spread
         while True:
             await poll_load(worker, channel, adapter, settings)
             self.released(worker)  # a fresh report may leave room: whoever waits hears it
@@ -382,7 +391,7 @@ class Fleet:
                     worker=worker.id,
                     error=worker.load_error,
                 )
-            await asyncio.sleep(settings.interval_s)
+            await asyncio.sleep(next(waits))
 
     def _forget_cache(self, event: FleetEvent) -> None:
         """A worker not ready for `kv.grace_s` loses its index entries: whatever comes

@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2
 from gateway.config import ProbeConfig
 from gateway.engines import EngineAdapter
 from gateway.engines.encoder import SERVICE_NAME as ENCODER_SERVICE
+from gateway.fleet import stagger
 from gateway.fleet.probe import ProbeKind, ProbeResult
 from gateway.fleet.worker import Worker
 from gateway.roles import Role
@@ -77,7 +78,8 @@ async def probe_once(
 
 class ProbeLoop:
     """One worker's probe loop (`adapter`: its engine protocol); `wake()` runs the next
-    probe now (e.g. on reconnect)."""
+    probe now (e.g. on reconnect). Its first wait is a random part of the interval, so
+    workers that joined together are not probed together (gateway/fleet/stagger.py)."""
 
     def __init__(
         self, worker: Worker, channel: aio.Channel, adapter: EngineAdapter, settings: ProbeConfig
@@ -87,6 +89,7 @@ class ProbeLoop:
         self.adapter = adapter
         self.settings = settings
         self._wake = asyncio.Event()
+        self._waits = stagger.waits(settings.interval_s)
         self._engine_rpc = False  # switched on once grpc.health says UNIMPLEMENTED
         self._bug = ""  # the last internal error logged: logged again once it changes
 
@@ -96,7 +99,7 @@ class ProbeLoop:
     async def next_result(self) -> ProbeResult:
         """Wait for the interval (or a wake-up), then probe once."""
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.interval_s):
+            async with asyncio.timeout(next(self._waits)):
                 await self._wake.wait()
         self._wake.clear()
         return await self.probe()

@@ -24,12 +24,17 @@ Worker input is bounded: at most `max_ranks` slots and `max_block_sizes` distinc
 sizes per worker (`admit` says why not), at most `max_blocks_per_worker` stored blocks per
 worker and `max_blocks` in all (over a cap, the worker's oldest stored entries go first,
 from its largest slot; over the total, the largest worker's).
+
+Clearing a slot (a snapshot from 0, a worker gone) is immediate for lookups and for the
+caps, but taking its bit off the holders of its blocks is O(its blocks): a large slot's
+is done in steps (`purge`; `store_tokens` and `matched_tokens` each take one step too),
+and its id is reused only once no key holds its bit any more.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, islice, takewhile
@@ -56,6 +61,8 @@ _SPREAD = secrets.randbits(32) | 1
 # A placement remembers at most this many of the prompt's first blocks where it went
 # (loop time per placement stays ~1-2 ms however long the prompt is).
 ASSUME_BLOCKS = 4096
+# A cleared slot's keys unheld at once, or per `purge` step (well under 1 ms of work).
+PURGE_STEP = 512
 STRIDE = 64  # long prompts are walked every STRIDE-th block, then exactly at the end
 
 
@@ -200,6 +207,7 @@ class KvIndex:
         self._workers: dict[str, dict[int, SlotState]] = {}  # worker -> rank -> slot
         self._by_id: list[SlotState | None] = []
         self._free: list[int] = []
+        self._purging: deque[Iterator[None]] = deque()  # cleared slots' unholding, stepped
         self._stored: dict[str, int] = {}  # worker -> stored entries (engine hashes)
         self._total = 0
         self.evicted = 0  # stored entries dropped by the caps
@@ -312,6 +320,8 @@ class KvIndex:
     ) -> int:
         """`store` for blocks given as their engine hashes and their tokens end to end
         (len(engine_hashes) x block size of them)."""
+        if self._purging:
+            self.purge()
         state = self._exact(slot, block_size)
         if state is None:
             return 0
@@ -396,6 +406,8 @@ class KvIndex:
         return removed
 
     def clear(self, slot: Slot) -> None:
+        """The slot holds nothing from now on (for lookups and the caps); its keys are
+        unheld now if it is small, else step by step (`purge`)."""
         state = self._slots.pop(slot, None)
         if state is None:
             return
@@ -403,15 +415,6 @@ class KvIndex:
         if entries:
             self._stored[slot[0]] -= entries
             self._total -= entries
-        holders, keep = self._holders, ~state.bit
-        for own in (*state.copies, *state.expiry):
-            mask = holders.get(own)
-            if mask is not None:
-                mask &= keep
-                if mask:
-                    holders[own] = mask
-                else:
-                    del holders[own]
         slots = self._workers.get(slot[0])
         if slots is not None:
             slots.pop(slot[1], None)
@@ -419,7 +422,41 @@ class KvIndex:
                 del self._workers[slot[0]]
                 self._stored.pop(slot[0], None)
         self._by_id[state.id] = None
+        steps = self._unholding(state)
+        if len(state.copies) + len(state.expiry) <= PURGE_STEP:
+            deque(steps, maxlen=0)
+        else:
+            self._purging.append(steps)
+
+    def _unholding(self, state: SlotState) -> Iterator[None]:
+        """A cleared slot's bit off each key it held, one key a step; then its id is free
+        (no key holds its bit: a new slot with it inherits nothing). Nothing writes to a
+        cleared slot's maps, so they are walked as they are."""
+        holders, keep = self._holders, ~state.bit
+        for own in chain(state.copies, state.expiry):
+            mask = holders.get(own)
+            if mask is not None:
+                mask &= keep
+                if mask:
+                    holders[own] = mask
+                else:
+                    del holders[own]
+            yield
         self._free.append(state.id)
+
+    def purge(self, budget: int = PURGE_STEP) -> bool:
+        """Up to `budget` keys of cleared slots unheld; True while some are left."""
+        purging = self._purging
+        while purging and budget > 0:
+            done = sum(1 for _ in islice(purging[0], budget))
+            if done < budget:
+                purging.popleft()  # that slot is done (its id freed)
+            budget -= max(done, 1)
+        return bool(purging)
+
+    @property
+    def purging(self) -> bool:
+        return bool(self._purging)
 
     def drop_worker(self, worker_id: str) -> None:
         for state in list(self._workers.get(worker_id, {}).values()):
@@ -515,6 +552,8 @@ class KvIndex:
 
     def matched_tokens(self, prefix: Prefix, workers: Sequence[str], now: float) -> dict[Slot, int]:
         """Tokens of the prompt's longest cached prefix on each slot of `workers`."""
+        if self._purging:
+            self.purge()
         wanted: dict[int, int] = {}  # block size -> mask of the candidate slots
         for worker in workers:
             slots = self._workers.get(worker)

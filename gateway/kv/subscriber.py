@@ -61,7 +61,7 @@ MAX_BACKOFF_S = 8.0
 FIRST_BACKOFF_S = 0.1
 RESET_BATCHES = 32  # batches applied in order that end a failure episode
 RESET_AFTER_S = 30.0  # or a subscription that lasted this long
-CHUNK_BYTES = 4 * 1024  # events (or stored blocks) decoded at once: < 1 ms of work
+CHUNK_BYTES = 1024  # events (or stored blocks) decoded at once: well under 1 ms of work
 SLICE_S = 0.002  # work between two yields to the event loop
 SCAN_TICK = 512  # records scanned between two looks at the clock
 

@@ -16,9 +16,12 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import NoReturn
 
+import structlog
+
 from gateway.engines import EngineAdapter
 from gateway.engines.base import Tally
 from gateway.fleet.worker import Worker
+from gateway.logs import Throttle
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Call, Context
@@ -37,6 +40,9 @@ from gateway.proxy.upstream import (
 from gateway.record import CallRecord
 
 Place = Callable[[Collection[str]], Decision | Verdict]
+
+log = structlog.get_logger("gateway.proxy")
+USAGE_LINES = Throttle(1.0, 5)  # worker_usage_rejected lines: a worker may cause one a call
 
 
 async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:
@@ -109,11 +115,31 @@ class Downstream:
         if last is not None:
             tally.see(last)
         if tally.seen:
-            self._record.completion_tokens = tally.completion_tokens
-            self._record.cached_tokens = tally.cached_tokens
+            record = self._record
+            record.completion_tokens = tally.completion_tokens
+            record.cached_tokens = tally.cached_tokens
+            record.usage_rejected = tally.rejected
+            if record.usage_rejected:
+                _usage_rejected(record)
 
     def trailers(self, metadata: Metadata) -> None:
         self._context.set_trailing_metadata(metadata)
+
+
+def _usage_rejected(record: CallRecord) -> None:
+    """A worker reported more than the call could have used: counted as the bound (it
+    settles the tenant's budget), logged at a bounded rate (a worker may do it every call)."""
+    held = USAGE_LINES.take()
+    if held is not None:
+        log.warning(
+            "worker_usage_rejected",
+            worker=record.worker,
+            model=record.model,
+            figures=list(record.usage_rejected),
+            counted_completion_tokens=record.completion_tokens,
+            counted_cached_tokens=record.cached_tokens,
+            suppressed=held,
+        )
 
 
 @dataclass(frozen=True, slots=True)

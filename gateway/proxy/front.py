@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from gateway.auth import Caller
 from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
-from gateway.engines.base import SPLIT_MIN_BYTES
+from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
 from gateway.fleet.registry import Registry
 from gateway.flow.budget import Charge, OverBudget, RateLimits
 from gateway.kv.prefix import Prefix
@@ -378,7 +378,11 @@ class EngineFront:
         who = self._classify(call)
         tenant = who[0]
         charge = await self._charge(call, model, tenant, cost)
-        tally = self.adapter.tally(info.stream, n) if generating else None
+        tally = None
+        if generating:
+            most = info.max_new_tokens or self._config.limits.max_completion_tokens
+            bounds = UsageBounds(completion_tokens=n * most, cached_tokens=record.prompt_tokens)
+            tally = self.adapter.tally(info.stream, n, bounds)
         sink = Downstream(context, record, tally)
         job = self._job(call, sink)
         first: Reserved | None = None
@@ -396,8 +400,10 @@ class EngineFront:
             return await run
         finally:
             sink.tally()
-            if first is not None and self._rooms is not None:  # its tenant may run another
-                self._rooms.done(tenant)
+            if first is not None:
+                first.release_unused()  # the run's own (a no-op), unless it never started
+                if self._rooms is not None:  # its tenant may run another
+                    self._rooms.done(tenant)
             if charge is not None:
                 self._settle(charge, record)
 
@@ -464,11 +470,17 @@ class EngineFront:
             got = await rooms.admit(model, tenant, klass, cost, len(call.request), place)
         finally:  # also when the client left, or its deadline passed, while it waited
             record.queued_s = round(time.monotonic() - started, 6)
-        if call.trace is not None:
-            placed = got if isinstance(got, Verdict) else got.decision
-            call.trace.placement(started_ns, placed, queued_s=record.queued_s)
         if isinstance(got, Verdict):
+            if call.trace is not None:
+                call.trace.placement(started_ns, got, queued_s=record.queued_s)
             await refuse(call.context, record, got)
+        try:
+            if call.trace is not None:
+                call.trace.placement(started_ns, got.decision, queued_s=record.queued_s)
+        except BaseException:  # nothing runs it: the workers and the tenant's slot go back
+            got.release_unused()
+            rooms.done(tenant)
+            raise
         return got
 
     async def _forward_one(self, call: Call) -> bytes | None:

@@ -1,12 +1,28 @@
-"""Request metadata, read once: the routing hints and what may travel upstream."""
+"""Metadata both ways: a request's, read once (the routing hints and what may travel
+upstream), and a worker's headers and trailers as they are relayed to the client.
+
+What is relayed is bounded: a client's grpc refuses a header block over 8 KiB at random
+(its soft limit; over 16 KiB always), counting each entry as HTTP/2 does (key + value +
+32), and the gateway's own trailers (the load report, the status) share the trailers'
+block. So a worker's headers, and its trailers, are cut to `upstream.
+max_relayed_metadata_entries` entries and `upstream.max_relayed_metadata_bytes` bytes
+(4 KiB), and its status message to `MAX_RELAYED_DETAILS`; what is dropped is counted and
+logged at a bounded rate. An OK answer does not relay a worker's keys that describe a
+failure (`FAILURE_ONLY`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from gateway.auth import AUTHORIZATION, bearer_token
 from gateway.fleet.policies import Hints
+from gateway.logs import Throttle
+
+log = structlog.get_logger("gateway.proxy")
 
 # Hop-by-hop and transport keys that describe the client's connection, not the request.
 HOP_BY_HOP = frozenset(
@@ -106,3 +122,101 @@ def read_request_meta(
         bearer=token,
         flow=(priority, tenant),
     )
+
+
+# -- relayed back: a worker's headers and trailers ------------------------------------------
+
+HEADERS, TRAILERS = "headers", "trailers"  # what is relayed (the metric's `kind`)
+KINDS = (HEADERS, TRAILERS)
+ENTRY_OVERHEAD = 32  # octets HTTP/2 counts per entry beyond its key and value (RFC 9113)
+# A worker's keys that describe a failure: relayed with one, never with an OK answer (a
+# client reading `x-http-status` there would see an error that did not happen).
+# `grpc-status-details-bin` never passes `clean` (a grpc-* key), failure or not.
+FAILURE_ONLY = frozenset({"x-http-status", "grpc-status-details-bin"})
+# A worker's status message goes out as `grpc-message`, in the trailers' block: at most
+# this many UTF-8 bytes of it (percent-encoded on the wire, at most 3 KiB).
+MAX_RELAYED_DETAILS = 1024
+CUT = "..."
+
+
+def entry_size(key: str, value: str | bytes) -> int:
+    """What an entry weighs against a peer's metadata limit, as grpc core counts it: key
+    and value octets plus 32; a binary value as it travels (base64, unpadded)."""
+    if isinstance(value, bytes):
+        size = (len(value) * 4 + 2) // 3
+    else:
+        size = len(value) if value.isascii() else len(value.encode())
+    return len(key) + size + ENTRY_OVERHEAD
+
+
+def bounded(metadata: Metadata, max_bytes: int, max_entries: int) -> tuple[Metadata, int]:
+    """The entries that fit, in their order: each one kept while the count and the bytes
+    left allow it (a big one is dropped, smaller ones after it are still kept); and how
+    many were dropped."""
+    kept: list[tuple[str, str | bytes]] = []
+    left = max_bytes
+    for key, value in metadata:
+        size = entry_size(key, value)
+        if size <= left and len(kept) < max_entries:
+            kept.append((key, value))
+            left -= size
+    if len(kept) == len(metadata):
+        return metadata, 0
+    return tuple(kept), len(metadata) - len(kept)
+
+
+def bounded_details(details: str, max_bytes: int = MAX_RELAYED_DETAILS) -> str:
+    """A worker's status message as relayed: at most `max_bytes` UTF-8 bytes, a longer one
+    cut (and ending in "...")."""
+    if len(details) <= max_bytes and details.isascii():
+        return details
+    raw = details.encode(errors="replace")
+    if len(raw) <= max_bytes:
+        return details
+    return raw[: max_bytes - len(CUT)].decode(errors="ignore") + CUT
+
+
+class MetadataRelay:
+    """What of a worker's headers and trailers reaches the client (see the module's
+    docstring). `dropped`: entries left out so far, by kind (the metric
+    `gateway_relayed_metadata_dropped_total`); a line per cut, at most one a second after
+    a burst of five (a worker may cause one on every call)."""
+
+    def __init__(self, max_bytes: int = 4096, max_entries: int = 64) -> None:
+        self.max_bytes, self.max_entries = max_bytes, max_entries
+        self.dropped = dict.fromkeys(KINDS, 0)
+        self._lines = Throttle(1.0, 5)
+
+    def headers(self, metadata: Iterable[tuple[str, str | bytes]] | None, worker: str) -> Metadata:
+        """A worker's response headers, as the client gets them."""
+        return self._bounded(HEADERS, clean(metadata), worker)
+
+    def trailers(
+        self, metadata: Iterable[tuple[str, str | bytes]] | None, worker: str, *, failed: bool
+    ) -> Metadata:
+        """A worker's trailers, as the client gets them: of an OK answer (`failed`
+        False), without the keys that describe a failure."""
+        relayed = clean(metadata)
+        if not failed and relayed:
+            relayed = tuple(kv for kv in relayed if kv[0] not in FAILURE_ONLY)
+        return self._bounded(TRAILERS, relayed, worker)
+
+    def _bounded(self, kind: str, metadata: Metadata, worker: str) -> Metadata:
+        if not metadata:
+            return metadata
+        kept, dropped = bounded(metadata, self.max_bytes, self.max_entries)
+        if dropped:
+            self.dropped[kind] += dropped
+            held = self._lines.take()
+            if held is not None:
+                log.warning(
+                    "relayed_metadata_dropped",
+                    kind=kind,
+                    worker=worker,
+                    dropped=dropped,
+                    kept=len(kept),
+                    max_bytes=self.max_bytes,
+                    max_entries=self.max_entries,
+                    suppressed=held,
+                )
+        return kept

@@ -30,7 +30,7 @@ from gateway.fleet.breaker import Outcome, outcome_of
 from gateway.fleet.worker import Worker
 from gateway.placement.decision import Decision
 from gateway.proxy.inflight import Hold, Holder, InflightTable
-from gateway.proxy.metadata import Metadata, clean
+from gateway.proxy.metadata import Metadata, MetadataRelay, bounded_details
 from gateway.roles import Role
 from gateway.tracing import CallTrace, Span, end_leg
 
@@ -173,9 +173,17 @@ class Reserved:
 class Upstreams:
     """Makes reservations and upstream calls; owns the settles that outlive a request."""
 
-    def __init__(self, fleet: Links, inflight: InflightTable, abort_wait_s: float) -> None:
+    def __init__(
+        self,
+        fleet: Links,
+        inflight: InflightTable,
+        abort_wait_s: float,
+        relay: MetadataRelay | None = None,
+    ) -> None:
+        """`relay`: what of a worker's headers and trailers reaches the client."""
         self._fleet = fleet
         self.inflight = inflight
+        self.relay = relay if relay is not None else MetadataRelay()
         self._abort_wait_s = abort_wait_s
         self._settling: set[asyncio.Task[None]] = set()
 
@@ -297,11 +305,17 @@ class UpstreamCall:
     # -- reading -----------------------------------------------------------------------
 
     def _failure(self, error: aio.AioRpcError) -> UpstreamFailure:
-        return self._ended(error.code(), error.details() or "", clean(error.trailing_metadata()))
+        trailers = self._failure_trailers(error.trailing_metadata())
+        return self._ended(error.code(), error.details() or "", trailers)
+
+    def _failure_trailers(self, metadata: Metadata | None) -> Metadata:
+        return self._upstreams.relay.trailers(metadata, self.worker.id, failed=True)
 
     def _ended(self, code: grpc.StatusCode, details: str, trailers: Metadata) -> UpstreamFailure:
-        """The call ended with a status other than OK: note it, and say whose fault."""
+        """The call ended with a status other than OK: note it, and say whose fault. The
+        worker's message, and trailers, as relayed (bounded)."""
         self.code = code
+        details = bounded_details(details)
         if (
             code is grpc.StatusCode.DEADLINE_EXCEEDED
             and self.deadline is not None
@@ -320,10 +334,13 @@ class UpstreamCall:
         return reply
 
     async def headers(self) -> Metadata:
-        return clean(await self._rpc.initial_metadata())
+        """The worker's response headers, as relayed."""
+        return self._upstreams.relay.headers(await self._rpc.initial_metadata(), self.worker.id)
 
     async def trailers(self) -> Metadata:
-        return clean(await self._rpc.trailing_metadata())
+        """An OK answer's trailers, as relayed."""
+        metadata = await self._rpc.trailing_metadata()
+        return self._upstreams.relay.trailers(metadata, self.worker.id, failed=False)
 
     def drain(self) -> asyncio.Task[list[bytes]]:
         """Every message of the stream (a prefill's answer). Started once; later calls
@@ -374,7 +391,7 @@ class UpstreamCall:
         # A Trailers-Only failure also resolves the headers, empty, sometimes before the
         # call reports done; empty headers are left to go with the first message, so a
         # retry can still relay the next worker's headers.
-        headers = clean(await self._rpc.initial_metadata())
+        headers = await self.headers()
         if headers:
             await sink.headers(headers)
         message = await self._rpc.read()
@@ -389,7 +406,8 @@ class UpstreamCall:
         if first is None:  # the stream ended without a message
             code = await rpc.code()
             if code is not grpc.StatusCode.OK:
-                raise self._ended(code, await rpc.details(), await self.trailers())
+                trailers = self._failure_trailers(await rpc.trailing_metadata())
+                raise self._ended(code, await rpc.details() or "", trailers)
         else:
             read, write = rpc.read, sink.write
             message = first

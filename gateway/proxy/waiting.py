@@ -220,6 +220,7 @@ class WaitingRooms:
                 ticket.answer.set_result(self._start(waiter.tenant, placed))
             else:
                 ticket.answer.set_result(placed)
+        self._close_if_empty(room)  # its last calls may have left while this pass was due
 
     def _leave(self, room: Room, ticket: Ticket) -> None:
         """The call stopped waiting (served, timed out, cancelled)."""
@@ -227,5 +228,11 @@ class WaitingRooms:
         room.tickets.pop(ticket.waiter, None)
         if not ticket.answer.done():
             ticket.answer.cancel()
-        if not room.queue.count and not room.tickets and not room.due:
-            self._rooms.pop(room.model, None)
+        self._close_if_empty(room)
+
+    def _close_if_empty(self, room: Room) -> None:
+        """A room lives only while calls wait in it or a serve pass for it is due: an
+        empty one goes, and its queue with it."""
+        empty = not room.queue.count and not room.tickets and not room.due
+        if empty and self._rooms.get(room.model) is room:
+            del self._rooms[room.model]

@@ -24,6 +24,10 @@ STALL_KEY = "x-sim-stall"
 EXIT_AFTER_KEY = "x-sim-exit-after"
 TOKENS_PER_CHUNK_KEY = "x-sim-tokens-per-chunk"
 HEADERS_FIRST_KEY = "x-sim-headers-first"
+# The completion_tokens every chunk and Complete reports, whatever was generated: a
+# worker whose usage figures lie (the gateway must not believe them past what it asked).
+COMPLETION_TOKENS_KEY = "x-sim-completion-tokens"
+MAX_REPORTED_TOKENS = 2**32 - 1  # completion_tokens is a uint32 in both protos
 
 OVERRIDE_KEYS = (
     TOKENS_KEY,
@@ -35,6 +39,7 @@ OVERRIDE_KEYS = (
     EXIT_AFTER_KEY,
     TOKENS_PER_CHUNK_KEY,
     HEADERS_FIRST_KEY,
+    COMPLETION_TOKENS_KEY,
 )
 
 # Values that switch an optional knob off, so a request can undo a command-line setting.
@@ -68,6 +73,8 @@ class Behaviour:
     tokens of several steps when its reader lags. ``headers_first``: Generate's headers
     go as soon as the call is taken, not with its first message as the real servicers
     send them (a test that waits for a call to be running reads them).
+    ``completion_tokens``: when set, the usage every chunk and Complete reports instead
+    of the count the engine's dialect gives (a lying worker).
     """
 
     tokens: int = 16
@@ -79,6 +86,7 @@ class Behaviour:
     stall: bool = False
     tokens_per_chunk: int = 1
     headers_first: bool = False
+    completion_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.ttft_ms < 0 or self.token_ms < 0 or self.fail_after < 0:
@@ -87,6 +95,10 @@ class Behaviour:
             raise ValueError("tokens_per_chunk must be at least 1")
         if self.exit_after is not None and self.exit_after < 0:
             raise ValueError("exit_after must not be negative")
+        if self.completion_tokens is not None and not (
+            0 <= self.completion_tokens <= MAX_REPORTED_TOKENS
+        ):
+            raise ValueError(f"completion_tokens must be within 0..{MAX_REPORTED_TOKENS}")
 
     @property
     def trigger_at(self) -> int:
@@ -128,6 +140,16 @@ def _ms(key: str, value: str) -> float:
     return parsed
 
 
+def _reported_tokens(key: str, value: str) -> int | None:
+    """A usage figure to report (off: the true count), within the protos' uint32."""
+    if value.lower() in ("", "none", "off"):
+        return None
+    parsed = _int(key, value)
+    if parsed > MAX_REPORTED_TOKENS:
+        raise BadOverride(f"{key}: {value!r} is over {MAX_REPORTED_TOKENS} (uint32)")
+    return parsed
+
+
 def _apply(base: Behaviour, overrides: dict[str, str]) -> Behaviour:
     changes: dict[str, Any] = {}
     for key, raw in overrides.items():
@@ -158,6 +180,8 @@ def _apply(base: Behaviour, overrides: dict[str, str]) -> Behaviour:
             if per_chunk < 1:
                 raise BadOverride(f"{key}: {value!r} is not a positive integer")
             changes["tokens_per_chunk"] = per_chunk
+        elif key == COMPLETION_TOKENS_KEY:
+            changes["completion_tokens"] = _reported_tokens(key, value)
         elif key == EXIT_AFTER_KEY:
             changes["exit_after"] = (
                 None if value.lower() in ("", "none", "off") else _int(key, value)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway_sim.behaviour import Behaviour, parse_status_code
+from gateway_sim.behaviour import MAX_REPORTED_TOKENS, Behaviour, parse_status_code
 
 RUNTIMES = ("sglang", "vllm")
 ROLES = ("regular", "prefill", "decode", "encode")
@@ -44,6 +44,13 @@ def _positive(value: str) -> int:
     parsed = _non_negative(value)
     if parsed == 0:
         raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return parsed
+
+
+def _uint32(value: str) -> int:
+    parsed = _non_negative(value)
+    if parsed > MAX_REPORTED_TOKENS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_REPORTED_TOKENS}, got {value!r}")
     return parsed
 
 
@@ -142,6 +149,14 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="send Generate's response headers as soon as a call is taken, not with its "
         "first message as the real servicers do (for tests that wait on a running call)",
+    )
+    parser.add_argument(
+        "--usage-completion-tokens",
+        type=_uint32,
+        default=None,
+        metavar="N",
+        help="report completion_tokens N on every chunk and Complete, whatever was "
+        "generated (a worker whose usage lies; per request: x-sim-completion-tokens)",
     )
     parser.add_argument(
         "--not-serving", action="store_true", help="start with grpc.health NOT_SERVING"
@@ -400,6 +415,7 @@ class SimConfig:
                 stall=args.stall,
                 tokens_per_chunk=args.tokens_per_chunk,
                 headers_first=args.headers_first,
+                completion_tokens=args.usage_completion_tokens,
             ),
             not_serving=args.not_serving,
             grpc_health=args.grpc_health,

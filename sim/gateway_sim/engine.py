@@ -277,9 +277,19 @@ class _Writer:
 
 class _Answers:
     """One call's answers: chunks and Completes in its engine's dialect, for its prompt,
-    cache hit and sampling, written through ``emit``."""
+    cache hit and sampling, written through ``emit``; ``reported``: the completion_tokens
+    every one of them says instead of the dialect's count (a lying worker), if set."""
 
-    __slots__ = ("cached", "dialect", "emit", "plan", "prompt", "request_id", "sampling")
+    __slots__ = (
+        "cached",
+        "dialect",
+        "emit",
+        "plan",
+        "prompt",
+        "reported",
+        "request_id",
+        "sampling",
+    )
 
     def __init__(
         self,
@@ -290,6 +300,7 @@ class _Answers:
         sampling: Sampling,
         plan: Plan,
         emit: Callable[[Any], Awaitable[None]],
+        reported: int | None = None,
     ) -> None:
         self.dialect = dialect
         self.request_id = request_id
@@ -298,6 +309,7 @@ class _Answers:
         self.sampling = sampling
         self.plan = plan
         self.emit = emit
+        self.reported = reported
 
     def chunks(self) -> list[Any]:
         """A reusable chunk message per choice."""
@@ -310,6 +322,8 @@ class _Answers:
         """Write ``message`` holding tokens [start, end) of its choice."""
         dialect = self.dialect
         dialect.fill(message, self.plan.tokens(start, end), end)
+        if self.reported is not None:
+            message.chunk.completion_tokens = self.reported
         if end > start:
             prompt = self.prompt if start == 0 else None
             dialect.annotate(message.chunk, self.plan, start, end, self.sampling, prompt)
@@ -329,6 +343,8 @@ class _Answers:
         message = dialect.complete(
             self.request_id, ids, end, finish, len(self.prompt), self.cached, index, streamed
         )
+        if self.reported is not None:
+            message.complete.completion_tokens = self.reported
         if end > start:
             prompt = self.prompt if start == 0 else None
             dialect.annotate(message.complete, plan, start, end, self.sampling, prompt)
@@ -504,7 +520,16 @@ class SimEngine:
         count = plan.count
         cache = self.kv.caches[entry.rank]
         lease = cache.admit(namespace, prompt)
-        answers = _Answers(dialect, request_id, prompt, lease.cached_tokens, sampling, plan, emit)
+        answers = _Answers(
+            dialect,
+            request_id,
+            prompt,
+            lease.cached_tokens,
+            sampling,
+            plan,
+            emit,
+            behaviour.completion_tokens,
+        )
         produced = 0
         done = False  # every token produced (else: aborted in the queue, prefill or decode)
         try:

@@ -27,7 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.launch import Child
-from tests.e2e.helpers import channel, collect, model_md, sgl_generate, sgl_grpc
+from tests.conftest import START_S
+from tests.e2e.helpers import WAIT_S, channel, collect, model_md, sgl_generate, sgl_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -152,7 +153,7 @@ class ClosedLoop:
                 counts[r.worker] = counts.get(r.worker, 0) + 1
         return counts
 
-    async def wait_calls(self, count: int, within_s: float = 5.0) -> None:
+    async def wait_calls(self, count: int, within_s: float = WAIT_S) -> None:
         """Until at least `count` calls have finished (bounded)."""
         deadline = time.monotonic() + within_s
         while True:
@@ -280,7 +281,9 @@ async def health_list(address: str) -> dict[str, str]:
     return {name: status_name(s.status) for name, s in reply.statuses.items()}
 
 
-async def wait_health_status(address: str, name: str, status: int, within_s: float = 5.0) -> float:
+async def wait_health_status(
+    address: str, name: str, status: int, within_s: float = WAIT_S
+) -> float:
     """Poll Check (bounded) until `name` has `status`; returns the monotonic time seen."""
     deadline = time.monotonic() + within_s
     while True:
@@ -307,7 +310,7 @@ async def list_workers(address: str, metadata: Sequence[tuple[str, str]] = ()) -
 
 
 async def wait_worker(
-    address: str, worker_id: str, predicate: Callable[[Any], bool], within_s: float = 5.0
+    address: str, worker_id: str, predicate: Callable[[Any], bool], within_s: float = WAIT_S
 ) -> Any:
     """Poll ListWorkers (bounded) until the worker matches; returns it."""
     deadline = time.monotonic() + within_s
@@ -324,7 +327,7 @@ def is_ready(worker: Any) -> bool:
 
 
 def run_cli(
-    *args: str, timeout: float = 20.0, env: dict[str, str] | None = None
+    *args: str, timeout: float = START_S, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`python -m gateway ARGS` to its end (the admin client verbs). The environment is
     this one without GATEWAY_ADMIN_TOKEN, plus `env`."""
@@ -340,7 +343,7 @@ def run_cli(
 
 
 async def run_cli_async(
-    *args: str, within_s: float = 20.0, env: dict[str, str] | None = None
+    *args: str, within_s: float = START_S, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`run_cli` off the event loop, so streams the test holds keep flowing."""
     return await asyncio.to_thread(run_cli, *args, timeout=within_s, env=env)

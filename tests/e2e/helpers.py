@@ -21,7 +21,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway.launch import Child, start, start_sim
-from tests.conftest import SERVE_ARGS, HostedSim, SimHost, stop_child
+from tests.conftest import SERVE_ARGS, START_S, HostedSim, SimHost, stop_child
 
 __all__ = ["sgl", "sgl_grpc", "vllm", "vllm_grpc"]
 
@@ -100,7 +100,9 @@ def request_events(log_path: Path, rpc: str | None = None) -> Sequence[dict[str,
 
 SGL_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"
-WAIT_S = 5.0  # upper bound for every "wait until the gateway notices" loop
+# Upper bound for every "wait until the gateway notices" loop: a safety net, which only
+# a hang reaches (on a machine busy with other work, noticing can take seconds).
+WAIT_S = 30.0
 POLL_S = 0.05
 
 
@@ -195,7 +197,7 @@ async def running_on_sim(address: str, runtime: str = "sglang") -> int:
     return sum(load.num_running_reqs for load in loads.loads)
 
 
-async def wait_idle(address: str, runtime: str = "sglang", within_s: float = 3.0) -> int:
+async def wait_idle(address: str, runtime: str = "sglang", within_s: float = WAIT_S) -> int:
     """Poll (bounded) until the worker runs nothing; returns the last count seen."""
     deadline = time.monotonic() + within_s
     running = await running_on_sim(address, runtime)
@@ -267,7 +269,10 @@ class SharedProcesses:
         self._host = host
 
     def sim(self, *args: str) -> Any:
-        child = self._host.start(*args) if self._host is not None else start_sim(*args)
+        if self._host is not None:
+            child = self._host.start(*args)
+        else:
+            child = start_sim(*args, timeout=START_S)
         self.children.append(child)
         return child
 
@@ -277,10 +282,7 @@ class SharedProcesses:
     def gateway(self, *args: str) -> Child:
         log_path = self._log_dir / f"gateway-{len(self.children)}.log"
         with open(log_path, "w") as log_file:
-            child = start(
-                [*SERVE_ARGS, *args],
-                stderr=log_file.fileno(),
-            )
+            child = start([*SERVE_ARGS, *args], stderr=log_file.fileno(), timeout=START_S)
         child.log_path = log_path  # type: ignore[attr-defined]
         self.children.append(child)
         return child

@@ -54,6 +54,7 @@ class RawClient:
         )
         self.streams: dict[int, Stream] = {}
         self.closed = asyncio.Event()
+        self.greeted = asyncio.Event()  # the server's SETTINGS came: a transport holds it
         self.error: Exception | None = None  # why the connection ended, if it failed
         self._writer: asyncio.StreamWriter | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -152,6 +153,8 @@ class RawClient:
                     elif isinstance(event, h2.events.StreamReset) and stream is not None:
                         stream.reset = True
                         stream.ended.set()
+                    elif isinstance(event, h2.events.RemoteSettingsChanged):
+                        self.greeted.set()
                 self._send_pending()
         except (ConnectionError, h2.exceptions.ProtocolError) as exc:
             self.error = exc

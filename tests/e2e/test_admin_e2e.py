@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import signal
 import sys
@@ -34,6 +35,7 @@ from tests.e2e.availability_helpers import (
 )
 from tests.e2e.helpers import (
     SGL_SERVICE,
+    WAIT_S,
     SharedProcesses,
     channel,
     closed_port,
@@ -205,6 +207,12 @@ async def test_drained_worker_gets_nothing_new_while_its_stream_finishes(
         await wait_worker(admin, worker.address, is_ready)
     run_alone()
     token_ms = 100
+    # The held streams outlive a CLI call and six calls: 1 s plus three times a CLI call
+    # timed here (some 0.5 s idle, seconds on a busy machine).
+    began = time.monotonic()
+    listed = await run_cli_async(*cli("list", admin))
+    assert listed.returncode == 0, listed.stderr
+    tokens = math.ceil((1.0 + 3 * (time.monotonic() - began)) * 1000 / token_ms)
 
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
@@ -213,11 +221,9 @@ async def test_drained_worker_gets_nothing_new_while_its_stream_finishes(
             return stub.Generate(
                 sgl_generate(request_id, tokens=tokens),
                 metadata=model_md("m", ("x-sim-token-ms", str(token_ms))),
-                timeout=10,
+                timeout=tokens * token_ms / 1000 + WAIT_S,
             )
 
-        # Long enough to outlive a CLI start-up and six calls on a busy machine.
-        tokens = 20
         call = held("held", tokens)
         name = str(dict(await call.initial_metadata())["x-sim-worker"])
         holder, other = workers.named(name), workers.named("a" if name == "b" else "b")
@@ -248,12 +254,14 @@ async def test_drained_worker_gets_nothing_new_while_its_stream_finishes(
         assert idle.stdout == f"draining {holder.address} (idle)\n"
 
         # Removing the other one waits for its in-flight stream, which completes.
-        tokens = 10
         call = held("last", tokens)
         assert dict(await call.initial_metadata())["x-sim-worker"] == other_name
         reader = asyncio.create_task(collect(call))
         began = time.monotonic()
-        removed = await run_cli_async(*cli("remove", admin, other.address, "--drain-timeout", "5"))
+        drain_s = str(math.ceil(tokens * token_ms / 1000 + WAIT_S))
+        removed = await run_cli_async(
+            *cli("remove", admin, other.address, "--drain-timeout", drain_s)
+        )
         took = time.monotonic() - began
         assert removed.returncode == 0, removed.stderr
         assert removed.stdout == f"removed {other.address} (drained)\n"

@@ -11,10 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import pytest
 
 from gateway.launch import Child, start
-from tests.conftest import Launcher, grpcurl
-from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, closed_port, dead_worker_url
+from tests.conftest import START_S, STOP_S, Launcher, grpcurl
+from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, closed_port, dead_worker_url
 
 SERVICES = {
     SGL_SERVICE,
@@ -24,7 +25,7 @@ SERVICES = {
 }
 
 
-def run_gateway(*args: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str]:
+def run_gateway(*args: str, timeout: float = START_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", *args],
         capture_output=True,
@@ -105,7 +106,7 @@ def test_grpcurl_list_describe_and_health(gateway: Launcher) -> None:
     assert '"status": "SERVING"' in health.stdout
 
 
-def read_lines_until(child: Child, marker: str, within_s: float = 10.0) -> list[str]:
+def read_lines_until(child: Child, marker: str, within_s: float = WAIT_S) -> list[str]:
     """stdout lines up to and including the first one containing `marker` (bounded wait).
 
     The pipe is a buffered text stream (`select` cannot see what `readline` has already
@@ -145,13 +146,13 @@ def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -
     """Every grpcurl line the demo prints works against it; SIGTERM then stops it with
     exit 0 (Ctrl-C in a terminal is the same handler). `--exit-after` is the next test's:
     a timer here would have to outlast the commands on however busy a machine."""
-    demo = start(list(DEMO), stderr=subprocess.DEVNULL)
+    demo = start(list(DEMO), stderr=subprocess.DEVNULL, timeout=START_S)
     processes.append(demo)
     lines = read_lines_until(demo, "NOT_FOUND verdict")
     commands = [shlex.split(line, comments=True) for line in lines if line.startswith("  grpcurl ")]
     assert len(commands) == 9
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:  # independent calls
-        replies = list(pool.map(lambda argv: grpcurl(*argv[1:], timeout=5), commands))
+        replies = list(pool.map(lambda argv: grpcurl(*argv[1:], timeout=WAIT_S), commands))
     results = list(zip(commands, replies, strict=True))
 
     def result_for(*needles: str) -> subprocess.CompletedProcess[str]:
@@ -187,7 +188,7 @@ def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -
     assert "Model 'no-such-model' is not served by any worker" in not_found.stderr
 
     demo.process.send_signal(signal.SIGTERM)
-    assert demo.process.wait(timeout=15) == 0
+    assert demo.process.wait(timeout=STOP_S) == 0
 
 
 def test_demo_exit_after_stops_it_by_itself_with_0(processes: list[Child], tmp_path: Path) -> None:
@@ -198,9 +199,10 @@ def test_demo_exit_after_stops_it_by_itself_with_0(processes: list[Child], tmp_p
         [*DEMO, "--exit-after", "0.2"],
         stderr=subprocess.DEVNULL,
         env={"GATEWAY_TEST_MARK": mark},
+        timeout=START_S,
     )
     processes.append(demo)
-    assert demo.process.wait(timeout=15) == 0
+    assert demo.process.wait(timeout=STOP_S) == 0
     assert marked_processes(mark) == []
 
 
@@ -219,6 +221,7 @@ def marked_processes(mark: str) -> list[int]:
     return found
 
 
+@pytest.mark.timeout(2 * START_S + 60)
 def test_demo_stops_every_worker_it_started_when_one_fails_to_start(tmp_path: Path) -> None:
     """`--token-ms nope` fails every simulated worker that takes timing flags, while the
     encoder (which takes none) starts: the demo must stop it before it exits."""
@@ -227,7 +230,7 @@ def test_demo_stops_every_worker_it_started_when_one_fails_to_start(tmp_path: Pa
         [sys.executable, "-m", "gateway", "demo", "--token-ms", "nope", "--listen", "127.0.0.1:0"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=2 * START_S,  # seven processes starting at once (some 40 s when busy)
         check=False,
         env={**os.environ, "GATEWAY_TEST_MARK": mark},
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.launch import ready
+from tests.conftest import START_S, STOP_S
 
 SERVE = (
     "serve",
@@ -75,13 +76,13 @@ def test_ctrl_c_at_any_instant_of_start_up_exits_quietly(after_s: float) -> None
         text=True,
     )
     try:
-        deadline = spawned + 10
-        while not _guarded(process.pid):  # bounded: 10 s, or the process ended
+        deadline = spawned + START_S
+        while not _guarded(process.pid):  # bounded: START_S, or the process ended
             assert process.poll() is None and time.monotonic() < deadline, "never started"
             time.sleep(0.001)
         time.sleep(max(0.0, spawned + after_s - time.monotonic()))
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=15)
+        stdout, stderr = process.communicate(timeout=START_S)
     finally:
         if process.poll() is None:
             process.kill()
@@ -119,7 +120,7 @@ def test_serve_help_and_version_import_no_simulator_demo_or_admin_client(
         [sys.executable, "-X", "importtime", "-m", "gateway", *argv],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=START_S,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -139,8 +140,8 @@ def test_serve_imports_no_simulator_demo_or_admin_client(tmp_path: Path) -> None
             stderr=stderr,
             text=True,
         )
-    gw = ready(process, SERVE)  # bounded; kills the process if no READY line comes
-    assert gw.stop() == 0  # SIGTERM, drained at once; SIGKILL if it did not exit in 5 s
+    gw = ready(process, SERVE, START_S)  # bounded; kills the process if no READY line comes
+    assert gw.stop(STOP_S) == 0  # SIGTERM, drained at once; SIGKILL if it did not exit
     modules = _imported(log.read_text())
     assert {"gateway.server", "gateway.admin.service"} <= modules
     assert _unwanted(modules) == set()
@@ -158,7 +159,7 @@ def test_sim_and_demo_without_the_simulator_say_how_to_install_it(command: str) 
         [sys.executable, "-c", hide, command, "--listen", "127.0.0.1:0"],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=START_S,
         check=False,
     )
     assert result.returncode == 2
@@ -190,9 +191,9 @@ def _marked(mark: str) -> list[int]:
 def test_a_signal_while_the_demo_starts_its_workers_stops_them_all(
     sig: signal.Signals, group: bool, tmp_path: Path
 ) -> None:
-    """A second after `gateway demo` starts (its simulated workers starting): Ctrl-C (the
-    whole process group, as a terminal sends it) or SIGTERM (the demo alone) stops it
-    and every worker it started, quietly."""
+    """Once `gateway demo` has spawned its simulated workers (they are starting): Ctrl-C
+    (the whole process group, as a terminal sends it) or SIGTERM (the demo alone) stops
+    it and every worker it started, quietly."""
     mark = tmp_path.name
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", *DEMO],
@@ -203,17 +204,21 @@ def test_a_signal_while_the_demo_starts_its_workers_stops_them_all(
         start_new_session=True,
     )
     try:
-        time.sleep(1.0)
+        # Once its first worker exists (it carries the mark), bounded: they are starting.
+        deadline = time.monotonic() + START_S
+        while not [pid for pid in _marked(mark) if pid != process.pid]:
+            assert process.poll() is None and time.monotonic() < deadline, "no worker started"
+            time.sleep(0.02)
         if group:
             os.killpg(process.pid, sig)
         else:
             process.send_signal(sig)
-        _, stderr = process.communicate(timeout=30)
+        _, stderr = process.communicate(timeout=STOP_S)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + STOP_S
         while (left := _marked(mark)) and time.monotonic() < deadline:
             time.sleep(0.05)  # bounded: a stopped worker may take a moment to exit
         for pid in left:  # stop what a broken demo left behind, so the test leaks nothing

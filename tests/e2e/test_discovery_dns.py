@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.config import DnsDiscovery
-from gateway.discovery.dns import DnsSource
+from gateway.discovery.dns import LOGGED_TARGETS, ROUND_TIMEOUT_S, DnsSource
 from gateway.discovery.source import Discovered
 from tests.conftest import Launcher
 from tests.e2e.availability_helpers import admin_address, list_workers
@@ -238,3 +239,38 @@ async def test_srv_records_give_each_host_its_port_and_aaaa_records_count(tmp_pa
         assert source.stats.hosts == 3 and source.stats.errors == 0
     finally:
         server.stop()
+
+
+async def test_srv_targets_that_do_not_answer_cost_the_others_nothing(tmp_path: Path) -> None:
+    """20 SRV targets: 12 resolve, 4 are refused (no such record) and 4 never answer
+    (dnsmasq forwards their domain to a UDP port nobody answers on). One round reports
+    the 12, within one bound for the round, and names the 8 in one log line."""
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # never read: no answer
+    silent.bind(("127.0.0.1", 0))
+    hidden = "slow.test"
+    targets = [f"t{i}.{NAME}" for i in range(16)] + [f"s{i}.{hidden}" for i in range(4)]
+    server = Dnsmasq(
+        tmp_path,
+        f"--server=/{hidden}/127.0.0.1#{silent.getsockname()[1]}",
+        *(f"--srv-host=_grpc._tcp.{NAME},{t},{30000 + i}" for i, t in enumerate(targets)),
+    )
+    server.start()
+    try:
+        server.set({t: [A] for t in targets[:12]})
+        config = DnsDiscovery(
+            source="dns", name=f"_grpc._tcp.{NAME}", nameserver=server.address, model="m"
+        )
+        source = DnsSource(config)
+        started = time.monotonic()
+        with capture_logs() as logs:
+            found, _ttl = await source.resolve()
+        took = time.monotonic() - started
+        assert found == [(A, 30000 + i) for i in range(12)]
+        (line,) = [e for e in logs if e["event"] == "dns_targets_unanswered"]
+        assert line["unanswered"] == 8 and line["targets"] == 20
+        assert line["first"] == sorted(f"{t}." for t in targets[12:])[:LOGGED_TARGETS]
+        assert server.queries(f"s0.{hidden}") >= 1  # asked, and forwarded: no answer came
+    finally:
+        server.stop()
+        silent.close()
+    print(f"a round of 20 targets, 4 silent: {took:.2f} s (round bound {ROUND_TIMEOUT_S:g} s)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from grpc import aio
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from tests.conftest import Launcher, worker_url
-from tests.e2e.availability_helpers import admin_address, list_workers
-from tests.e2e.helpers import wait_health, write_config
+from tests.e2e.availability_helpers import admin_address, labels, list_workers, samples, scrape
+from tests.e2e.helpers import closed_port, dead_worker_url, wait_health, write_config
+from tests.inproc.harness import until
 
 
 def log_events(path: Path) -> list[dict[str, Any]]:
@@ -93,3 +95,49 @@ async def test_removing_a_discovered_worker_is_refused_and_draining_it_works(
             admin_pb.DrainWorkerRequest(worker_id=a.address), timeout=5
         )
         assert drained.worker.status == admin_pb.WORKER_STATUS_DRAINING
+
+
+async def test_a_file_over_max_hosts_is_refused_and_the_hosts_stay(
+    sim: Launcher, gateway: Launcher, tmp_path: Path
+) -> None:
+    a = sim("--model", "m")
+    listed = tmp_path / "workers.yaml"
+    one = [worker_url(a, model="m", runtime="sglang")]
+    listed.write_text(yaml.safe_dump(one))
+    source = {"source": "file", "path": str(listed), "interval_s": 0.2, "max_hosts": 4}
+    config = {"discovery": [source], "metrics": {"listen": "127.0.0.1:0"}}
+    gw = gateway("--config", write_config(tmp_path, config))
+    await wait_health(gw.address, "m")
+    admin = admin_address(gw)
+    closed = [closed_port() for _ in range(8)]
+    try:
+        many = one + [dead_worker_url(s, model="m", runtime="sglang") for s in closed]
+        listed.write_text(yaml.safe_dump(many))
+        await until(lambda: "discovery_too_many_hosts" in events_of(gw.log_path))
+        lines = events_of(gw.log_path)["discovery_too_many_hosts"]
+        assert lines[0]["hosts"] == 9 and lines[0]["max_hosts"] == 4
+        assert lines[0]["source"] == f"file:{listed}" and lines[0]["hosts_kept"] == 1
+        assert list(await list_workers(admin)) == [a.address]
+        listed.write_text(yaml.safe_dump(many[:3]))  # under the bound: taken
+        await listed_within(admin, [a.address, *many_addresses(closed[:2])], 5.0)
+    finally:
+        for sock in closed:
+            sock.close()
+    events = events_of(gw.log_path)
+    assert len(events["discovery_too_many_hosts"]) == 1  # once per outage
+    assert len(events["discovery_recovered"]) == 1
+    text = await asyncio.to_thread(scrape, gw)
+    errors = samples(text, "gateway_discovery_errors_total")
+    assert errors[labels(source=f"file:{listed}")] >= 1
+
+
+def events_of(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The log's lines by event."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for event in log_events(path):
+        found.setdefault(str(event.get("event")), []).append(event)
+    return found
+
+
+def many_addresses(sockets: list[socket.socket]) -> list[str]:
+    return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]

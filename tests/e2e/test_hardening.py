@@ -18,9 +18,10 @@ from google.rpc import error_details_pb2, status_pb2
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.launch import Child, ready
-from tests.conftest import Launcher, run_alone, worker_url
+from tests.conftest import START_S, Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
 from tests.e2e.helpers import (
+    WAIT_S,
     assert_verdict,
     channel,
     collect,
@@ -69,7 +70,7 @@ async def assert_served(gw: Child) -> None:
 def start_sink() -> Child:
     """A worker that holds Generate calls without reading them (tests/e2e/sink_worker)."""
     args = [sys.executable, "-m", "tests.e2e.sink_worker"]
-    return ready(subprocess.Popen(args, stdout=subprocess.PIPE, text=True), args)
+    return ready(subprocess.Popen(args, stdout=subprocess.PIPE, text=True), args, START_S)
 
 
 def rss_mib(pid: int) -> float:
@@ -339,7 +340,8 @@ async def test_connections_past_the_cap_are_refused_and_logged_then_served_again
         await client.connect()
         idle.append(client)
     try:
-        await asyncio.sleep(0.2)
+        # Every one of them held by a server transport (its SETTINGS came): at the cap.
+        await asyncio.wait_for(asyncio.gather(*(c.greeted.wait() for c in idle)), WAIT_S)
         async with channel(gw.address) as ch:
             stub = sgl_grpc.SglangSchedulerStub(ch)
             with_deadline = stub.Generate(sgl_generate("late"), metadata=model_md("m"), timeout=1)
@@ -375,13 +377,13 @@ async def test_sighup_without_tls_reloads_and_ends_nothing(
     await wait_health(gw.address, "m")
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
-        streams = [
-            asyncio.ensure_future(
-                collect(stub.Generate(sgl_generate(f"s{i}", tokens=20), metadata=model_md("m")))
-            )
+        calls = [
+            stub.Generate(sgl_generate(f"s{i}", tokens=20), metadata=model_md("m"))
             for i in range(4)
         ]
-        await asyncio.sleep(0.3)
+        for call in calls:
+            await call.initial_metadata()  # relaying: the SIGHUPs come while they run
+        streams = [asyncio.ensure_future(collect(call)) for call in calls]
         for _ in range(10):
             os.kill(gw.process.pid, signal.SIGHUP)
             await asyncio.sleep(0.05)
@@ -392,11 +394,13 @@ async def test_sighup_without_tls_reloads_and_ends_nothing(
 
 @pytest.mark.sim_processes  # latency measured
 async def test_twenty_long_prompts_do_not_stall_another_models_calls(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, processes: list[Child]
+    sim: Launcher, gateway: Launcher, tmp_path: Path, processes: list[Child], strict: bool
 ) -> None:
     """20 concurrent 1M-token prompts to a cache_aware model (from another process and
     principal) while a small call to another model repeats: the small call's slowest is
-    within 100 ms of its unloaded slowest (it used to stall 5.5 s). The sender runs at
+    within 100 ms of its unloaded slowest in the timing tier (it used to stall 5.5 s);
+    else within ten times that plus a second (a machine busy with other work stretches
+    the decoding and hashing of 20 MB of tokens to some 0.5 s of stall). The sender runs at
     nice 19: it stands for clients on other machines, and its own CPU (serializing 60 MB)
     is not the gateway's to answer for on a 2-core box. Measured here: 25-40 ms. The
     small calls repeat from the sending until the gateway has placed all 20 prompts (it
@@ -463,7 +467,7 @@ async def test_twenty_long_prompts_do_not_stall_another_models_calls(
             await sender.wait()
     slowest, base = max(loaded), max(unloaded)
     print(f"small call: unloaded max {base * 1000:.1f} ms, loaded max {slowest * 1000:.1f} ms")
-    assert slowest <= base + 0.1
+    assert slowest <= (base + 0.1 if strict else 10 * base + 1.0)
 
 
 async def test_health_watches_past_the_cap_are_refused_and_calls_are_served(

@@ -8,7 +8,9 @@ another, well-behaved simulated model through the gateway. After each flood (a m
 load record tells the test the gateway applied everything before it), the test asserts
 that admin ListWorkers answers with sane numbers; at the end, that the gateway's peak
 RSS stayed under the bound, that the small calls stayed within 100 ms of their
-unloaded latency, and that /metrics shows no NaN.
+unloaded latency (the timing tier; else within ten times it plus a second: a machine
+busy with other work stretches the flood's indexing to stalls of some 0.7 s), and that
+/metrics shows no NaN.
 
 Scaled down from the issue's numbers where the cap makes the same point (a run of 30 s
 took most of it indexing blocks, at some 26,000 a second): the per-worker block cap is
@@ -47,14 +49,16 @@ from tests.e2e.helpers import (
 )
 
 # The small calls' latency is measured: the good worker is a process of its own.
-pytestmark = [pytest.mark.timeout(120), pytest.mark.sim_processes]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.sim_processes]
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX_BYTES_PER_BLOCK = 200  # measured: ~200 B per stored block (scripts/bench_prefix.py)
 CAP_BLOCKS = 25_000  # kv.max_blocks_per_worker, set by the test (default 250,000)
 # The index at its cap, plus grpc's buffers for a few 4 MiB messages and allocator slack.
 RSS_GROWTH_BOUND = CAP_BLOCKS * INDEX_BYTES_PER_BLOCK + 96 * 1024 * 1024
-STALL_BOUND_S = 0.100
+STALL_BOUND_S = 0.100  # the timing tier's; `make test` allows STALL_FACTOR x unloaded + 1 s
+STALL_FACTOR = 10
+MARKER_WITHIN_S = 60.0  # a safety net: some 5 s a flood idle, 20 s on a busy machine
 
 
 def rss_kb(pid: int, key: str) -> int:
@@ -73,10 +77,14 @@ class Hostile:
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline().split()
-        assert line[:1] == ["READY"], line
-        self.port = int(line[1])
+        try:
+            assert self.process.stdout is not None
+            line = self.process.stdout.readline().split()  # [] if it dies first
+            assert line[:1] == ["READY"], line
+            self.port = int(line[1])
+        except BaseException:
+            self.stop()
+            raise
 
     async def flood(self, command: str) -> None:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -150,7 +158,7 @@ async def until_marker(gw: Child, worker_id: str, marker: int, within_s: float) 
 
 
 async def test_a_flooding_worker_costs_the_gateway_bounded_memory_and_no_stall(
-    gateway: Launcher, sim: Launcher, hostile: Hostile, tmp_path: Path
+    gateway: Launcher, sim: Launcher, hostile: Hostile, tmp_path: Path, strict: bool
 ) -> None:
     good = sim("--runtime", "sglang", "--model", "good", "--name", "good-0")
     evil = f"grpc://127.0.0.1:{hostile.port}?model=evil&runtime=sglang"
@@ -171,7 +179,7 @@ async def test_a_flooding_worker_costs_the_gateway_bounded_memory_and_no_stall(
     caller = Caller(gw)
     unloaded = await caller.baseline()
     await hostile.flood("marker 1")
-    await until_marker(gw, evil_id, 1, within_s=10)
+    admin_unloaded = await until_marker(gw, evil_id, 1, MARKER_WITHIN_S)
     rss_before = rss_kb(pid, "VmRSS") * 1024
 
     caller.running = True
@@ -183,7 +191,8 @@ async def test_a_flooding_worker_costs_the_gateway_bounded_memory_and_no_stall(
         caller.phase = command
         await hostile.flood(command)
         await hostile.flood(f"marker {marker}")
-        slowest_admin = max(slowest_admin, await until_marker(gw, evil_id, marker, 30))
+        slowest = await until_marker(gw, evil_id, marker, MARKER_WITHIN_S)
+        slowest_admin = max(slowest_admin, slowest)
         workers = await list_workers(admin_address(gw))
         assert workers[evil_id].kv_index.blocks <= CAP_BLOCKS
         if command.startswith("blocks"):  # the flood filled the index: it stops at the cap
@@ -213,13 +222,18 @@ async def test_a_flooding_worker_costs_the_gateway_bounded_memory_and_no_stall(
         f"flood {caller.worst}"
     )
     assert peak - rss_before < RSS_GROWTH_BOUND
-    assert p99 <= unloaded + STALL_BOUND_S  # the max is printed; it was within, too
-    assert slowest_admin < 2.0
+    if strict:
+        assert p99 <= unloaded + STALL_BOUND_S  # the max is printed; it was within, too
+        assert slowest_admin < 2.0
+    else:
+        assert p99 <= STALL_FACTOR * unloaded + 1.0
+        assert slowest_admin < STALL_FACTOR * admin_unloaded + 2.0
     assert events.get("rejected_rank", 0) >= 2_000 - 256
     assert events.get("rejected_block_size", 0) > 0
     assert events.get("rejected_load", 0) >= 2
     assert any(dict(k)["reason"] == "too_large" for k in resyncs)
     assert sum(v for k, v in rejected.items() if dict(k)["worker"] == evil_id) > 0
     assert not [line for line in text.splitlines() if line.endswith("NaN")]
-    # The good model still serves.
-    assert await caller.baseline(count=6) < unloaded + STALL_BOUND_S
+    # The good model still serves, as fast as before.
+    after = await caller.baseline(count=6)
+    assert after < (unloaded + STALL_BOUND_S if strict else STALL_FACTOR * unloaded + 1.0)

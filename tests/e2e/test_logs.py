@@ -20,9 +20,9 @@ import pytest
 import trustme
 
 from gateway.launch import Child, start
-from tests.conftest import SERVE_ARGS, Launcher, worker_url
+from tests.conftest import SERVE_ARGS, START_S, STOP_S, Launcher, worker_url
 
-WAIT_S = 10.0
+WAIT_S = 30.0  # a safety net for every bounded wait: only a hang reaches it
 POLL_S = 0.05
 # grpc core logs a failed handshake at INFO: make sure it does, whatever the environment.
 VERBOSE = {"GRPC_VERBOSITY": "INFO"}
@@ -94,7 +94,12 @@ def test_json_mode_writes_nothing_but_json_lines_on_stderr(
 ) -> None:
     log = tmp_path / "gateway.log"
     with log.open("w") as stderr:
-        gw = start([*SERVE_ARGS, *tls, "--processes", count], stderr=stderr.fileno(), env=VERBOSE)
+        gw = start(
+            [*SERVE_ARGS, *tls, "--processes", count],
+            stderr=stderr.fileno(),
+            env=VERBOSE,
+            timeout=START_S,
+        )
     processes.append(gw)
     # grpc core's line for a failed handshake (with two processes, on whichever took the
     # connection): a record of the gateway's logger.
@@ -111,7 +116,7 @@ def test_json_mode_writes_nothing_but_json_lines_on_stderr(
         (error,) = [e for e in lines if e["level"] == "error"]
         assert error["event"].startswith(f"cannot listen on {address}: ")
         assert not [e for e in lines if e.get("file", "").startswith("add_port.cc")], lines
-    assert gw.stop() == 0
+    assert gw.stop(STOP_S) == 0
     lines = json_lines(log.read_text())
     failed = [e for e in lines if is_handshake_failure(e)]
     assert failed and {e["level"] for e in failed} == {"info"}

@@ -16,7 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 IGNORE = shutil.ignore_patterns(
     ".git",
-    ".venv",
+    ".venv*",  # .venv-engines too: gigabytes of torch (make engines), copied in minutes
+    ".engines",
+    ".import_linter_cache",
     "__pycache__",
     ".mypy_cache",
     ".ruff_cache",

@@ -23,7 +23,7 @@ from gateway.admin.v1 import admin_pb2 as admin
 from gateway.launch import Child
 from gateway.scale.control import READ_TIMEOUT_S
 from gateway.scale.supervisor import LIVENESS_INTERVAL_S, LIVENESS_MISSES, LIVENESS_TIMEOUT_S
-from tests.conftest import Launcher, run_alone, worker_url
+from tests.conftest import STOP_S, Launcher, run_alone, worker_url
 from tests.e2e.helpers import POLL_S, WAIT_S, collect, model_md, sgl_generate, sgl_grpc
 from tests.e2e.test_processes import (
     PROCESSES,
@@ -35,9 +35,10 @@ from tests.e2e.test_processes import (
     wait_servable,
 )
 
-REPLACED_WITHIN_S = 10.0
 # The slowest a check can notice: a full interval, then LIVENESS_MISSES deadlines.
-assert LIVENESS_INTERVAL_S + LIVENESS_MISSES * LIVENESS_TIMEOUT_S + 2.0 <= REPLACED_WITHIN_S
+NOTICED_WITHIN_S = LIVENESS_INTERVAL_S + LIVENESS_MISSES * LIVENESS_TIMEOUT_S
+REPLACED_WITHIN_S = 10.0  # the timing tier's bound: noticed, then a process's start
+assert NOTICED_WITHIN_S + 2.0 <= REPLACED_WITHIN_S
 
 
 @pytest.fixture
@@ -70,10 +71,17 @@ def restarts(gw: Child) -> float:
 
 
 async def test_a_stopped_serving_process_is_replaced_and_admin_answers_meanwhile(
-    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel], strict: bool
 ) -> None:
+    """Replaced within 10 s (timing tier), else within the time to notice plus twice the
+    gateway's own start (measured here) and a second; meanwhile every admin read answers
+    within its per-process deadline plus 1 s (timing tier), else plus twice what a read
+    took before the stop, and a second."""
     worker = sim("--model", "m")
+    launched = time.monotonic()
     gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    started_s = time.monotonic() - launched
+    replaced_within_s = REPLACED_WITHIN_S if strict else NOTICED_WITHIN_S + 2 * started_s + 1.0
     before = serving_processes(gw)
     assert len(before) == 2
     victim = before[0]
@@ -81,6 +89,9 @@ async def test_a_stopped_serving_process_is_replaced_and_admin_answers_meanwhile
     ach, stub = admin_stub(gw)
     closing.append(ach)
     await stub.ListWorkers(admin.ListWorkersRequest(), timeout=5)
+    asked = time.monotonic()
+    await stub.ListWorkers(admin.ListWorkersRequest(), timeout=5)
+    answer_s = 0.0 if strict else 2 * (time.monotonic() - asked)
     run_alone()
     os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
@@ -96,13 +107,13 @@ async def test_a_stopped_serving_process_is_replaced_and_admin_answers_meanwhile
             now = serving_processes(gw)
             if victim not in now and len(now) == 2:
                 break
-            assert time.monotonic() - stopped < REPLACED_WITHIN_S, f"not replaced: {now}"
+            assert time.monotonic() - stopped < replaced_within_s, f"not replaced: {now}"
             await asyncio.sleep(POLL_S)
         assert waits[0] >= READ_TIMEOUT_S * 0.9  # the stopped process was asked, and waited for
-        assert max(waits) < READ_TIMEOUT_S + 1.0
-        # Replaced: the new process listens (the supervisor reaches it) within 10 s.
+        assert max(waits) < READ_TIMEOUT_S + 1.0 + answer_s
+        # Replaced: the new process listens (the supervisor reaches it).
         while scrape(gw)["gateway_serving_processes"] != 2:
-            assert time.monotonic() - stopped < REPLACED_WITHIN_S, "the new process is not up"
+            assert time.monotonic() - stopped < replaced_within_s, "the new process is not up"
             await asyncio.sleep(POLL_S)
         assert restarts(gw) == 1
     finally:
@@ -120,7 +131,7 @@ async def test_a_stopped_serving_process_is_replaced_and_admin_answers_meanwhile
     ]
     exited = [e for e in lines if e["event"] == "serving_process_exited"]
     assert [(e["serving_process"], e["code"]) for e in exited] == [(str(index), -9)]
-    assert gw.stop() == 0
+    assert gw.stop(STOP_S) == 0
 
 
 async def test_sighups_to_the_supervisor_end_no_stream_and_restart_no_process(
@@ -155,7 +166,7 @@ async def test_sighups_to_the_supervisor_end_no_stream_and_restart_no_process(
     assert not [e for e in lines if e["event"] == "serving_process_exited"]
     reloaded = {e["process"] for e in lines if e["event"] == "reloaded"}
     assert reloaded == {"0", "1"}  # each serving process got them, and lived
-    assert gw.stop() == 0
+    assert gw.stop(STOP_S) == 0
 
 
 async def test_a_killed_supervisors_directory_is_removed_by_its_last_serving_process(
@@ -189,5 +200,5 @@ async def test_a_stopped_supervisor_removes_its_directory(sim: Launcher, gateway
     gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
     directory = launch_file(serving_processes(gw)[0]).parent
     assert directory.is_dir()
-    assert gw.stop() == 0
+    assert gw.stop(STOP_S) == 0
     assert not directory.exists()

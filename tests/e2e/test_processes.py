@@ -30,7 +30,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.admin.v1 import admin_pb2 as admin
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.launch import Child
-from tests.conftest import Launcher, run_alone, worker_url
+from gateway.scale.supervisor import FIRST_BACKOFF_S
+from tests.conftest import STOP_S, Launcher, run_alone, worker_url
 from tests.e2e.helpers import (
     MAX,
     POLL_S,
@@ -176,12 +177,15 @@ async def test_both_processes_serve_generate_and_the_log_names_each(
         == 1.0
     )
     assert samples["gateway_serving_processes"] == 2.0
-    assert gw.stop() == 0
+    assert gw.stop(STOP_S) == 0
 
 
-async def test_an_added_worker_is_used_by_every_process_within_1s(
-    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+async def test_an_added_worker_is_soon_used_by_every_process(
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel], strict: bool
 ) -> None:
+    """Servable on every process soon after AddWorker answers: within 1 s (timing tier),
+    else within 1 s plus five times what the AddWorker call itself took (a measure of how
+    slowly the processes answer right now; a busy machine stretches both)."""
     first, added = sim("--model", "m"), sim("--model", "late")
     gw = gateway(*PROCESSES, "--worker", worker_url(first, model="m", runtime="sglang"))
     channels = await per_process(gw)
@@ -194,13 +198,14 @@ async def test_an_added_worker_is_used_by_every_process_within_1s(
     assert (snapshot.kind, snapshot.worker.id) == (admin.WORKER_EVENT_KIND_SNAPSHOT, first.address)
     url = worker_url(added, model="late", runtime="sglang")
     run_alone()
+    asked = time.monotonic()
     reply = await stub.AddWorker(admin.AddWorkerRequest(url=url), timeout=10)
     assert reply.worker.id == added.address
     answered = time.monotonic()
-    servable = await asyncio.gather(
-        *(wait_servable(ch, "late", within_s=1.0) for ch in channels.values())
-    )
-    assert max(servable) - answered < 1.0
+    servable = await asyncio.gather(*(wait_servable(ch, "late") for ch in channels.values()))
+    assert max(servable) - answered < 1.0 + 5 * (answered - asked)
+    if strict:
+        assert max(servable) - answered < 1.0
     for ch in channels.values():
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_generate(), metadata=model_md("late"))
         _, error = await collect(call)
@@ -269,13 +274,17 @@ async def test_an_abort_on_one_process_reaches_a_stream_on_the_other(
 
 
 async def test_sigterm_drains_both_processes_and_exits_0(
-    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel], strict: bool
 ) -> None:
+    """Both processes say NOT_SERVING within their drain delay, on the connections they
+    hold: a HealthCheck answered `not healthy` (after the delay a call is refused, which
+    fails `healthy`), within 0.5 s in the timing tier; their streams end normally."""
     worker = sim("--model", "m", "--token-ms", "40")
+    delay_s = 0.5 if strict else 2.0  # room for a busy machine's slow answers
     gw = gateway(
         *PROCESSES,
         "--drain-delay",
-        "0.5",
+        str(delay_s),
         "--worker",
         worker_url(worker, model="m", runtime="sglang"),
     )
@@ -290,25 +299,33 @@ async def test_sigterm_drains_both_processes_and_exits_0(
         )
         await call.__aiter__().__anext__()
         streams.append(call)
+    terminated = time.monotonic()
     gw.process.send_signal(signal.SIGTERM)
-    # Both say NOT_SERVING at once (within the drain delay), on the connections they hold.
     for ch in channels.values():
-        deadline = time.monotonic() + 0.5
+        deadline = time.monotonic() + WAIT_S
         while await healthy(ch, "m"):
             assert time.monotonic() < deadline
             await asyncio.sleep(POLL_S / 5)
+    if strict:
+        assert time.monotonic() - terminated < delay_s
     for call in streams:
         rest, error = await collect(call)
         assert error is None and len(rest) == 40
         assert rest[-1].complete.finish_reason != "abort"
-    assert gw.process.wait(timeout=20) == 0
+    assert gw.process.wait(timeout=STOP_S) == 0
 
 
-async def test_a_killed_serving_process_is_replaced_and_serving_within_2s(
-    sim: Launcher, gateway: Launcher, closing: list[aio.Channel]
+async def test_a_killed_serving_process_is_soon_replaced_and_serving(
+    sim: Launcher, gateway: Launcher, closing: list[aio.Channel], strict: bool
 ) -> None:
+    """Restarted after the first backoff (the supervisor logs it) and serving again:
+    within 2 s of the kill in the timing tier; else within twice the gateway's own start
+    (a supervisor and two processes, measured here) plus a second, which a busy
+    machine stretches alike and a longer backoff would still exceed on an idle one."""
     worker = sim("--model", "m")
+    launched = time.monotonic()
     gw = gateway(*PROCESSES, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    bound_s = 2.0 if strict else 2 * (time.monotonic() - launched) + 1.0
     before = serving_processes(gw)
     assert len(before) == 2
     run_alone()
@@ -319,13 +336,13 @@ async def test_a_killed_serving_process_is_replaced_and_serving_within_2s(
         now = serving_processes(gw)
         if len(now) == 2 and before[0] not in now and scrape(gw)["gateway_serving_processes"] == 2:
             break
-        assert time.monotonic() - killed < 2.0, f"not replaced within 2 s: {now}"
+        assert time.monotonic() - killed < bound_s, f"not replaced within {bound_s:.1f} s: {now}"
         await asyncio.sleep(POLL_S)
     channels = await per_process(gw)
     closing.extend(channels.values())
     for ch in channels.values():
-        await wait_servable(ch, "m", within_s=max(0.1, 2.0 - (time.monotonic() - killed)))
-    assert time.monotonic() - killed < 2.5  # finding both connections adds a little
+        await wait_servable(ch, "m", within_s=max(0.1, bound_s - (time.monotonic() - killed)))
+    assert time.monotonic() - killed < bound_s + 0.5  # finding both connections adds a little
     samples = scrape(gw)
     assert sum(v for k, v in samples.items() if k.startswith("gateway_process_restarts_total")) == 1
     lines = [json.loads(line) for line in gw.log_path.read_text().splitlines()]  # type: ignore[attr-defined]
@@ -333,6 +350,7 @@ async def test_a_killed_serving_process_is_replaced_and_serving_within_2s(
     assert [(e["process"], e["serving_process"], e["code"]) for e in exited] == [
         ("supervisor", "0", -9)
     ]
+    assert exited[0]["restart_in_s"] == FIRST_BACKOFF_S
     assert [e["restarts"] for e in lines if e["event"] == "serving_process_restarted"] == [1]
 
 

@@ -13,10 +13,12 @@ from typing import Any
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
+from structlog.testing import capture_logs
 
 from gateway.server import Gateway
 from tests.e2e.helpers import assert_verdict, collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, idle, sim, until
+from tests.inproc.test_flow import recorded
 
 API_KEYS = {"alice": "alice-secret-key-0123456789", "bob": "bob-secret-key-0123456789"}
 
@@ -143,4 +145,31 @@ async def test_a_call_refused_by_a_full_queue_costs_its_tenant_nothing() -> None
             assert (error.details() or "").startswith("Every worker for model 'm' is busy")
         held.cancel()
         await collect(queued)
+        await idle(gw)
+
+
+async def test_a_workers_impossible_usage_counts_as_the_calls_bound_and_is_counted() -> None:
+    """A worker that reports 2^32-1 completion tokens for a call that may generate 2 x 4:
+    the call is settled as 8 (with 3 prompt tokens), the figure counted and logged as
+    rejected, and its tenant keeps its budget, not a debt of days."""
+    lie = ("x-sim-completion-tokens", str(2**32 - 1))
+    tenants = {"default": {"tokens_per_minute": 1000}}
+    async with limited(tenants) as (gw, stub):
+        records = recorded(gw)
+        with capture_logs() as logs:
+            for i in range(3):
+                call = stub.Generate(sgl_generate(f"lie{i}", n=2), metadata=model_md("m", lie))
+                _, error = await collect(call)
+                assert error is None, (i, error)
+        await idle(gw)
+        assert [r.completion_tokens for r in records] == [8, 8, 8]
+        assert all(r.usage_rejected == ("completion_tokens",) for r in records)
+        sample = gw.metrics.prometheus.get_sample_value
+        labels = {"model": "m", "figure": "completion_tokens"}
+        assert sample("gateway_worker_usage_rejected_total", labels) == 3
+        rejected = [e for e in logs if e.get("event") == "worker_usage_rejected"]
+        assert rejected and rejected[0]["counted_completion_tokens"] == 8
+        # 3 x 11 of 1000 used: the next call fits at once.
+        _, error = await collect(stub.Generate(sgl_generate("honest"), metadata=model_md("m")))
+        assert error is None
         await idle(gw)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gateway.launch import Child, start_sim
-from tests.conftest import HostedSim, SimHost
+from tests.conftest import START_S, HostedSim, SimHost
 
 SimProcess = Child | HostedSim
 
@@ -29,7 +29,7 @@ def start_sim_fixture(
     started: list[Child | HostedSim] = []
 
     def start(*args: str) -> Child | HostedSim:
-        worker = start_sim(*args) if processes else sim_host.start(*args)
+        worker = start_sim(*args, timeout=START_S) if processes else sim_host.start(*args)
         started.append(worker)
         return worker
 

@@ -20,7 +20,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 from tests.sim.conftest import SimProcess
 
 RUNTIMES = ("sglang", "vllm")
-WAIT_S = 5.0
+WAIT_S = 30.0  # a safety net for every bounded wait: only a hang reaches it
 
 
 def prompt(length: int, start: int = 100) -> list[int]:

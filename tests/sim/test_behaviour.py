@@ -107,6 +107,7 @@ def test_flags() -> None:
         ["--max-model-len=0"],
         ["--vocab-size=0"],
         ["--tokens-per-chunk=0"],
+        ["--usage-completion-tokens=4294967296"],
     ],
 )
 def test_bad_flags(argv: list[str]) -> None:
@@ -154,11 +155,24 @@ def test_overrides() -> None:
         ("x-sim-fail-code", "BOGUS"),
         ("x-sim-stall", "maybe"),
         ("x-sim-tokens-per-chunk", "0"),
+        ("x-sim-completion-tokens", "4294967296"),
+        ("x-sim-completion-tokens", "-1"),
     ],
 )
 def test_bad_overrides(key: str, value: str) -> None:
     with pytest.raises(BadOverride, match=key):
         read_request(Behaviour(), [(key, value)])
+
+
+def test_reported_usage_flag_and_override() -> None:
+    """A lying worker's usage figure: from the flag, overridden or switched off per
+    request, up to the protos' uint32."""
+    lying = parse("--usage-completion-tokens=4294967295").behaviour
+    assert lying.completion_tokens == 2**32 - 1
+    assert parse().behaviour.completion_tokens is None
+    assert read_request(lying, [("x-sim-completion-tokens", "7")]).behaviour.completion_tokens == 7
+    honest = read_request(lying, [("x-sim-completion-tokens", "off")]).behaviour
+    assert honest.completion_tokens is None
 
 
 def test_trigger_at() -> None:

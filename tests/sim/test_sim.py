@@ -237,6 +237,31 @@ async def test_several_tokens_per_chunk(sglang_sim: SimProcess, vllm_sim: SimPro
     assert sgl[-1].complete.completion_tokens == 7
 
 
+async def test_a_lying_worker_reports_the_usage_it_is_told(
+    sglang_sim: SimProcess, vllm_sim: SimProcess
+) -> None:
+    """x-sim-completion-tokens: every chunk and Complete says that count, streamed or not,
+    whatever was generated (the tokens themselves are the usual ones)."""
+    lie = (("x-sim-completion-tokens", str(2**32 - 1)),)
+    async with channel(vllm_sim) as ch:
+        stub = vllm_grpc.VllmEngineStub(ch)
+        vl = await drain(stub.Generate(vllm_request(max_tokens=3), metadata=lie))
+        vl_whole = await drain(
+            stub.Generate(vllm_request(max_tokens=3, stream=False), metadata=lie)
+        )
+    async with channel(sglang_sim) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        sgl = await drain(stub.Generate(sgl_request(max_new_tokens=3), metadata=lie))
+        sgl_whole = await drain(
+            stub.Generate(sgl_request(max_new_tokens=3, stream=False), metadata=lie)
+        )
+    for messages in (vl, vl_whole, sgl, sgl_whole):
+        parts = [getattr(m, m.WhichOneof("response")) for m in messages]
+        assert [p.completion_tokens for p in parts] == [2**32 - 1] * len(parts)
+    assert [list(m.chunk.token_ids) for m in sgl[:-1]] == [[t] for t in output_tokens(PROMPT, 3)]
+    assert list(vl_whole[0].complete.output_ids) == output_tokens(PROMPT, 3)
+
+
 async def test_stop_token_ids_end_the_choice(sglang_sim: SimProcess, vllm_sim: SimProcess) -> None:
     expected = output_tokens(PROMPT, 10)
     stop = expected[2]

@@ -63,8 +63,15 @@ SECTION_DEFAULTS = {
         max_connections=10_000,
         max_connections_per_peer=1_000,
         max_prompt_tokens=1_000_000,
+        max_completion_tokens=131_072,
     ),
-    "upstream": dict(keepalive_time_s=10.0, keepalive_timeout_s=5.0, stream_window_bytes=262144),
+    "upstream": dict(
+        keepalive_time_s=10.0,
+        keepalive_timeout_s=5.0,
+        stream_window_bytes=262144,
+        max_relayed_metadata_bytes=4096,
+        max_relayed_metadata_entries=64,
+    ),
     "tls": dict(cert=None, key=None, client_ca=None),
     "upstream_tls": dict(ca=None, cert=None, key=None),
     "auth": dict(api_keys_file=None, failure_limit=20, failure_window_s=10.0, block_s=30.0),
@@ -98,7 +105,13 @@ SECTION_DEFAULTS = {
         schedule_delay_ms=1000,
         export_timeout_s=10.0,
     ),
-    "orca": dict(trailers=True, min_interval_s=1.0, max_streams=256),
+    "orca": dict(
+        trailers=True,
+        min_interval_s=1.0,
+        max_streams=256,
+        max_streams_per_connection=4,
+        max_streams_per_peer=None,
+    ),
 }
 
 

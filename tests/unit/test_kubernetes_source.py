@@ -288,6 +288,31 @@ async def test_pods_past_the_bound_are_ignored_and_that_is_logged_once(
     assert [e["event"] for e in logs].count("kubernetes_too_many_pods") == 1
 
 
+async def test_more_hosts_than_max_hosts_are_refused_and_the_last_set_stays(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    for i in range(2):
+        ready_pod(api, f"w-{i}", f"10.1.0.{i + 1}")
+    with capture_logs() as logs:
+        async with watching(api, tmp_path, max_hosts=2) as run:
+            await run.until(lambda r: len(r) == 2)
+            await until(lambda: api.open_watches == 1, "the watch is open")
+            ready_pod(api, "w-2", "10.1.0.3")  # a third host: the set is refused
+            await until(lambda: run.source.stats.errors == 1, "a refused set")
+            ready_pod(api, "w-3", "10.1.0.4")  # a fourth: still refused, not logged again
+            await until(lambda: run.source.stats.errors == 2, "two refused sets")
+            api.delete_pod(NS, "w-0")
+            api.delete_pod(NS, "w-1")  # two again: reported
+            report = await run.until(lambda r: state(r, "w-3") is True)
+    assert all(len(r) <= 2 for r in run.reports)
+    assert [h.origin for h in report] == [f"kubernetes:{NS}/w-2", f"kubernetes:{NS}/w-3"]
+    refused = [e for e in logs if e["event"] == "discovery_too_many_hosts"]
+    assert len(refused) == 1
+    assert refused[0]["hosts"] == 3 and refused[0]["max_hosts"] == 2
+    assert refused[0]["hosts_kept"] == 2
+    assert [e["event"] for e in logs].count("discovery_recovered") == 1
+
+
 # -- what a pod says ---------------------------------------------------------------------
 
 

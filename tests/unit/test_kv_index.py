@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.kv.index import KvIndex, StoredBlock
+from gateway.kv.index import PURGE_STEP, KvIndex, StoredBlock
 from gateway.kv.prefix import Prefix, block_hashes
 
 A, B = ("a:1", 0), ("b:1", 0)
@@ -144,3 +144,27 @@ def test_without_events_the_expected_hit_follows_a_cache_of_the_workers_size() -
     unsized = KvIndex(ttl_s=100, capacity=1000)  # a worker that reports no size
     unsized.assume(A, Prefix(PROMPT), now=0)
     assert unsized.stored_tokens(Prefix(PROMPT), A, 48) == 48
+
+
+def test_a_large_slot_is_cleared_at_once_for_lookups_and_unheld_step_by_step() -> None:
+    # 3,000 blocks on A (one chain), the first 16 also on B: clearing A is immediate for
+    # lookups and the caps, while its keys lose A's bit a PURGE_STEP at a time.
+    index = KvIndex()
+    tokens = list(range(16 * 3000))
+    index.store(A, stored(tokens, 1), None)
+    index.store(B, stored(tokens[:16], 900_000), None)
+    a_id = index._slots[A].id
+    index.clear(A)
+    assert index.matched_tokens(Prefix(tokens[:48]), ["a:1", "b:1"], 0) == {B: 16}
+    assert (index.size("a:1"), index.total()) == (0, 1)
+    assert index.purging and a_id not in index._free  # its bit is not reusable yet
+    steps = 2  # matched_tokens took one step already, the loop's last one ends it
+    while index.purge():
+        steps += 1
+    assert steps == -(-3000 // PURGE_STEP)
+    assert a_id in index._free
+    assert len(index._holders) == 1  # only B's block is held
+    # A new slot may take the freed id: it inherits nothing.
+    index.store(("c:1", 0), stored(tokens[16:32], 5), None)
+    assert index.matched_tokens(Prefix(tokens[:48]), ["c:1", "a:1"], 0) == {}
+    assert index.matched_tokens(Prefix(tokens[:48]), ["b:1"], 0) == {B: 16}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from structlog.testing import capture_logs
+
 from gateway.config import WorkerSpec
 from gateway.discovery.membership import Membership
 from gateway.discovery.source import Discovered
@@ -63,7 +65,8 @@ async def settled() -> None:
 
 
 def membership(door: Door, **grace: float) -> Membership:
-    return Membership(door, drain_timeout_s=1.0, grace_s=grace)  # type: ignore[arg-type]
+    # Leaving at once, not spread: each step here is a turn of the event loop.
+    return Membership(door, drain_timeout_s=1.0, grace_s=grace, spread=lambda _: 0.0)  # type: ignore[arg-type]
 
 
 async def test_hosts_join_and_leave_with_their_source() -> None:
@@ -195,3 +198,24 @@ async def test_a_host_dropped_while_it_joins_stops_joining() -> None:
     assert len(joins) == 2 and not joins[1].done()
     await m.close()
     assert joins[1].cancelled()
+
+
+async def test_a_conflict_warning_is_forgotten_once_its_source_stops_naming_the_address() -> None:
+    door = Door()
+    m = membership(door)
+    with capture_logs() as logs:
+        m.apply("dns:w", [host(1, model="m")])
+        await settled()
+        conflict = [host(1, origin="file:/x", model="other")]
+        m.apply("file:/x", conflict)
+        m.apply("file:/x", conflict)  # the same conflict: warned once
+        assert m._warned == {"10.0.0.1:1": {"file:/x"}}
+        m.apply("file:/x", [])  # the conflict ends: nothing of it is kept
+        assert m._warned == {}
+        m.apply("file:/x", conflict)  # a new conflict: warned again
+        m.apply("file:/x", [])
+        m.apply("dns:w", [])
+        await settled()
+    assert [e["event"] for e in logs].count("discovery_conflict") == 2
+    assert m._warned == {} and [w.id for w in door.registry] == []
+    await m.close()

@@ -1,5 +1,6 @@
 """ORCA load reports: the report's fields from given totals, the reporter's window and
-cache, the trailer added once however a call ends, and the out-of-band interval."""
+cache, the trailer added once however a call ends, the out-of-band interval, and the
+shares of out-of-band streams (per process, connection and principal or peer)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from structlog.testing import capture_logs
 
 from gateway.config import build_config
 from gateway.orca.report import IN_FLIGHT, QUEUE_DEPTH, LoadReporter, Sample, load_report
-from gateway.orca.service import interval_s
+from gateway.orca.service import OrcaService, Share, StreamShares, interval_s
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from gateway.proxy.admission import Admission
@@ -234,3 +236,108 @@ def test_orca_settings() -> None:
     assert (default.trailers, default.min_interval_s, default.max_streams) == (True, 1.0, 256)
     off = build_config({"orca": {"trailers": False, "min_interval_s": 0.05}}).orca
     assert off.trailers is False and off.min_interval_s == 0.05
+
+
+def test_orca_stream_shares_settings() -> None:
+    default = build_config().orca
+    assert (default.max_streams_per_connection, default.max_streams_per_peer) == (4, None)
+    assert default.peer_share == 64  # a quarter of max_streams
+    assert build_config({"orca": {"max_streams": 2}}).orca.peer_share == 1  # at least one
+    assert build_config({"orca": {"max_streams_per_peer": 10}}).orca.peer_share == 10
+
+
+def test_a_stream_counts_against_the_process_its_connection_and_its_owner() -> None:
+    shares = StreamShares(total=5, per_connection=2, per_owner=3)
+    assert shares.enter("c1", "peer:a") is None
+    assert shares.enter("c1", "peer:a") is None
+    assert shares.enter("c1", "peer:a") is Share.CONNECTION  # nothing counted for it
+    assert shares.enter("c2", "peer:a") is None
+    assert shares.enter("c3", "peer:a") is Share.PEER
+    assert shares.enter("c3", "key:b") is None
+    assert shares.enter("c4", "key:c") is None
+    assert shares.enter("c5", "key:d") is Share.GATEWAY
+    assert shares.open == 5
+    assert (shares.held(connection="c1"), shares.held(owner="peer:a")) == (2, 3)
+    for connection, owner in [("c1", "peer:a")] * 2 + [
+        ("c2", "peer:a"), ("c3", "key:b"), ("c4", "key:c")
+    ]:  # fmt: skip
+        shares.leave(connection, owner)
+    assert shares.open == 0 and shares.held() == 0  # no count of nobody is kept
+
+
+class StreamContext:
+    """What a StreamCoreMetrics stream uses of grpc's context."""
+
+    def __init__(self, peer: str, principal: str | None = None) -> None:
+        self._peer, self.principal = peer, principal
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def peer(self) -> str:
+        return self._peer
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise RuntimeError("aborted")  # grpc raises AbortError
+
+
+class Principals:
+    """A `Caller`: the principal the context says."""
+
+    def principal(self, context: StreamContext) -> str | None:
+        return context.principal
+
+
+def orca_service(refused: list[str], **settings: Any) -> OrcaService:
+    reporter = LoadReporter(Admission(4), None, cores=1)
+    config = build_config({"orca": settings}).orca
+    caller: Any = Principals()
+    return OrcaService(reporter, config, caller, refused=refused.append)
+
+
+async def opened(service: OrcaService, context: StreamContext) -> Any:
+    """A stream that got its first report (still open), or the context that refused it."""
+    stream: Any = service.stream_core_metrics(OrcaLoadReportRequest(), context)
+    try:
+        await stream.__anext__()
+    except RuntimeError:
+        return context.aborted
+    return stream
+
+
+async def test_streams_past_a_connections_or_a_callers_share_are_refused_and_say_which() -> None:
+    refused: list[str] = []
+    service = orca_service(
+        refused, max_streams=8, max_streams_per_connection=2, max_streams_per_peer=3
+    )
+    one = "ipv4:10.0.0.1:1000"
+    streams = [await opened(service, StreamContext(one)) for _ in range(2)]
+    code, message = await opened(service, StreamContext(one))
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "on this connection (orca.max_streams_per_connection: 2)" in message
+    streams.append(await opened(service, StreamContext("ipv4:10.0.0.1:1001")))
+    code, message = await opened(service, StreamContext("ipv4:10.0.0.1:1002"))  # same address
+    assert "for this caller" in message and "orca.max_streams_per_peer: 3" in message
+    # Another address, or a principal on the same address, has its own share.
+    streams.append(await opened(service, StreamContext("ipv4:10.0.0.2:1000")))
+    streams.append(await opened(service, StreamContext("ipv4:10.0.0.1:1003", "key:bob")))
+    assert service.streams == 5 and service.shares.held(owner="peer:10.0.0.1") == 3
+    assert service.shares.held(owner="key:bob") == 1
+    assert refused == ["connection", "peer"]
+    for stream in streams:
+        await stream.aclose()
+    assert service.streams == 0 and service.shares.held() == 0
+
+
+async def test_the_process_cap_is_refused_as_the_gateways_share() -> None:
+    refused: list[str] = []
+    service = orca_service(refused, max_streams=1)
+    held = await opened(service, StreamContext("ipv4:10.0.0.1:1000"))
+    with capture_logs() as logs:
+        code, message = await opened(service, StreamContext("ipv4:10.0.0.2:1000"))
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "on this gateway process (orca.max_streams: 1)" in message
+    assert refused == ["gateway"]
+    (line,) = logs
+    assert (line["event"], line["share"], line["limit"]) == ("orca_stream_refused", "gateway", 1)
+    await held.aclose()
+    assert await opened(service, StreamContext("ipv4:10.0.0.2:1000")) is not None

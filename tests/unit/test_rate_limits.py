@@ -73,7 +73,21 @@ def test_a_call_bigger_than_a_minute_runs_once_the_bucket_is_full() -> None:
     assert isinstance(rates.take("bob", 5000, 0.0), Charge)  # full bucket: runs, into debt
     refused = rates.take("bob", 5000, 0.0)
     assert isinstance(refused, OverBudget)
-    assert refused.wait_s == pytest.approx(5000 * 60 / 1000)  # -4000 to full: 5 minutes
+    # The debt stops at one capacity (-1000, not -4000): full again in 2 minutes, not 5.
+    assert refused.wait_s == pytest.approx(2000 * 60 / 1000)
+
+
+def test_a_debt_is_at_most_one_buckets_capacity() -> None:
+    # A worker reporting 2^32-1 completion tokens: the tenant waits two minutes at most,
+    # not the days the figure would take to pay back.
+    rates = RateLimits(limits)
+    charge = rates.take("bob", 100, 0.0)
+    assert isinstance(charge, Charge)
+    rates.settle(charge, 2**32 - 1, 0.0)
+    refused = rates.take("bob", 1, 0.0)
+    assert isinstance(refused, OverBudget)
+    assert refused.wait_s == pytest.approx(1001 * 60 / 1000)
+    assert isinstance(rates.take("bob", 1000, 120.0), Charge)
 
 
 def test_full_buckets_are_dropped_as_the_table_grows() -> None:
@@ -83,3 +97,18 @@ def test_full_buckets_are_dropped_as_the_table_grows() -> None:
     assert len(rates) == 1024
     rates.take("late", 0, 60.0)  # a minute on: every old bucket is full again
     assert len(rates) == 1
+
+
+def test_the_table_is_bounded_in_size_tenants_past_it_share_one_bucket() -> None:
+    # Behind a trusted proxy, tenant names are whatever the header says: a flood of names
+    # whose buckets are not yet full again cannot grow the table past its bound.
+    rates = RateLimits(lambda tenant: (1, None), max_buckets=100)
+    for i in range(100):
+        assert isinstance(rates.take(f"t{i}", 0, 0.0), Charge)
+    first = rates.take("late-1", 0, 0.0)
+    assert isinstance(first, Charge)
+    assert isinstance(rates.take("late-2", 0, 0.0), OverBudget)  # the shared bucket is used
+    assert len(rates) == 101
+    rates.settle(first, None, 0.0)  # given back to the bucket it was taken from
+    assert isinstance(rates.take("late-2", 0, 0.0), Charge)
+    assert isinstance(rates.take("t5", 0, 0.0), OverBudget)  # a known tenant keeps its own

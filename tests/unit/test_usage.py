@@ -10,7 +10,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from gateway.engines import engine_adapters
-from gateway.engines.base import Counting
+from gateway.engines.base import Counting, UsageBounds
 from gateway.roles import Runtime
 
 VLLM = engine_adapters()[Runtime.VLLM]
@@ -96,3 +96,16 @@ def test_a_workers_stray_choice_index_does_not_grow_the_tally() -> None:
         tally.see(vllm_chunk([1, 2], index=index))
     assert tally.completion_tokens == 10
     assert len(tally._tokens) == 2
+
+
+def test_a_workers_usage_past_what_the_call_could_use_counts_as_the_bound() -> None:
+    # A worker is untrusted: 2^32-1 completion tokens for a call that may generate 2 x 64
+    # counts as 128 (it settles the tenant's token budget), and is named as rejected.
+    bounds = UsageBounds(completion_tokens=2 * 64, cached_tokens=100)
+    tally = VLLM.tally(True, 2, bounds)
+    tally.see(vllm_chunk([1] * 3, index=0, cached=50))
+    assert (tally.completion_tokens, tally.cached_tokens, tally.rejected) == (3, 50, ())
+    huge = vllm.GenerateStreamChunk(completion_tokens=2**32 - 1, cached_tokens=2**32 - 1)
+    tally.see(bytes(vllm.GenerateResponse(chunk=huge).SerializeToString()))
+    assert (tally.completion_tokens, tally.cached_tokens) == (128, 100)
+    assert tally.rejected == ("completion_tokens", "cached_tokens")

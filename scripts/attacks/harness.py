@@ -1,0 +1,511 @@
+"""One scenario's run: its processes (stopped on every path), the observers, the
+gateway's memory and threads, the pass criteria, and how the figures are printed.
+
+A run: the scenario starts its workers (beside the legitimate client's own simulated
+worker, model `legit`) and a gateway; the legitimate client and the health prober measure
+a baseline; the attack begins and they measure again while it lasts; the attack ends
+(the scenario waits for the state it leaves, e.g. an empty queue), the run settles, and
+the gateway's RSS and threads are read once more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import grpc
+from grpc import aio
+
+from gateway.admin.v1 import admin_pb2 as admin_pb
+from gateway.admin.v1 import admin_pb2_grpc
+from gateway.launch import Child, start
+from tests.conftest import SERVE_ARGS, worker_url
+from tests.e2e.availability_helpers import admin_address, list_workers
+from tests.e2e.helpers import MAX, SharedProcesses, wait_health, write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+ATTACK_PY = ROOT / "scripts" / "attack.py"
+LEGIT_MODEL = "legit"
+
+BASELINE_S = 5.0
+ATTACK_S = 10.0
+SETTLE_S = 3.0
+SAMPLE_EVERY_S = 0.05  # the gateway's /proc/PID/status
+ADMIN_TIMEOUT_S = 10.0  # an admin answer from a gateway under attack may be slow
+MIB = 1024 * 1024
+
+# The pass criteria (the issue's).
+MIN_OK_FRACTION = 0.99
+MAX_P99_RATIO = 2.0
+MAX_STALL_MS = 100.0
+MAX_RSS_GROWTH_MIB = 20.0
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- figures
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One criterion, or a figure shown beside them (`passed` None: information)."""
+
+    name: str
+    shown: str
+    passed: bool | None = None
+
+
+@dataclass
+class Outcome:
+    """What one scenario measured."""
+
+    name: str
+    summary: str
+    skipped: str | None = None
+    legit: tuple[dict[str, Any], dict[str, Any]] = ({}, {})  # baseline, attack
+    health: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+    rss_mib: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # base, peak, after
+    threads: tuple[int, int, int] = (0, 0, 0)
+    checks: list[Check] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def criteria(self) -> list[Check]:
+        """The four common criteria, then the scenario's own."""
+        if self.skipped:
+            return []
+        base, attack = self.legit
+        ok = ok_fraction(attack)
+        ratio = attack["p99_ms"] / base["p99_ms"] if base.get("p99_ms") else math.inf
+        stall = self.health[1]["max_ms"]
+        growth = self.rss_mib[2] - self.rss_mib[0]
+        own = [c for c in self.checks if c.passed is not None]
+        return [
+            Check("legit >= 99% OK", f"{ok * 100:.1f}%", ok >= MIN_OK_FRACTION),
+            Check("p99 <= 2x", f"x{ratio:.1f}", ratio <= MAX_P99_RATIO),
+            Check("stall <= 100 ms", f"{stall:.0f} ms", stall <= MAX_STALL_MS),
+            Check("RSS after <= +20 MiB", f"{growth:+.1f} MiB", growth <= MAX_RSS_GROWTH_MIB),
+            *own,
+        ]
+
+
+def ok_fraction(stats: dict[str, Any]) -> float:
+    calls = stats.get("calls", 0)
+    return stats.get("ok", 0) / calls if calls else 0.0
+
+
+def verdict(passed: bool | None) -> str:
+    return "-" if passed is None else ("PASS" if passed else "FAIL")
+
+
+def detail(outcome: Outcome) -> str:
+    """A scenario's figures, a few lines, printed as soon as it ends."""
+    head = f"== {outcome.name}: {outcome.summary}"
+    if outcome.skipped:
+        return f"{head}\n   SKIPPED: {outcome.skipped}"
+    (lb, la), (hb, ha) = outcome.legit, outcome.health
+    rss, threads = outcome.rss_mib, outcome.threads
+
+    def legit(s: dict[str, Any]) -> str:
+        codes = ", ".join(f"{k} {v}" for k, v in sorted(s["codes"].items()))
+        return (
+            f"{s['calls']} calls {ok_fraction(s) * 100:.1f}% OK, p50 {s['p50_ms']:.1f} "
+            f"p90 {s['p90_ms']:.1f} p99 {s['p99_ms']:.1f} ms ({codes})"
+        )
+
+    def health(s: dict[str, Any]) -> str:
+        return (
+            f"{s['checks']} checks, {s['failed']} failed, stall max {s['max_ms']:.0f} "
+            f"p99 {s['p99_ms']:.0f} ms"
+        )
+
+    lines = [
+        f"{head} ({outcome.seconds:.0f} s)",
+        f"   legit    baseline: {legit(lb)}",
+        f"            attack:   {legit(la)}",
+        f"   health   baseline: {health(hb)}",
+        f"            attack:   {health(ha)}",
+        f"   gateway  RSS {rss[0]:.1f} / {rss[1]:.1f} / {rss[2]:.1f} MiB, threads "
+        f"{threads[0]} / {threads[1]} / {threads[2]} (baseline / peak / after)",
+    ]
+    lines += [f"   {c.name}: {c.shown}" for c in outcome.checks if c.passed is None]
+    lines.append(
+        "   criteria "
+        + "; ".join(f"{c.name} {c.shown} {verdict(c.passed)}" for c in outcome.criteria())
+    )
+    return "\n".join(lines)
+
+
+TABLE_HEAD = (
+    f"{'scenario':13} {'legit OK':>8} {'p99 base/attack ms':>19} {'x':>6} "
+    f"{'stall max/p99':>13} {'RSS base/peak/after MiB':>24} {'threads':>10}  "
+    f"{'OK':4} {'p99':4} {'stal':4} {'RSS':4}  scenario's own"
+)
+
+
+def table_line(outcome: Outcome) -> str:
+    """One line a scenario: the figures, then PASS/FAIL per criterion."""
+    if outcome.skipped:
+        return f"{outcome.name:13} SKIPPED: {outcome.skipped}"
+    (lb, la), (_, ha) = outcome.legit, outcome.health
+    criteria = outcome.criteria()
+    common, own = criteria[:4], criteria[4:]
+    rss, threads = outcome.rss_mib, outcome.threads
+    p99 = f"{lb['p99_ms']:.1f}/{la['p99_ms']:.1f}"
+    stall = f"{ha['max_ms']:.0f}/{ha['p99_ms']:.0f}"
+    memory = f"{rss[0]:.0f}/{rss[1]:.0f}/{rss[2]:.0f}"
+    thread_text = f"{threads[0]}/{threads[1]}/{threads[2]}"
+    marks = " ".join(f"{verdict(c.passed):4}" for c in common)
+    extra = "; ".join(f"{c.name} {c.shown} {verdict(c.passed)}" for c in own) or "-"
+    return (
+        f"{outcome.name:13} {ok_fraction(la) * 100:7.1f}% {p99:>19} {common[1].shown:>6} "
+        f"{stall:>13} {memory:>24} {thread_text:>10}  {marks}  {extra}"
+    )
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Observer:
+    """One observer process (scripts/attacks/measure.py), asked over its stdin."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, role: str, *args: str) -> Observer:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(ATTACK_PY),
+            role,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=ROOT,
+        )
+        return cls(process)
+
+    async def tell(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{line}\n".encode())
+        await self.process.stdin.drain()
+
+    async def connect(self, address: str) -> None:
+        await self.tell(f"connect {address}")
+
+    async def measure(self, label: str, seconds: float) -> dict[str, Any]:
+        """Its figures for the next `seconds` (bounded: a stuck observer is an error)."""
+        assert self.process.stdout is not None
+        await self.tell(f"run {label} {seconds}")
+        line = await asyncio.wait_for(self.process.stdout.readline(), seconds + 30)
+        if not line:
+            raise RuntimeError(
+                f"observer {self.process.pid} ended (exit {self.process.returncode})"
+            )
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    async def stop(self) -> None:
+        process = self.process
+        if process.returncode is None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+                assert process.stdin is not None
+                process.stdin.write(b"quit\n")
+                process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), 3)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+def proc_status(pid: int) -> tuple[int, int]:
+    """VmRSS (bytes) and Threads of a process, from /proc/PID/status."""
+    rss = threads = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    return rss, threads
+
+
+class Memory:
+    """Samples the gateway's RSS and threads in a thread of its own (every 50 ms), so a
+    peak between two reads of the run is seen."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self.samples.append((time.monotonic(), *proc_status(self.pid)))
+            self._stop.wait(SAMPLE_EVERY_S)
+
+    def now(self) -> tuple[float, int]:
+        rss, threads = proc_status(self.pid)
+        return rss / MIB, threads
+
+    def peak(self, since: float) -> tuple[float, int]:
+        window = [s for s in self.samples if s[0] >= since] or [(0.0, *proc_status(self.pid))]
+        return max(s[1] for s in window) / MIB, max(s[2] for s in window)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(1)
+
+
+def local_channel(address: str) -> aio.Channel:
+    """A channel with a connection of its own (a second client, or more streams than one
+    connection may carry)."""
+    return aio.insecure_channel(
+        address,
+        options=[
+            ("grpc.max_send_message_length", MAX),
+            ("grpc.max_receive_message_length", MAX),
+            ("grpc.enable_retries", 0),
+            ("grpc.use_local_subchannel_pool", 1),
+        ],
+    )
+
+
+class Run:
+    """One scenario's processes, tasks, channels and files: all of them stopped, closed
+    or removed when the run ends, however it ends (an error, Ctrl-C)."""
+
+    def __init__(self, name: str, tree: Path | None = None) -> None:
+        self.tree = tree  # the gateway's code, if not this checkout's
+        self.dir = Path(tempfile.mkdtemp(prefix=f"attack-{name}-"))
+        self.processes = SharedProcesses(self.dir)
+        self.legit: Child | None = None
+        self.gw: Child | None = None
+        self.observers: list[Observer] = []
+        self.memory: Memory | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._channels: list[aio.Channel] = []
+        self._cleanups: list[Callable[[], object]] = []
+
+    async def __aenter__(self) -> Run:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.cancel_spawned()
+        for ch in self._channels:
+            with contextlib.suppress(Exception):
+                await ch.close(grace=None)
+        for observer in self.observers:
+            with contextlib.suppress(Exception):
+                await observer.stop()
+        if self.memory is not None:
+            self.memory.stop()
+        for cleanup in reversed(self._cleanups):
+            with contextlib.suppress(Exception):
+                cleanup()
+        self.processes.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # processes
+
+    def workers(self, *argsets: Sequence[str]) -> list[Child]:
+        """The legitimate client's worker and the scenario's, started side by side."""
+        legit, *others = self.processes.sims(("--model", LEGIT_MODEL, "--name", "legit"), *argsets)
+        self.legit = legit
+        return others
+
+    def gateway(self, config: dict[str, Any], *workers: str) -> Child:
+        """`gateway serve` with `config` in front of the legit worker and `workers` (URLs)."""
+        assert self.legit is not None, "start the workers first"
+        urls = [worker_url(self.legit, model=LEGIT_MODEL, runtime="sglang"), *workers]
+        flags = [arg for url in urls for arg in ("--worker", url)]
+        args = [*SERVE_ARGS, "--config", write_config(self.dir, config), *flags]
+        with open(self.dir / "gateway.log", "w") as log:
+            cwd = str(self.tree) if self.tree is not None else None
+            self.gw = start(args, stderr=log.fileno(), cwd=cwd)
+        self.processes.children.append(self.gw)
+        return self.gw
+
+    def on_exit(self, cleanup: Callable[[], object]) -> None:
+        """Something else to stop when the run ends (a process, a socket)."""
+        self._cleanups.append(cleanup)
+
+    # tasks and channels
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A task of the attack; cancelled when the run ends if it has not."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        return task
+
+    def channel(self, address: str | None = None) -> aio.Channel:
+        """A client connection of the attacker's (to the gateway by default)."""
+        assert address is not None or self.gw is not None
+        ch = local_channel(address or self.gw.address)  # type: ignore[union-attr]
+        self._channels.append(ch)
+        return ch
+
+    async def cancel_spawned(self) -> None:
+        """Every task of the attack so far cancelled, and ended."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close_channels(self) -> None:
+        """The attacker's connections closed now (every call on them cancelled)."""
+        channels, self._channels = self._channels, []
+        for ch in channels:
+            await ch.close(grace=None)
+
+    # the gateway's state
+
+    async def listed_workers(self) -> dict[str, Any]:
+        """ListWorkers (retried while a stalled gateway misses its deadline)."""
+        assert self.gw is not None
+        address = admin_address(self.gw)
+        return await patiently(lambda: list_workers(address))
+
+    async def waiting(self) -> int:
+        """Calls waiting in the gateway's queues (admin ListQueues), over every model."""
+        assert self.gw is not None
+        async with aio.insecure_channel(admin_address(self.gw)) as ch:
+            listed = await admin_pb2_grpc.AdminServiceStub(ch).ListQueues(
+                admin_pb.ListQueuesRequest(), timeout=ADMIN_TIMEOUT_S
+            )
+        return sum(q.waiting for q in listed.queues)
+
+
+async def patiently(ask: Callable[[], Awaitable[T]], tries: int = 5) -> T:
+    """`ask()`, again after a missed deadline (a gateway under attack answers late)."""
+    for attempt in range(tries):
+        try:
+            return await ask()
+        except aio.AioRpcError as error:
+            if error.code() is not grpc.StatusCode.DEADLINE_EXCEEDED or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def until(
+    check: Callable[[], Awaitable[bool]], within_s: float, every_s: float = 0.1
+) -> bool:
+    """Poll `check` until it holds (True) or `within_s` passed (False)."""
+    deadline = time.monotonic() + within_s
+    while not await check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(every_s)
+    return True
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+class Scenario:
+    """One attack. A fresh instance per run holds the attack's state between its steps."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    settle_s: ClassVar[float] = SETTLE_S
+    legit_tenant: ClassVar[str | None] = None  # the legitimate client's x-tenant-id
+    legit_key: ClassVar[str | None] = None  # ... and API key
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.checks: list[Check] = []
+
+    def unavailable(self) -> str | None:
+        """Why the scenario cannot run here (skipped with that message), if it cannot."""
+        return None
+
+    async def prepare(self) -> Child:
+        """Start the workers (`run.workers`) and the gateway (`run.gateway`)."""
+        raise NotImplementedError
+
+    async def ready(self, gw: Child) -> None:
+        """Until the legitimate client's model is servable (bounded)."""
+        await wait_health(gw.address, LEGIT_MODEL)
+
+    async def begin(self) -> None:
+        """Start the attack (background tasks: `run.spawn`) and return."""
+        raise NotImplementedError
+
+    async def end(self) -> None:
+        """Stop the attack and wait for the state it leaves (bounded)."""
+        raise NotImplementedError
+
+    def judge(self, baseline: dict[str, Any], attack: dict[str, Any]) -> list[Check]:
+        """Criteria of the scenario's own on the legitimate client's figures."""
+        return []
+
+    def note(self, name: str, shown: str, passed: bool | None = None) -> None:
+        self.checks.append(Check(name, shown, passed))
+
+
+async def drive(
+    kind: type[Scenario],
+    baseline_s: float = BASELINE_S,
+    attack_s: float = ATTACK_S,
+    tree: Path | None = None,
+) -> Outcome:
+    """Run one scenario from its first process to its last, every process stopped after
+    (`tree`: a source tree whose gateway code the gateway runs, e.g. the code before a
+    fix, exported with `git archive`)."""
+    started = time.monotonic()
+    async with Run(kind.name, tree) as run:
+        scenario = kind(run)
+        reason = scenario.unavailable()
+        if reason is not None:
+            return Outcome(kind.name, kind.summary, skipped=reason)
+        # The observers start first: they import while the workers and the gateway start.
+        who = [*(("--tenant", kind.legit_tenant) if kind.legit_tenant else ())]
+        who += [*(("--key", kind.legit_key) if kind.legit_key else ())]
+        legit = await Observer.start("_legit", *who)
+        run.observers.append(legit)
+        prober = await Observer.start("_health")
+        run.observers.append(prober)
+        gw = await scenario.prepare()
+        await scenario.ready(gw)
+        for observer in run.observers:
+            await observer.connect(gw.address)
+        memory = run.memory = Memory(gw.process.pid)
+
+        async def observe(label: str, seconds: float) -> tuple[dict[str, Any], dict[str, Any]]:
+            calls, stalls = await asyncio.gather(
+                legit.measure(label, seconds), prober.measure(label, seconds)
+            )
+            return calls, stalls
+
+        legit_base, health_base = await observe("baseline", baseline_s)
+        rss_base, threads_base = memory.now()
+        attack_from = time.monotonic()
+        await scenario.begin()
+        legit_attack, health_attack = await observe("attack", attack_s)
+        await scenario.end()
+        await asyncio.sleep(kind.settle_s)
+        rss_peak, threads_peak = memory.peak(since=attack_from)
+        rss_after, threads_after = memory.now()
+        return Outcome(
+            kind.name,
+            kind.summary,
+            legit=(legit_base, legit_attack),
+            health=(health_base, health_attack),
+            rss_mib=(rss_base, rss_peak, rss_after),
+            threads=(threads_base, threads_peak, threads_after),
+            checks=[*scenario.checks, *scenario.judge(legit_base, legit_attack)],
+            seconds=time.monotonic() - started,
+        )
