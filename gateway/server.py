@@ -27,6 +27,7 @@ from gateway.flow.budget import RateLimits
 from gateway.health import HealthService, desired_statuses
 from gateway.listen import CannotListen, bind
 from gateway.member import Member
+from gateway.memory import Trimmer
 from gateway.metrics import Metrics
 from gateway.offload import Offload
 from gateway.orca.report import LoadReporter
@@ -163,6 +164,7 @@ class Gateway:
         self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
         limits = config.limits
         self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
+        self.trimmer = Trimmer(lambda: self.admission.active, self.offload)
         self.reads = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
         if member is None:
             self.disagg = DisaggregatedDispatch(self.dispatcher)
@@ -257,6 +259,7 @@ class Gateway:
         credentials = self.certificates.credentials() if self.certificates else None
         self.port = bind(self.server, self.config.listen, credentials)
         raise_fd_limit(self.config.limits.max_connections)
+        self.trimmer.start()
         limits = self.config.limits
         self.connections = ConnectionWatch(
             self.port,
@@ -420,6 +423,7 @@ class Gateway:
         self.metrics.close()
         if self.sources is not None:  # before the offload thread they parse in
             await self.sources.close()
+        await self.trimmer.stop()  # it trims in the offload thread too
         self.offload.close()
         if self.tracing is not None:  # bounded: a collector that is down holds up nothing
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.close)

@@ -112,7 +112,8 @@ def main() -> None:
         "-C DIR`: the figures before a change); the simulator and the clients stay these",
     )
     args = parser.parse_args()
-    names = list(SCENARIOS) if "all" in args.scenarios else list(dict.fromkeys(args.scenarios))
+    asked = [n for n in args.scenarios if n != "all"]
+    names = list(dict.fromkeys([*(SCENARIOS if "all" in args.scenarios else ()), *asked]))
     signal.signal(signal.SIGTERM, interrupted)
     bytecode = share_bytecode()
     try:

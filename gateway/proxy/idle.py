@@ -23,29 +23,42 @@ class StreamIdle(Exception):
         super().__init__(f"Stream idle for {idle_s:g} s: no message moved either way")
 
 
+class _Watch:
+    """Every half period, moves the deadline on if a message moved since the last look.
+    A class, not a closure: a function that reschedules itself holds itself in a cycle,
+    with the call's record and task, until the garbage collector's rare full pass (2,000
+    ended calls' worth of memory stayed that way)."""
+
+    __slots__ = ("_deadline", "_idle_s", "_loop", "_record", "_seen", "_timer")
+
+    def __init__(self, record: CallRecord, idle_s: float, deadline: asyncio.Timeout) -> None:
+        self._record, self._idle_s, self._deadline = record, idle_s, deadline
+        self._loop = asyncio.get_running_loop()
+        self._seen = record.messages
+        self._timer = self._loop.call_later(idle_s / 2, self._look)
+
+    def _look(self) -> None:
+        if self._record.messages != self._seen:
+            self._seen = self._record.messages
+            self._deadline.reschedule(self._loop.time() + self._idle_s)
+        self._timer = self._loop.call_later(self._idle_s / 2, self._look)
+
+    def stop(self) -> None:
+        self._timer.cancel()  # a cancelled handle lets go of its callback, and of this
+
+
 @contextlib.asynccontextmanager
 async def idle_limit(record: CallRecord, idle_s: float) -> AsyncIterator[None]:
     """Run the block under the watchdog; raises `StreamIdle` if it fires (0: off)."""
     if idle_s <= 0:
         yield
         return
-    loop = asyncio.get_running_loop()
-    seen = record.messages
-    timer: asyncio.TimerHandle | None = None
     try:
-        async with asyncio.timeout(idle_s) as watch:
-
-            def look() -> None:
-                nonlocal seen, timer
-                if record.messages != seen:
-                    seen = record.messages
-                    watch.reschedule(loop.time() + idle_s)
-                timer = loop.call_later(idle_s / 2, look)
-
-            timer = loop.call_later(idle_s / 2, look)
+        async with asyncio.timeout(idle_s) as deadline:
+            watch = _Watch(record, idle_s, deadline)
             try:
                 yield
             finally:
-                timer.cancel()
+                watch.stop()
     except TimeoutError:
         raise StreamIdle(idle_s) from None

@@ -11,6 +11,8 @@ import asyncio
 import math
 import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.config import OrcaConfig
-from gateway.launch import Child
+from gateway.launch import Child, ready
 from gateway.orca.v3 import orca_pb2_grpc
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from scripts.attacks.harness import Check, Scenario, until
@@ -560,30 +562,26 @@ class Orca(Scenario):
 
 # --------------------------------------------------------------------------- trailers
 
-TRAILER_KEY = "x-sim-trailer-bytes"
+TRAILER_KEY = "x-trailer-bytes"  # tests/e2e/trailers_worker.py: trailers of about N bytes
 TRAILER_BYTES = 14 * 1024
+REPO = Path(__file__).resolve().parents[2]
 
 
-def simulator_knows(key: str) -> bool:
-    """Whether the simulator reads an `x-sim-*` key (another change may add one)."""
-    import gateway_sim.behaviour as behaviour
-
-    return key in getattr(behaviour, "OVERRIDE_KEYS", ()) or any(
-        key in path.read_text() for path in Path(behaviour.__file__).parent.glob("*.py")
-    )
+def start_trailers_worker() -> Child:
+    """The test suite's worker that sends the trailers a request asks for (ready)."""
+    command = [sys.executable, "-m", "tests.e2e.trailers_worker"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    return ready(process, command)
 
 
 class Trailers(Scenario):
     name = "trailers"
     summary = "a worker answering with ~14 KB of trailers"
 
-    def unavailable(self) -> str | None:
-        if simulator_knows(TRAILER_KEY):
-            return None
-        return f"the simulator has no {TRAILER_KEY} knob yet (another change adds it)"
-
     async def prepare(self) -> Child:
-        (evil,) = self.run.workers(("--model", "evil", "--name", "evil"))
+        self.run.workers()  # the legitimate client's
+        evil = start_trailers_worker()
+        self.run.on_exit(evil.stop)
         self.evil = evil.address
         return self.run.gateway({}, worker_url(evil, model="evil", runtime="sglang"))
 

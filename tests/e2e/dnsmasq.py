@@ -17,6 +17,8 @@ from pathlib import Path
 
 import dns.resolver
 
+from tests.e2e.helpers import WAIT_S
+
 
 def free_port() -> int:
     """A port free for UDP and TCP on 127.0.0.1 (dnsmasq binds both)."""
@@ -70,12 +72,21 @@ class Dnsmasq:
         self.process = subprocess.Popen(
             self._args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        self._wait_answering()
+        try:
+            self._wait_answering()
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited in time; reaped either way."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(5)
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         self.process = None
 
     def set(self, records: Mapping[str, Sequence[str]]) -> None:
@@ -107,7 +118,7 @@ class Dnsmasq:
 
     def _wait_answering(self) -> None:
         """Until the current version of the file answers (bounded)."""
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + WAIT_S
         while True:
             try:
                 if self.resolve(f"gen-{self._generation}.ready"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from gateway.launch import Child
+from tests.conftest import START_S
 
 POLICY = "envoy.load_balancing_policies.client_side_weighted_round_robin"
 POLICY_TYPE = (
@@ -148,7 +149,7 @@ def start_envoy(binary: str, upstream_ports: list[int], directory: Path) -> Chil
     process = subprocess.Popen(args, stdout=log, stderr=log, text=True)
     log.close()
     try:
-        port = _listener_port(process, admin_path, deadline=time.monotonic() + 20)
+        port = _listener_port(process, admin_path, deadline=time.monotonic() + START_S)
     except BaseException:
         process.kill()
         process.wait()

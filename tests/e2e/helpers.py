@@ -197,14 +197,21 @@ async def running_on_sim(address: str, runtime: str = "sglang") -> int:
     return sum(load.num_running_reqs for load in loads.loads)
 
 
-async def wait_idle(address: str, runtime: str = "sglang", within_s: float = WAIT_S) -> int:
-    """Poll (bounded) until the worker runs nothing; returns the last count seen."""
+async def wait_running(
+    address: str, count: int, runtime: str = "sglang", within_s: float = WAIT_S
+) -> int:
+    """Poll (bounded) until the worker runs `count` requests; returns the last count seen."""
     deadline = time.monotonic() + within_s
     running = await running_on_sim(address, runtime)
-    while running and time.monotonic() < deadline:
+    while running != count and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
         running = await running_on_sim(address, runtime)
     return running
+
+
+async def wait_idle(address: str, runtime: str = "sglang", within_s: float = WAIT_S) -> int:
+    """Poll (bounded) until the worker runs nothing; returns the last count seen."""
+    return await wait_running(address, 0, runtime, within_s)
 
 
 def assert_verdict(
@@ -269,6 +276,7 @@ class SharedProcesses:
         self._host = host
 
     def sim(self, *args: str) -> Any:
+        child: Child | HostedSim
         if self._host is not None:
             child = self._host.start(*args)
         else:

@@ -22,7 +22,7 @@ from grpc import aio
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.launch import Child
-from tests.conftest import Launcher, SimHost, grpcurl, run_alone, worker_url
+from tests.conftest import START_S, STOP_S, Launcher, SimHost, grpcurl, run_alone, worker_url
 from tests.e2e.availability_helpers import (
     admin_address,
     is_ready,
@@ -98,7 +98,7 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
         # Subscribed once its snapshot is out; only then does the fleet change.
         assert watcher.stdout is not None
         listing = asyncio.create_task(run_cli_async(*cli("list", admin)))  # changes nothing
-        first = await asyncio.wait_for(watcher.stdout.readline(), 10)
+        first = await asyncio.wait_for(watcher.stdout.readline(), START_S)
         listed = await listing
         assert listed.returncode == 0, listed.stderr
         header, *rows = listed.stdout.splitlines()
@@ -169,7 +169,7 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
     finally:
         watcher.send_signal(signal.SIGINT)
         try:
-            out, err = await asyncio.wait_for(watcher.communicate(), 5)
+            out, err = await asyncio.wait_for(watcher.communicate(), STOP_S)
         except TimeoutError:
             watcher.kill()
             out, err = await watcher.communicate()

@@ -23,13 +23,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.launch import Child
 from gateway.wire import encode_varint
 from tests.conftest import Launcher, run_alone, worker_url
-from tests.e2e.helpers import channel, collect, model_md, sgl, sgl_generate, sgl_grpc, write_config
+from tests.e2e.helpers import (
+    WAIT_S,
+    channel,
+    collect,
+    model_md,
+    sgl,
+    sgl_generate,
+    sgl_grpc,
+    write_config,
+)
 
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}
 MISSING = "this gateway needs the metadata 'authorization: Bearer <API key>'"
 REJECTED = "the API key was not accepted"
 THROTTLED = "too many failed attempts, retry later"
-WAIT_S = 5.0  # bound of every "until the gateway shows it" loop
 
 
 def bearer(key: str) -> tuple[str, str]:
@@ -130,19 +138,22 @@ async def until(ch: aio.Channel, key: str, want: grpc.StatusCode, within_s: floa
 
 
 async def test_a_removed_key_is_refused_within_two_seconds(
-    start_keyed: Callable[..., Keyed],
+    start_keyed: Callable[..., Keyed], strict: bool
 ) -> None:
+    """The file is read every second without a signal: a removed key is refused, an
+    added one works, within 2 s in the timing tier (else WAIT_S: a busy machine)."""
     keyed = start_keyed(failure_limit=0)  # polling with a key not yet valid fails often
+    within_s = 2.0 if strict else WAIT_S
     run_alone()
     async with channel(keyed.gateway.address) as ch:
         assert await health_check(ch, KEYS["bob"]) is grpc.StatusCode.OK
         write_keys(keyed.keys, {"alice": KEYS["alice"]})
-        took = await until(ch, KEYS["bob"], grpc.StatusCode.UNAUTHENTICATED, within_s=2.0)
-        assert took is not None, "bob's key still worked 2 s after it left the file"
+        took = await until(ch, KEYS["bob"], grpc.StatusCode.UNAUTHENTICATED, within_s)
+        assert took is not None, f"bob's key still worked {within_s} s after it left the file"
         assert await health_check(ch, KEYS["alice"]) is grpc.StatusCode.OK
         # A key added to the file works as soon, for the principal too (Abort scoping).
         write_keys(keyed.keys, {"alice": KEYS["alice"], "carol": "carol-key-0123456789"})
-        took = await until(ch, "carol-key-0123456789", grpc.StatusCode.OK, within_s=2.0)
+        took = await until(ch, "carol-key-0123456789", grpc.StatusCode.OK, within_s)
         assert took is not None
         stub = sgl_grpc.SglangSchedulerStub(ch)
         call = stub.Generate(
@@ -170,7 +181,7 @@ async def test_a_broken_file_keeps_the_previous_keys_and_says_so_once(
         # SIGHUP reads the file at once; fixed, it takes effect.
         write_keys(keyed.keys, {"bob": KEYS["bob"]})
         keyed.gateway.process.send_signal(signal.SIGHUP)
-        took = await until(ch, KEYS["alice"], grpc.StatusCode.UNAUTHENTICATED, within_s=2.0)
+        took = await until(ch, KEYS["alice"], grpc.StatusCode.UNAUTHENTICATED, within_s=WAIT_S)
         assert took is not None
         assert await health_check(ch, KEYS["bob"]) is grpc.StatusCode.OK
         # SIGHUP with nothing changed: read, said, and the process keeps serving.
@@ -216,9 +227,10 @@ async def test_a_peer_past_the_failure_limit_is_refused_for_a_while(
 ) -> None:
     keyed = start_keyed(failure_limit=5, failure_window_s=10, block_s=2)
     async with channel(keyed.gateway.address) as ch:
-        answers = [await refusal(ch, f"guess-{i:02d}-0123456789") for i in range(5)]
+        answers = [await refusal(ch, f"guess-{i:02d}-0123456789") for i in range(4)]
+        blocked_at = time.monotonic()  # before the fifth failure, which blocks the peer
+        answers.append(await refusal(ch, "guess-04-0123456789"))
         assert [details for _, details in answers] == [REJECTED] * 4 + [THROTTLED]
-        blocked_at = time.monotonic()
         # Blocked: the right key is refused too (a guesser learns nothing meanwhile).
         assert await refusal(ch, KEYS["alice"]) == (grpc.StatusCode.UNAUTHENTICATED, THROTTLED)
         assert await refusal(ch, None) == (grpc.StatusCode.UNAUTHENTICATED, THROTTLED)
@@ -228,7 +240,9 @@ async def test_a_peer_past_the_failure_limit_is_refused_for_a_while(
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         took = await until(ch, KEYS["alice"], grpc.StatusCode.OK, within_s=WAIT_S)
         assert took is not None
-        assert 1.5 <= time.monotonic() - blocked_at <= 2 + WAIT_S
+        # Blocked at the fifth failure's arrival (after blocked_at) for 2 s by the
+        # gateway's monotonic clock, which is this one: not a moment less.
+        assert 2.0 <= time.monotonic() - blocked_at <= 2 + WAIT_S
     assert keyed.metric("gateway_auth_failures_total", reason="rejected") == 5.0
     assert keyed.metric("gateway_auth_failures_total", reason="throttled") >= 2.0
     (line,) = keyed.wait_logged("peer blocked after failed authentications")
@@ -284,7 +298,7 @@ async def test_health_names_that_tell_models_need_a_key_and_probes_do_not(
 
 
 async def test_an_unauthenticated_30_mib_request_is_refused_unread(
-    start_keyed: Callable[..., Keyed],
+    start_keyed: Callable[..., Keyed], strict: bool
 ) -> None:
     """Eight 30 MiB requests at once without a key, to the front (Generate) and to a
     unary method the interceptor guards (health List): all refused, and the gateway's
@@ -320,5 +334,6 @@ async def test_an_unauthenticated_30_mib_request_is_refused_unread(
         assert answers == [(grpc.StatusCode.UNAUTHENTICATED, MISSING)] * 8
         grew_mib = (keyed.rss_peak_kib() - before) / 1024
         assert grew_mib < 24, f"the gateway's peak RSS grew {grew_mib:.0f} MiB"
-        assert took < 5.0
+        if strict:  # refused at once (unread: the RSS bound above proves it on any machine)
+            assert took < 5.0
         assert await health_check(ch, KEYS["alice"]) is grpc.StatusCode.OK

@@ -20,6 +20,7 @@ from gateway.launch import Child
 from tests.conftest import Launcher
 from tests.e2e.availability_helpers import admin_address, is_ready, list_workers, wait_worker
 from tests.e2e.helpers import (
+    WAIT_S,
     channel,
     collect,
     model_md,
@@ -70,7 +71,7 @@ def serve(
 
 
 async def served_by(stub: Any, request_id: str) -> str:
-    call = stub.Generate(sgl_generate(request_id, tokens=1), metadata=model_md("m"), timeout=5)
+    call = stub.Generate(sgl_generate(request_id, tokens=1), metadata=model_md("m"), timeout=WAIT_S)
     _, error = await collect(call)
     assert error is None, error
     return str(dict(await call.initial_metadata())["x-sim-worker"])
@@ -86,8 +87,12 @@ async def gone(admin: str, worker_id: str, within_s: float) -> float:
 
 
 async def test_a_pod_gets_calls_only_while_ready(
-    sim: Launcher, gateway: Launcher, kube: InThread, tmp_path: Path
+    sim: Launcher, gateway: Launcher, kube: InThread, tmp_path: Path, strict: bool
 ) -> None:
+    """Out of service as its Pod is not Ready, still listed (never before the grace,
+    gone within 3 s of it in the timing tier); a terminating Pod's worker goes at once:
+    within GRACE_S - 1 s, or on a busy machine within five times the time the gateway
+    took to see the other Pod unready, and a second."""
     a = sim("--listen", f"{A}:0", "--model", "m", "--name", "a")
     b = sim("--listen", f"{B}:0", "--model", "m", "--name", "b")
     api = kube.server
@@ -111,16 +116,19 @@ async def test_a_pod_gets_calls_only_while_ready(
         kube.do(api.set_ready, NS, "b", False)  # out of service at once, listed a while
         left = time.monotonic()
         listed = await wait_worker(admin, b_id, lambda w: not w.in_service)
+        seen_out_s = time.monotonic() - left
         assert list(listed.sources) == [f"kubernetes:{NS}/b"]
         assert [await served_by(stub, f"unready-{i}") for i in range(6)] == ["a"] * 6
-        assert time.monotonic() - left < GRACE_S, "too slow to see b out of service"
-        took = await gone(admin, b_id, GRACE_S + 3.0)
+        if strict:
+            assert time.monotonic() - left < GRACE_S, "too slow to see b out of service"
+        took = await gone(admin, b_id, GRACE_S + 3.0 if strict else WAIT_S)
         assert time.monotonic() - left >= GRACE_S - 0.5, f"b left after {took:.2f} s"
 
         kube.do(api.set_ready, NS, "b", True)  # back: a fresh host
         await wait_worker(admin, b_id, lambda w: is_ready(w) and w.in_service)
         kube.do(api.mark_terminating, NS, "a")  # terminating: drained and gone at once
-        await gone(admin, a_id, GRACE_S - 1.0)
+        at_once_s = GRACE_S - 1.0
+        await gone(admin, a_id, at_once_s if strict else max(at_once_s, 5 * seen_out_s + 1.0))
         assert [await served_by(stub, f"last-{i}") for i in range(4)] == ["b"] * 4
 
 
@@ -202,7 +210,7 @@ async def test_with_two_processes_one_watch_feeds_both(
         for ch in channels.values():  # each serving process places calls on b
             stub = sgl_grpc.SglangSchedulerStub(ch)
             while "b" not in {await served_by(stub, f"two-{i}") for i in range(4)}:
-                assert time.monotonic() - added < 5.0, "b got no call from this process"
+                assert time.monotonic() - added < WAIT_S, "b got no call from this process"
         # One list and one watch in all (the supervisor's), not one per process.
         assert (kube.do(lambda: api.lists), kube.do(lambda: api.watches)) == (1, 1)
         assert kube.do(lambda: api.open_watches) == 1

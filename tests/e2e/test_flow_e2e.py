@@ -194,10 +194,11 @@ async def test_a_full_queue_is_queue_full_with_retry_info(
 
 
 async def test_a_call_waiting_past_its_class_ttl_is_queue_timeout_with_retry_info(
-    sim: Launcher, gateway: Launcher, tmp_path: Path
+    sim: Launcher, gateway: Launcher, tmp_path: Path, strict: bool
 ) -> None:
     """A class with a 0.3 s ttl_s: a call that waits that long is QUEUE_TIMEOUT (429,
-    RetryInfo), not sooner, and no worker saw it."""
+    RetryInfo), not sooner (and, in the timing tier, not 5 s later), and no worker saw
+    it."""
     worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {
         "models": {"m": {"max_inflight": 1}},
@@ -217,7 +218,9 @@ async def test_a_call_waiting_past_its_class_ttl_is_queue_timeout_with_retry_inf
     assert error is not None
     found = TIMEOUT_MESSAGE.fullmatch(error.details() or "")
     assert found is not None, error.details()
-    assert 0.3 <= float(found[1]) < 5.0
+    assert float(found[1]) >= 0.3
+    if strict:
+        assert float(found[1]) < 5.0
     assert elapsed >= 0.3
     assert_verdict(
         error,

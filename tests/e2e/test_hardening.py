@@ -393,6 +393,7 @@ async def test_sighup_without_tls_reloads_and_ends_nothing(
 
 
 @pytest.mark.sim_processes  # latency measured
+@pytest.mark.timeout(240)  # 40 s on a busy machine, and run_alone() waits for the others
 async def test_twenty_long_prompts_do_not_stall_another_models_calls(
     sim: Launcher, gateway: Launcher, tmp_path: Path, processes: list[Child], strict: bool
 ) -> None:

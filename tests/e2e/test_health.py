@@ -30,7 +30,7 @@ from tests.e2e.availability_helpers import (
     health_watch,
     wait_health_status,
 )
-from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, SharedProcesses, channel
+from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, SharedProcesses, channel
 
 PROBE_INTERVAL_S = 0.2
 NAMES = {"", "liveness", "readiness", SGL_SERVICE, VLLM_SERVICE, "models/m", "models/v", "models/h"}
@@ -130,32 +130,34 @@ def test_grpcurl_check_and_list_answer_every_name(ready: Fleet) -> None:
 
 
 @pytest.mark.serial  # max latency 250 ms
-async def test_check_answers_from_memory(ready: Fleet) -> None:
-    """Even for a model whose only worker never answers its probe."""
+async def test_check_answers_from_memory(ready: Fleet, strict: bool) -> None:
+    """Even for a model whose only worker never answers its probe: every answer as quick
+    as the rest (the slowest within 20 medians and 0.25 s; within 0.25 s in the timing
+    tier), none waiting on a probe."""
     latencies = []
     async with channel(ready.gateway.address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         for name in sorted(NAMES) * 10:
             began = time.perf_counter()
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=1)
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=WAIT_S)
             latencies.append(time.perf_counter() - began)
             assert health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status) == EXPECTED[name]
         with pytest.raises(aio.AioRpcError) as caught:
-            await stub.Check(health_pb2.HealthCheckRequest(service="liveness "), timeout=1)
+            await stub.Check(health_pb2.HealthCheckRequest(service="liveness "), timeout=WAIT_S)
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND
     print(
         f"\n[health] Check latency over {len(latencies)} calls: median "
         f"{statistics.median(latencies) * 1000:.2f} ms, max {max(latencies) * 1000:.2f} ms"
     )
-    assert max(latencies) < 0.25
+    assert max(latencies) < (0.25 if strict else 20 * statistics.median(latencies) + 0.25)
 
 
 async def test_watch_of_an_unknown_name_starts_with_service_unknown(ready: Fleet) -> None:
     async with channel(ready.gateway.address) as ch:
         unknown = health_watch(ch, "models/nope")
         known = health_watch(ch, "readiness")
-        await unknown.wait_for(lambda s: True, 2.0)
-        await known.wait_for(lambda s: True, 2.0)
+        await unknown.wait_for(lambda s: True, WAIT_S)
+        await known.wait_for(lambda s: True, WAIT_S)
         ready.flip(False)
         await wait_health_status(ready.gateway.address, "models/m", NOT_SERVING)
         # The stream stays open (the name may appear later) and says nothing more.
@@ -174,13 +176,13 @@ async def test_watch_sees_every_transition_of_a_model(ready: Fleet) -> None:
         model = health_watch(ch, "models/m")
         service = health_watch(ch, SGL_SERVICE)  # m is its only servable model
         other = health_watch(ch, "models/v")
-        await model.wait_for(lambda s: s == SERVING, 2.0)
-        await service.wait_for(lambda s: s == SERVING, 2.0)
+        await model.wait_for(lambda s: s == SERVING, WAIT_S)
+        await service.wait_for(lambda s: s == SERVING, WAIT_S)
         for serving in flips:
             flipped = ready.flip(serving)
             want = SERVING if serving else NOT_SERVING
-            seen, _ = await model.wait_for(is_status(want), 2.0, after=flipped)
-            await service.wait_for(is_status(want), 2.0, after=flipped)
+            seen, _ = await model.wait_for(is_status(want), WAIT_S, after=flipped)
+            await service.wait_for(is_status(want), WAIT_S, after=flipped)
             timings.append(f"{'SERVING' if serving else 'NOT_SERVING'} {seen - flipped:.3f}s")
         statuses = await health_list(address)
         for watch in (model, service, other):
@@ -202,19 +204,19 @@ async def test_a_watcher_leaving_does_not_silence_the_others(ready: Fleet) -> No
         second = health_watch(ch2, "models/m")
         same_channel = health_watch(ch2, "models/m")
         for watch in (first, second, same_channel):
-            await watch.wait_for(lambda s: s == SERVING, 2.0)
+            await watch.wait_for(lambda s: s == SERVING, WAIT_S)
         await first.close()
 
         flipped = ready.flip(False)
-        await second.wait_for(lambda s: s == NOT_SERVING, 2.0, after=flipped)
-        await same_channel.wait_for(lambda s: s == NOT_SERVING, 2.0, after=flipped)
+        await second.wait_for(lambda s: s == NOT_SERVING, WAIT_S, after=flipped)
+        await same_channel.wait_for(lambda s: s == NOT_SERVING, WAIT_S, after=flipped)
         await same_channel.close()
 
         late = health_watch(ch1, "models/m")  # a new watcher after others left
-        await late.wait_for(lambda s: s == NOT_SERVING, 2.0)
+        await late.wait_for(lambda s: s == NOT_SERVING, WAIT_S)
         flipped = ready.flip(True)
-        await second.wait_for(lambda s: s == SERVING, 2.0, after=flipped)
-        await late.wait_for(lambda s: s == SERVING, 2.0, after=flipped)
+        await second.wait_for(lambda s: s == SERVING, WAIT_S, after=flipped)
+        await late.wait_for(lambda s: s == SERVING, WAIT_S, after=flipped)
         await second.close()
         await late.close()
     assert [s for _, s in first.items] == [SERVING]

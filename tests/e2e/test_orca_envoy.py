@@ -33,7 +33,7 @@ from tests.e2e.helpers import (
 CONCURRENCY = 6  # calls Envoy's client keeps going at once
 IDLE_TTFT_MS, BUSY_TTFT_MS = "25", "125"
 WARMUP_S = 0.5  # connections up, the first calls through
-SETTLE_S = 8.0  # at most, for Envoy's weights to show the reports (0.2 s blackout)
+SETTLE_S = 30.0  # at most, for Envoy's weights to show the reports (0.2 s blackout)
 MEASURE_S = 3.0
 
 Settled = Callable[[], Awaitable[bool]]

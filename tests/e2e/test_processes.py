@@ -350,7 +350,7 @@ async def test_a_killed_serving_process_is_soon_replaced_and_serving(
     assert [(e["process"], e["serving_process"], e["code"]) for e in exited] == [
         ("supervisor", "0", -9)
     ]
-    assert exited[0]["restart_in_s"] == FIRST_BACKOFF_S
+    assert exited[0]["restart_in_s"] <= FIRST_BACKOFF_S  # 0: it had run STABLE_S
     assert [e["restarts"] for e in lines if e["event"] == "serving_process_restarted"] == [1]
 
 

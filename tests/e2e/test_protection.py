@@ -19,6 +19,7 @@ from tests.conftest import Launcher, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers, wait_worker
 from tests.e2e.helpers import (
     SGL_SERVICE,
+    WAIT_S,
     channel,
     collect,
     model_md,
@@ -29,6 +30,7 @@ from tests.e2e.helpers import (
     start_many,
     wait_for_events,
     wait_health,
+    wait_running,
     write_config,
 )
 from tests.e2e.stalled import StalledClient
@@ -79,11 +81,12 @@ def own_connection(address: str) -> aio.Channel:
 
 @pytest.mark.sim_processes  # SIGSTOP
 async def test_calls_on_a_frozen_worker_fail_over_within_keepalive(
-    sim: Launcher, gateway: Launcher, tmp_path: Path
+    sim: Launcher, gateway: Launcher, tmp_path: Path, strict: bool
 ) -> None:
     """SIGSTOP a worker while calls wait for their first token on it: keepalive closes
     its connection after keepalive time + timeout, and those calls, which relayed
-    nothing yet, are retried on the other worker."""
+    nothing yet, are retried on the other worker (all within 20 s in the timing tier;
+    else within WAIT_S: without the failover they would wait for the worker forever)."""
     frozen, other = start_many(sim, ("--model", "m"), ("--model", "m"))
     config = write_config(tmp_path, {"upstream": {"keepalive_time_s": 1, "keepalive_timeout_s": 2}})
     gw = gateway(
@@ -95,23 +98,25 @@ async def test_calls_on_a_frozen_worker_fail_over_within_keepalive(
         worker_url(other, model="m", runtime="sglang"),
     )
     await wait_health(gw.address, "m")
-    thinking = model_md("m", ("x-sim-ttft-ms", "1500"))
+    thinking = model_md("m", ("x-sim-ttft-ms", "3000"))
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         calls = [
             asyncio.ensure_future(collect(stub.Generate(sgl_generate(f"f-{i}"), metadata=thinking)))
             for i in range(4)
         ]
-        await asyncio.sleep(0.3)  # placed (round robin: two on each), none answered yet
+        for worker in (frozen, other):  # placed (round robin: two on each), none answered yet
+            assert await wait_running(worker.address, 2) == 2
         started = time.monotonic()
         os.kill(frozen.process.pid, signal.SIGSTOP)
         try:
-            results = await asyncio.gather(*calls)
+            results = await asyncio.wait_for(asyncio.gather(*calls), WAIT_S)
             elapsed = time.monotonic() - started
         finally:
             os.kill(frozen.process.pid, signal.SIGCONT)
     assert all(error is None and len(messages) == 5 for messages, error in results)
-    assert elapsed < 20
+    if strict:
+        assert elapsed < 20
     events = wait_for_events(gw.log_path, 4, rpc="Generate")  # type: ignore[attr-defined]
     moved = [e for e in events if e["retries"] == 1]
     assert len(moved) == 2
@@ -119,28 +124,31 @@ async def test_calls_on_a_frozen_worker_fail_over_within_keepalive(
 
 
 async def test_an_idle_client_connection_is_closed(
-    sim: Launcher, gateway: Launcher, tmp_path: Path
+    sim: Launcher, gateway: Launcher, tmp_path: Path, strict: bool
 ) -> None:
     """Idle connections are not held forever: one with no call for
-    `limits.connection_idle_timeout_s` gets GOAWAY, and the client's channel goes idle."""
+    `limits.connection_idle_timeout_s` gets GOAWAY (not before it; within 5 s of the
+    call in the timing tier), and the client's channel goes idle."""
     worker = sim("--model", "m")
     config = write_config(tmp_path, {"limits": {"connection_idle_timeout_s": 1}})
     gw = gateway("--config", config, "--worker", worker_url(worker, model="m", runtime="sglang"))
     await wait_health(gw.address, "m")
     async with channel(gw.address) as ch:
+        started = time.monotonic()  # the idle time starts after this, as the call ends
         messages, error = await collect(
             sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_generate(), metadata=model_md("m"))
         )
         assert error is None and len(messages) == 5
         assert ch.get_state() is grpc.ChannelConnectivity.READY
-        started = time.monotonic()
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(WAIT_S):
             state = ch.get_state()
             while state is grpc.ChannelConnectivity.READY:
                 await ch.wait_for_state_change(state)
                 state = ch.get_state()
         assert state is grpc.ChannelConnectivity.IDLE
-        assert 0.5 < time.monotonic() - started < 5
+        assert time.monotonic() - started > 0.5
+        if strict:
+            assert time.monotonic() - started < 5
 
 
 def rss_mib(pid: int) -> float:

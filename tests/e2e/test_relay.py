@@ -22,6 +22,7 @@ from tests.conftest import Launcher, SimHost, worker_url
 from tests.e2e.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
+    WAIT_S,
     SharedProcesses,
     channel,
     collect,
@@ -37,6 +38,7 @@ from tests.e2e.helpers import (
     wait_for_events,
     wait_health,
     wait_idle,
+    wait_running,
 )
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -153,20 +155,26 @@ async def test_both_protocols_relay_exact_message_counts(ready: Fleet) -> None:
 
 
 async def test_response_headers_are_relayed_before_the_first_message(ready: Fleet) -> None:
+    """The worker's headers reach the client while its first message is two minutes
+    away (waited for WAIT_S at most: no clock to read); the call, cancelled then, ends on
+    the worker too. With a first message that comes, the stream follows the headers."""
     gw = ready.gateway
     async with channel(gw.address) as ch:
-        started = time.monotonic()
-        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        call = stub.Generate(
             sgl_generate(tokens=2),
-            metadata=model_md("s", ("x-sim-ttft-ms", "1200"), ("x-sim-headers-first", "1")),
+            metadata=model_md("s", ("x-sim-ttft-ms", "120000"), ("x-sim-headers-first", "1")),
         )
-        headers = await call.initial_metadata()
-        headers_s = time.monotonic() - started
-        messages, error = await collect(call)
-        first_s = time.monotonic() - started
+        headers = await asyncio.wait_for(call.initial_metadata(), WAIT_S)
+        call.cancel()
+        assert await wait_idle(ready.sglang.address) == 0
+        soon = stub.Generate(
+            sgl_generate(tokens=2), metadata=model_md("s", ("x-sim-headers-first", "1"))
+        )
+        soon_headers = await soon.initial_metadata()
+        messages, error = await collect(soon)
     assert dict(headers)["x-sim-worker"] == "sgl-0"
-    assert headers_s < 0.8, f"headers took {headers_s:.2f}s: held back until the first message"
-    assert first_s >= 1.1
+    assert dict(soon_headers)["x-sim-worker"] == "sgl-0"
     assert error is None
     assert len(messages) == 3
 
@@ -225,7 +233,9 @@ async def test_client_deadline_reaches_the_worker(ready: Fleet) -> None:
         assert dict(await call.initial_metadata())["x-sim-deadline-ms"] == "none"
 
 
-async def test_stalled_worker_ends_at_the_client_deadline(ready: Fleet) -> None:
+async def test_stalled_worker_ends_at_the_client_deadline(ready: Fleet, strict: bool) -> None:
+    """The client's deadline ends the call (its own grpc ends it there; the timing tier
+    checks it did so in time) and reaches the worker, which runs nothing after it."""
     worker, gw = ready.sglang, ready.gateway
     async with channel(gw.address) as ch:
         started = time.monotonic()
@@ -237,7 +247,8 @@ async def test_stalled_worker_ends_at_the_client_deadline(ready: Fleet) -> None:
     assert messages == []
     assert error is not None
     assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-    assert elapsed < 2.5
+    if strict:
+        assert elapsed < 2.5
     assert await wait_idle(worker.address) == 0
 
     # A cancel while the worker has not even sent its headers reaches it as well.
@@ -245,8 +256,7 @@ async def test_stalled_worker_ends_at_the_client_deadline(ready: Fleet) -> None:
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(
             sgl_generate(), metadata=model_md("s", ("x-sim-stall", "true"))
         )
-        await asyncio.sleep(0.3)
-        assert await wait_idle(worker.address, within_s=0) == 1
+        assert await wait_running(worker.address, 1) == 1
         call.cancel()
         assert await wait_idle(worker.address) == 0
 
@@ -259,7 +269,8 @@ async def test_stalled_worker_ends_at_the_client_deadline(ready: Fleet) -> None:
                 timeout=0.5,
             )
         assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        assert time.monotonic() - started < 2.0
+        if strict:
+            assert time.monotonic() - started < 2.0
         assert await wait_idle(worker.address) == 0
 
 
@@ -313,8 +324,10 @@ async def test_client_cancel_reaches_the_worker(ready: Fleet) -> None:
 
 @pytest.mark.sim_processes  # x-sim-exit-after ends the process
 async def test_worker_dying_mid_stream_ends_the_stream_unavailable(
-    sim: Launcher, gateway: Launcher
+    sim: Launcher, gateway: Launcher, strict: bool
 ) -> None:
+    """UNAVAILABLE as the worker dies (not the client's deadline, 10 s; within 3 s in the
+    timing tier), after the three messages it sent, with no retry."""
     worker = sim("--runtime", "sglang", "--model", "s")
     gw = gateway("--worker", worker_url(worker, model="s", runtime="sglang"))
     await wait_health(gw.address, "s")
@@ -328,7 +341,8 @@ async def test_worker_dying_mid_stream_ends_the_stream_unavailable(
     assert len(messages) == 3
     assert error is not None
     assert error.code() is grpc.StatusCode.UNAVAILABLE
-    assert elapsed < 3.0
+    if strict:
+        assert elapsed < 3.0
     [event] = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
     assert event["code"] == "UNAVAILABLE"
     assert event["attempts"] == 1  # after the first message there is no retry

@@ -10,7 +10,7 @@ import json
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from gateway.launch import Child, start
-from tests.conftest import SERVE_ARGS, Launcher, grpcurl, worker_url
+from tests.conftest import SERVE_ARGS, START_S, Launcher, grpcurl, worker_url
 from tests.inproc.harness import until
 from tests.inproc.test_tracing import CLIENT_SPAN, TRACE_ID, TRACEPARENT, attributes, receiver
 
@@ -26,7 +26,9 @@ async def test_a_gateway_traced_by_otel_variables_continues_a_grpcurl_calls_trac
             "OTEL_BSP_SCHEDULE_DELAY": "50",
         }
         gw = start(
-            [*SERVE_ARGS, "--worker", worker_url(worker, model="m", runtime="sglang")], env=env
+            [*SERVE_ARGS, "--worker", worker_url(worker, model="m", runtime="sglang")],
+            env=env,
+            timeout=START_S,
         )
         processes.append(gw)
         body = json.dumps(

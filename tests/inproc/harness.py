@@ -19,6 +19,7 @@ from gateway.scale.member import Member
 from gateway.server import Gateway
 from gateway_sim.config import SimConfig, add_sim_arguments
 from gateway_sim.server import serve
+from tests.e2e.helpers import WAIT_S
 
 SGL = "/sglang.grpc.scheduler.SglangScheduler/"
 VLLM = "/vllm.grpc.engine.VllmEngine/"
@@ -90,9 +91,10 @@ async def gateway(
         await gw.close()
 
 
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    """Wait (bounded) for a condition on state that changes without telling anyone (a
-    worker's in-flight count, a server's call count): polled, not slept on."""
+async def until(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
+    """Wait (bounded: a safety net, which only a hang reaches) for a condition on state
+    that changes without telling anyone (a worker's in-flight count, a server's call
+    count): polled, not slept on."""
     deadline = asyncio.get_running_loop().time() + within_s
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"

@@ -16,7 +16,11 @@ from tests.inproc.harness import client, gateway, idle, sim, worker
 M = model_md("m")
 
 
-async def test_a_stream_with_nothing_moving_is_ended_and_its_upstream_cancelled() -> None:
+async def test_a_stream_with_nothing_moving_is_ended_and_its_upstream_cancelled(
+    strict: bool,
+) -> None:
+    """Ended by the idle timeout (its message says so; the worker would answer only after
+    30 s), never before it, within 1 s in the timing tier; the worker call is cancelled."""
     async with (
         sim("--model", "m", "--ttft-ms", "30000") as w,
         gateway(w.url(model="m", runtime="sglang"), **{"limits.stream_idle_timeout_s": 0.2}) as gw,
@@ -28,7 +32,9 @@ async def test_a_stream_with_nothing_moving_is_ended_and_its_upstream_cancelled(
         elapsed = time.monotonic() - started
         assert error is not None and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
         assert error.details() == "Stream idle for 0.2 s: no message moved either way"
-        assert 0.2 <= elapsed < 1.0
+        assert elapsed >= 0.2
+        if strict:
+            assert elapsed < 1.0
         await idle(gw)
         # A stream whose messages keep coming is never idle, however long it lasts.
         moving = model_md("m", ("x-sim-ttft-ms", "0"), ("x-sim-token-ms", "60"))

@@ -15,7 +15,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from gateway.orca.report import IN_FLIGHT
 from gateway.orca.v3 import orca_pb2, orca_pb2_grpc
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
-from tests.e2e.helpers import collect, model_md, sgl_generate
+from tests.e2e.helpers import WAIT_S, collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, sim, until
 
 M = model_md("m")
@@ -32,7 +32,7 @@ async def arrivals(call: Any, count: int) -> list[tuple[float, OrcaLoadReport]]:
     the stream is cancelled."""
     got: list[tuple[float, OrcaLoadReport]] = []
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(20):
+    async with asyncio.timeout(WAIT_S):
         async for report in call:
             got.append((loop.time(), report))
             if len(got) == count:
@@ -45,7 +45,10 @@ def gaps(got: list[tuple[float, OrcaLoadReport]]) -> list[float]:
     return [b[0] - a[0] for a, b in itertools.pairwise(got)]
 
 
-async def test_reports_come_at_the_interval_asked_for_never_under_the_floor() -> None:
+async def test_reports_come_at_the_interval_asked_for_never_under_the_floor(strict: bool) -> None:
+    """Never sooner than asked (or than the floor); late only by a busy machine's jitter:
+    the interval asked for (300 ms) is kept apart from the floor (100 ms) by their ratio,
+    and, in the timing tier, each mean gap is within 50 % of its interval."""
     async with (
         sim("--model", "m") as w,
         gateway(w.url(model="m", runtime="sglang"), **{"orca.min_interval_s": 0.1}) as gw,
@@ -56,9 +59,12 @@ async def test_reports_come_at_the_interval_asked_for_never_under_the_floor() ->
         floored = await arrivals(orca.StreamCoreMetrics(ask(10)), 5)  # under the floor
         print("300 ms asked:", [round(g, 3) for g in gaps(asked)])
         print("10 ms asked, 100 ms floor:", [round(g, 3) for g in gaps(floored)])
-        # Never sooner than asked (or than the floor); late only by a busy machine's jitter.
-        assert all(g >= 0.27 for g in gaps(asked)) and sum(gaps(asked)) / 4 < 0.45, gaps(asked)
-        assert all(g >= 0.09 for g in gaps(floored)) and sum(gaps(floored)) / 4 < 0.2
+        assert all(g >= 0.27 for g in gaps(asked)), gaps(asked)
+        assert all(g >= 0.09 for g in gaps(floored)), gaps(floored)
+        # 3 on time; 1.5 with 0.3 s of lateness on every gap; 1 for a fixed interval.
+        assert sum(gaps(asked)) / sum(gaps(floored)) > 1.5, (gaps(asked), gaps(floored))
+        if strict:
+            assert sum(gaps(asked)) / 4 < 0.45 and sum(gaps(floored)) / 4 < 0.2
         await until(lambda: gw.orca.streams == 0)  # a client that leaves frees its slot
 
 
@@ -95,7 +101,7 @@ async def test_streams_are_capped_and_end_when_the_gateway_drains() -> None:
         assert error is not None and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert not reports
         gw.orca.close_streams()  # what drain_and_stop does as it stops
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             assert await first.read() is grpc.aio.EOF
         assert await first.code() is grpc.StatusCode.OK
         _, error = await collect(orca.StreamCoreMetrics(ask(1000)))

@@ -168,7 +168,11 @@ async def test_data_loss_when_the_cursor_is_older_than_the_history(start_sim: St
     assert snapshot.sequence_number == 4 and snapshot.snapshot.blocks == 4
 
 
-async def test_heartbeats_are_load_only_and_repeat_the_last_sequence(start_sim: StartSim) -> None:
+async def test_heartbeats_are_load_only_and_repeat_the_last_sequence(
+    start_sim: StartSim, strict: bool
+) -> None:
+    """Load-only batches repeating the last sequence, each record's sample counted on;
+    the timing tier checks their pace too (one 100 ms interval after the snapshot)."""
     sim = start_sim(*RUST, "--block-size", "4", "--kv-heartbeat-ms", "100", "--load-waiting", "3")
     async with engine(sim) as eng, eng.subscribe() as feed:
         snapshot = await feed.next(heartbeats=True)
@@ -182,7 +186,8 @@ async def test_heartbeats_are_load_only_and_repeat_the_last_sequence(start_sim: 
     assert beat.sequence_number == 1 and beat.load.load_only and beat.dp_rank == 0
     assert not beat.events and not beat.HasField("snapshot")
     assert beat.load.waiting_requests == 3 and beat.load.max_running_requests == 256
-    assert 0.08 <= quiet < 1.0
+    if strict:
+        assert 0.08 <= quiet < 1.0
     assert stored.sequence_number == 2 and not stored.load.load_only
     assert [(b.sequence_number, b.load.load_only) for b in beats] == [(2, True), (2, True)]
     samples = [b.load.sample for b in (snapshot, beat, stored, *beats)]

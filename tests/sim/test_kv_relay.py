@@ -19,6 +19,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from gateway_sim.relay_python import OUT_OF_RANGE_MESSAGE
 from tests.sim.kv import (
     RUNTIMES,
+    WAIT_S,
     Engine,
     Feed,
     engine,
@@ -35,7 +36,7 @@ from tests.sim.test_sim import StartSim
 async def subscribed(eng: Engine) -> AsyncIterator[Feed]:
     """A subscription from 0, once the relay has it: its headers say so."""
     async with eng.subscribe() as feed:
-        await asyncio.wait_for(feed.call.initial_metadata(), 5)
+        await asyncio.wait_for(feed.call.initial_metadata(), WAIT_S)
         yield feed
 
 
@@ -138,11 +139,12 @@ async def test_a_cursor_is_out_of_range(start_sim: StartSim, runtime: str) -> No
     )
 
 
-async def test_load_records_and_heartbeats(start_sim: StartSim) -> None:
+async def test_load_records_and_heartbeats(start_sim: StartSim, strict: bool) -> None:
     """The first record carries everything, later event batches the routing core; no
     heartbeat before the first batch; then load-only batches repeating the last batch's
     rank and sequence: at once when the record moved, else every interval, and at the
-    backoff interval once two in a row carried the same record."""
+    backoff interval once two in a row carried the same record (their pace checked in
+    the timing tier; on a busy machine the order and the records)."""
     sim = start_sim(
         "--block-size", "4", "--kv-heartbeat-ms", "100", "--kv-heartbeat-backoff-ms", "600",
         "--load-waiting", "3", "--dp-ranks", "2",
@@ -158,7 +160,7 @@ async def test_load_records_and_heartbeats(start_sim: StartSim) -> None:
         since = time.monotonic()
         beats, arrived = [], []
         for _ in range(4):
-            beats.append(await feed.next(within=2.0, heartbeats=True))
+            beats.append(await feed.next(heartbeats=True))
             arrived.append(time.monotonic() - since)
     assert (first.dp_rank, first.sequence_number, first.load.load_only) == (1, 0, False)
     assert first.load.running_requests == 1  # stored as its prefill ends: still running
@@ -171,28 +173,32 @@ async def test_load_records_and_heartbeats(start_sim: StartSim) -> None:
     assert beats[0].load.running_requests == 0  # the call ended: the record moved
     samples = [b.load.sample for b in (second, *beats)]
     assert first.load.sample == 1 and samples == list(range(samples[0], samples[0] + 5))
-    assert arrived[0] < 0.3  # moved: within a tick
-    assert 0.05 <= arrived[1] - arrived[0] < 0.5 and 0.05 <= arrived[2] - arrived[1] < 0.5
-    assert arrived[3] - arrived[2] >= 0.5  # the backoff after two unchanged
+    if strict:
+        assert arrived[0] < 0.3  # moved: within a tick
+        assert 0.05 <= arrived[1] - arrived[0] < 0.5 and 0.05 <= arrived[2] - arrived[1] < 0.5
+        assert arrived[3] - arrived[2] >= 0.5  # the backoff after two unchanged
 
 
-async def test_a_moving_load_beats_at_once(start_sim: StartSim) -> None:
-    """A record that moves (a call starts) goes out within a tick, not an interval."""
-    sim = start_sim("--block-size", "4", "--kv-heartbeat-ms", "5000")
+async def test_a_moving_load_beats_at_once(start_sim: StartSim, strict: bool) -> None:
+    """A record that moves (a call ends, a call starts) goes out within a tick, not an
+    interval: the interval is two minutes, so no clock need be read (the timing tier
+    checks the tick: within 1 s)."""
+    sim = start_sim("--block-size", "4", "--kv-heartbeat-ms", "120000")
     async with engine(sim) as eng, subscribed(eng) as feed:
         await eng.generate(prompt(5), metadata=(("x-sim-token-ms", "100"),))
         assert (await feed.next()).load.running_requests == 1
-        ended = await feed.next(within=2.0, heartbeats=True)
+        ended = await feed.next(heartbeats=True)
         running = asyncio.ensure_future(  # three tokens: no full block, no batch
             eng.generate(prompt(3, 300), tokens=3, metadata=(("x-sim-token-ms", "400"),))
         )
         started = time.monotonic()
-        beat = await feed.next(within=2.0, heartbeats=True)
+        beat = await feed.next(heartbeats=True)
         waited = time.monotonic() - started
         await running
     assert ended.load.load_only and ended.load.running_requests == 0
     assert beat.load.load_only and beat.load.running_requests == 1
-    assert waited < 1.0
+    if strict:
+        assert waited < 1.0
 
 
 async def test_a_lost_batch_ends_the_stream(start_sim: StartSim) -> None:
@@ -244,7 +250,7 @@ async def test_a_slow_subscriber_loses_batches_then_data_loss(start_sim: StartSi
             await eng.generate(prompt(17, 200 + i), tokens=1, stream=False)  # a block
             await asyncio.sleep(0.05)
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await asyncio.wait_for(reading, 5)
+            await asyncio.wait_for(reading, WAIT_S)
     assert sequences == list(range(requests))
     assert error.value.code() == grpc.StatusCode.DATA_LOSS
 

@@ -29,16 +29,21 @@ from gateway_sim.engine import input_logprobs_for, output_tokens
 from gateway_sim.lines import Line, ProtocolError
 from gateway_sim.mailbox import Mailbox
 from tests.conftest import HostedSim, SimHost
+from tests.e2e.helpers import WAIT_S
 
 PROMPT = [5, 7, 11, 13]
 HOST = "127.0.0.1"
-TIMEOUT_MS = 500  # every bounded wait below: short, so the failing tests stay fast
+TIMEOUT_MS = 500  # the bounded waits the failing tests wait out: short, so they stay fast
+# The bounded waits the other tests must not run into, however busy the machine: a
+# worker that skipped its wait answers long before this, and no clock need be read.
+PATIENT_MS = 120_000
 
 # One worker per role (hosted, tests/sim/conftest.py), shared by the module's tests.
 Sims = dict[str, HostedSim]
 ROLES: dict[str, tuple[str, ...]] = {
     "sgl_prefill": ("--role", "prefill", "--name", "sgl-p"),
-    "sgl_decode": ("--role", "decode", "--bootstrap-timeout-ms", str(TIMEOUT_MS)),
+    "sgl_decode": ("--role", "decode", "--bootstrap-timeout-ms", str(PATIENT_MS)),
+    "sgl_decode_hasty": ("--role", "decode", "--bootstrap-timeout-ms", str(TIMEOUT_MS)),
     "sgl_regular": ("--name", "sgl-r"),
     "vllm_prefill": ("--runtime", "vllm", "--role", "prefill", "--name", "vllm-p"),
     "vllm_omit": ("--runtime", "vllm", "--role", "prefill", "--omit-kv-params"),
@@ -47,7 +52,8 @@ ROLES: dict[str, tuple[str, ...]] = {
         "--runtime",
         "vllm",
     ),
-    "epd_prefill": ("--role", "prefill", "--embedding-timeout-ms", str(TIMEOUT_MS)),
+    "epd_prefill": ("--role", "prefill", "--embedding-timeout-ms", str(PATIENT_MS)),
+    "epd_prefill_hasty": ("--role", "prefill", "--embedding-timeout-ms", str(TIMEOUT_MS)),
     "encoder_a": ("--role", "encode", "--ttft-ms", "20", "--name", "enc-a"),
     "encoder_b": ("--role", "encode", "--runtime", "vllm", "--name", "enc-b"),
 }
@@ -127,7 +133,7 @@ async def generate(sim: HostedSim, request: Any, runtime: str = "sglang") -> lis
             if runtime == "sglang"
             else vllm_grpc.VllmEngineStub(ch)
         )
-        return [message async for message in stub.Generate(request, timeout=10)]
+        return [message async for message in stub.Generate(request, timeout=WAIT_S)]
 
 
 async def generate_error(
@@ -158,6 +164,17 @@ async def sgl_pd(
     return prefill, await decode
 
 
+async def waiting_for_rooms(stub: sgl_grpc.SglangSchedulerStub, count: int) -> Any:
+    """The decode's loads once `count` of its requests wait for their rooms (bounded)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        loads = await stub.GetLoads(sgl_pb2.GetLoadsRequest(), timeout=WAIT_S)
+        if loads.loads[0].disaggregation.decode_transfer_queue_reqs == count:
+            return loads
+        assert time.monotonic() < deadline, f"not {count} waiting for their rooms: {loads}"
+        await asyncio.sleep(0.01)
+
+
 # --------------------------------------------------------------------------- SGLang PD
 
 
@@ -180,11 +197,13 @@ async def test_sglang_pd_decode_streams_what_a_regular_worker_does(
 
 
 @pytest.mark.serial  # 0.4-2 s for a 0.5 s timeout
-async def test_sglang_wrong_room_fails_the_decode_in_time(sims: Sims) -> None:
+async def test_sglang_wrong_room_fails_the_decode_in_time(sims: Sims, strict: bool) -> None:
+    """The decode gives up after its bootstrap timeout (its message says so), not before
+    (within 2 s in the timing tier)."""
     port = int(sims["sgl_prefill"].extra["bootstrap"])
     started = time.monotonic()
     decode = asyncio.create_task(
-        generate_error(sims["sgl_decode"], sgl_request("pd-2", room=2002, port=port))
+        generate_error(sims["sgl_decode_hasty"], sgl_request("pd-2", room=2002, port=port))
     )
     prefill = await generate(sims["sgl_prefill"], sgl_request("pd-2", room=2003, port=port))
     error = await decode
@@ -194,7 +213,9 @@ async def test_sglang_wrong_room_fails_the_decode_in_time(sims: Sims) -> None:
     assert error.details() == (
         f"KV transfer failed: bootstrap room 2002 not received from {HOST}:{port} within 0.5 s"
     )
-    assert 0.4 < elapsed < 2.0
+    assert elapsed > 0.4
+    if strict:
+        assert elapsed < 2.0
 
 
 async def test_sglang_wrong_bootstrap_address(sims: Sims) -> None:
@@ -210,25 +231,24 @@ async def test_sglang_wrong_bootstrap_address(sims: Sims) -> None:
         (await generate_error(prefill, wrong_host)).details() or ""
     )
 
-    # The decode given the same wrong address cannot reach any bootstrap server.
-    started = time.monotonic()
+    # The decode given the same wrong address cannot reach any bootstrap server: refused,
+    # with no need to wait for its (two-minute) timeout.
     error = await generate_error(sims["sgl_decode"], wrong_host)
     assert error.code() == grpc.StatusCode.INTERNAL
     assert error.details() == (
         f"KV transfer failed: bootstrap server 127.0.0.2:{port} refused the connection "
         "(bootstrap room 3003)"
     )
-    assert time.monotonic() - started < 1.0  # refused: no need to wait for the timeout
 
 
 async def test_sglang_decode_without_prefill(sims: Sims) -> None:
     port = free_port()
-    error = await generate_error(sims["sgl_decode"], sgl_request("pd-4", room=4, port=port))
+    error = await generate_error(sims["sgl_decode_hasty"], sgl_request("pd-4", room=4, port=port))
     assert error.code() == grpc.StatusCode.INTERNAL
     assert f"bootstrap server {HOST}:{port} refused the connection" in (error.details() or "")
     # A regular worker's port is no bootstrap server either: it answers no room.
     error = await generate_error(
-        sims["sgl_decode"], sgl_request("pd-4", room=4, port=sims["sgl_regular"].port)
+        sims["sgl_decode_hasty"], sgl_request("pd-4", room=4, port=sims["sgl_regular"].port)
     )
     assert error.code() == grpc.StatusCode.INTERNAL
     assert "KV transfer failed: bootstrap room 4" in (error.details() or "")
@@ -271,12 +291,7 @@ async def test_sglang_rendezvous_stats(sims: Sims) -> None:
         generate(sims["sgl_decode"], sgl_request("pd-8", room=8008, port=port))
     )
     async with grpc.aio.insecure_channel(sims["sgl_decode"].address) as ch:
-        stub = sgl_grpc.SglangSchedulerStub(ch)
-        for _ in range(50):
-            loads = await stub.GetLoads(sgl_pb2.GetLoadsRequest())
-            if loads.loads[0].disaggregation.decode_transfer_queue_reqs == 1:
-                break
-            await asyncio.sleep(0.01)
+        loads = await waiting_for_rooms(sgl_grpc.SglangSchedulerStub(ch), 1)
         metrics = loads.loads[0].disaggregation
         assert (metrics.mode, metrics.decode_transfer_queue_reqs) == ("decode", 1)
         assert loads.loads[0].num_running_reqs == 1
@@ -384,7 +399,7 @@ async def encode(
                 prefill_host=HOST,
                 embedding_port=[port],
             ),
-            timeout=5,
+            timeout=WAIT_S,
         )
         response = await call
         return response, dict(await call.initial_metadata())
@@ -396,7 +411,11 @@ def epd_request(prefill: HostedSim, request_id: str, urls: tuple[str, ...]) -> A
 
 
 @pytest.mark.serial  # answers within 0.3 s and 1 s
-async def test_epd_two_encoders_feed_one_prefill(sims: Sims) -> None:
+async def test_epd_two_encoders_feed_one_prefill(sims: Sims, strict: bool) -> None:
+    """Two encoders' parts make one prefill's embeddings; with one part of two, a prefill
+    gives up after its embedding timeout (its message says so; within 1 s in the timing
+    tier); without multimodal items it does not wait at all (not for its two-minute
+    timeout; within 0.3 s in the timing tier)."""
     prefill = sims["epd_prefill"]
     port = int(prefill.extra["embedding"])
     urls = ("http://img/a.png", "http://img/b.png", "http://img/c.png")
@@ -414,19 +433,23 @@ async def test_epd_two_encoders_feed_one_prefill(sims: Sims) -> None:
     first_a = int(a_headers["x-sim-encoded-items"])
 
     # Only one of two parts: the prefill gives up after its embedding timeout.
-    failing = asyncio.create_task(generate_error(prefill, epd_request(prefill, "e-2", urls[:2])))
-    _, again = await encode(sims["encoder_a"], "e-2", list(urls[:1]), 0, 2, port)
+    hasty = sims["epd_prefill_hasty"]
+    hasty_port = int(hasty.extra["embedding"])
+    failing = asyncio.create_task(generate_error(hasty, epd_request(hasty, "e-2", urls[:2])))
+    _, again = await encode(sims["encoder_a"], "e-2", list(urls[:1]), 0, 2, hasty_port)
     started = time.monotonic()
     error = await failing
     assert error.code() == grpc.StatusCode.INTERNAL
     assert error.details() == "embeddings for request e-2: got 1 of 2 parts within 0.5 s"
-    assert time.monotonic() - started < 1.0
+    if strict:
+        assert time.monotonic() - started < 1.0
     assert int(again["x-sim-encoded-items"]) == first_a + 1
 
     # A request without multimodal items does not wait at all.
     started = time.monotonic()
     assert len(await generate(prefill, epd_request(prefill, "e-3", ()))) == 1
-    assert time.monotonic() - started < 0.3
+    if strict:
+        assert time.monotonic() - started < 0.3
 
 
 async def test_encoder_failures(sims: Sims) -> None:
@@ -491,17 +514,20 @@ async def test_server_info_reports_the_role(sims: Sims) -> None:
 
 
 @pytest.mark.serial  # an answer within 0.3 s
-async def test_abort_while_waiting_for_the_room(sims: Sims) -> None:
+async def test_abort_while_waiting_for_the_room(sims: Sims, strict: bool) -> None:
+    """An Abort ends a decode's wait for its room (its two-minute bootstrap timeout
+    does not: the stream ends `abort`, within 0.3 s in the timing tier)."""
     port = int(sims["sgl_prefill"].extra["bootstrap"])
     decode = sims["sgl_decode"]
     async with grpc.aio.insecure_channel(decode.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
-        call = stub.Generate(sgl_request("pd-ab", room=9999, port=port), timeout=5)
-        await asyncio.sleep(0.1)
+        call = stub.Generate(sgl_request("pd-ab", room=9999, port=port), timeout=WAIT_S)
+        await waiting_for_rooms(stub, 1)
         started = time.monotonic()
         assert (await stub.Abort(sgl_pb2.AbortRequest(request_id="pd-ab"))).success
         messages = [message async for message in call]
-        assert time.monotonic() - started < 0.3  # not the 0.5 s bootstrap timeout
+        if strict:
+            assert time.monotonic() - started < 0.3
         loads = await stub.GetLoads(sgl_pb2.GetLoadsRequest())
     # Streamed: the final output with no new token, then its Complete.
     assert [m.WhichOneof("response") for m in messages] == ["chunk", "complete"]

@@ -29,7 +29,7 @@ from tests.unit.test_scale import Aborted, FakeContext
 
 READ_S = 0.2  # the read deadline in these tests
 SLACK_S = 0.2  # a change's deadline on top of the wait it asks for
-LATE_S = 0.4  # how late a timer may fire on a busy machine
+LATE_S = 0.4  # how late a timer may fire on an idle machine (the timing tier's bounds)
 URL = "grpc://127.0.0.1:7001?model=m&runtime=sglang"
 ADDED = "127.0.0.1:7001"
 
@@ -46,7 +46,8 @@ def worker(wid: str, inflight: int = 0) -> pb.Worker:
 class FakeAdmin:
     """One serving process's admin API. `wedged`: every call waits forever (a SIGSTOPped
     process); `delay_s`: every call answers after that long; `refuse_add`: AddWorker
-    fails with it."""
+    fails with it; `journal` (shared by several) records each call's "asked" and a wedged
+    call's "expired" (its deadline cancelled it), in order."""
 
     workers: dict[str, pb.Worker] = field(default_factory=dict)
     wedged: bool = False
@@ -54,11 +55,17 @@ class FakeAdmin:
     refuse_add: aio.AioRpcError | None = None
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     events: list[pb.WatchWorkersResponse] = field(default_factory=list)
+    journal: list[str] = field(default_factory=list)
 
     async def _enter(self, name: str, kwargs: dict[str, Any]) -> None:
         self.calls.append((name, kwargs))
+        self.journal.append("asked")
         if self.wedged:
-            await asyncio.Event().wait()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.journal.append("expired")
+                raise
         await asyncio.sleep(self.delay_s)
 
     async def AddWorker(self, request: pb.AddWorkerRequest, **kw: Any) -> pb.AddWorkerResponse:
@@ -151,24 +158,38 @@ def plane(
 # ------------------------------------------------------------------ reads
 
 
-async def test_a_wedged_process_costs_a_list_one_deadline_and_is_left_out() -> None:
+async def test_a_wedged_process_costs_a_list_one_deadline_and_is_left_out(
+    strict: bool,
+) -> None:
+    """The list waits the read deadline (never less), asks the wedged process once (one
+    deadline, not a retry), and leaves it out; the timing tier bounds the wait too."""
     answering = FakeAdmin({"a:1": worker("a:1", 2)})
     wedged = FakeAdmin({"a:1": worker("a:1", 7), "b:1": worker("b:1")}, wedged=True)
     control, _, replacer = plane(wedged, answering, workers=("a:1",))
     started = time.monotonic()
     listed = await control.ListWorkers(pb.ListWorkersRequest(), FakeContext())
     elapsed = time.monotonic() - started
-    assert READ_S <= elapsed < READ_S + LATE_S
+    assert elapsed >= READ_S
+    assert wedged.journal == ["asked", "expired"]
+    if strict:
+        assert elapsed < READ_S + LATE_S
     assert [(w.id, w.inflight) for w in listed.workers] == [("a:1", 2)]
     assert replacer.replaced == []  # a read replaces nobody: the liveness check does
 
 
-async def test_every_wedged_process_is_asked_at_once_not_one_after_the_other() -> None:
-    admins = [FakeAdmin(wedged=True) for _ in range(5)]
+async def test_every_wedged_process_is_asked_at_once_not_one_after_the_other(
+    strict: bool,
+) -> None:
+    """All five asked before any deadline expired (no clock to read); within one
+    deadline in the timing tier."""
+    journal: list[str] = []
+    admins = [FakeAdmin(wedged=True, journal=journal) for _ in range(5)]
     control, _, _ = plane(*admins)
     started = time.monotonic()
     assert await control.merged() == []
-    assert time.monotonic() - started < READ_S + LATE_S
+    assert journal == ["asked"] * 5 + ["expired"] * 5
+    if strict:
+        assert time.monotonic() - started < READ_S + LATE_S
 
 
 async def test_a_slow_answer_within_the_deadline_counts() -> None:
@@ -176,16 +197,21 @@ async def test_a_slow_answer_within_the_deadline_counts() -> None:
     assert [w.id for w in await control.merged()] == ["a:1"]
 
 
-async def test_a_watch_event_is_merged_from_the_processes_that_answer() -> None:
+async def test_a_watch_event_is_merged_from_the_processes_that_answer(strict: bool) -> None:
+    """The wedged process is asked once and left out (within one deadline in the timing
+    tier)."""
     event = pb.WatchWorkersResponse(kind=pb.WORKER_EVENT_KIND_STATUS, worker=worker("a:1", 1))
     first = FakeAdmin({"a:1": worker("a:1", 1)}, events=[event])
-    control, _, _ = plane(first, FakeAdmin(wedged=True), FakeAdmin({"a:1": worker("a:1", 4)}))
+    wedged = FakeAdmin(wedged=True)
+    control, _, _ = plane(first, wedged, FakeAdmin({"a:1": worker("a:1", 4)}))
     seen = []
     started = time.monotonic()
     with pytest.raises(Aborted) as ended:
         async for answer in control.WatchWorkers(pb.WatchWorkersRequest(), FakeContext()):
             seen.append((answer.worker.id, answer.worker.inflight))
-    assert time.monotonic() - started < READ_S + LATE_S
+    if strict:
+        assert time.monotonic() - started < READ_S + LATE_S
+    assert wedged.journal == ["asked", "expired"]
     assert seen == [("a:1", 5)]
     assert ended.value.code is grpc.StatusCode.UNAVAILABLE  # the followed stream ended
 
@@ -210,15 +236,21 @@ async def test_within_tells_an_answer_an_error_and_no_answer_apart() -> None:
 # ------------------------------------------------------------------ changes
 
 
-async def test_an_add_a_process_does_not_answer_stands_and_that_process_is_replaced() -> None:
-    """Not a refusal: it is restarted from the desired fleet, which holds the worker."""
+async def test_an_add_a_process_does_not_answer_stands_and_that_process_is_replaced(
+    strict: bool,
+) -> None:
+    """Not a refusal: it is restarted from the desired fleet, which holds the worker.
+    The add waits the discovery timeout and the slack, never less (and, in the timing
+    tier, not much more)."""
     answering, wedged = FakeAdmin(), FakeAdmin(wedged=True)
     control, desired, replacer = plane(answering, wedged)
     started = time.monotonic()
     reply = await control.AddWorker(pb.AddWorkerRequest(url=URL), FakeContext())
     elapsed = time.monotonic() - started
     assert reply.worker.id == ADDED
-    assert 0.3 + SLACK_S <= elapsed < 0.3 + SLACK_S + LATE_S  # discovery timeout + slack
+    assert elapsed >= 0.3 + SLACK_S  # discovery timeout + slack
+    if strict:
+        assert elapsed < 0.3 + SLACK_S + LATE_S
     assert list(desired.specs) == [ADDED] and list(answering.workers) == [ADDED]
     assert replacer.replaced == [(1, "AddWorker: no answer within 0.5 s")]
 
@@ -249,7 +281,9 @@ async def test_an_add_nobody_answers_is_undone() -> None:
     assert desired.specs == {} and [i for i, _ in replacer.replaced] == [0, 1]
 
 
-async def test_a_removal_waits_for_its_drain_then_replaces_who_did_not_answer() -> None:
+async def test_a_removal_waits_for_its_drain_then_replaces_who_did_not_answer(
+    strict: bool,
+) -> None:
     drain_s = 0.3
     slow = FakeAdmin({"a:1": worker("a:1", 1)}, delay_s=drain_s)  # drains within its wait
     wedged = FakeAdmin({"a:1": worker("a:1", 2)}, wedged=True)
@@ -259,7 +293,9 @@ async def test_a_removal_waits_for_its_drain_then_replaces_who_did_not_answer() 
     started = time.monotonic()
     removed = await control.RemoveWorker(request, FakeContext())
     elapsed = time.monotonic() - started
-    assert drain_s + SLACK_S <= elapsed < drain_s + SLACK_S + LATE_S
+    assert elapsed >= drain_s + SLACK_S
+    if strict:
+        assert elapsed < drain_s + SLACK_S + LATE_S
     assert (removed.worker.id, removed.worker.inflight, removed.drained) == ("a:1", 1, True)
     assert desired.specs == {} and slow.workers == {}
     assert [index for index, _ in replacer.replaced] == [1]
@@ -415,20 +451,32 @@ def test_only_the_process_that_did_not_answer_is_replaced() -> None:
 # ------------------------------------------------------------------ metrics scrape
 
 
-def test_a_scrape_leaves_out_a_process_that_does_not_answer_within_its_deadline() -> None:
+def test_a_scrape_leaves_out_a_process_that_does_not_answer_within_its_deadline(
+    strict: bool,
+) -> None:
+    """All asked at once: three silent processes cost one deadline, not three (less than
+    twice what one costs, measured here: one after the other would be three times;
+    within the deadline and LATE_S in the timing tier)."""
+
+    def scrape(path: Path, count: int) -> tuple[float, list[Any]]:
+        collector = ProcessesCollector(lambda: [f"unix:{path}"] * count, [], timeout_s=0.3)
+        started = time.monotonic()
+        families = list(collector.collect())
+        return time.monotonic() - started, families
+
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "p0.sock"
         silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # listens, never speaks
         silent.bind(str(path))
         silent.listen()
         try:
-            collector = ProcessesCollector(lambda: [f"unix:{path}"] * 3, [], timeout_s=0.3)
-            started = time.monotonic()
-            families = collector.collect()
-            elapsed = time.monotonic() - started
+            one_s, _ = scrape(path, 1)
+            elapsed, families = scrape(path, 3)
         finally:
             silent.close()
-    assert elapsed < 0.3 + LATE_S  # all asked at once: one deadline, not three
+    assert elapsed >= 0.3 and elapsed < 2 * one_s
+    if strict:
+        assert elapsed < 0.3 + LATE_S
     serving = next(f for f in families if f.name == "gateway_serving_processes")
     assert serving.samples[0].value == 0.0
 

@@ -1,0 +1,54 @@
+"""Memory back after a burst: when to give it back (pure), and nothing of an ended stream
+left in a reference cycle by the idle watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+from gateway.memory import MIN_PEAK, AfterBursts, malloc_trim
+from gateway.proxy.idle import _Watch, idle_limit
+from gateway.record import CallRecord
+
+
+def test_memory_goes_back_once_a_burst_fell_to_a_quarter_of_its_peak() -> None:
+    bursts = AfterBursts()
+    assert not any(bursts.see(n) for n in (10, MIN_PEAK - 1, 0))  # never a burst
+    assert not any(bursts.see(n) for n in (100, 2000, 1200, 501))
+    assert bursts.see(500)  # a quarter of 2,000
+    assert bursts.see(100)  # the peak starts again from 500: its tail once more
+    assert not bursts.see(0)  # from 100: too little to give back
+    assert not any(bursts.see(n) for n in (300, 200))
+    assert bursts.see(60)  # a second burst, of 300
+
+
+def test_malloc_trim_is_found_on_glibc() -> None:
+    trim = malloc_trim()
+    if trim is None:
+        pytest.skip("not glibc")
+    trim()
+
+
+async def test_an_ended_stream_leaves_no_watchdog_in_a_cycle() -> None:
+    """The watchdog is freed by its reference count as the stream ends (before: a closure
+    that rescheduled itself kept the call's record and task until a full collection)."""
+    gc.collect()
+    gc.disable()
+    try:
+
+        async def stream() -> None:
+            async with idle_limit(CallRecord(rpc="Generate", service="s"), 60.0):
+                await asyncio.sleep(3600)
+
+        task = asyncio.ensure_future(stream())
+        await asyncio.sleep(0)
+        assert sum(isinstance(o, _Watch) for o in gc.get_objects()) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        assert sum(isinstance(o, _Watch) for o in gc.get_objects()) == 0
+    finally:
+        gc.enable()
