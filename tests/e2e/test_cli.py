@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -194,7 +195,7 @@ def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -
 def test_demo_exit_after_stops_it_by_itself_with_0(processes: list[Child], tmp_path: Path) -> None:
     """`--exit-after S`: the demo stops on its own, S seconds after it is ready, with
     exit 0, and every worker it started is gone (it waits for them before it exits)."""
-    mark = tmp_path.name
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"  # unique, even across concurrent runs
     demo = start(
         [*DEMO, "--exit-after", "0.2"],
         stderr=subprocess.DEVNULL,
@@ -225,7 +226,7 @@ def marked_processes(mark: str) -> list[int]:
 def test_demo_stops_every_worker_it_started_when_one_fails_to_start(tmp_path: Path) -> None:
     """`--token-ms nope` fails every simulated worker that takes timing flags, while the
     encoder (which takes none) starts: the demo must stop it before it exits."""
-    mark = tmp_path.name
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"  # unique, even across concurrent runs
     result = subprocess.run(
         [sys.executable, "-m", "gateway", "demo", "--token-ms", "nope", "--listen", "127.0.0.1:0"],
         capture_output=True,

@@ -194,7 +194,7 @@ def test_a_signal_while_the_demo_starts_its_workers_stops_them_all(
     """Once `gateway demo` has spawned its simulated workers (they are starting): Ctrl-C
     (the whole process group, as a terminal sends it) or SIGTERM (the demo alone) stops
     it and every worker it started, quietly."""
-    mark = tmp_path.name
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"  # unique, even across concurrent runs
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", *DEMO],
         stdout=subprocess.PIPE,
