@@ -207,12 +207,12 @@ async def test_drained_worker_gets_nothing_new_while_its_stream_finishes(
         await wait_worker(admin, worker.address, is_ready)
     run_alone()
     token_ms = 100
-    # The held streams outlive a CLI call and six calls: 1 s plus three times a CLI call
+    # The held streams outlive a CLI call and six calls: 2 s plus three times a CLI call
     # timed here (some 0.5 s idle, seconds on a busy machine).
     began = time.monotonic()
     listed = await run_cli_async(*cli("list", admin))
     assert listed.returncode == 0, listed.stderr
-    tokens = math.ceil((1.0 + 3 * (time.monotonic() - began)) * 1000 / token_ms)
+    tokens = math.ceil((2.0 + 3 * (time.monotonic() - began)) * 1000 / token_ms)
 
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)

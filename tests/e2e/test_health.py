@@ -131,16 +131,19 @@ def test_grpcurl_check_and_list_answer_every_name(ready: Fleet) -> None:
 
 @pytest.mark.serial  # max latency 250 ms
 async def test_check_answers_from_memory(ready: Fleet, strict: bool) -> None:
-    """Even for a model whose only worker never answers its probe: every answer as quick
-    as the rest (the slowest within 20 medians and 0.25 s; within 0.25 s in the timing
-    tier), none waiting on a probe."""
-    latencies = []
+    """Even for a model whose only worker never answers its probe: every name answered as
+    quick as the rest, none waiting on a probe (each name's median within 5 times the
+    overall one and 50 ms: a busy machine makes a call late now and then, a probe would
+    make all of that name's late; the slowest call within 0.25 s in the timing tier)."""
+    latencies: list[float] = []
+    by_name: dict[str, list[float]] = {name: [] for name in NAMES}
     async with channel(ready.gateway.address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         for name in sorted(NAMES) * 10:
             began = time.perf_counter()
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=WAIT_S)
             latencies.append(time.perf_counter() - began)
+            by_name[name].append(latencies[-1])
             assert health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status) == EXPECTED[name]
         with pytest.raises(aio.AioRpcError) as caught:
             await stub.Check(health_pb2.HealthCheckRequest(service="liveness "), timeout=WAIT_S)
@@ -149,7 +152,11 @@ async def test_check_answers_from_memory(ready: Fleet, strict: bool) -> None:
         f"\n[health] Check latency over {len(latencies)} calls: median "
         f"{statistics.median(latencies) * 1000:.2f} ms, max {max(latencies) * 1000:.2f} ms"
     )
-    assert max(latencies) < (0.25 if strict else 20 * statistics.median(latencies) + 0.25)
+    overall = statistics.median(latencies)
+    for name, taken in by_name.items():
+        assert statistics.median(taken) < 5 * overall + 0.05, (name, taken)
+    if strict:
+        assert max(latencies) < 0.25
 
 
 async def test_watch_of_an_unknown_name_starts_with_service_unknown(ready: Fleet) -> None:

@@ -184,7 +184,7 @@ async def test_an_added_worker_is_soon_used_by_every_process(
     sim: Launcher, gateway: Launcher, closing: list[aio.Channel], strict: bool
 ) -> None:
     """Servable on every process soon after AddWorker answers: within 1 s (timing tier),
-    else within 1 s plus five times what the AddWorker call itself took (a measure of how
+    else within 2 s plus five times what the AddWorker call itself took (a measure of how
     slowly the processes answer right now; a busy machine stretches both)."""
     first, added = sim("--model", "m"), sim("--model", "late")
     gw = gateway(*PROCESSES, "--worker", worker_url(first, model="m", runtime="sglang"))
@@ -203,7 +203,7 @@ async def test_an_added_worker_is_soon_used_by_every_process(
     assert reply.worker.id == added.address
     answered = time.monotonic()
     servable = await asyncio.gather(*(wait_servable(ch, "late") for ch in channels.values()))
-    assert max(servable) - answered < 1.0 + 5 * (answered - asked)
+    assert max(servable) - answered < 2.0 + 5 * (answered - asked)
     if strict:
         assert max(servable) - answered < 1.0
     for ch in channels.values():

@@ -47,8 +47,9 @@ def gaps(got: list[tuple[float, OrcaLoadReport]]) -> list[float]:
 
 async def test_reports_come_at_the_interval_asked_for_never_under_the_floor(strict: bool) -> None:
     """Never sooner than asked (or than the floor); late only by a busy machine's jitter:
-    the interval asked for (300 ms) is kept apart from the floor (100 ms) by their ratio,
-    and, in the timing tier, each mean gap is within 50 % of its interval."""
+    the interval asked for (300 ms) is kept apart from the floor (100 ms) by their
+    quickest gaps (lateness only lengthens a gap, or shortens the next), and, in the
+    timing tier, each mean gap is within 50 % of its interval."""
     async with (
         sim("--model", "m") as w,
         gateway(w.url(model="m", runtime="sglang"), **{"orca.min_interval_s": 0.1}) as gw,
@@ -61,8 +62,8 @@ async def test_reports_come_at_the_interval_asked_for_never_under_the_floor(stri
         print("10 ms asked, 100 ms floor:", [round(g, 3) for g in gaps(floored)])
         assert all(g >= 0.27 for g in gaps(asked)), gaps(asked)
         assert all(g >= 0.09 for g in gaps(floored)), gaps(floored)
-        # 3 on time; 1.5 with 0.3 s of lateness on every gap; 1 for a fixed interval.
-        assert sum(gaps(asked)) / sum(gaps(floored)) > 1.5, (gaps(asked), gaps(floored))
+        # 3 on time; 1 for an interval that does not follow the one asked for.
+        assert min(gaps(asked)) > 1.5 * min(gaps(floored)), (gaps(asked), gaps(floored))
         if strict:
             assert sum(gaps(asked)) / 4 < 0.45 and sum(gaps(floored)) / 4 < 0.2
         await until(lambda: gw.orca.streams == 0)  # a client that leaves frees its slot

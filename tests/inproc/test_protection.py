@@ -32,7 +32,7 @@ async def test_n_over_max_choices_is_refused_at_once_and_others_are_served(
     """n = 2^32-1 on a PD model used to split into that many prefill + decode pairs and
     stop the event loop; now it is INVALID_ARGUMENT before anything goes upstream, while
     a concurrent call to another model streams on. At once: within 1 s in the timing
-    tier, else within 5 times a whole PD call of n = 1 timed here and half a second."""
+    tier, else within 5 times a whole PD call of n = 1 timed here and 2 s."""
     async with (
         sim("--role", "prefill", "--model", "m") as prefill,
         sim("--role", "decode", "--model", "m") as decode,
@@ -54,7 +54,7 @@ async def test_n_over_max_choices_is_refused_at_once_and_others_are_served(
         )
         elapsed = time.monotonic() - started
         messages, other_error = await other
-    assert elapsed < (1.0 if strict else 5 * pd_call_s + 0.5)
+    assert elapsed < (1.0 if strict else 5 * pd_call_s + 2.0)
     assert error is not None
     message = (
         "sampling_params.n = 4294967295 is over this gateway's limit of 16 (limits.max_choices)"

@@ -71,26 +71,30 @@ async def test_ttft_counts_the_uncached_tokens(
 ) -> None:
     """5 ms a prompt token: 1.25 s for 250 new tokens; 50 ms once 240 are cached; the
     per-request TTFT override stays the base. Never sooner than that (a sleep is never
-    short); the cached calls a fraction of the cold one (a busy machine's lateness adds
-    alike to all three), and within a generous margin of their figure in the timing
-    tier."""
+    short). A busy machine makes any call late, now and then by half a second, never
+    early: the quickest of three cached calls is a fraction of the cold one (counting the
+    cached tokens would make it as slow), and within a generous margin of its figure in
+    the timing tier."""
     sim = start_sim(
         "--runtime", runtime, "--prefill-us-per-token", "5000", "--ttft-ms", "20",
         "--block-size", "16",
     )  # fmt: skip
     run_alone()
     tokens = prompt(250)  # 15 full blocks of 16 and a partial one
+    based_md = (("x-sim-ttft-ms", "300"),)
     async with engine(sim, runtime) as eng:
         cold = await eng.generate(tokens)
-        warm = await eng.generate(tokens)
-        based = await eng.generate(tokens, metadata=(("x-sim-ttft-ms", "300"),))
-    assert cold.cached[0] == 0 and warm.cached[0] == based.cached[0] == 240
+        warm = [await eng.generate(tokens) for _ in range(3)]
+        based = [await eng.generate(tokens, metadata=based_md) for _ in range(3)]
+    assert cold.cached[0] == 0 and {a.cached[0] for a in warm + based} == {240}
+    quickest_warm = min(a.first_at for a in warm)
+    quickest_based = min(a.first_at for a in based)
     assert cold.first_at >= 1.26  # 20 + 1250 (to the millisecond)
-    assert warm.first_at >= 0.06  # 20 + 50
-    assert based.first_at >= 0.34  # 300 + 50
-    assert warm.first_at < cold.first_at / 4 and based.first_at < cold.first_at / 2
+    assert quickest_warm >= 0.06  # 20 + 50
+    assert quickest_based >= 0.34  # 300 + 50
+    assert quickest_warm < cold.first_at / 4 and quickest_based < cold.first_at / 2
     if strict:
-        assert warm.first_at < 0.2 and based.first_at < 0.5
+        assert max(a.first_at for a in warm) < 0.2 and max(a.first_at for a in based) < 0.5
 
 
 async def test_lru_eviction_tail_first_then_misses(start_sim: StartSim) -> None:

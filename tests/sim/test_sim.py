@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import signal
+import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -311,7 +312,8 @@ async def test_output_ends_where_the_context_does(start_sim: StartSim) -> None:
 async def test_a_huge_stream_never_starves_the_loop(start_sim: StartSim, strict: bool) -> None:
     """4e9 tokens asked, no delay between them: the stream yields to the event loop, so
     the worker answers other calls while it streams: each within 0.5 s in the timing
-    tier, else within ten times the slowest of five asked before and 0.5 s."""
+    tier, else their median within ten times that of five asked before and 0.5 s (a
+    starved loop would make every one of them late, a busy machine now and then one)."""
     sim = start_sim("--runtime", "vllm", "--max-model-len", "10000000")
 
     async def timed_loads(stub: Any) -> float:
@@ -321,12 +323,14 @@ async def test_a_huge_stream_never_starves_the_loop(start_sim: StartSim, strict:
 
     async with channel(sim) as ch:
         stub = vllm_grpc.VllmEngineStub(ch)
-        before = max([await timed_loads(stub) for _ in range(5)])
+        before = statistics.median([await timed_loads(stub) for _ in range(5)])
         call = stub.Generate(vllm_request("big", max_tokens=4_000_000_000), timeout=30)
         await call.read()
-        for _ in range(5):
-            assert await timed_loads(stub) < (0.5 if strict else 10 * before + 0.5)
+        during = [await timed_loads(stub) for _ in range(5)]
         call.cancel()
+    assert statistics.median(during) < 10 * before + 0.5, during
+    if strict:
+        assert max(during) < 0.5, during
 
 
 async def test_headers_ride_with_the_first_message(sglang_sim: SimProcess) -> None:

@@ -454,9 +454,10 @@ def test_only_the_process_that_did_not_answer_is_replaced() -> None:
 def test_a_scrape_leaves_out_a_process_that_does_not_answer_within_its_deadline(
     strict: bool,
 ) -> None:
-    """All asked at once: three silent processes cost one deadline, not three (less than
-    twice what one costs, measured here: one after the other would be three times;
-    within the deadline and LATE_S in the timing tier)."""
+    """All asked at once: three silent processes cost one deadline, not three (the
+    quicker of two scrapes under twice the quicker of two of one: one after the other
+    would be three times, and a busy machine only ever adds; within the deadline and
+    LATE_S in the timing tier)."""
 
     def scrape(path: Path, count: int) -> tuple[float, list[Any]]:
         collector = ProcessesCollector(lambda: [f"unix:{path}"] * count, [], timeout_s=0.3)
@@ -470,11 +471,11 @@ def test_a_scrape_leaves_out_a_process_that_does_not_answer_within_its_deadline(
         silent.bind(str(path))
         silent.listen()
         try:
-            one_s, _ = scrape(path, 1)
-            elapsed, families = scrape(path, 3)
+            one_s = min(scrape(path, 1)[0] for _ in range(2))
+            (elapsed, families), (again, _) = scrape(path, 3), scrape(path, 3)
         finally:
             silent.close()
-    assert elapsed >= 0.3 and elapsed < 2 * one_s
+    assert elapsed >= 0.3 and min(elapsed, again) < 2 * one_s
     if strict:
         assert elapsed < 0.3 + LATE_S
     serving = next(f for f in families if f.name == "gateway_serving_processes")
