@@ -10,13 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from gateway.run import quiet_signals
+from gateway.app.run import quiet_signals
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_signals()
     try:
-        from gateway.cli import main as command
+        from gateway.cli.main import main as command
 
         code = command(argv)
     except KeyboardInterrupt:  # a Ctrl-C the work let through as KeyboardInterrupt

@@ -22,9 +22,9 @@ from grpc import aio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gateway.app.server import server_options
 from gateway.config import build_config
-from gateway.fleet.channels import open_channel
-from gateway.server import server_options
+from gateway.upstream.channels import open_channel
 
 
 async def relay(upstream: str) -> None:

@@ -51,7 +51,7 @@ from pathlib import Path
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-from gateway.launch import Child, ready, start, start_sim
+from gateway_sim.launch import Child, ready, start, start_sim
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 TICKS = os.sysconf("SC_CLK_TCK")

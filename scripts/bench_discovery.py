@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.launch import Child, start, start_sim, stop_all
+from gateway_sim.launch import Child, start, start_sim, stop_all
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 

@@ -51,7 +51,7 @@ from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.launch import Child, start, start_sim, stop_all
+from gateway_sim.launch import Child, start, start_sim, stop_all
 
 STATUS_REASON = "x-gateway-reason"
 

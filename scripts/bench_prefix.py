@@ -24,14 +24,14 @@ import numpy as np
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang
 
 from gateway.config import BreakerConfig, KvConfig, WorkerSpec
-from gateway.fleet.breaker import CircuitBreaker
-from gateway.fleet.cache_aware import CacheAware
-from gateway.fleet.policies import Hints
-from gateway.fleet.worker import Worker
+from gateway.core.offload import Offload
+from gateway.core.roles import Runtime
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.offload import Offload
-from gateway.roles import Runtime
+from gateway.upstream.cache_aware import CacheAware
+from gateway.upstream.policies import Hints
+from gateway.upstream.signals.outlier import CircuitBreaker
+from gateway.upstream.worker import Worker
 
 OFFLOAD = Offload()  # the gateway's one low-priority thread for long prompts
 

@@ -45,7 +45,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.launch import Child, start
+from gateway_sim.launch import Child, start
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 VOCAB = 30_000

@@ -21,7 +21,7 @@ from typing import IO, Any, Protocol
 
 import pytest
 
-from gateway.launch import Child, NotReady, start, start_sim
+from gateway_sim.launch import Child, NotReady, start, start_sim
 
 # --------------------------------------------------------------------------- xdist
 #

@@ -13,11 +13,11 @@ from urllib.parse import urlencode
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from gateway.admin.v1 import admin_pb2 as pb
-from gateway.fleet.breaker import BreakerState
-from gateway.fleet.probe import ProbeKind
-from gateway.fleet.registry import FleetEvent
-from gateway.fleet.worker import Worker, WorkerStatus
-from gateway.roles import Role
+from gateway.core.roles import Role
+from gateway.upstream.registry import FleetEvent
+from gateway.upstream.signals.outlier import BreakerState
+from gateway.upstream.signals.probe import ProbeKind
+from gateway.upstream.worker import Worker, WorkerStatus
 
 UINT32_MAX = 2**32 - 1
 

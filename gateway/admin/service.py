@@ -22,11 +22,11 @@ from gateway.admin.auth import admin_token_interceptor
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import AdminConfig, ConfigError, GatewayConfig, WorkerSpec, parse_worker_url
-from gateway.fleet.fleet import Fleet, WorkerExists
-from gateway.fleet.registry import FleetEvent
-from gateway.fleet.worker import Worker, discovered_sources
-from gateway.listen import bind
+from gateway.core.listen import bind
 from gateway.peer.service import PeerService, add_peer_service
+from gateway.upstream.manager import Fleet, WorkerExists
+from gateway.upstream.registry import FleetEvent
+from gateway.upstream.worker import Worker, discovered_sources
 
 log = structlog.get_logger("gateway.admin")
 

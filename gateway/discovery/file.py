@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from gateway.config import ConfigError, FileDiscovery, parse_worker_list
+from gateway.core.offload import Offload
 from gateway.discovery.source import Discovered, Report, SourceStats, publish
-from gateway.offload import Offload
 
 BYTES_PER_HOST = 256
 # libyaml's parser where PyYAML was built with it (ten times faster), else PyYAML's own.

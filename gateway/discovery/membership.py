@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import structlog
 
 from gateway.discovery.source import Discovered
-from gateway.fleet import stagger
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.worker import PERMANENT_SOURCES, Worker
+from gateway.upstream import stagger
+from gateway.upstream.manager import Fleet
+from gateway.upstream.worker import PERMANENT_SOURCES, Worker
 
 log = structlog.get_logger("gateway.discovery")
 
@@ -36,7 +36,7 @@ log = structlog.get_logger("gateway.discovery")
 class Membership:
     """Applies reports to the fleet. `grace_s`: per source name, how long a host it lists
     may stay out of service before it leaves (sources without one: at once). `spread`:
-    how long a host that leaves waits, given how many leave (see gateway/fleet/stagger.py:
+    how long a host that leaves waits, given how many leave (see gateway/upstream/stagger.py:
     hundreds that leave at once, leave over up to a second)."""
 
     def __init__(

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from gateway.config import DiscoverySource, DnsDiscovery, FileDiscovery, KubernetesDiscovery
+from gateway.core.offload import Offload
 from gateway.discovery.source import Discovered, Source, SourceStats
-from gateway.offload import Offload
 
 log = structlog.get_logger("gateway.discovery")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from gateway.core.roles import Runtime
 from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind, RpcSpec
 from gateway.engines.sglang import SglangAdapter
 from gateway.engines.vllm import VllmAdapter
-from gateway.roles import Runtime
 
 Adapters = Mapping[Runtime, EngineAdapter]  # every engine protocol's adapter, by runtime
 

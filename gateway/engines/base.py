@@ -18,8 +18,8 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
+from gateway.core.roles import Role, Runtime
 from gateway.engines.tokens import TokenIds, Unusual, split_tokens
-from gateway.roles import Role, Runtime
 
 # A Generate request this long has its token ids decoded apart (numpy, off the loop).
 SPLIT_MIN_BYTES = 256 * 1024

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from smg_grpc_proto.generated import sglang_encoder_pb2 as pb
 
-from gateway.roles import Runtime
+from gateway.core.roles import Runtime
 
 RUNTIME = Runtime.SGLANG  # the engine whose disaggregation the encode leg belongs to
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["SglangEncoder"].full_name

@@ -7,6 +7,7 @@ from typing import Any
 
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
+from gateway.core.roles import Role, Runtime
 from gateway.engines.base import (
     Counting,
     EngineAdapter,
@@ -18,7 +19,6 @@ from gateway.engines.base import (
     block_size_ok,
 )
 from gateway.engines.tokens import TokenIds
-from gateway.roles import Role, Runtime
 
 DEFAULT_BOOTSTRAP_PORT = 8998
 

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
-from gateway.wire import LENGTH_DELIMITED, encode_varint, payload, records
+from gateway.core.wire import LENGTH_DELIMITED, encode_varint, payload, records
 
 Tokens = npt.NDArray[np.uint32]
 TokenIds = Sequence[int] | Tokens  # a decoded request's repeated field, or these

@@ -8,6 +8,7 @@ from typing import Any
 
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
+from gateway.core.roles import Role, Runtime
 from gateway.engines.base import (
     Counting,
     EngineAdapter,
@@ -19,7 +20,6 @@ from gateway.engines.base import (
     block_size_ok,
 )
 from gateway.engines.tokens import TokenIds
-from gateway.roles import Role, Runtime
 
 PREFILL_KV_PARAMS = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.bucket import TokenBucket
+from gateway.core.bucket import TokenBucket
 
 REQUESTS = "requests_per_minute"
 TOKENS = "tokens_per_minute"

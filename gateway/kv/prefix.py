@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gateway.core.offload import Offload
 from gateway.engines.tokens import TokenIds
-from gateway.offload import Offload
 
 DEPTH_BITS = 20
 MAX_DEPTH = (1 << DEPTH_BITS) - 1  # blocks of one chain that are indexed; deeper ones are not

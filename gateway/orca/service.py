@@ -30,12 +30,12 @@ import grpc
 import structlog
 from grpc import aio
 
-from gateway.auth import Caller
 from gateway.config import OrcaConfig
-from gateway.logs import Throttle
+from gateway.observability.logs import Throttle
 from gateway.orca.report import LoadReporter
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from gateway.proxy.front import peer_host
+from gateway.security.auth import Caller
 
 log = structlog.get_logger("gateway.orca")
 

@@ -1,6 +1,6 @@
 """What placement decided for one request, as a value nothing changes afterwards.
 
-A policy answers with a `Choice` per leg (`gateway.fleet.policies`); the placer
+A policy answers with a `Choice` per leg (`gateway.upstream.policies`); the placer
 assembles them into a `Decision`. The proxy reads only the
 decision: which worker takes which leg, on which rank, and what to log. Nothing is
 written back into the request's hints.
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.fleet.worker import Worker
-from gateway.roles import Role
+from gateway.core.roles import Role
+from gateway.upstream.worker import Worker
 
 NO_RANKS: Mapping[str, int] = MappingProxyType({})
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from gateway.core.roles import Role
 from gateway.placement.verdicts import Verdict
-from gateway.roles import Role
 
 PD_LEGS = (Role.PREFILL, Role.DECODE)
 

@@ -14,18 +14,18 @@ from collections.abc import Callable, Collection, Sequence
 from types import MappingProxyType
 
 from gateway.config import ModelSettings
+from gateway.core.roles import ENGINE_ROLES, Role, Runtime
 from gateway.engines import Adapters
-from gateway.fleet.cache_aware import CacheAware
-from gateway.fleet.cluster import Cluster
-from gateway.fleet.overload import overload_reason
-from gateway.fleet.policies import Choice, Hints, RoundRobin, rendezvous_pick
-from gateway.fleet.registry import Registry
-from gateway.fleet.worker import Worker
 from gateway.placement import verdicts
 from gateway.placement.decision import Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
 from gateway.placement.verdicts import Verdict
-from gateway.roles import ENGINE_ROLES, Role, Runtime
+from gateway.upstream.cache_aware import CacheAware
+from gateway.upstream.cluster import Cluster
+from gateway.upstream.load.limits import overload_reason
+from gateway.upstream.policies import Choice, Hints, RoundRobin, rendezvous_pick
+from gateway.upstream.registry import Registry
+from gateway.upstream.worker import Worker
 
 Placement = Worker | Verdict
 

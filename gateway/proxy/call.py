@@ -14,10 +14,10 @@ from typing import TypeAlias
 from grpc import aio
 
 from gateway.engines import RpcSpec
+from gateway.observability.record import CallRecord
+from gateway.observability.tracing import CallTrace
 from gateway.proxy.metadata import RequestMeta
 from gateway.proxy.upstream import Reserved
-from gateway.record import CallRecord
-from gateway.tracing import CallTrace
 
 Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
 

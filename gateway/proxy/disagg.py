@@ -18,13 +18,13 @@ from typing import Any
 
 import grpc
 
+from gateway.core.roles import Role
 from gateway.engines.base import AmendFirst
 from gateway.engines.encoder import ENCODE_PATH, encode_request
-from gateway.fleet.worker import Worker
 from gateway.proxy.dispatch import Dispatcher, Job, Place, answer
 from gateway.proxy.metadata import Metadata
 from gateway.proxy.upstream import Reserved, Sink, UpstreamCall, UpstreamFailure, label
-from gateway.roles import Role
+from gateway.upstream.worker import Worker
 
 MAX_ROOM = 2**31 - 1
 

@@ -20,8 +20,8 @@ import structlog
 
 from gateway.engines import EngineAdapter
 from gateway.engines.base import Tally
-from gateway.fleet.worker import Worker
-from gateway.logs import Throttle
+from gateway.observability.logs import Throttle
+from gateway.observability.record import CallRecord
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Call, Context
@@ -37,7 +37,7 @@ from gateway.proxy.upstream import (
     UpstreamFailure,
     Upstreams,
 )
-from gateway.record import CallRecord
+from gateway.upstream.worker import Worker
 
 Place = Callable[[Collection[str]], Decision | Verdict]
 

@@ -20,15 +20,16 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from gateway.auth import Caller
 from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
+from gateway.core.offload import Offload
+from gateway.core.roles import Role
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
-from gateway.fleet.registry import Registry
 from gateway.flow.budget import Charge, OverBudget, RateLimits
 from gateway.kv.prefix import Prefix
-from gateway.logs import Throttle
-from gateway.offload import Offload
+from gateway.observability.logs import Throttle
+from gateway.observability.record import CallRecord
+from gateway.observability.tracing import TRACE_KEYS, CallTrace, Tracing
 from gateway.placement.decision import Decision
 from gateway.placement.placer import Placer
 from gateway.placement.verdicts import (
@@ -57,14 +58,13 @@ from gateway.proxy.upstream import (
     UpstreamFailure,
 )
 from gateway.proxy.waiting import Place, WaitingRooms
-from gateway.record import CallRecord
-from gateway.roles import Role
-from gateway.tracing import TRACE_KEYS, CallTrace, Tracing
+from gateway.security.auth import Caller
+from gateway.upstream.registry import Registry
 
 log = structlog.get_logger("gateway.request")
 # Request lines of calls refused UNAUTHENTICATED, per process: 10 a second after a burst
 # of 20; the next line says how many were held back (every refusal is counted in
-# gateway_auth_failures_total, and gateway.auth logs them by address).
+# gateway_auth_failures_total, and gateway.security.auth logs them by address).
 REFUSED_LINES = Throttle(10.0, 20)
 
 REGULAR_ONLY = (Role.REGULAR,)

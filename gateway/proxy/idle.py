@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from gateway.record import CallRecord
+from gateway.observability.record import CallRecord
 
 
 class StreamIdle(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway.fleet.worker import Worker
+from gateway.upstream.worker import Worker
 
 
 @dataclass(eq=False, slots=True)

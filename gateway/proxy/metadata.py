@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from gateway.auth import AUTHORIZATION, bearer_token
-from gateway.fleet.policies import Hints
-from gateway.logs import Throttle
+from gateway.observability.logs import Throttle
+from gateway.security.auth import AUTHORIZATION, bearer_token
+from gateway.upstream.policies import Hints
 
 log = structlog.get_logger("gateway.proxy")
 

@@ -26,13 +26,13 @@ import grpc
 import structlog
 from grpc import aio
 
-from gateway.fleet.breaker import Outcome, outcome_of
-from gateway.fleet.worker import Worker
+from gateway.core.roles import Role
+from gateway.observability.tracing import CallTrace, Span, end_leg
 from gateway.placement.decision import Decision
 from gateway.proxy.inflight import Hold, Holder, InflightTable
 from gateway.proxy.metadata import Metadata, MetadataRelay, bounded_details
-from gateway.roles import Role
-from gateway.tracing import CallTrace, Span, end_leg
+from gateway.upstream.signals.outlier import Outcome, outcome_of
+from gateway.upstream.worker import Worker
 
 log = structlog.get_logger("gateway.upstream")
 

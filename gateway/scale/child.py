@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.run import quiet_signals, run_until_done
+from gateway.app.run import quiet_signals, run_until_done
 
 if TYPE_CHECKING:  # the process imports them (and the server) once its signals are quiet
     from gateway.config import GatewayConfig
@@ -116,8 +116,8 @@ def main(argv: list[str]) -> int:
     # a SIGINT or SIGTERM ends it quietly until `run_until_done` hands them to the server.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     quiet_signals()
-    from gateway.corelog import install
-    from gateway.server import serve
+    from gateway.app.server import serve
+    from gateway.observability.corelog import install
 
     launch: Launch = pickle.loads(Path(argv[1]).read_bytes())
     lock = share_directory(launch.member.control_dir)

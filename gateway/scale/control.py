@@ -32,7 +32,7 @@ from gateway.admin.service import (
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig, WorkerSpec
-from gateway.fleet.worker import discovered_sources
+from gateway.upstream.worker import discovered_sources
 
 log = structlog.get_logger("gateway.control")
 

@@ -1,5 +1,5 @@
 """What the supervisor gives each serving process: its place among its siblings
-(`Member`, defined in the leaf module `gateway.member` so that the serving process can
+(`Member`, defined in the leaf module `gateway.core.member` so that the serving process can
 read it without importing the supervisor's package) and its configuration."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from gateway.config import AdminConfig, GatewayConfig, MetricsConfig, WorkerSpec
-from gateway.member import Member as Member  # re-exported: supervisor and child use it
+from gateway.core.member import Member as Member  # re-exported: supervisor and child use it
 
 
 def serving_config(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 from gateway.config import parse_address
-from gateway.listen import CannotListen
+from gateway.core.listen import CannotListen
 
 
 def _family(host: str) -> socket.AddressFamily:

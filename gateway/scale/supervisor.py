@@ -33,11 +33,12 @@ from prometheus_client.registry import Collector
 from gateway.admin.service import serve_admin
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
+from gateway.app.server import preflight, ready_line
 from gateway.config import GatewayConfig
-from gateway.corelog import real_stderr
+from gateway.core.listen import CannotListen
 from gateway.discovery.metrics import DiscoveryCollector
-from gateway.listen import CannotListen
-from gateway.metrics import Endpoint
+from gateway.observability.corelog import real_stderr
+from gateway.observability.metrics import Endpoint
 from gateway.peer.v1 import peer_pb2 as peer_pb
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.child import Launch
@@ -46,7 +47,6 @@ from gateway.scale.member import Member, serving_config
 from gateway.scale.merge import merge_expositions
 from gateway.scale.port import hold_port
 from gateway.scale.relay import DiscoveryRelay
-from gateway.server import preflight, ready_line
 
 log = structlog.get_logger("gateway.supervisor")
 

@@ -24,9 +24,9 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.config import OrcaConfig
-from gateway.launch import Child, ready
 from gateway.orca.v3 import orca_pb2_grpc
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
+from gateway_sim.launch import Child, ready
 from scripts.attacks.harness import Check, Scenario, until
 from tests.conftest import worker_url
 from tests.e2e.availability_helpers import SERVING, wait_health_status

@@ -2,7 +2,7 @@
 to paste.
 
 The one module of `gateway_sim` that imports the gateway (it runs one in-process, and
-starts the simulated workers with `gateway.launch`); `gateway.cli` imports it only when
+starts the simulated workers with `gateway_sim.launch`); `gateway.cli.main` imports it only when
 `gateway demo` runs."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from gateway.config import build_config
-from gateway.launch import ready, sim_args, spawn, stop_all
-from gateway.logs import configure
+from gateway.observability.logs import configure
+from gateway_sim.launch import ready, sim_args, spawn, stop_all
 
 if TYPE_CHECKING:  # the server (numpy, the fleet) is imported only when the demo runs
-    from gateway.server import Gateway
+    from gateway.app.server import Gateway
 
 SGLANG_MODEL = "llama-3-8b"
 VLLM_MODEL = "qwen-2.5-7b"
@@ -136,7 +136,7 @@ async def run_demo(args: argparse.Namespace) -> int:
                 "drain.grace_s": 2.0,
             },
         )
-        from gateway.server import Gateway
+        from gateway.app.server import Gateway
 
         gateway = Gateway(config)
         port = await gateway.start()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gateway.launch import Child, sim_args, start
+from gateway_sim.launch import Child, sim_args, start
 from tests.contract.calls import BLOCK_SIZE, CALLS, KV_RESTART, MAX_MODEL_LEN, MODEL, VOCAB_SIZE
 from tests.contract.compare import differences, features
 from tests.contract.runner import run_all

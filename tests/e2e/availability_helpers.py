@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import START_S
 from tests.e2e.helpers import WAIT_S, channel, collect, model_md, sgl_generate, sgl_grpc
 

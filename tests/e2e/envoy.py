@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import START_S
 
 POLICY = "envoy.load_balancing_policies.client_side_weighted_round_robin"

@@ -20,7 +20,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway.launch import Child, start, start_sim
+from gateway_sim.launch import Child, start, start_sim
 from tests.conftest import SERVE_ARGS, START_S, HostedSim, SimHost, stop_child
 
 __all__ = ["sgl", "sgl_grpc", "vllm", "vllm_grpc"]

@@ -31,7 +31,7 @@ from grpc_health.v1.health import aio as health_aio
 from smg_grpc_proto.generated import common_pb2 as kv
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-from gateway.wire import encode_varint
+from gateway.core.wire import encode_varint
 
 SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 BATCH_BLOCKS = 20_000

@@ -20,8 +20,8 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launch import Child
-from gateway.wire import encode_varint
+from gateway.core.wire import encode_varint
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.helpers import (
     WAIT_S,

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.launch import Child, start
+from gateway_sim.launch import Child, start
 from tests.conftest import START_S, STOP_S, Launcher, grpcurl
 from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, closed_port, dead_worker_url
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.launch import ready
+from gateway_sim.launch import ready
 from tests.conftest import START_S, STOP_S
 
 SERVE = (
@@ -125,7 +125,7 @@ def test_serve_help_and_version_import_no_simulator_demo_or_admin_client(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     modules = _imported(result.stderr)
-    assert {"gateway.cli", "gateway.config"} <= modules  # the parsing really was measured
+    assert {"gateway.cli.main", "gateway.config"} <= modules  # the parsing really was measured
     assert _unwanted(modules) == set()
 
 
@@ -143,7 +143,7 @@ def test_serve_imports_no_simulator_demo_or_admin_client(tmp_path: Path) -> None
     gw = ready(process, SERVE, START_S)  # bounded; kills the process if no READY line comes
     assert gw.stop(STOP_S) == 0  # SIGTERM, drained at once; SIGKILL if it did not exit
     modules = _imported(log.read_text())
-    assert {"gateway.server", "gateway.admin.service"} <= modules
+    assert {"gateway.app.server", "gateway.admin.service"} <= modules
     assert _unwanted(modules) == set()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, worker_url
 from tests.e2e.helpers import (
     channel,

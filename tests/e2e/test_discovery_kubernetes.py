@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher
 from tests.e2e.availability_helpers import admin_address, is_ready, list_workers, wait_worker
 from tests.e2e.helpers import (

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import (
     NOT_SERVING,

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from smg_grpc_proto.generated import common_pb2
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, SimHost, worker_url
 from tests.e2e.helpers import (
     SGL_SERVICE,

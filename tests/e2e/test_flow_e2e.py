@@ -28,7 +28,7 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import (
     admin_address,

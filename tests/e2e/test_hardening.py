@@ -17,7 +17,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from gateway.launch import Child, ready
+from gateway_sim.launch import Child, ready
 from tests.conftest import START_S, Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
 from tests.e2e.helpers import (

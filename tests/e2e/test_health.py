@@ -20,7 +20,7 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import grpcurl, worker_url
 from tests.e2e.availability_helpers import (
     NOT_SERVING,

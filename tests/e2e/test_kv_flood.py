@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
 from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
 from tests.e2e.helpers import (

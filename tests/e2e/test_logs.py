@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trustme
 
-from gateway.launch import Child, start
+from gateway_sim.launch import Child, start
 from tests.conftest import SERVE_ARGS, START_S, STOP_S, Launcher, worker_url
 
 WAIT_S = 30.0  # a safety net for every bounded wait: only a hang reaches it

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, stop_child, worker_url
 from tests.e2e.envoy import envoy_binary, host_weights, start_envoy
 from tests.e2e.helpers import (

@@ -70,7 +70,7 @@ def test_the_gateway_wheel_has_no_simulator_and_no_demo(tmp_path: Path) -> None:
         names = wheel.namelist()
         scripts = entry_points(wheel)
     packages = {name.split("/", 1)[0] for name in names if "/" in name}
-    assert {"gateway/cli.py", "gateway/run.py", "gateway/server.py"} <= set(names)
+    assert {"gateway/cli/main.py", "gateway/app/run.py", "gateway/app/server.py"} <= set(names)
     assert [p for p in packages if not p.endswith(".dist-info")] == ["gateway"]
     assert not [n for n in names if n.startswith(("gateway/sim/", "sim/", "gateway_sim"))]
     assert not [n for n in names if "demo" in n]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gateway.launch import Child, ready, spawn
+from gateway_sim.launch import Child, ready, spawn
 from tests.conftest import SERVE_ARGS, Launcher, worker_url
 from tests.e2e.helpers import (
     channel,

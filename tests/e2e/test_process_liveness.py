@@ -20,9 +20,9 @@ import pytest
 from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin
-from gateway.launch import Child
 from gateway.scale.control import READ_TIMEOUT_S
 from gateway.scale.supervisor import LIVENESS_INTERVAL_S, LIVENESS_MISSES, LIVENESS_TIMEOUT_S
+from gateway_sim.launch import Child
 from tests.conftest import STOP_S, Launcher, run_alone, worker_url
 from tests.e2e.helpers import POLL_S, WAIT_S, collect, model_md, sgl_generate, sgl_grpc
 from tests.e2e.test_processes import (

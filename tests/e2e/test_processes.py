@@ -29,8 +29,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.admin.v1 import admin_pb2 as admin
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.launch import Child
 from gateway.scale.supervisor import FIRST_BACKOFF_S
+from gateway_sim.launch import Child
 from tests.conftest import STOP_S, Launcher, run_alone, worker_url
 from tests.e2e.helpers import (
     MAX,

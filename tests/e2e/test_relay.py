@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, SimHost, worker_url
 from tests.e2e.helpers import (
     SGL_SERVICE,

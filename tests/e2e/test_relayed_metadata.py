@@ -24,8 +24,8 @@ import grpc
 import pytest
 from grpc import aio
 
-from gateway.launch import Child, ready
 from gateway.proxy.metadata import entry_size
+from gateway_sim.launch import Child, ready
 from tests.conftest import Launcher, worker_url
 from tests.e2e.availability_helpers import labels, samples, scrape
 from tests.e2e.helpers import collect, model_md, sgl_generate, sgl_grpc, trailers

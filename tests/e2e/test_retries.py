@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, worker_url
 from tests.e2e.helpers import (
     channel,

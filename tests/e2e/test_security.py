@@ -14,7 +14,7 @@ import pytest
 import trustme
 from grpc import aio
 
-from gateway.launch import Child
+from gateway_sim.launch import Child
 from tests.conftest import Launcher, grpcurl, worker_url
 from tests.e2e.helpers import (
     SGL_SERVICE,

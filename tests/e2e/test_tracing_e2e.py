@@ -9,7 +9,7 @@ import json
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from gateway.launch import Child, start
+from gateway_sim.launch import Child, start
 from tests.conftest import SERVE_ARGS, START_S, Launcher, grpcurl, worker_url
 from tests.inproc.harness import until
 from tests.inproc.test_tracing import CLIENT_SPAN, TRACE_ID, TRACEPARENT, attributes, receiver

@@ -13,10 +13,10 @@ from typing import Any
 
 from grpc import aio
 
+from gateway.app.server import Gateway
 from gateway.config import AdminConfig, build_config
-from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.scale.member import Member
-from gateway.server import Gateway
+from gateway.upstream.worker import Worker, WorkerStatus
 from gateway_sim.config import SimConfig, add_sim_arguments
 from gateway_sim.server import serve
 from tests.e2e.helpers import WAIT_S

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.auth import MISSING_KEY, REJECTED_KEY
-from gateway.server import Gateway
+from gateway.app.server import Gateway
+from gateway.security.auth import MISSING_KEY, REJECTED_KEY
 from tests.e2e.helpers import collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, idle, sim
 

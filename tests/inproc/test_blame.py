@@ -6,9 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway.fleet.breaker import BreakerState
+from gateway.core.roles import Role
 from gateway.proxy.upstream import Outbound, UpstreamFailure
-from gateway.roles import Role
+from gateway.upstream.signals.outlier import BreakerState
 from tests.e2e.helpers import sgl_generate
 from tests.inproc.harness import SGL, gateway, idle, sim, worker
 

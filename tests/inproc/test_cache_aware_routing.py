@@ -18,9 +18,9 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 from structlog.testing import capture_logs
 
 from gateway.admin.v1 import admin_pb2, admin_pb2_grpc
+from gateway.app.server import Gateway
 from gateway.kv.prefix import Prefix
-from gateway.kv.subscriber import FollowState
-from gateway.server import Gateway
+from gateway.upstream.load.kv_events import FollowState
 from tests.e2e.helpers import collect, model_md
 from tests.inproc.harness import Sim, client, gateway, idle, until
 from tests.inproc.harness import sim as bare_sim

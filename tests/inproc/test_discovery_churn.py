@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
+from gateway.app.server import Gateway
 from gateway.config import FileDiscovery
-from gateway.server import Gateway
 from tests.e2e.helpers import closed_port, dead_worker_url
 from tests.inproc.harness import gateway, sim, until
 

@@ -10,7 +10,7 @@ from typing import Any
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.record import CallRecord
+from gateway.observability.record import CallRecord
 from tests.e2e.helpers import collect, model_md
 from tests.inproc.harness import client, gateway, idle, sim
 from tests.inproc.test_flow import recorded

@@ -13,10 +13,10 @@ from structlog.testing import capture_logs
 
 from gateway.config import build_config, parse_worker_url
 from gateway.engines import engine_adapters
-from gateway.fleet import fleet as fleet_module
-from gateway.fleet.fleet import Fleet, WorkerExists
-from gateway.fleet.probe import ProbeKind
-from gateway.fleet.worker import WorkerStatus
+from gateway.upstream import manager as fleet_module
+from gateway.upstream.manager import Fleet, WorkerExists
+from gateway.upstream.signals.probe import ProbeKind
+from gateway.upstream.worker import WorkerStatus
 from tests.inproc.harness import until
 
 HEALTH_CHECK = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"

@@ -19,8 +19,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from gateway.admin.client import format_queues, run_queues
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.record import CallRecord
-from gateway.server import Gateway
+from gateway.app.server import Gateway
+from gateway.observability.record import CallRecord
 from tests.e2e.helpers import assert_verdict, collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, idle, sim, until
 
@@ -227,7 +227,7 @@ async def test_a_model_without_any_ready_worker_is_refused_at_once_not_queued() 
 
 
 def _regular() -> tuple[Any, Any]:
-    from gateway.roles import Role, Runtime
+    from gateway.core.roles import Role, Runtime
 
     return Runtime.SGLANG, Role.REGULAR
 

@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.metrics import FLOW_OUTCOMES
-from gateway.record import CallRecord
-from gateway.roles import Role, Runtime
-from gateway.server import Gateway
+from gateway.app.server import Gateway
+from gateway.core.roles import Role, Runtime
+from gateway.observability.metrics import FLOW_OUTCOMES
+from gateway.observability.record import CallRecord
 from tests.e2e.helpers import collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, idle, sim, until
 

@@ -8,8 +8,8 @@ import time
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
+from gateway.app.server import server_options
 from gateway.config import build_config
-from gateway.server import server_options
 from tests.e2e.helpers import collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, idle, sim, worker
 

@@ -14,7 +14,7 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.health import MAX_NAMES_PER_PEER, SERVICE_UNKNOWN, SERVING, HealthService
+from gateway.services.health import MAX_NAMES_PER_PEER, SERVICE_UNKNOWN, SERVING, HealthService
 from tests.inproc.harness import until
 
 STATUSES = {"": SERVING, "liveness": SERVING, "readiness": SERVING, "models/m": SERVING}

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from structlog.testing import capture_logs
 
-from gateway.logs import Throttle
+from gateway.observability.logs import Throttle
 from gateway.proxy import front
 from tests.e2e.helpers import collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, sim, until

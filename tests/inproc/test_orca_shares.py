@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from gateway.app.server import Gateway
 from gateway.orca.v3 import orca_pb2, orca_pb2_grpc
-from gateway.server import Gateway
 from tests.e2e.helpers import collect
 from tests.inproc.harness import gateway, sim, until
 

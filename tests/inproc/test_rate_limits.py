@@ -15,7 +15,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from structlog.testing import capture_logs
 
-from gateway.server import Gateway
+from gateway.app.server import Gateway
 from tests.e2e.helpers import assert_verdict, collect, model_md, sgl_generate
 from tests.inproc.harness import client, gateway, idle, sim, until
 from tests.inproc.test_flow import recorded

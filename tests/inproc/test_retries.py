@@ -16,7 +16,7 @@ import pytest
 from grpc import aio
 from structlog.testing import capture_logs
 
-from gateway.fleet.worker import WorkerStatus
+from gateway.upstream.worker import WorkerStatus
 from tests.e2e.helpers import (
     channel,
     closed_port,

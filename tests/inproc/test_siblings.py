@@ -15,10 +15,10 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
+from gateway.app.server import Gateway
 from gateway.peer.v1 import peer_pb2 as peer
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.member import Member
-from gateway.server import Gateway
 from tests.e2e.helpers import collect, model_md, sgl_generate, vllm_generate
 from tests.inproc.harness import client, gateway, idle, sim
 

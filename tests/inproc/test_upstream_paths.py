@@ -11,8 +11,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 from structlog.testing import capture_logs
 
-from gateway.fleet.breaker import BreakerState
-from gateway.fleet.registry import FleetEvent
+from gateway.upstream.registry import FleetEvent
+from gateway.upstream.signals.outlier import BreakerState
 from tests.e2e.helpers import collect, model_md, sgl_generate, vllm_generate
 from tests.inproc.harness import client, gateway, idle, sim, until, worker
 

@@ -3,7 +3,7 @@
 Hosted (tests/e2e/simhost.py, see tests/conftest.py): the same `gateway_sim` server, over
 real protos, without a Python process started for each. A test of the process itself
 (its signals, its exit) is marked `sim_processes` and gets `gateway sim` processes,
-started with `gateway.launch.start_sim` (the launcher the gateway's end-to-end tests, the
+started with `gateway_sim.launch.start_sim` (the launcher the gateway's end-to-end tests, the
 demo and the benchmark use). Every worker is stopped when its fixture ends.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.launch import Child, start_sim
+from gateway_sim.launch import Child, start_sim
 from tests.conftest import START_S, HostedSim, SimHost
 
 SimProcess = Child | HostedSim

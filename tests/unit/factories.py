@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.config import BreakerConfig, KvConfig, ModelSettings, WorkerSpec
+from gateway.core.roles import Role, Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.breaker import CircuitBreaker
-from gateway.fleet.cluster import cluster_factory
-from gateway.fleet.registry import Registry
-from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
 from gateway.placement.placer import Placer
-from gateway.roles import Role, Runtime
+from gateway.upstream.cluster import cluster_factory
+from gateway.upstream.registry import Registry
+from gateway.upstream.signals.outlier import CircuitBreaker
+from gateway.upstream.worker import Worker
 
 
 def make_worker(

@@ -24,8 +24,8 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import build_config
 from gateway.engines import engine_adapters
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.registry import FleetEvent
+from gateway.upstream.manager import Fleet
+from gateway.upstream.registry import FleetEvent
 
 TOKEN = "s3cret"
 

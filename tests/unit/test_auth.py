@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import ApiKeys, bearer
 from gateway.config import ConfigError, build_config
+from gateway.security.auth import ApiKeys, bearer
 
 
 def keys_file(tmp_path: Path, text: str) -> str:

@@ -1,5 +1,5 @@
-"""API keys reloaded and failures throttled (gateway.auth), health exposure and Watch
-bounds (gateway.health), control characters escaped in logs (gateway.logs).
+"""API keys reloaded and failures throttled (gateway.security.auth), health exposure and Watch
+bounds (gateway.services.health), control characters escaped in logs (gateway.observability.logs).
 
 Pure tests with fake contexts, and one in-process grpc server for the handler shapes the
 auth interceptor hands grpc (refusing without reading, checking in the handler)."""
@@ -20,7 +20,9 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from structlog.testing import capture_logs
 
-from gateway.auth import (
+from gateway.config import AuthConfig, ConfigError, build_config
+from gateway.observability.logs import escape, escape_controls
+from gateway.security.auth import (
     BLOCKED,
     MISSING,
     MISSING_KEY,
@@ -34,8 +36,7 @@ from gateway.auth import (
     KeyFile,
     peer_address,
 )
-from gateway.config import AuthConfig, ConfigError, build_config
-from gateway.health import (
+from gateway.services.health import (
     MAX_SERVICE_NAME,
     NOT_SERVING,
     SERVICE_UNKNOWN,
@@ -43,7 +44,6 @@ from gateway.health import (
     WATCH_BACKLOG,
     HealthService,
 )
-from gateway.logs import escape, escape_controls
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-0123456789"
 
@@ -484,7 +484,7 @@ def rendered() -> Iterator[None]:
 def test_rendered_lines_carry_no_control_characters(
     log_format: str, rendered: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gateway import logs
+    from gateway.observability import logs
 
     logs.configure(log_format, "info")
     structlog.get_logger("t").info("request", model="evil\x00\nforged=1\x1b[2J")

@@ -9,12 +9,12 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from gateway.config import KvConfig, WorkerSpec
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.cache_aware import CacheAware
-from gateway.fleet.policies import Hints
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.roles import Runtime
+from gateway.upstream.cache_aware import CacheAware
+from gateway.upstream.policies import Hints
 from tests.unit.factories import make_worker
 
 ADAPTERS = engine_adapters()

@@ -8,14 +8,14 @@ import pytest
 from smg_grpc_proto.generated import common_pb2 as kv
 
 from gateway.config import KvConfig, WorkerSpec
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.cache_aware import CacheAware, cheapest
-from gateway.fleet.policies import Choice, Hints
-from gateway.fleet.worker import Worker
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.kv.subscriber import Gap, KvFollower
-from gateway.roles import Runtime
+from gateway.upstream.cache_aware import CacheAware, cheapest
+from gateway.upstream.load.kv_events import Gap, KvFollower
+from gateway.upstream.policies import Choice, Hints
+from gateway.upstream.worker import Worker
 from tests.unit.factories import make_worker
 
 SETTINGS = KvConfig()  # 0.01 per uncached token, balance 1.5 x lowest + 4

@@ -11,10 +11,9 @@ import grpc
 import pytest
 
 from gateway.config import WorkerSpec
+from gateway.core.roles import Role, Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.breaker import Outcome
-from gateway.fleet.policies import Hints
-from gateway.fleet.worker import Worker
+from gateway.observability.record import CallRecord
 from gateway.placement import verdicts
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
@@ -23,8 +22,9 @@ from gateway.proxy.dispatch import Dispatcher, Job
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.metadata import RequestMeta
 from gateway.proxy.upstream import Reserved, UpstreamFailure, Upstreams
-from gateway.record import CallRecord
-from gateway.roles import Role, Runtime
+from gateway.upstream.policies import Hints
+from gateway.upstream.signals.outlier import Outcome
+from gateway.upstream.worker import Worker
 from tests.unit.factories import make_worker
 
 ADAPTER = engine_adapters()[Runtime.SGLANG]

@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 from gateway.config import ModelSettings, WorkerSpec
-from gateway.fleet.cache_aware import CacheAware
-from gateway.fleet.cluster import ClusterKey
-from gateway.fleet.overload import Limits
-from gateway.fleet.policies import Hints, LeastInflight, RoundRobin
-from gateway.fleet.registry import Registry
-from gateway.fleet.worker import Worker
+from gateway.core.roles import Role, Runtime
 from gateway.placement.verdicts import Reason, Verdict
-from gateway.roles import Role, Runtime
+from gateway.upstream.cache_aware import CacheAware
+from gateway.upstream.cluster import ClusterKey
+from gateway.upstream.load.limits import Limits
+from gateway.upstream.policies import Hints, LeastInflight, RoundRobin
+from gateway.upstream.registry import Registry
+from gateway.upstream.worker import Worker
 from tests.unit.factories import make_placer, make_registry, make_worker
 
 SETTINGS = {

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError, WorkerSpec, build_config, load_file, parse_worker_url
-from gateway.roles import Role, Runtime
+from gateway.core.roles import Role, Runtime
 
 
 def test_full_worker_url() -> None:

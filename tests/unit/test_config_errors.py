@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cli import main
+from gateway.cli.main import main
 from gateway.config import SECTIONS, ConfigError, GatewayConfig, build_config, load_file
 
 

@@ -1,4 +1,4 @@
-"""The policy names are written once (gateway/policy_names.py): the config validates
+"""The policy names are written once (gateway/core/policy_names.py): the config validates
 against them, the CLI offers them, and placement has one policy under each."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import argparse
 from typing import get_args
 
 from gateway import config
-from gateway.cli import build_parser
-from gateway.fleet.cache_aware import CacheAware
-from gateway.fleet.policies import POLICY_TYPES
-from gateway.policy_names import POLICIES, PolicyName
+from gateway.cli.main import build_parser
+from gateway.core.policy_names import POLICIES, PolicyName
+from gateway.upstream.cache_aware import CacheAware
+from gateway.upstream.policies import POLICY_TYPES
 
 
 def test_placement_has_a_policy_under_every_name_and_no_other() -> None:

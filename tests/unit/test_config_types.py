@@ -20,7 +20,7 @@ from gateway.config import (
     WorkerSpec,
     build_config,
 )
-from gateway.roles import Role, Runtime
+from gateway.core.roles import Role, Runtime
 
 # Every default, as the README's configuration example and limits tables give them.
 DEFAULTS = {

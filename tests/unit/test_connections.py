@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.connections import ConnectionWatch, census, peer_ip
+from gateway.app.connections import ConnectionWatch, census, peer_ip
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs /proc")
 

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 
 from gateway.config import ModelSettings
+from gateway.core.roles import Role, Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.policies import Hints
-from gateway.fleet.registry import Registry
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
 from gateway.placement.decision import Decision
 from gateway.placement.placer import Placer
 from gateway.proxy.dispatch import Job
-from gateway.roles import Role, Runtime
+from gateway.upstream.policies import Hints
+from gateway.upstream.registry import Registry
 from tests.unit.factories import make_placer, make_registry
 from tests.unit.test_cache_aware import PROMPT, follower, stored, worker
 

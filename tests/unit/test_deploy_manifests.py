@@ -14,8 +14,8 @@ import yaml
 from kubernetes_validate.utils import ValidationError
 
 from gateway.config import GatewayConfig, KubernetesDiscovery, build_config, parse_address
-from gateway.health import PROBE_NAMES
-from gateway.roles import Role, Runtime
+from gateway.core.roles import Role, Runtime
+from gateway.services.health import PROBE_NAMES
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 # Schemas bundled with kubernetes-validate 1.37.0: 1.25 .. 1.37. The newest, and an

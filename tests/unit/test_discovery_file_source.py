@@ -18,10 +18,10 @@ from structlog.testing import capture_logs
 
 from gateway import config as gateway_config
 from gateway.config import FileDiscovery
+from gateway.core.offload import Offload
 from gateway.discovery import file as file_module
 from gateway.discovery.file import BYTES_PER_HOST, FileSource, max_file_bytes
 from gateway.discovery.source import Discovered
-from gateway.offload import Offload
 from tests.inproc.harness import until
 
 

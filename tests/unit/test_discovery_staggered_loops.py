@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from gateway.config import ProbeConfig, WorkerSpec, build_config
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet import fleet as fleet_module
-from gateway.fleet import prober as prober_module
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.probe import ProbeKind, ProbeResult
-from gateway.fleet.prober import ProbeLoop
-from gateway.fleet.stagger import HOST_COST_S, MAX_SPREAD_S, spread, waits
-from gateway.roles import Runtime
+from gateway.upstream import manager as fleet_module
+from gateway.upstream.health import active as prober_module
+from gateway.upstream.health.active import ProbeLoop
+from gateway.upstream.manager import Fleet
+from gateway.upstream.signals.probe import ProbeKind, ProbeResult
+from gateway.upstream.stagger import HOST_COST_S, MAX_SPREAD_S, spread, waits
 from tests.inproc.harness import until
 from tests.unit.factories import make_worker
 

@@ -8,8 +8,8 @@ from smg_grpc_proto.generated import common_pb2 as common
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
+from gateway.core.roles import Runtime
 from gateway.engines import RpcKind, engine_adapters
-from gateway.roles import Runtime
 
 adapters = engine_adapters()
 SGLANG, VLLM = adapters[Runtime.SGLANG], adapters[Runtime.VLLM]

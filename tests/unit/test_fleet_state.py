@@ -6,13 +6,13 @@ import grpc
 import pytest
 
 from gateway.config import BreakerConfig, ProbeConfig, WorkerSpec
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.breaker import BreakerState, CircuitBreaker, Outcome, outcome_of
-from gateway.fleet.overload import Limits, overload_reason
-from gateway.fleet.probe import ProbeKind, ProbeResult, ProbeState, judge
-from gateway.fleet.worker import LoadReport, Worker, WorkerStatus, derive_status
-from gateway.health import NOT_SERVING, SERVING, desired_statuses
-from gateway.roles import Runtime
+from gateway.services.health import NOT_SERVING, SERVING, desired_statuses
+from gateway.upstream.load.limits import Limits, overload_reason
+from gateway.upstream.signals.outlier import BreakerState, CircuitBreaker, Outcome, outcome_of
+from gateway.upstream.signals.probe import ProbeKind, ProbeResult, ProbeState, judge
+from gateway.upstream.worker import LoadReport, Worker, WorkerStatus, derive_status
 from tests.unit.factories import make_worker
 
 S, F, IGN = Outcome.SUCCESS, Outcome.FAILURE, Outcome.IGNORED

@@ -1,4 +1,4 @@
-"""Health Watch bounds (gateway.health): distinct names per client connection, unknown
+"""Health Watch bounds (gateway.services.health): distinct names per client connection, unknown
 names answered without state keyed by them, and Check of unknown names keeping nothing.
 
 Pure tests with a fake servicer context (no network)."""
@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from gateway.health import (
+from gateway.services.health import (
     MAX_NAMES_PER_PEER,
     NOT_SERVING,
     SERVICE_UNKNOWN,

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from gateway.app.connections import peer_ip
 from gateway.config import build_config
-from gateway.connections import peer_ip
 from gateway.proxy.admission import Admission, Refusal
 from gateway.proxy.front import peer_host
 from gateway.proxy.intake import ReadGate

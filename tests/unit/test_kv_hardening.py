@@ -16,16 +16,16 @@ from structlog.testing import capture_logs
 
 from gateway.admin.convert import worker_message
 from gateway.config import KvConfig, WorkerSpec, build_config
+from gateway.core.offload import Offload
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.cache_aware import CacheAware
-from gateway.fleet.policies import Choice, Hints
-from gateway.fleet.worker import LoadReport, Worker
 from gateway.kv.index import STRIDE, KvIndex, StoredBlock
 from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, root
-from gateway.kv.subscriber import CHUNK_BYTES, Backoff, KvFollower, TooLarge
-from gateway.metrics import FleetCollector
-from gateway.offload import Offload
-from gateway.roles import Runtime
+from gateway.observability.metrics import FleetCollector
+from gateway.upstream.cache_aware import CacheAware
+from gateway.upstream.load.kv_events import CHUNK_BYTES, Backoff, KvFollower, TooLarge
+from gateway.upstream.policies import Choice, Hints
+from gateway.upstream.worker import LoadReport, Worker
 from tests.unit.factories import make_registry, make_worker
 
 A = ("a:1", 0)

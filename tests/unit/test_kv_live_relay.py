@@ -14,10 +14,10 @@ from grpc import aio
 from smg_grpc_proto.generated import common_pb2 as kv
 
 from gateway.config import KvConfig
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
-from gateway.kv.subscriber import KvFollower
-from gateway.roles import Runtime
+from gateway.upstream.load.kv_events import KvFollower
 from tests.unit.test_kv_hardening import batch, blocks, stored, worker
 
 SLOT = ("h:1", 0)

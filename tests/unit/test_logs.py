@@ -16,13 +16,13 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from gateway import corelog, logs
+from gateway.observability import corelog, logs
 from gateway.config import WorkerSpec, build_config
 from gateway.engines import engine_adapters
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.registry import FleetEvent
-from gateway.logs import Throttle, configure
-from gateway.record import CallRecord
+from gateway.observability.logs import Throttle, configure
+from gateway.observability.record import CallRecord
+from gateway.upstream.manager import Fleet
+from gateway.upstream.registry import FleetEvent
 from tests.unit.factories import make_worker
 
 

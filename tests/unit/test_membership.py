@@ -10,11 +10,11 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from gateway.config import WorkerSpec
+from gateway.core.roles import Runtime
 from gateway.discovery.membership import Membership
 from gateway.discovery.source import Discovered
-from gateway.fleet.registry import Registry
-from gateway.fleet.worker import Worker
-from gateway.roles import Runtime
+from gateway.upstream.registry import Registry
+from gateway.upstream.worker import Worker
 from tests.unit.factories import make_registry, make_worker
 
 

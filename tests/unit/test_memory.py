@@ -8,9 +8,9 @@ import gc
 
 import pytest
 
-from gateway.memory import MIN_PEAK, AfterBursts, malloc_trim
+from gateway.app.memory import MIN_PEAK, AfterBursts, malloc_trim
+from gateway.observability.record import CallRecord
 from gateway.proxy.idle import _Watch, idle_limit
-from gateway.record import CallRecord
 
 
 def test_memory_goes_back_once_a_burst_fell_to_a_quarter_of_its_peak() -> None:

@@ -10,13 +10,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.config import BreakerConfig, WorkerSpec
-from gateway.fleet.breaker import BreakerState, CircuitBreaker
-from gateway.fleet.registry import Registry
-from gateway.fleet.worker import LoadReport, Worker, WorkerStatus
-from gateway.metrics import TTFT_BUCKETS, Metrics
+from gateway.core.roles import Role, Runtime
+from gateway.observability.metrics import TTFT_BUCKETS, Metrics
+from gateway.observability.record import CallRecord
 from gateway.placement import verdicts
-from gateway.record import CallRecord
-from gateway.roles import Role, Runtime
+from gateway.upstream.registry import Registry
+from gateway.upstream.signals.outlier import BreakerState, CircuitBreaker
+from gateway.upstream.worker import LoadReport, Worker, WorkerStatus
 from tests.unit.factories import make_registry, make_worker
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"

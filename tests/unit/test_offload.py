@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from gateway.offload import NICENESS, Offload
+from gateway.core.offload import NICENESS, Offload
 
 
 def whoami() -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """A worker is the one writer of its signals, a cluster of its workers, policy and
-limits: nowhere in the gateway's source but gateway/fleet/worker.py (cluster.py) is such
+limits: nowhere in the gateway's source but gateway/upstream/worker.py (cluster.py) is such
 a field assigned (plain, augmented or in a tuple); the others go through their methods."""
 
 from __future__ import annotations

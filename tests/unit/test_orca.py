@@ -12,13 +12,13 @@ from google.protobuf.duration_pb2 import Duration
 from structlog.testing import capture_logs
 
 from gateway.config import build_config
+from gateway.observability.record import CallRecord
 from gateway.orca.report import IN_FLIGHT, QUEUE_DEPTH, LoadReporter, Sample, load_report
 from gateway.orca.service import OrcaService, Share, StreamShares, interval_s
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from gateway.proxy.admission import Admission
 from gateway.proxy.reporting import LOAD_TRAILER, Reporting
-from gateway.record import CallRecord
 
 
 class Clock:

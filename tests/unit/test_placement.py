@@ -10,13 +10,13 @@ import grpc
 import pytest
 
 from gateway.config import ModelSettings, WorkerSpec
-from gateway.fleet.breaker import Outcome
-from gateway.fleet.policies import Hints
-from gateway.fleet.registry import Registry
-from gateway.fleet.worker import Worker, WorkerStatus
+from gateway.core.roles import Role, Runtime
 from gateway.placement.placer import Placer
 from gateway.placement.verdicts import Reason, Verdict
-from gateway.roles import Role, Runtime
+from gateway.upstream.policies import Hints
+from gateway.upstream.registry import Registry
+from gateway.upstream.signals.outlier import Outcome
+from gateway.upstream.worker import Worker, WorkerStatus
 from tests.unit.factories import make_placer, make_registry, make_worker
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.fleet.policies import (
+from gateway.upstream.policies import (
     ConsistentHash,
     Hints,
     LeastInflight,

@@ -12,11 +12,11 @@ from structlog.testing import capture_logs
 from gateway.admin.convert import worker_message
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.config import ProbeConfig, WorkerSpec
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.probe import ProbeKind, ProbeResult, ProbeState, judge
-from gateway.fleet.prober import ProbeLoop
-from gateway.fleet.worker import Worker, WorkerStatus, derive_status
-from gateway.roles import Runtime
+from gateway.upstream.health.active import ProbeLoop
+from gateway.upstream.signals.probe import ProbeKind, ProbeResult, ProbeState, judge
+from gateway.upstream.worker import Worker, WorkerStatus, derive_status
 from tests.unit.factories import make_worker
 
 SETTINGS = ProbeConfig(interval_s=1.0, timeout_s=1.0, success_threshold=1, failure_threshold=1)

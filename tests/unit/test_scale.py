@@ -15,9 +15,9 @@ import pytest
 from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as pb
-from gateway.cli import build_parser, config_from_args
+from gateway.cli.main import build_parser, config_from_args
 from gateway.config import ConfigError, build_config, parse_processes, usable_cores
-from gateway.listen import CannotListen
+from gateway.core.listen import CannotListen
 from gateway.proxy.disagg import MAX_ROOM, Rooms
 from gateway.scale.control import ControlPlane, DesiredFleet, merge_workers, reconcile
 from gateway.scale.member import Member, serving_config

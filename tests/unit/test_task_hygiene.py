@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
+from gateway.app.connections import ConnectionWatch
 from gateway.config import build_config
-from gateway.connections import ConnectionWatch
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.fleet.breaker import BreakerState, Outcome
-from gateway.fleet.fleet import Fleet
-from gateway.fleet.registry import FleetEvent
-from gateway.fleet.worker import Worker, WorkerStatus
 from gateway.kv.index import KvIndex
-from gateway.kv.subscriber import KvFollower
-from gateway.roles import Runtime
+from gateway.upstream.load.kv_events import KvFollower
+from gateway.upstream.manager import Fleet
+from gateway.upstream.registry import FleetEvent
+from gateway.upstream.signals.outlier import BreakerState, Outcome
+from gateway.upstream.worker import Worker, WorkerStatus
 from tests.unit.factories import make_worker
 
 

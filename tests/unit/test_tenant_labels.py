@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.flow.labels import OTHER, Labelled, TenantLabels
-from gateway.metrics import FLOW_OUTCOMES, Metrics, flow_outcome
+from gateway.observability.metrics import FLOW_OUTCOMES, Metrics, flow_outcome
+from gateway.observability.record import CallRecord
 from gateway.placement import verdicts
-from gateway.record import CallRecord
 from tests.unit.factories import make_registry
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.engines.tokens import Unusual, decode_varints, split_tokens
-from gateway.roles import Runtime
 
 TOKENIZED, INPUT_IDS = 2, 2
 

@@ -9,9 +9,9 @@ from typing import Any
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
+from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.engines.base import Counting, UsageBounds
-from gateway.roles import Runtime
 
 VLLM = engine_adapters()[Runtime.VLLM]
 SGLANG = engine_adapters()[Runtime.SGLANG]

@@ -1,0 +1,93 @@
+"""The call record: what one client call did, for its log line and its metrics.
+
+It keeps three things apart that are easy to conflate: *attempts* (placements tried;
+a retry on another worker adds one), *legs* (the upstream calls one placement makes:
+regular, or prefill + decode, plus encoders) and *targets* (the workers a fan-out or an
+abort reached). Only retries count as retries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from gateway.core.roles import Role
+from gateway.placement.verdicts import Verdict
+
+
+@dataclass(slots=True)
+class CallRecord:
+    rpc: str
+    service: str
+    model: str = ""
+    request_id: str = ""
+    code: str = "OK"
+    started: float = field(default_factory=time.perf_counter)
+    first_message_s: float | None = None
+    messages: int = 0
+    verdict: Verdict | None = None  # the placement verdict the call was refused with
+    attempts: int = 0  # placements tried (n>1: summed over the choices)
+    retries: int = 0  # attempts after a retryable failure, always on another worker
+    legs: dict[Role, list[str]] = field(default_factory=dict)  # leg -> workers called
+    targets: list[str] = field(default_factory=list)  # fan-out and abort: workers reached
+    worker: str | None = None  # the worker whose answer the client got
+    rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
+    handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
+    prompt_tokens: int = 0  # Generate: the prompt's length
+    expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
+    # Generate: what its engine reported in its closing answers (completion tokens summed
+    # over the choices; cached tokens are the prompt's, the most any choice reported).
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None  # beside expected_cached_tokens: was the index right?
+    usage_rejected: tuple[str, ...] = ()  # figures the worker reported past their bounds
+    principal: str | None = None  # who called (API key, client certificate), if known
+    peer: str = ""  # the client's address, as grpc names it (`ipv4:10.0.0.1:5555`)
+    suppressed: int | None = 0  # like lines held back before this one; None: held back
+    # Flow control (a `flow:` section): the tenant and class it waited as, how long.
+    tenant: str | None = None
+    priority: str | None = None
+    lowered: bool = False  # asked for a class above its tenant's max_class
+    queued_s: float | None = None
+    trace_id: str | None = None  # tracing on: the call's trace, to find it from its log line
+
+    def called(self, leg: Role, worker: str) -> None:
+        self.legs.setdefault(leg, []).append(worker)
+
+    def log_fields(self) -> dict[str, object]:
+        first = self.first_message_s
+        fields: dict[str, object] = {
+            "model": self.model,
+            "service": self.service,
+            "rpc": self.rpc,
+            "principal": self.principal,
+            "peer": unquote(self.peer) if "%" in self.peer else self.peer,
+            "worker": self.worker,
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "legs": {leg.value: workers for leg, workers in self.legs.items()} or None,
+            "targets": self.targets or None,
+            "code": self.code,
+            "reason": self.verdict.reason.name if self.verdict else None,
+            "first_message_ms": round(first * 1000, 3) if first is not None else None,
+            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "messages": self.messages,
+            "request_id": self.request_id or None,
+            "rooms": self.rooms or None,
+            "expected_cached_tokens": self.expected_cached_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+        if self.trace_id is not None:  # tracing on
+            fields["trace_id"] = self.trace_id
+        if self.suppressed:  # refused calls' lines, bounded (gateway.proxy.front)
+            fields["suppressed"] = self.suppressed
+        if self.tenant is not None:  # flow control or rate limits: only then
+            fields["tenant"] = self.tenant
+        if self.priority is not None:  # flow control: only then
+            fields.update(
+                priority=self.priority,
+                lowered=self.lowered,
+                queued_ms=round((self.queued_s or 0.0) * 1000, 3),
+            )
+        return fields

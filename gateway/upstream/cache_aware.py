@@ -1,0 +1,139 @@
+"""Cache-aware placement: send a prompt where most of it is already cached, within a
+balance guard so affinity never piles requests on one worker.
+
+cost(worker) = uncached prompt tokens x prefill_cost_per_token + load
+load(worker) = the gateway's own in-flight count on it, plus the requests the worker's last
+fresh report (KV event stream load record, or GetLoads) showed beyond the gateway's own at
+that time: other clients' load. A report is a snapshot; the own count is always current.
+
+Balance guard, two rules, so affinity never piles requests on one worker:
+- now: only candidates whose load is at most balance_ratio x the lowest load +
+  balance_slack compete;
+- over time: only candidates whose share of recent placements (decaying with
+  `share_window_s`) is at most balance_ratio x the mean share + 1 compete. Accurate cache
+  knowledge makes affinity strong (a tenant's prompt lives on one or two workers); this
+  keeps the busiest worker within balance_ratio of the mean over the window.
+The lowest cost among those wins, ties to the lower load, then to rotation.
+
+Loop time: the prompt is hashed before placement (`Prefix.prepare`, in a thread for long
+prompts); a placement then costs a lookup per cached block of the prompt (a dict get and
+an AND, in C) plus remembering at most ASSUME_BLOCKS blocks where it went.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from gateway.config import KvConfig
+from gateway.kv.index import KvIndex
+from gateway.upstream.policies import C, Choice, Hints, Policy, rotate_after
+from gateway.upstream.worker import Worker
+
+if TYPE_CHECKING:
+    pass
+
+
+def load_of(worker: Worker, now: float, stale_after_s: float) -> float:
+    """The gateway's own in-flight count (always current), plus what the worker's last
+    fresh report showed beyond it (other clients')."""
+    report = worker.load
+    if report is None or now - report.at > stale_after_s:
+        return float(worker.inflight)
+    return float(worker.inflight + report.others())
+
+
+def cheapest(
+    loads: Sequence[float],
+    uncached: Sequence[int],
+    settings: KvConfig,
+    order: Sequence[int],
+    shares: Sequence[float] | None = None,
+) -> int:
+    """Index of the candidate to pick (pure: loads, uncached tokens, recent placement
+    shares, tie-break order)."""
+    floor = min(loads)
+    bound = floor * settings.balance_ratio + settings.balance_slack
+    share_bound = sum(shares) / len(shares) * settings.balance_ratio + 1 if shares else float("inf")
+    best = None
+    fallback = None
+    for i in order:
+        if loads[i] > bound:
+            continue
+        if fallback is None or shares is None or shares[i] < shares[fallback]:
+            fallback = i  # if every candidate is over its share: the least placed one
+        if shares is not None and shares[i] > share_bound:
+            continue
+        key = (uncached[i] * settings.prefill_cost_per_token + loads[i], loads[i])
+        if best is None or key < best[0]:
+            best = (key, i)
+    if best is None:
+        assert fallback is not None  # the least loaded candidate is always within bound
+        return fallback
+    return best[1]
+
+
+class CacheAware(Policy):
+    name = "cache_aware"
+
+    def __init__(self, index: KvIndex, settings: KvConfig, stale_after_s: float) -> None:
+        self.index = index
+        self.settings = settings
+        self.stale_after_s = stale_after_s
+        self.last: str | None = None
+        self._placed: dict[str, tuple[float, float]] = {}  # worker -> (decayed count, at)
+        self._seen: list[str] = []  # the candidates of the last placement
+
+    def block_sizes(self) -> set[int]:
+        """The block sizes a placement will hash the prompt for: those of the last
+        candidates' slots (every slot's before the first placement)."""
+        return self.index.block_sizes(self._seen or None)
+
+    def _share(self, worker_id: str, now: float) -> float:
+        count, at = self._placed.get(worker_id, (0.0, now))
+        return count * math.exp((at - now) / self.settings.share_window_s)
+
+    def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
+        chosen = self.choose(candidates, hints)
+        return None if chosen is None else chosen.worker
+
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
+        if not candidates:
+            return None
+        workers = cast("Sequence[Worker]", candidates)  # placement's candidates are workers
+        now = time.monotonic()
+        prefix = hints.prefix
+        ids = [w.id for w in workers]
+        self._seen = ids
+        matched: dict[str, tuple[int, int]] = {}  # worker -> (tokens, rank)
+        if prefix is not None:
+            for (worker_id, rank), tokens in self.index.matched_tokens(prefix, ids, now).items():
+                if tokens > matched.get(worker_id, (-1, 0))[0]:
+                    matched[worker_id] = (tokens, rank)
+        total = len(prefix) if prefix is not None else 0
+        loads = [load_of(w, now, self.stale_after_s) for w in workers]
+        uncached = [total - matched.get(w.id, (0, 0))[0] for w in workers]
+        start = rotate_after(ids, self.last)
+        order = [*range(start, len(ids)), *range(start)]
+        shares = [self._share(i, now) for i in ids]
+        pick = cheapest(loads, uncached, self.settings, order, shares)
+        chosen = workers[pick]
+        self.last = chosen.id
+        self._placed[chosen.id] = (shares[pick] + 1, now)
+        if prefix is None:
+            return Choice(cast("C", chosen))
+        hit = matched.get(chosen.id)
+        # What the worker holds of it before this placement adds it.
+        expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
+        kv_tokens = chosen.load.kv_tokens if chosen.load is not None else None
+        slot = (chosen.id, hit[1] if hit else 0)
+        self.index.assume(slot, prefix, now, kv_tokens, chosen.block_size)
+        # A data-parallel worker: name the rank whose cache holds the prompt, rather than
+        # leave it to the engine's own balancing (a hit on a rank past 0 says the worker
+        # has ranks, even before its other ranks sent their first batch: live only).
+        on_rank = None
+        if hit is not None and (hit[1] > 0 or self.index.ranks(chosen.id) > 1):
+            on_rank = hit[1]
+        return Choice(cast("C", chosen), on_rank, expected)

@@ -1,0 +1,47 @@
+"""Overload: when a worker should take no more requests, from what is known of its load.
+
+The gateway's own in-flight count is always current; the worker's GetLoads report is
+trusted only while fresh (a failed poll must neither clear an overload nor keep a
+stale one forever).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.upstream.worker import Worker
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-model limits for one worker; None means no limit."""
+
+    max_inflight: int | None = None
+    max_waiting: int | None = None
+    max_token_usage: float | None = None
+    # With flow control: a worker whose load report is missing or stale counts as
+    # saturated for the load limits (calls wait for a fresh report, not guess).
+    stale_saturates: bool = False
+
+    @property
+    def any(self) -> bool:
+        return not (
+            self.max_inflight is None and self.max_waiting is None and self.max_token_usage is None
+        )
+
+
+def overload_reason(worker: Worker, limits: Limits, now: float, stale_after_s: float) -> str | None:
+    """Why the worker is overloaded, or None if it may take another request."""
+    if limits.max_inflight is not None and worker.inflight >= limits.max_inflight:
+        return f"{worker.inflight} in flight (limit {limits.max_inflight})"
+    load = worker.load
+    if load is None or now - load.at > stale_after_s:
+        by_load = limits.max_waiting is not None or limits.max_token_usage is not None
+        if limits.stale_saturates and by_load:
+            return "no fresh load report"
+        return None
+    if limits.max_waiting is not None and load.waiting > limits.max_waiting:
+        return f"{load.waiting} waiting (limit {limits.max_waiting})"
+    if limits.max_token_usage is not None and load.token_usage > limits.max_token_usage:
+        return f"KV usage {load.token_usage:.2f} (limit {limits.max_token_usage:.2f})"
+    return None

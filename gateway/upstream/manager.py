@@ -1,0 +1,445 @@
+"""The fleet: turns worker specs into registered workers and keeps their signals current.
+
+`add` and `remove` are the one door through which workers enter and leave their cluster
+(start-up's configured workers and the admin API both come through it); leaving drains
+the worker's in-flight calls first. The fleet owns each worker's channel: the worker
+itself (the host) holds only its signals.
+
+Per worker it runs three loops: connection watching (unroutable the moment the channel
+drops), active probes, and load polling (and, with KV events, a follower). The circuit
+breaker is fed by dispatch through `record_outcome`. Every status change is logged once,
+with its cause.
+
+Every task and timer the fleet starts for a worker is cancelled when the worker is
+removed, and every one of them when the fleet closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any
+
+import grpc
+import structlog
+from grpc import aio
+
+from gateway.config import GatewayConfig, WorkerSpec
+from gateway.core.roles import Role, Runtime
+from gateway.engines import Adapters, EngineAdapter, encoder
+from gateway.engines.base import ServerFacts
+from gateway.kv.index import KvIndex
+from gateway.security.tls import channel_credentials
+from gateway.upstream import stagger
+from gateway.upstream.channels import open_channel
+from gateway.upstream.cluster import cluster_factory
+from gateway.upstream.health.active import ProbeLoop
+from gateway.upstream.health.connection import watch_connection
+from gateway.upstream.identify import DiscoveryError, detect_runtime, served_model, server_facts
+from gateway.upstream.load.kv_events import KvFollower
+from gateway.upstream.load.poller import poll_load
+from gateway.upstream.registry import FleetEvent, Registry
+from gateway.upstream.signals.outlier import BreakerState, CircuitBreaker, Outcome
+from gateway.upstream.signals.probe import judge
+from gateway.upstream.worker import Worker, WorkerStatus
+
+log = structlog.get_logger("gateway.upstream")
+
+DISCOVERY_RETRY_S = 1.0
+LOOP_RESTART_S = 1.0  # a background loop that raised starts again after this pause
+
+
+class WorkerExists(ValueError):
+    pass
+
+
+class Fleet:
+    """Owns worker channels and the background tasks that keep their status current.
+    `adapters`: the engine protocols, for discovery, probes, load polls and KV events."""
+
+    def __init__(self, settings: GatewayConfig, adapters: Adapters) -> None:
+        self.settings = settings
+        self.adapters = adapters
+        self.kv_index = KvIndex.from_config(settings.kv)
+        # With flow control, a worker without a fresh load report waits out its load
+        # limits (max_waiting, max_token_usage) instead of being taken as idle.
+        clusters = cluster_factory(
+            settings.model,
+            self.kv_index,
+            settings.kv,
+            settings.loads.stale_after_s,
+            stale_saturates=settings.flow is not None,
+        )
+        self.registry = Registry(clusters)
+        self.registry.subscribe(self._log_event)
+        self._channels: dict[Worker, aio.Channel] = {}
+        self.followers: dict[str, KvFollower] = {}
+        self.registry.subscribe(self._forget_cache)
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._timers: dict[str, set[asyncio.TimerHandle]] = {}
+        self._joining: set[str] = set()
+        self._credentials: grpc.ChannelCredentials | None = None
+        self._capacity: list[Callable[[Worker], None]] = []
+
+    async def start(self, specs: Iterable[WorkerSpec], source: str = "static") -> None:
+        """Register every worker; waits (bounded) for discovery and a first connection
+        outcome, so requests that arrive right after start-up are routed, not refused."""
+        joins = [self._claim(spec, (source,)) for spec in specs]
+        if joins:
+            await asyncio.wait(joins, timeout=self.settings.discovery_timeout_s)
+
+    def has(self, address: str) -> bool:
+        """Registered, or joining (asking the worker what it is)."""
+        return address in self._joining or self.registry.get(address) is not None
+
+    async def add(self, spec: WorkerSpec, source: str = "admin") -> Worker:
+        """Register a worker at run time; returns once it is registered (not yet ready)."""
+        if self.has(spec.address):
+            raise WorkerExists(f"worker {spec.address} is already registered")
+        await self._claim(spec, (source,), wait_settled=False)
+        worker = self.registry.get(spec.address)
+        assert worker is not None
+        return worker
+
+    def join(self, spec: WorkerSpec, sources: tuple[str, ...]) -> asyncio.Task[None]:
+        """Start registering a discovered worker (the caller checked `has` first); the task
+        ends once it has a first connection outcome and probe verdict."""
+        return self._claim(spec, sources)
+
+    def name(self, worker: Worker, sources: tuple[str, ...]) -> None:
+        """The sources that list a registered worker now."""
+        worker.named_by(sources)
+
+    def set_in_service(self, worker: Worker, in_service: bool, cause: str) -> None:
+        """What the worker's discovery source says of it (out of service: no new calls)."""
+        if worker.set_in_service(in_service):
+            self.registry.update(worker, cause)
+
+    async def drain(self, worker: Worker, timeout_s: float) -> bool:
+        """No new requests; wait (bounded) until in-flight ones finish. True if it emptied."""
+        idle = worker.begin_drain()
+        self.registry.update(worker, "draining")
+        if idle is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await idle.wait()
+        return worker.inflight == 0
+
+    async def remove(self, worker: Worker, drain_timeout_s: float) -> bool:
+        """Drain, then forget the worker: its loops and timers stopped, its channel closed."""
+        emptied = await self.drain(worker, drain_timeout_s)
+        self.registry.remove(worker)
+        self.followers.pop(worker.id, None)
+        self.kv_index.drop_worker(worker.id)
+        for timer in self._timers.pop(worker.id, ()):
+            timer.cancel()
+        await _stopped(self._tasks.pop(worker.id, []))
+        channel = self._channels.pop(worker, None)
+        if channel is not None:
+            await channel.close()
+        return emptied
+
+    async def close(self) -> None:
+        for timers in self._timers.values():
+            for timer in timers:
+                timer.cancel()
+        self._timers.clear()
+        await _stopped([t for ts in self._tasks.values() for t in ts])
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+    def channel(self, worker: Worker) -> aio.Channel:
+        """The worker's channel, for calls on a client's behalf (the worker must be
+        registered; a removed worker's channel is closed)."""
+        return self._channels[worker]
+
+    def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
+        """Dispatch reports how a request ended; feeds the worker's circuit breaker."""
+        now = time.monotonic()
+        breaker = worker.breaker
+        old = breaker.state
+        if breaker.record(outcome, now, trial=trial):
+            self._breaker_changed(worker, old.value, outcome.value)
+
+    def released(self, worker: Worker) -> None:
+        """A request's slot on the worker came free, or its load was reported again:
+        listeners for capacity hear it."""
+        for listener in self._capacity:
+            listener(worker)
+
+    def on_capacity(self, listener: Callable[[Worker], None]) -> None:
+        """`listener(worker)` whenever a slot on a worker comes free (flow control)."""
+        self._capacity.append(listener)
+
+    def on_dispatch(self, worker: Worker) -> bool:
+        """A request was placed on the worker; returns whether it is the breaker's trial."""
+        breaker = worker.breaker
+        old = breaker.state
+        if breaker.on_dispatch(time.monotonic()):
+            self._breaker_changed(worker, old.value, "cool-down over: trial request")
+        return breaker.trial_in_flight
+
+    def _breaker_changed(self, worker: Worker, old: str, cause: str) -> None:
+        new = worker.breaker.state.value
+        self.registry.publish(FleetEvent("breaker", worker, old, new, cause))
+        if new == "open":
+            # Health answers change when the cool-down ends, with no request to say so.
+            event = FleetEvent("breaker", worker, new, new, "cool-down over")
+            self._later(worker, worker.breaker.settings.cooldown_s, self.registry.publish, event)
+
+    def _later(
+        self,
+        worker: Worker,
+        delay_s: float,
+        callback: Callable[[FleetEvent], None],
+        event: FleetEvent,
+    ) -> None:
+        """`callback(event)` after `delay_s`, while the worker stays registered: the timer
+        is cancelled when the worker is removed or the fleet closes."""
+        if self.registry.get(worker.id) is not worker:
+            return  # removed already (a request that ended after the removal)
+        timers = self._timers.setdefault(worker.id, set())
+
+        def fire() -> None:
+            timers.discard(handle)
+            callback(event)
+
+        handle = asyncio.get_running_loop().call_later(delay_s, fire)
+        timers.add(handle)
+
+    def upstream_credentials(self) -> grpc.ChannelCredentials:
+        """Credentials for grpcs:// workers, read once (a bad file fails at start-up)."""
+        if self._credentials is None:
+            self._credentials = channel_credentials(self.settings.upstream_tls)
+        return self._credentials
+
+    def _claim(
+        self, spec: WorkerSpec, sources: tuple[str, ...], wait_settled: bool = True
+    ) -> asyncio.Task[None]:
+        """Start joining a worker; its address counts as taken from this moment, before
+        anything awaits, so two concurrent adds cannot both register it."""
+        self._joining.add(spec.address)
+        return self._spawn(spec.address, self._join(spec, sources, wait_settled))
+
+    def _spawn(self, key: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        tasks = self._tasks.setdefault(key, [])
+        tasks.append(task)
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if done in tasks:
+                tasks.remove(done)
+            if not tasks and self._tasks.get(key) is tasks:
+                del self._tasks[key]  # a join given up (a host dropped before it answered)
+            if not done.cancelled() and (error := done.exception()) is not None:
+                log.error("task_failed", worker=key, error=repr(error), exc_info=error)
+
+        task.add_done_callback(forget)
+        return task
+
+    def _keep(self, worker: Worker, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Run one of a worker's background loops for as long as the worker is registered:
+        an exception is logged (once while it repeats) and the loop starts again."""
+
+        async def supervised() -> None:
+            last = ""
+            while True:
+                try:
+                    await run()
+                    return
+                except Exception as exc:
+                    if repr(exc) != last:
+                        last = repr(exc)
+                        log.error("loop_failed", loop=name, worker=worker.id, error=last)
+                await asyncio.sleep(LOOP_RESTART_S)
+
+        self._spawn(worker.id, supervised())
+
+    async def _join(
+        self, spec: WorkerSpec, sources: tuple[str, ...], wait_settled: bool = True
+    ) -> None:
+        """Discover what the spec leaves open (retrying until the worker answers), then
+        register the worker and start its loops."""
+        try:  # hundreds joining at once spread over up to a second
+            await asyncio.sleep(stagger.spread(len(self._joining)))
+        except asyncio.CancelledError:
+            self._joining.discard(spec.address)
+            raise
+        channel = open_channel(
+            spec.address,
+            self.settings.max_message_bytes,
+            self.settings.upstream,
+            self.upstream_credentials() if spec.tls else None,
+        )
+        call_timeout = min(2.0, self.settings.discovery_timeout_s)
+        warned = False
+        try:
+            while True:
+                try:
+                    runtime, model, facts = await self._discover(spec, channel, call_timeout)
+                    break
+                except DiscoveryError as exc:
+                    if not warned:
+                        log.warning("discovery_failed", worker=spec.address, error=str(exc))
+                        warned = True
+                    await asyncio.sleep(DISCOVERY_RETRY_S)
+        except asyncio.CancelledError:
+            await channel.close()
+            raise
+        finally:
+            self._joining.discard(spec.address)
+        worker = Worker(
+            spec=spec,
+            model=model,
+            runtime=runtime,
+            breaker=CircuitBreaker(self.settings.breaker),
+            sources=sources,
+            role=spec.role or facts.role or Role.REGULAR,
+            bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
+            pairing=facts.pairing,
+            block_size=facts.block_size,
+        )
+        self._channels[worker] = channel
+        self.registry.add(worker)
+        adapter = self.adapters[runtime]
+        prober = ProbeLoop(worker, channel, adapter, self.settings.probe)
+        settled, probed = asyncio.Event(), asyncio.Event()
+        self._keep(
+            worker,
+            "connection",
+            lambda: watch_connection(worker, channel, self.registry, settled, prober.wake),
+        )
+        self._keep(worker, "probe", lambda: self._probe_loop(worker, prober, probed))
+        if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
+            self._keep(worker, "loads", lambda: self._load_loop(worker, channel, adapter))
+            if self.settings.kv.events:
+                follower = KvFollower(
+                    worker,
+                    adapter,
+                    self.kv_index,
+                    settings=self.settings.kv,
+                    connect=self._kv_channel(worker),
+                )
+                self.followers[worker.id] = follower
+                self._keep(worker, "kv_events", follower.run)
+        if wait_settled:  # bounded by start()'s timeout
+            # The first connection outcome and the first probe's verdict: a process that
+            # listens right after start-up (or after a restart) routes instead of refusing.
+            await settled.wait()
+            await probed.wait()
+
+    def _kv_channel(self, worker: Worker) -> Callable[[int], aio.Channel]:
+        """How a worker's KV-event subscription opens its own channel: the worker's
+        channel settings and credentials, with its own receive limit."""
+        credentials = self.upstream_credentials() if worker.spec.tls else None
+
+        def connect(max_receive_bytes: int) -> aio.Channel:
+            address, upstream = worker.spec.address, self.settings.upstream
+            return open_channel(address, max_receive_bytes, upstream, credentials)
+
+        return connect
+
+    async def _discover(
+        self, spec: WorkerSpec, channel: aio.Channel, call_timeout: float
+    ) -> tuple[Runtime, str, ServerFacts]:
+        """Runtime, model and (for disaggregated roles) the GetServerInfo facts."""
+        if spec.role is Role.ENCODE:
+            # Encoders speak their own protocol only: nothing to ask, the URL names the model.
+            return spec.runtime or encoder.RUNTIME, spec.model or "", ServerFacts(Role.ENCODE)
+        discovering = spec.runtime is None or spec.model is None
+        runtime = spec.runtime or await detect_runtime(channel, self.adapters, call_timeout)
+        adapter = self.adapters[runtime]
+        model = spec.model or await served_model(channel, adapter, call_timeout)
+        # A URL naming model and runtime but no role means a regular worker: registering
+        # it does not wait on a worker that is down (its block size is then not known).
+        # Disaggregated roles are asked for their bootstrap port and pairing key, and
+        # every worker for its KV block size, best effort.
+        try:
+            facts = await server_facts(channel, adapter, call_timeout)
+        except DiscoveryError as exc:
+            if spec.role is None and discovering:
+                raise
+            if spec.role in (Role.PREFILL, Role.DECODE):
+                log.warning("server_info_failed", worker=spec.address, error=str(exc))
+            facts = ServerFacts(role=None)
+        return runtime, model, facts
+
+    async def _probe_loop(self, worker: Worker, prober: ProbeLoop, probed: asyncio.Event) -> None:
+        result = await prober.probe()
+        while True:
+            judge(worker.probe, result, self.settings.probe)
+            self.registry.update(worker, f"probe: {result.detail}")
+            probed.set()
+            result = await prober.next_result()
+
+    async def _load_loop(
+        self, worker: Worker, channel: aio.Channel, adapter: EngineAdapter
+    ) -> None:
+        settings = self.settings.loads
+        failing = False
+        waits = stagger.waits(settings.interval_s)  # workers that joined together spread
+        while True:
+            await poll_load(worker, channel, adapter, settings)
+            self.released(worker)  # a fresh report may leave room: whoever waits hears it
+            if (worker.load_error is not None) != failing:
+                failing = not failing
+                log.warning(
+                    "load_poll_failing" if failing else "load_poll_recovered",
+                    worker=worker.id,
+                    error=worker.load_error,
+                )
+            await asyncio.sleep(next(waits))
+
+    def _forget_cache(self, event: FleetEvent) -> None:
+        """A worker not ready for `kv.grace_s` loses its index entries: whatever comes
+        back may have lost its cache (a restart), and its events start over anyway."""
+        if event.kind != "status" or event.old != WorkerStatus.READY.value:
+            return
+        self._later(event.worker, self.settings.kv.grace_s, self._drop_if_unready, event)
+
+    def _drop_if_unready(self, event: FleetEvent) -> None:
+        worker = event.worker
+        if self.registry.get(worker.id) is worker and worker.status is not WorkerStatus.READY:
+            self.kv_index.drop_worker(worker.id)
+
+    def _log_event(self, event: FleetEvent) -> None:
+        worker = event.worker
+        if event.kind == "added":
+            log.info(
+                "worker_registered",
+                worker=worker.id,
+                model=worker.model,
+                runtime=worker.runtime.value,
+                role=worker.role.value,
+            )
+        elif event.kind == "removed":
+            log.info("worker_removed", worker=worker.id, model=worker.model)
+        elif event.old != event.new:
+            # A host leaving service is a warning (what an alert fires on); its return, a
+            # drain (the operator's own doing) and the rest are info.
+            leaving = (event.kind, event.new) in LEAVING
+            (log.warning if leaving else log.info)(
+                f"worker_{event.kind}",
+                worker=worker.id,
+                old=event.old,
+                new=event.new,
+                cause=event.cause,
+            )
+
+
+# (event kind, new state) of a worker that stops taking calls without being asked to.
+LEAVING = frozenset(
+    {("status", WorkerStatus.NOT_READY.value), ("breaker", BreakerState.OPEN.value)}
+)
+
+
+async def _stopped(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the tasks and wait until they end. Their own cancellation is theirs to
+    swallow; a cancellation of the caller (while it waits) propagates: gather raises it."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)

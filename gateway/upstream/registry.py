@@ -1,0 +1,154 @@
+"""The registry: which workers serve which model, on which runtime, for which leg: the
+clusters (gateway/upstream/cluster.py), made when their first worker arrives and dropped
+with their last.
+
+Every change is published as a `FleetEvent` to the listeners (the health service, the
+admin watch stream, metrics, logs), so nothing polls the registry for changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from gateway.core.roles import Role, Runtime
+from gateway.upstream.cluster import Cluster, ClusterFactory, ClusterKey
+from gateway.upstream.worker import Worker, WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    kind: str  # added | removed | status | breaker
+    worker: Worker
+    old: str = ""
+    new: str = ""
+    cause: str = ""
+
+
+Listener = Callable[[FleetEvent], None]
+
+log = structlog.get_logger("gateway.upstream")
+
+
+class Registry:
+    """Model -> runtime -> role -> cluster. `clusters` makes a cluster for a key that has
+    none yet (its policy and limits)."""
+
+    def __init__(self, clusters: ClusterFactory) -> None:
+        self._clusters = clusters
+        self._by_id: dict[str, Worker] = {}
+        self._index: dict[str, dict[Runtime, dict[Role, Cluster]]] = {}
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def add(self, worker: Worker) -> None:
+        self._by_id[worker.id] = worker
+        roles = self._index.setdefault(worker.model, {}).setdefault(worker.runtime, {})
+        cluster = roles.get(worker.role)
+        if cluster is None:
+            key = ClusterKey(worker.model, worker.runtime, worker.role)
+            cluster = roles[worker.role] = self._clusters(key)
+        cluster.admit(worker)
+        self.publish(FleetEvent("added", worker, new=worker.status.value))
+
+    def remove(self, worker: Worker) -> None:
+        if self._by_id.get(worker.id) is not worker:
+            return
+        del self._by_id[worker.id]
+        runtimes = self._index[worker.model]
+        roles = runtimes[worker.runtime]
+        roles[worker.role].evict(worker)
+        if not roles[worker.role].workers:
+            del roles[worker.role]
+        if not roles:
+            del runtimes[worker.runtime]
+        if not runtimes:
+            del self._index[worker.model]
+        self.publish(FleetEvent("removed", worker, old=worker.status.value))
+
+    def update(self, worker: Worker, cause: str) -> bool:
+        """Have the worker re-derive its status from its signals; publish if it changed."""
+        old = worker.restatus(cause)
+        if old is None:
+            return False
+        if worker.id in self._by_id:
+            self.publish(FleetEvent("status", worker, old.value, worker.status.value, cause))
+        return True
+
+    def publish(self, event: FleetEvent) -> None:
+        """Tell every listener; one that raises is logged and skipped, so it can neither
+        keep the others from hearing nor fail whatever changed the fleet (a request)."""
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception(
+                    "fleet_listener_failed",
+                    listener=getattr(listener, "__qualname__", repr(listener)),
+                    kind=event.kind,
+                    worker=event.worker.id,
+                )
+
+    def get(self, worker_id: str) -> Worker | None:
+        return self._by_id.get(worker_id)
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(list(self._by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def models(self, runtime: Runtime | None = None) -> list[str]:
+        """Models served, optionally only those served over one runtime's protocol."""
+        return sorted(
+            model
+            for model, runtimes in self._index.items()
+            if runtime is None or runtime in runtimes
+        )
+
+    def runtimes(self, model: str) -> list[Runtime]:
+        return sorted(self._index.get(model, {}))
+
+    def cluster(self, model: str, runtime: Runtime, role: Role) -> Cluster | None:
+        return self._index.get(model, {}).get(runtime, {}).get(role)
+
+    def pool(self, model: str, runtime: Runtime, role: Role) -> Sequence[Worker]:
+        cluster = self.cluster(model, runtime, role)
+        return () if cluster is None else cluster.workers
+
+    def has_role(self, model: str, role: Role) -> bool:
+        """Whether any runtime has workers of this leg for the model (no list built)."""
+        return any(role in roles for roles in self._index.get(model, {}).values())
+
+    def clusters(self, model: str, role: Role) -> list[Cluster]:
+        """A leg's clusters on every runtime, in runtime order."""
+        runtimes = self._index.get(model, {})
+        return [runtimes[rt][role] for rt in sorted(runtimes) if role in runtimes[rt]]
+
+    def role_pool(self, model: str, role: Role) -> list[Worker]:
+        """A leg's workers on every runtime (is the leg deployed at all?)."""
+        return [w for cluster in self.clusters(model, role) for w in cluster.workers]
+
+    def workers_of(
+        self, model: str, runtime: Runtime | None = None, roles: Collection[Role] = tuple(Role)
+    ) -> list[Worker]:
+        runtimes = self._index.get(model, {})
+        return [
+            w
+            for rt in sorted(runtimes)
+            if runtime is None or rt is runtime
+            for role in sorted(runtimes[rt])
+            if role in roles
+            for w in runtimes[rt][role].workers
+        ]
+
+
+__all__ = ["FleetEvent", "Listener", "Registry", "WorkerStatus"]

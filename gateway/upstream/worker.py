@@ -1,0 +1,152 @@
+"""A worker as the gateway sees it: identity, and the live signals that decide its status.
+
+The worker is the one writer of its signals: the fleet's loops, the KV follower and the
+proxy's reservations tell it what they saw through its methods (`set_connected`,
+`reported`, `load_failed`, `reserve`/`release`, `begin_drain`), and it derives its own
+status (`restatus`); nothing else assigns its fields (tests/unit/test_one_writer.py
+checks the source).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gateway.config import WorkerSpec
+from gateway.core.roles import Role, Runtime
+from gateway.upstream.signals.load import LoadReport as LoadReport  # re-exported: it lived here
+from gateway.upstream.signals.outlier import CircuitBreaker
+from gateway.upstream.signals.probe import ProbeState
+
+# Where a worker came from that no discovery report can take away: flags and the config
+# file, and the admin API. Any other source is a discovery source.
+PERMANENT_SOURCES = frozenset({"static", "admin"})
+
+
+def discovered_sources(sources: tuple[str, ...]) -> list[str]:
+    """The discovery sources among a worker's `sources`."""
+    return [s for s in sources if s not in PERMANENT_SOURCES]
+
+
+class WorkerStatus(StrEnum):
+    """`pending` until its first probe; only `ready` workers are routable."""
+
+    PENDING = "pending"
+    READY = "ready"
+    NOT_READY = "not_ready"
+    DRAINING = "draining"
+
+
+def derive_status(
+    draining: bool, connected: bool, healthy: bool | None, in_service: bool = True
+) -> WorkerStatus:
+    """The status follows from the signals; nothing else sets it. `in_service`: what the
+    worker's discovery source says (a Kubernetes pod that is not Ready is out of service)."""
+    if draining:
+        return WorkerStatus.DRAINING
+    if healthy is None:
+        return WorkerStatus.PENDING
+    return WorkerStatus.READY if healthy and connected and in_service else WorkerStatus.NOT_READY
+
+
+@dataclass(eq=False, slots=True)
+class Worker:
+    """One registered worker: a host, in Envoy's terms. Identity is its address;
+    everything else is live state. Its connection (the channel) is not here: the fleet
+    keeps it, so placement, policies and their tests deal in workers without channels."""
+
+    spec: WorkerSpec
+    model: str
+    runtime: Runtime
+    breaker: CircuitBreaker  # its own, from the fleet's breaker settings
+    role: Role = Role.REGULAR
+    bootstrap_port: int | None = None  # prefill: its rendezvous port (SGLang PD)
+    pairing: str = ""  # prefill and decode pair only with equal keys (same KV transfer setup)
+    block_size: int | None = None  # tokens per KV block, as its GetServerInfo says
+    # Where it came from: `static` (flags, config file), `admin`, or discovery sources
+    # (`dns:NAME`, `kubernetes:NAMESPACE/POD`, `file:PATH`); several name one address.
+    sources: tuple[str, ...] = ("static",)
+    status: WorkerStatus = WorkerStatus.PENDING
+    status_cause: str = "not yet probed"
+    connected: bool = False
+    draining: bool = False
+    in_service: bool = True
+    probe: ProbeState = field(default_factory=ProbeState)
+    load: LoadReport | None = None
+    load_error: str | None = None
+    inflight: int = 0
+    idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
+
+    @property
+    def id(self) -> str:
+        return self.spec.address
+
+    @property
+    def bootstrap_host(self) -> str:
+        return self.spec.bootstrap_host or self.spec.host
+
+    def reserve(self) -> None:
+        """One request placed on this worker."""
+        self.inflight += 1
+
+    def release(self) -> None:
+        """One request finished on this worker."""
+        self.inflight -= 1
+        if self.inflight == 0 and self.idle is not None:
+            self.idle.set()
+
+    def set_connected(self, connected: bool) -> bool:
+        """The channel's state; True if it changed. A lost connection makes the worker
+        prove itself to the prober again."""
+        if connected == self.connected:
+            return False
+        self.connected = connected
+        if not connected:
+            self.probe.reset_for_reconnect()
+        return True
+
+    def named_by(self, sources: tuple[str, ...]) -> None:
+        """The sources that list this worker now (discovery keeps them current)."""
+        self.sources = sources
+
+    def set_in_service(self, in_service: bool) -> bool:
+        """What its discovery source says of it; True if that changed. Out of service,
+        it takes no new requests; those in flight finish."""
+        if in_service == self.in_service:
+            return False
+        self.in_service = in_service
+        return True
+
+    def reported(self, report: LoadReport) -> None:
+        """A load report (GetLoads, or a KV event stream's load record)."""
+        self.load, self.load_error = report, None
+
+    def load_failed(self, reason: str) -> None:
+        """A load poll that failed: the last report stays (aging), the reason is shown."""
+        self.load_error = reason
+
+    def begin_drain(self) -> asyncio.Event | None:
+        """No new requests from now on; the event set once in-flight ones are done (None:
+        none in flight)."""
+        self.draining = True
+        if not self.inflight:
+            return None
+        if self.idle is None:
+            self.idle = asyncio.Event()
+        return self.idle
+
+    def restatus(self, cause: str) -> WorkerStatus | None:
+        """Derive the status from the signals; the previous status if it changed."""
+        status = derive_status(self.draining, self.connected, self.probe.healthy, self.in_service)
+        if status is self.status:
+            return None
+        old, self.status, self.status_cause = self.status, status, cause
+        return old
+
+    def available(self, now: float) -> bool:
+        """Routable: ready, and the circuit breaker admits a request."""
+        return self.status is WorkerStatus.READY and self.breaker.admits(now)
+
+    def __repr__(self) -> str:
+        return f"Worker({self.id} {self.runtime}/{self.model}/{self.role} {self.status})"
