@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang
 
-from gateway.config import BreakerConfig, KvConfig, WorkerSpec
+from gateway.config import KvConfig, OutlierDetectionConfig, WorkerSpec
 from gateway.core.offload import Offload
 from gateway.core.roles import Runtime
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.upstream.cache_aware import CacheAware
-from gateway.upstream.policies import Hints
-from gateway.upstream.signals.outlier import CircuitBreaker
+from gateway.placement.policies import Hints
+from gateway.placement.policies.cache_aware import CacheAware
+from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.worker import Worker
 
 OFFLOAD = Offload()  # the gateway's one low-priority thread for long prompts
@@ -49,7 +49,7 @@ def tokens(n: int, seed: int) -> Any:
 
 def workers(n: int) -> list[Worker]:
     spec = [WorkerSpec("h", i + 1, "m", Runtime.SGLANG) for i in range(n)]
-    return [Worker(s, "m", Runtime.SGLANG, CircuitBreaker(BreakerConfig())) for s in spec]
+    return [Worker(s, "m", Runtime.SGLANG, OutlierDetector(OutlierDetectionConfig())) for s in spec]
 
 
 def hold(index: KvIndex, hosts: list[Worker], prompt: Any, block_size: int) -> None:

@@ -222,7 +222,8 @@ def status_name(value: int) -> str:
     return _name(pb.WorkerStatus, value, "WORKER_STATUS_")
 
 
-def breaker_name(value: int) -> str:
+def outlier_name(value: int) -> str:
+    """Outlier detection's state (the API's BreakerState): closed, half_open or open."""
     return _name(pb.BreakerState, value, "BREAKER_STATE_")
 
 
@@ -250,7 +251,7 @@ COLUMNS = (
     "SOURCE",
     "STATUS",
     "INFLIGHT",
-    "BREAKER",
+    "OUTLIER",
     "RUN",
     "WAIT",
     "KV",
@@ -280,7 +281,7 @@ def _row(worker: pb.Worker, now: float) -> list[str]:
         ",".join(worker.sources) or "-",
         status_name(worker.status),
         str(worker.inflight),
-        breaker_name(worker.breaker_state),
+        outlier_name(worker.breaker_state),
         run,
         wait,
         kv,
@@ -320,8 +321,8 @@ def _event_line(event: pb.WatchWorkersResponse) -> str:
         change = event.status_change
         what = f"{status_name(change.old_status)} -> {status_name(change.new_status)}"
     elif which == "breaker_change":
-        breaker = event.breaker_change
-        what = f"breaker {breaker_name(breaker.old_state)} -> {breaker_name(breaker.new_state)}"
+        outlier = event.breaker_change
+        what = f"outlier {outlier_name(outlier.old_state)} -> {outlier_name(outlier.new_state)}"
     else:
         what = f"{worker.model} {worker.runtime} {role_name(worker.role)} " + status_name(
             worker.status

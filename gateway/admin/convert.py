@@ -15,7 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.core.roles import Role
 from gateway.upstream.registry import FleetEvent
-from gateway.upstream.signals.outlier import BreakerState
+from gateway.upstream.signals.outlier import OutlierState
 from gateway.upstream.signals.probe import ProbeKind
 from gateway.upstream.worker import Worker, WorkerStatus
 
@@ -33,10 +33,12 @@ ROLE: dict[str, pb.Role] = {
     Role.DECODE.value: pb.ROLE_DECODE,
     Role.ENCODE.value: pb.ROLE_ENCODE,
 }
-BREAKER: dict[str, pb.BreakerState] = {
-    BreakerState.CLOSED.value: pb.BREAKER_STATE_CLOSED,
-    BreakerState.HALF_OPEN.value: pb.BREAKER_STATE_HALF_OPEN,
-    BreakerState.OPEN.value: pb.BREAKER_STATE_OPEN,
+# Outlier detection's state, in the admin API's published names (its BreakerState, the
+# breaker_* fields and WORKER_EVENT_KIND_BREAKER: the wire keeps them).
+OUTLIER: dict[str, pb.BreakerState] = {
+    OutlierState.CLOSED.value: pb.BREAKER_STATE_CLOSED,
+    OutlierState.HALF_OPEN.value: pb.BREAKER_STATE_HALF_OPEN,
+    OutlierState.OPEN.value: pb.BREAKER_STATE_OPEN,
 }
 PROBE: dict[ProbeKind, pb.ProbeKind] = {
     ProbeKind.SERVING: pb.PROBE_KIND_SERVING,
@@ -50,7 +52,7 @@ EVENT: dict[str, pb.WorkerEventKind] = {
     "added": pb.WORKER_EVENT_KIND_ADDED,
     "removed": pb.WORKER_EVENT_KIND_REMOVED,
     "status": pb.WORKER_EVENT_KIND_STATUS,
-    "breaker": pb.WORKER_EVENT_KIND_BREAKER,
+    "outlier": pb.WORKER_EVENT_KIND_BREAKER,
 }
 
 
@@ -79,7 +81,7 @@ def worker_message(worker: Worker, kv: pb.KvIndexState | None = None) -> pb.Work
         status=STATUS.get(str(worker.status), pb.WORKER_STATUS_UNSPECIFIED),
         status_cause=worker.status_cause,
         inflight=max(0, worker.inflight),
-        breaker_state=BREAKER.get(str(worker.breaker.state), pb.BREAKER_STATE_UNSPECIFIED),
+        breaker_state=OUTLIER.get(str(worker.outlier.state), pb.BREAKER_STATE_UNSPECIFIED),
         load_error=worker.load_error or "",
         connected=worker.connected,
         sources=worker.sources,
@@ -128,7 +130,7 @@ def fleet_event(event: FleetEvent) -> pb.WatchWorkersResponse:
     if event.kind == "status":
         message.status_change.old_status = STATUS.get(event.old, pb.WORKER_STATUS_UNSPECIFIED)
         message.status_change.new_status = STATUS.get(event.new, pb.WORKER_STATUS_UNSPECIFIED)
-    elif event.kind == "breaker":
-        message.breaker_change.old_state = BREAKER.get(event.old, pb.BREAKER_STATE_UNSPECIFIED)
-        message.breaker_change.new_state = BREAKER.get(event.new, pb.BREAKER_STATE_UNSPECIFIED)
+    elif event.kind == "outlier":
+        message.breaker_change.old_state = OUTLIER.get(event.old, pb.BREAKER_STATE_UNSPECIFIED)
+        message.breaker_change.new_state = OUTLIER.get(event.new, pb.BREAKER_STATE_UNSPECIFIED)
     return message

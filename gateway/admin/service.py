@@ -23,6 +23,7 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import AdminConfig, ConfigError, GatewayConfig, WorkerSpec, parse_worker_url
 from gateway.core.listen import bind
+from gateway.core.tasks import TaskScope
 from gateway.peer.service import PeerService, add_peer_service
 from gateway.upstream.manager import Fleet, WorkerExists
 from gateway.upstream.registry import FleetEvent
@@ -114,7 +115,8 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._queues = queues
         self._config = config
         self._watch_queue_size = watch_queue_size
-        self._removals: dict[str, asyncio.Task[bool]] = {}
+        self._removals: dict[str, asyncio.Task[bool]] = {}  # by worker: one removal each
+        self._tasks = TaskScope()  # the removals, which outlive the call that asked
 
     def _message(self, worker: Worker) -> pb.Worker:
         """The worker as the API shows it, with what the prefix index knows of it."""
@@ -164,7 +166,8 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         task = self._removals.get(worker.id)
         if task is None:
             log.info("admin_remove_worker", worker=worker.id, drain_timeout_s=timeout)
-            task = asyncio.ensure_future(self._fleet.remove(worker, timeout))
+            removal = self._fleet.remove(worker, timeout)
+            task = self._tasks.spawn(removal, "admin_remove_worker", worker=worker.id)
             self._removals[worker.id] = task
             task.add_done_callback(lambda done: self._removal_done(worker.id, done))
         # Shielded: a removal once accepted completes even if the caller goes away.
@@ -174,8 +177,6 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     def _removal_done(self, worker_id: str, task: asyncio.Task[bool]) -> None:
         if self._removals.get(worker_id) is task:
             del self._removals[worker_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("admin_remove_failed", worker=worker_id, error=repr(task.exception()))
 
     async def DrainWorker(
         self, request: pb.DrainWorkerRequest, context: Context

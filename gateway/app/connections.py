@@ -28,6 +28,8 @@ from pathlib import Path
 
 import structlog
 
+from gateway.core.tasks import TaskScope
+
 log = structlog.get_logger("gateway.app.connections")
 
 FD_HEADROOM = 256  # descriptors beyond client connections: workers, files, the admin port
@@ -170,11 +172,13 @@ class ConnectionWatch:
         self.first_seen: dict[int, int] = {}  # inode -> the census that first saw it
         self.censuses = 0
         self._report = report
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskScope()
 
     def start(self) -> None:
+        """A census every `interval_s`; one that fails is logged (once while it fails the
+        same way) and the next is tried an interval later."""
         if Path("/proc/net/tcp").exists():
-            self._task = asyncio.ensure_future(self._run())
+            self._tasks.supervise("connection_count", self._run, pause_s=self.interval_s)
 
     def observe(self, seen: Census) -> None:
         self.censuses += 1
@@ -205,17 +209,9 @@ class ConnectionWatch:
 
     async def _run(self) -> None:
         while True:
-            try:
-                seen = await asyncio.to_thread(census, self.port, self.per_peer, self.first_seen)
-                self.observe(seen)
-            except Exception:
-                log.exception("connection_count_failed")
+            seen = await asyncio.to_thread(census, self.port, self.per_peer, self.first_seen)
+            self.observe(seen)
             await asyncio.sleep(self.interval_s)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            # Not suppress(CancelledError): that would swallow a cancellation of stop()'s
-            # own caller too; gather returns the task's and raises the caller's.
-            await asyncio.gather(task, return_exceptions=True)
+        await self._tasks.close()

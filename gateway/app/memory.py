@@ -26,6 +26,7 @@ import gc
 from collections.abc import Callable
 
 from gateway.core.offload import Offload
+from gateway.core.tasks import TaskScope
 
 MIN_PEAK = 256  # calls in flight: below this, a burst leaves little to give back
 FRACTION = 0.25  # trimmed once the calls in flight fall to this part of the peak
@@ -70,14 +71,14 @@ class Trimmer:
         self._busy = busy
         self._offload = offload
         self._trim = malloc_trim()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskScope()
         self._due = asyncio.Event()  # a full collection freed much: trim (set from any thread)
         self._collected: Callable[[str, dict[str, int]], None] | None = None
         self.trims = 0
 
     def start(self) -> None:
         """Once the gateway has started: what it holds by now stays for its lifetime."""
-        if self._task is None:
+        if not self._tasks:
             gc.collect()  # start-up's garbage goes first: frozen, it would stay for good
             gc.freeze()
             loop = asyncio.get_running_loop()
@@ -88,7 +89,7 @@ class Trimmer:
 
             self._collected = collected
             gc.callbacks.append(collected)
-            self._task = asyncio.ensure_future(self._run())
+            self._tasks.supervise("memory_trim", self._run)
 
     async def _run(self) -> None:
         bursts = AfterBursts()
@@ -105,8 +106,4 @@ class Trimmer:
     async def stop(self) -> None:
         if self._collected in gc.callbacks:
             gc.callbacks.remove(self._collected)
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.close()

@@ -20,6 +20,7 @@ from gateway.config import DEFAULT_TENANT_LABELS, GatewayConfig, usable_cores
 from gateway.core.listen import CannotListen, bind
 from gateway.core.member import Member
 from gateway.core.offload import Offload
+from gateway.core.tasks import TaskScope
 from gateway.discovery.membership import Membership
 from gateway.discovery.runner import Sources, grace_by_source
 from gateway.discovery.source import Discovered
@@ -35,6 +36,7 @@ from gateway.orca.service import OrcaService
 from gateway.peer.client import Siblings
 from gateway.peer.service import PeerService
 from gateway.placement.placer import Placer
+from gateway.placement.policies import build_policy
 from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch, Rooms
 from gateway.proxy.dispatch import Dispatcher
@@ -124,7 +126,7 @@ class Gateway:
         self.member = member
         # The engine protocols, built once here and handed to whatever needs one.
         self.adapters = adapters = engine_adapters()
-        self.fleet = Fleet(config, adapters)
+        self.fleet = Fleet(config, adapters, build_policy)
         # Discovery: alone, this process runs the sources; one of --processes N applies
         # what the supervisor's sources found (`discovered` at start, then peer calls).
         self.membership = Membership(
@@ -360,7 +362,7 @@ class Gateway:
     def _on_fleet_event(self, event: FleetEvent) -> None:
         """Recompute health once per burst of events, after the code that changed the
         fleet (often a request's end) has moved on: that code does constant work."""
-        if self.rooms is not None and event.kind in ("status", "breaker", "added"):
+        if self.rooms is not None and event.kind in ("status", "outlier", "added"):
             self.rooms.kick(event.worker.model)  # a worker back: calls may wait no more
         if self._health_due:
             return
@@ -459,17 +461,16 @@ async def serve(
     # the process and every stream it serves.
     loop.add_signal_handler(signal.SIGHUP, gateway.reload)
     try:
-        starting = asyncio.ensure_future(gateway.start(drained))
-        waiting = asyncio.ensure_future(stopped.wait())
-        await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            log.info("stopping during start-up", signal=signals[0].name)
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
-            return
-        starting.result()  # CannotListen and friends
-        print(gateway.ready_line(), flush=True)
-        await waiting
+        async with TaskScope(log_failures=False) as scope:  # start-up's error: raised here
+            starting = scope.spawn(gateway.start(drained), "gateway_start")
+            waiting = scope.spawn(stopped.wait(), "stop_signal")
+            await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                log.info("stopping during start-up", signal=signals[0].name)
+                return  # leaving the scope cancels the start-up and waits for it
+            starting.result()  # CannotListen and friends
+            print(gateway.ready_line(), flush=True)
+            await waiting
         quick = signals[0] is signal.SIGINT and not gateway.busy
         await gateway.drain_and_stop(delay=not quick)
     except asyncio.CancelledError:

@@ -13,18 +13,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.app.run import own_signals, run_until_done, say
 from gateway.config import (
-    POLICIES,
     ConfigError,
     GatewayConfig,
     build_config,
     load_file,
     parse_processes,
+    warn_renamed,
 )
+from gateway.core.policy_names import policy_names
 
 __all__ = ["build_parser", "config_from_args", "main", "run_until_done", "say"]
 
@@ -47,7 +49,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--worker", metavar="URL", action="append", default=[], help="a worker (repeatable)"
     )
-    p.add_argument("--policy", choices=POLICIES, help="default policy (default round_robin)")
+    p.add_argument("--policy", choices=policy_names(), help="default policy (default round_robin)")
     p.add_argument("--max-attempts", type=int, help="upstream attempts per request (default 3)")
     p.add_argument(
         "--probe-interval", type=float, metavar="S", help="worker probe interval (default 1 s)"
@@ -115,8 +117,12 @@ def admin_token(args: argparse.Namespace) -> str | None:
     return os.environ.get("GATEWAY_ADMIN_TOKEN") or None
 
 
-def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    file_data = load_file(args.config) if args.config else None
+def config_from_args(
+    args: argparse.Namespace, file_data: Mapping[str, Any] | None = None
+) -> GatewayConfig:
+    """`file_data`: the --config file already read (else it is read here)."""
+    if file_data is None and args.config:
+        file_data = load_file(args.config)
     return build_config(
         file_data,
         worker_urls=args.worker,
@@ -184,7 +190,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     prefer(args.log_format or "console")  # a config error is a JSON line with the flag
     try:
-        config = config_from_args(args)
+        file_data = load_file(args.config) if args.config else None
+        config = config_from_args(args, file_data)
     except ConfigError as exc:
         say(f"config error: {exc}")
         return 2
@@ -192,8 +199,10 @@ def _serve(args: argparse.Namespace) -> int:
         from gateway.scale.supervisor import supervise
 
         install(config.log_format, config.log_level, process="supervisor")
+        warn_renamed(file_data)
         return run_until_done(supervise(config))
     install(config.log_format, config.log_level)
+    warn_renamed(file_data)
     return run_until_done(serve(config))
 
 

@@ -26,6 +26,7 @@ import dns.resolver
 import structlog
 
 from gateway.config import DnsDiscovery, WorkerSpec, parse_address
+from gateway.core.tasks import TaskScope
 from gateway.discovery.source import Discovered, Report, SourceStats, publish
 
 log = structlog.get_logger("gateway.discovery")
@@ -183,15 +184,11 @@ class DnsSource:
             async with gate:
                 return await self._addresses(target, deadline)
 
-        tasks = {target: asyncio.ensure_future(one(target)) for target in targets}
-        try:
+        async with TaskScope(log_failures=False) as scope:  # each error is a target's answer
+            tasks = {target: scope.spawn(one(target), "dns_target") for target in targets}
             if tasks:
                 loop = asyncio.get_running_loop()
                 await asyncio.wait(tasks.values(), timeout=max(0.0, deadline - loop.time()))
-        finally:
-            for task in tasks.values():
-                task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
         answers: dict[str, tuple[list[str], float] | DnsError] = {}
         for target, task in tasks.items():
             if task.cancelled():

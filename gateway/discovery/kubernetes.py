@@ -37,6 +37,7 @@ from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.resources.core_v1 import Pod
 
 from gateway.config import KubernetesDiscovery, WorkerSpec
+from gateway.core.tasks import TaskScope
 from gateway.discovery.source import Discovered, Report, SourceStats, publish
 
 log = structlog.get_logger("gateway.discovery")
@@ -169,10 +170,10 @@ class KubernetesSource:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.resync_s
-        reader = asyncio.ensure_future(follow())
-        try:
+        async with TaskScope(log_failures=False) as scope:  # the reader's error: `_ended`
+            reader = scope.spawn(follow(), "kubernetes_watch", namespace=self.namespace)
             while True:
-                waiter = asyncio.ensure_future(changed.wait())
+                waiter = scope.spawn(changed.wait(), "kubernetes_watch_change")
                 await asyncio.wait(
                     (reader, waiter),
                     timeout=max(0.0, deadline - loop.time()),
@@ -186,9 +187,6 @@ class KubernetesSource:
                     return self._ended(reader)
                 if loop.time() >= deadline:
                     return "resync"
-        finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
 
     def _ended(self, reader: asyncio.Task[None]) -> str:
         """Why the watch ended: a new list mends it, or KubeError if it failed."""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import structlog
 
+from gateway.core.tasks import TaskScope, cancel_and_wait
 from gateway.discovery.source import Discovered
 from gateway.upstream import stagger
 from gateway.upstream.manager import Fleet
@@ -53,7 +54,8 @@ class Membership:
         self._claims: dict[str, dict[str, Discovered]] = {}  # source -> address -> host
         self._reported: dict[str, asyncio.Event] = {}  # source -> it reported once
         self._joining: dict[str, asyncio.Task[None]] = {}
-        self._leaving: dict[str, asyncio.Task[bool]] = {}
+        self._leaving: dict[str, asyncio.Task[bool]] = {}  # their tasks are this scope's:
+        self._tasks = TaskScope()
         self._expiry: dict[str, asyncio.TimerHandle] = {}  # out of service: leaves then
         # address -> the sources warned of naming another model there, while they do:
         # never more than the claims themselves (each source's bounded by its max_hosts).
@@ -100,11 +102,9 @@ class Membership:
         for timer in self._expiry.values():
             timer.cancel()
         self._expiry.clear()
-        tasks = [*self._leaving.values(), *self._joining.values()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        # The joins are the fleet's tasks: ended here too, so none settles after the close.
+        await cancel_and_wait([*self._joining.values()])
+        await self._tasks.close()
 
     # -- one address ----------------------------------------------------------------------
 
@@ -211,14 +211,12 @@ class Membership:
     def _leave(self, worker: Worker, why: str) -> None:
         address = worker.id
         self._cancel_expiry(address)
-        task = asyncio.ensure_future(self._remove(worker, why))
+        task = self._tasks.spawn(self._remove(worker, why), "discovery_leave", worker=address)
         self._leaving[address] = task
 
-        def left(done: asyncio.Task[bool]) -> None:
+        def left(_: asyncio.Task[bool]) -> None:
             if self._leaving.get(address) is task:
                 del self._leaving[address]
-            if not done.cancelled() and done.exception() is not None:
-                log.error("discovery_leave_failed", worker=address, error=repr(done.exception()))
             with contextlib.suppress(RuntimeError):  # the loop may be closing
                 self._settle(address)  # listed again meanwhile: a fresh host
 

@@ -1,20 +1,15 @@
-"""Running the configured sources: each in a task of its own, restarted a second after an
-unexpected error (logged once while it repeats), its reports passed on with its name."""
+"""Running the configured sources: each in a supervised task of its own (restarted a second
+after an unexpected error, logged once while it repeats), its reports passed on with its
+name."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
-
-import structlog
+from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.config import DiscoverySource, DnsDiscovery, FileDiscovery, KubernetesDiscovery
 from gateway.core.offload import Offload
+from gateway.core.tasks import TaskScope
 from gateway.discovery.source import Discovered, Source, SourceStats
-
-log = structlog.get_logger("gateway.discovery")
-
-RESTART_S = 1.0
 
 Sink = Callable[[str, Sequence[Discovered]], None]  # (source name, its hosts now)
 
@@ -50,7 +45,7 @@ class Sources:
         thread = offload if offload is not None else Offload()
         self._own = None if offload is not None else thread
         self._sources = [make_source(config, thread) for config in configs]
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskScope()
 
     @property
     def stats(self) -> list[SourceStats]:
@@ -58,29 +53,18 @@ class Sources:
 
     def start(self, sink: Sink) -> None:
         for name, source in zip(self.names, self._sources, strict=True):
-            self._tasks.append(asyncio.ensure_future(self._run(name, source, sink)))
-
-    async def _run(self, name: str, source: Source, sink: Sink) -> None:
-        last = ""
-
-        def report(hosts: Sequence[Discovered]) -> None:
-            sink(name, hosts)
-
-        while True:
-            try:
-                await source.run(report)
-                return
-            except Exception as exc:
-                if repr(exc) != last:
-                    last = repr(exc)
-                    log.error("discovery_source_failed", source=name, error=last, exc_info=exc)
-            await asyncio.sleep(RESTART_S)
+            self._tasks.supervise("discovery_source", _runner(name, source, sink), source=name)
 
     async def close(self) -> None:
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
         if self._own is not None:
             self._own.close()
+
+
+def _runner(name: str, source: Source, sink: Sink) -> Callable[[], Awaitable[None]]:
+    """`source` run once, its reports passed on under its name (the supervised loop)."""
+
+    def report(hosts: Sequence[Discovered]) -> None:
+        sink(name, hosts)
+
+    return lambda: source.run(report)

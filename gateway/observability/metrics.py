@@ -27,7 +27,7 @@ from gateway.observability.record import CallRecord
 from gateway.placement.verdicts import Reason
 from gateway.upstream.load.kv_events import KvFollower
 from gateway.upstream.registry import Registry
-from gateway.upstream.signals.outlier import BreakerState
+from gateway.upstream.signals.outlier import OutlierState
 from gateway.upstream.worker import Worker, WorkerStatus
 
 # Time to first message of an LLM stream: prefill of a short prompt on an idle GPU is a few
@@ -54,7 +54,7 @@ TTFT_BUCKETS = (
     20.0,
     30.0,
 )
-BREAKER_VALUE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
+OUTLIER_VALUE = {OutlierState.CLOSED: 0.0, OutlierState.HALF_OPEN: 1.0, OutlierState.OPEN: 2.0}
 # A model no worker serves is named by the client: labelling it would let any client
 # create series, so such calls carry model="" (the log line has the name).
 CLIENT_NAMED = frozenset({Reason.MODEL_NOT_FOUND, Reason.MODEL_REQUIRED})
@@ -82,9 +82,9 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterable[Any]:
         families = self._families()
-        up, status, breaker, inflight, running, waiting, usage, rejected = families
+        up, status, outlier, inflight, running, waiting, usage, rejected = families
         for worker in self._workers():
-            self._add(worker, up, status, breaker, inflight, running, waiting, usage, rejected)
+            self._add(worker, up, status, outlier, inflight, running, waiting, usage, rejected)
         return families
 
     def _workers(self) -> list[Worker]:
@@ -110,8 +110,8 @@ class FleetCollector(Collector):
                 labels=["worker", "status"],
             ),
             GaugeMetricFamily(
-                "gateway_worker_breaker_state",
-                "circuit breaker: 0 closed, 1 half_open, 2 open",
+                "gateway_worker_outlier_state",
+                "outlier detection: 0 closed, 1 half_open (one trial call), 2 open (ejected)",
                 labels=["worker"],
             ),
             GaugeMetricFamily(
@@ -147,7 +147,7 @@ class FleetCollector(Collector):
         worker: Worker,
         up: GaugeMetricFamily,
         status: GaugeMetricFamily,
-        breaker: GaugeMetricFamily,
+        outlier: GaugeMetricFamily,
         inflight: GaugeMetricFamily,
         running: GaugeMetricFamily,
         waiting: GaugeMetricFamily,
@@ -159,7 +159,7 @@ class FleetCollector(Collector):
         up.add_metric([wid, worker.model, str(worker.runtime), str(worker.role)], ready)
         for each in WorkerStatus:
             status.add_metric([wid, each.value], 1.0 if each is current else 0.0)
-        breaker.add_metric([wid], BREAKER_VALUE.get(worker.breaker.state, 0.0))
+        outlier.add_metric([wid], OUTLIER_VALUE.get(worker.outlier.state, 0.0))
         inflight.add_metric([wid], float(worker.inflight))
         if load is not None:  # no report yet: absent, not zero
             # Reports are checked when made (LoadReport.checked); a number that is not

@@ -31,10 +31,10 @@ import structlog
 from grpc import aio
 
 from gateway.config import OrcaConfig
+from gateway.core.address import peer_host
 from gateway.observability.logs import Throttle
 from gateway.orca.report import LoadReporter
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
-from gateway.proxy.front import peer_host
 from gateway.security.auth import Caller
 
 log = structlog.get_logger("gateway.orca")

@@ -1,6 +1,6 @@
 """What placement decided for one request, as a value nothing changes afterwards.
 
-A policy answers with a `Choice` per leg (`gateway.upstream.policies`); the placer
+A policy answers with a `Choice` per leg (`gateway.placement.policies`); the placer
 assembles them into a `Decision`. The proxy reads only the
 decision: which worker takes which leg, on which rank, and what to log. Nothing is
 written back into the request's hints.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Sequence
 from types import MappingProxyType
+from typing import cast
 
 from gateway.config import ModelSettings
 from gateway.core.roles import ENGINE_ROLES, Role, Runtime
@@ -19,11 +20,12 @@ from gateway.engines import Adapters
 from gateway.placement import verdicts
 from gateway.placement.decision import Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
+from gateway.placement.policies import Choice, Hints, Policy, rendezvous_pick
+from gateway.placement.policies.cache_aware import CacheAware
+from gateway.placement.policies.round_robin import RoundRobin
 from gateway.placement.verdicts import Verdict
-from gateway.upstream.cache_aware import CacheAware
 from gateway.upstream.cluster import Cluster
 from gateway.upstream.load.limits import overload_reason
-from gateway.upstream.policies import Choice, Hints, RoundRobin, rendezvous_pick
 from gateway.upstream.registry import Registry
 from gateway.upstream.worker import Worker
 
@@ -256,7 +258,8 @@ class Placer:
     def _choose(
         self, model: str, runtime: Runtime, leg: Role, candidates: list[Worker], hints: Hints
     ) -> Choice[Worker] | Verdict:
-        policy = self._cluster(model, runtime, leg).policy
+        # Every cluster's policy was built by placement (the fleet's `build_policy`).
+        policy = cast("Policy", self._cluster(model, runtime, leg).policy)
         picked = policy.choose(candidates, hints)
         if picked is None:
             return verdicts.policy_declined(model, leg.value, policy.name, self._retry_after_ms)

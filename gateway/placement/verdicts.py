@@ -96,7 +96,7 @@ def workers_unavailable(model: str, leg: str, total: int, retry_after_ms: int) -
     return Verdict(
         Reason.WORKERS_UNAVAILABLE,
         f"All {total} {workers} for model '{model}' are unavailable "
-        "(not connected, unhealthy or circuit breaker open)",
+        "(not connected, unhealthy or ejected by outlier detection)",
         model=model,
         leg=leg,
         retry_after_ms=retry_after_ms,

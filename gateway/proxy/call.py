@@ -1,25 +1,136 @@
 """One client call at the front, as one object: what it asks (the method, its metadata
-read once), who sent it, its record for the log and metrics, its request once read, and
-each placement made for it with its reservations.
+read once), who sent it, its record for the log and metrics, its request once read, its
+client side (`Downstream`), each placement made for it with its reservations, and its
+ending.
 
-Created when the stream opens; the handlers of every RPC kind take it whole, so a piece
-of the call is read in one place and passed on, never fetched again from grpc.
+Created when the stream opens; every stage of the pipeline (`proxy/stages.py`) and the
+handler of every other RPC kind take it whole, so a piece of the call is read in one
+place and passed on, never fetched again from grpc. The record is written through the
+call's methods (and its client side's), nowhere else: the stages, dispatch and the legs
+say what happened, the call notes it. What a stage takes that must go back (an
+admission slot, a tenant's budget, a reservation) is registered on the call's ending,
+which gives it back once, in the reverse order, however the call ends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TypeAlias
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field, replace
+from typing import NoReturn, TypeAlias
 
+import grpc
+import structlog
 from grpc import aio
 
-from gateway.engines import RpcSpec
+from gateway.core.roles import Role
+from gateway.engines import GenerateInfo, RpcSpec
+from gateway.engines.base import Tally
+from gateway.kv.prefix import Prefix
+from gateway.observability.logs import Throttle
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import CallTrace
-from gateway.proxy.metadata import RequestMeta
-from gateway.proxy.upstream import Reserved
+from gateway.placement.decision import Decision
+from gateway.placement.policies import Hints
+from gateway.placement.verdicts import Verdict
+from gateway.proxy.metadata import Metadata, RequestMeta
+from gateway.proxy.status import abort_with_verdict
+from gateway.proxy.upstream import CLIENT_DEADLINE_SLACK_S, Reserved, UpstreamFailure
 
 Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
+
+Place = Callable[[Collection[str]], Decision | Verdict]  # an attempt's placement, given who failed
+
+log = structlog.get_logger("gateway.proxy")
+USAGE_LINES = Throttle(1.0, 5)  # worker_usage_rejected lines: a worker may cause one a call
+
+
+class Downstream:
+    """The client's side of a call: headers go out at most once, messages are counted."""
+
+    __slots__ = (
+        "_context",
+        "_every",
+        "_headers_sent",
+        "_last",
+        "_record",
+        "_tally",
+        "delivered",
+    )
+
+    def __init__(
+        self,
+        context: Context,
+        record: CallRecord,
+        tally: Tally | None = None,
+    ) -> None:
+        """`tally` (Generate) sees the answers and goes into the record as the call ends.
+        Running totals of one choice need its last message only (read as the call ends:
+        nothing parsed per message); deltas, or several choices interleaved, need every
+        message read."""
+        self._context = context
+        self._record = record
+        self._tally = tally
+        # The tally that reads every message (None: the last one only, or no tally).
+        self._every = tally if tally is not None and not tally.last_only else None
+        self._last: bytes | None = None
+        self._headers_sent = False
+        self.delivered = False
+
+    async def headers(self, metadata: Metadata, *, always: bool = False) -> None:
+        if self._headers_sent or not (metadata or always):
+            return
+        self._headers_sent = True
+        await self._context.send_initial_metadata(metadata)
+
+    def write(self, message: bytes) -> Awaitable[None]:
+        """Noted, then written: grpc's own awaitable is returned as it is, so relaying a
+        message makes no coroutine of its own here (this runs once per message)."""
+        record = self._record
+        if not self.delivered:
+            self.delivered = True
+            record.first_message_s = time.perf_counter() - record.started
+        record.messages += 1
+        if self._every is not None:
+            self._every.see(message)
+        else:
+            self._last = message
+        return self._context.write(message)  # type: ignore[no-any-return]
+
+    def tally(self) -> None:
+        """The call ended: what the engine reported goes into the record."""
+        last, self._last, tally = self._last, None, self._tally
+        if tally is None:
+            return
+        if last is not None:
+            tally.see(last)
+        if tally.seen:
+            record = self._record
+            record.completion_tokens = tally.completion_tokens
+            record.cached_tokens = tally.cached_tokens
+            record.usage_rejected = tally.rejected
+            if record.usage_rejected:
+                _usage_rejected(record)
+
+    def trailers(self, metadata: Metadata) -> None:
+        self._context.set_trailing_metadata(metadata)
+
+
+def _usage_rejected(record: CallRecord) -> None:
+    """A worker reported more than the call could have used: counted as the bound (it
+    settles the tenant's budget), logged at a bounded rate (a worker may do it every call)."""
+    held = USAGE_LINES.take()
+    if held is not None:
+        log.warning(
+            "worker_usage_rejected",
+            worker=record.worker,
+            model=record.model,
+            figures=list(record.usage_rejected),
+            counted_completion_tokens=record.completion_tokens,
+            counted_cached_tokens=record.cached_tokens,
+            suppressed=held,
+        )
 
 
 @dataclass(slots=True)
@@ -34,3 +145,137 @@ class Call:
     # written by dispatch only, as it places.
     placements: list[Reserved] = field(default_factory=list)
     trace: CallTrace | None = None  # tracing on: its spans (the front starts and ends them)
+    # What the stages learn on the way, for the ones after them (Generate and Embed).
+    info: GenerateInfo | None = None  # Generate: the fields routing reads (`decode`)
+    model: str = ""  # the model it is for, resolved (`resolve`)
+    tenant: str = "default"  # whose budget and queue share (`classify`)
+    klass: int = 0  # its class with flow control (`classify`)
+    cost: int = 0  # tokens: the prompt and what its choices may generate (`classify`)
+    hints: Hints = field(default_factory=Hints)  # where it wants to go, prompt included
+    legs: tuple[Role, ...] = ()  # the legs its model needs (`wait`)
+    place: Place | None = None  # how each attempt is placed (`wait`)
+    first: Reserved | None = None  # the first attempt, placed by a waiting room (`wait`)
+    reply: bytes | None = None  # a unary call's answer (`dispatch`)
+    downstream: Downstream | None = None  # the client side, once dispatch starts
+    ending: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    # -- the record, written here only ----------------------------------------------
+
+    async def refuse(self, verdict: Verdict) -> NoReturn:
+        """Answer with a placement verdict (Trailers-Only), noting it for logs and metrics."""
+        self.record.verdict = verdict
+        await abort_with_verdict(self.context, verdict)
+
+    def came_from(self, peer: str) -> None:
+        """The client's address, noted before anything can refuse the call."""
+        self.record.peer = peer
+
+    def opened(self, meta: RequestMeta, principal: str | None, caller: str) -> None:
+        """Its metadata read, and who it is (`open`)."""
+        self.meta, self.caller, self.record.principal = meta, caller, principal
+
+    def decoded(self, prompt_tokens: int, info: GenerateInfo | None = None) -> None:
+        """What routing reads of its request (`decode`): Generate's fields, the prompt
+        among its hints for cache-aware placement."""
+        self.record.prompt_tokens = prompt_tokens
+        self.hints = self.meta.hints
+        if info is not None:
+            self.info, self.record.request_id = info, info.request_id
+            self.hints = replace(self.hints, prefix=Prefix(info.tokens, info.namespace))
+
+    def named(self, request_ids: str) -> None:
+        """The request ids it names (an Abort)."""
+        self.record.request_id = request_ids
+
+    def classified(
+        self,
+        tenant: str,
+        cost: int,
+        klass: int = 0,
+        *,
+        shown: bool = False,
+        priority: str | None = None,
+        lowered: bool = False,
+    ) -> None:
+        """Whose budget and share, its cost in tokens, its class with flow control;
+        `shown`: the record names the tenant (flow control or rate limits are on)."""
+        self.tenant, self.cost, self.klass = tenant, cost, klass
+        record = self.record
+        if shown:
+            record.tenant = tenant
+        record.priority, record.lowered = priority, lowered
+
+    def queued(self, seconds: float) -> None:
+        self.record.queued_s = round(seconds, 6)
+
+    def reached(self, targets: list[str]) -> None:
+        """The workers (or sibling processes) a fan-out or an abort went to."""
+        self.record.targets = targets
+
+    def resolved(self, model: str) -> None:
+        self.model = self.record.model = model
+
+    def placed(self, reserved: Reserved, *, retry: bool) -> None:
+        """An attempt starts on `reserved` (a retry: after a retryable failure)."""
+        self.placements.append(reserved)
+        record = self.record
+        record.attempts += 1
+        expected = reserved.decision.expected_cached_tokens
+        if expected is not None:
+            record.expected_cached_tokens = expected
+        if retry:
+            record.retries += 1
+
+    def called(self, leg: Role, worker: str, *, answers: bool) -> None:
+        """A leg's upstream call goes to `worker` (`answers`: its stream is the client's)."""
+        self.record.called(leg, worker)
+        if answers:
+            self.record.worker = worker
+
+    def room(self, room: int) -> None:
+        self.record.rooms.append(room)
+
+    def handoff_failed(self, reason: str) -> None:
+        self.record.handoff_failure = reason
+
+    def cancelled(self) -> None:
+        """The client went, or its deadline passed (grpc cancels the handler then). The
+        gateway's copy of the deadline started as the call arrived, a little after the
+        client's: a cancel within that slack of it is the deadline."""
+        left = self.context.time_remaining()
+        expired = left is not None and left <= CLIENT_DEADLINE_SLACK_S
+        self.record.code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+
+    def failed(self) -> None:
+        """Ended by an exception: the status the handler set (abort), else UNKNOWN."""
+        code = self.context.code()
+        self.record.code = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+
+    def client(self, tally: Tally | None = None) -> Downstream:
+        """The call's client side, made once (`tally`: Generate's usage, read as it ends)."""
+        if self.downstream is None:
+            self.downstream = Downstream(self.context, self.record, tally)
+            self.on_end(self.downstream.tally)
+        return self.downstream
+
+    def logged(self, lines: Throttle) -> bool:
+        """Whether its request line goes out at `lines`' rate (the next one says how many
+        were held back)."""
+        self.record.suppressed = lines.take()
+        return self.record.suppressed is not None
+
+    # -- the ending ----------------------------------------------------------------
+
+    def on_end(self, callback: Callable[[], object]) -> None:
+        """Run `callback` as the call ends (the last registered first)."""
+        self.ending.callback(callback)
+
+    def end(self) -> None:
+        """Give back everything the stages took, once."""
+        self.ending.close()
+
+
+async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:
+    """End the client's call with an upstream failure's status and trailers."""
+    await context.abort(failure.code, failure.message, failure.trailers)
+    raise AssertionError("unreachable: abort raises")

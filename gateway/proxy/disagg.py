@@ -21,7 +21,8 @@ import grpc
 from gateway.core.roles import Role
 from gateway.engines.base import AmendFirst
 from gateway.engines.encoder import ENCODE_PATH, encode_request
-from gateway.proxy.dispatch import Dispatcher, Job, Place, answer
+from gateway.proxy.call import Place, answer
+from gateway.proxy.dispatch import Dispatcher, Job
 from gateway.proxy.metadata import Metadata
 from gateway.proxy.upstream import Reserved, Sink, UpstreamCall, UpstreamFailure, label
 from gateway.upstream.worker import Worker
@@ -101,7 +102,7 @@ class PlacedLegs:
     def new_room(self) -> int:
         room = self._rooms.allocate()
         self._taken_rooms.append(room)
-        self._job.record.rooms.append(room)
+        self._job.call.room(room)
         return room
 
     def prefill(self, request: bytes, *, background: bool) -> UpstreamCall:
@@ -120,7 +121,7 @@ class PlacedLegs:
         await call.relay(sink, first)
 
     def prefill_failed(self, reason: str, details: str) -> UpstreamFailure:
-        self._job.record.handoff_failure = reason
+        self._job.call.handoff_failed(reason)
         prefill = self._prefill
         return UpstreamFailure(
             Role.PREFILL, prefill, grpc.StatusCode.INTERNAL, details, (), label(prefill)
@@ -153,22 +154,16 @@ class PlacedLegs:
         path: str | None = None,
         streaming: bool = True,
     ) -> UpstreamCall:
-        job = self._job
-        job.record.called(leg, worker.id)
-        if leg is Role.DECODE:
-            job.record.worker = worker.id
-        call = self._upstreams.call(
-            self._reserved.take(worker),
+        call = self._job.open_leg(
+            self._upstreams,
+            self._reserved,
+            worker,
             leg,
-            job.outbound(
-                request,
-                streaming=streaming,
-                path=path,
-                rank=self._reserved.decision.rank_of(worker),
-            ),
+            request,
+            streaming=streaming,
+            path=path,
             label=label(worker),
-            # Encoders do not speak the engine protocol: an Abort is not theirs to take.
-            hold=None if leg is Role.ENCODE else job.hold(),
+            answers=leg is Role.DECODE,
             until_started=leg is Role.DECODE,
         )
         self._calls.append(call)
@@ -193,11 +188,11 @@ class DisaggregatedDispatch:
 
     async def serve(self, job: Job, n: int, place: Place, first: Reserved | None = None) -> None:
         """`first` (n = 1 only): the placement a waiting room made and reserved."""
+        if n == 1:  # the regular attempt loop, each attempt on a pair
+            await self.dispatcher.serve(job, place, self._legs, first)
+            return
         try:
-            if n > 1:
-                await self._choices(job, n, place)
-            else:
-                await self.dispatcher.run(job, place, self._legs, first)
+            await self._choices(job, n, place)
         except UpstreamFailure as failure:
             await answer(job.context, failure)
 
@@ -225,17 +220,12 @@ class DisaggregatedDispatch:
             )
 
         run = self.dispatcher.run
-        tasks = [asyncio.ensure_future(run(choice(i), place, self._legs)) for i in range(n)]
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            failed = next((t for t in done if t.exception() is not None), None)
-            if failed is not None:
-                raise failed.exception()  # type: ignore[misc]
+            async with asyncio.TaskGroup() as choices:  # one fails: the others are cancelled
+                for i in range(n):
+                    choices.create_task(run(choice(i), place, self._legs))
+        except BaseExceptionGroup as failed:  # the first failure is the stream's status
+            raise failed.exceptions[0] from None
         finally:
-            for task in tasks:
-                task.cancel()
-            # The legs' own errors are collected, not raised; a cancel of this call is not
-            # swallowed.
-            await asyncio.gather(*tasks, return_exceptions=True)
             async with lock:  # a write in flight on the client's call ends before its status
                 pass

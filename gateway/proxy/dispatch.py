@@ -12,22 +12,16 @@ a client cancel cancels them all at once (each call's `close`).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NoReturn
 
-import structlog
-
+from gateway.core.roles import Role
 from gateway.engines import EngineAdapter
-from gateway.engines.base import Tally
-from gateway.observability.logs import Throttle
 from gateway.observability.record import CallRecord
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
-from gateway.proxy.call import Call, Context
+from gateway.proxy.call import Call, Context, Place, answer
 from gateway.proxy.inflight import Hold
-from gateway.proxy.metadata import Metadata
-from gateway.proxy.status import abort_with_verdict
 from gateway.proxy.upstream import (
     RETRYABLE,
     Outbound,
@@ -38,108 +32,6 @@ from gateway.proxy.upstream import (
     Upstreams,
 )
 from gateway.upstream.worker import Worker
-
-Place = Callable[[Collection[str]], Decision | Verdict]
-
-log = structlog.get_logger("gateway.proxy")
-USAGE_LINES = Throttle(1.0, 5)  # worker_usage_rejected lines: a worker may cause one a call
-
-
-async def refuse(context: Context, record: CallRecord, verdict: Verdict) -> NoReturn:
-    """Answer with a placement verdict (Trailers-Only), noting it for logs and metrics."""
-    record.verdict = verdict
-    await abort_with_verdict(context, verdict)
-
-
-async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:
-    """End the client's call with an upstream failure's status and trailers."""
-    await context.abort(failure.code, failure.message, failure.trailers)
-    raise AssertionError("unreachable: abort raises")
-
-
-class Downstream:
-    """The client's side of a call: headers go out at most once, messages are counted."""
-
-    __slots__ = (
-        "_context",
-        "_every",
-        "_headers_sent",
-        "_last",
-        "_record",
-        "_tally",
-        "delivered",
-    )
-
-    def __init__(
-        self,
-        context: Context,
-        record: CallRecord,
-        tally: Tally | None = None,
-    ) -> None:
-        """`tally` (Generate) sees the answers and goes into the record as the call ends.
-        Running totals of one choice need its last message only (read as the call ends:
-        nothing parsed per message); deltas, or several choices interleaved, need every
-        message read."""
-        self._context = context
-        self._record = record
-        self._tally = tally
-        # The tally that reads every message (None: the last one only, or no tally).
-        self._every = tally if tally is not None and not tally.last_only else None
-        self._last: bytes | None = None
-        self._headers_sent = False
-        self.delivered = False
-
-    async def headers(self, metadata: Metadata, *, always: bool = False) -> None:
-        if self._headers_sent or not (metadata or always):
-            return
-        self._headers_sent = True
-        await self._context.send_initial_metadata(metadata)
-
-    async def write(self, message: bytes) -> None:
-        record = self._record
-        if not self.delivered:
-            self.delivered = True
-            record.first_message_s = time.perf_counter() - record.started
-        record.messages += 1
-        if self._every is not None:
-            self._every.see(message)
-        else:
-            self._last = message
-        await self._context.write(message)
-
-    def tally(self) -> None:
-        """The call ended: what the engine reported goes into the record."""
-        last, self._last, tally = self._last, None, self._tally
-        if tally is None:
-            return
-        if last is not None:
-            tally.see(last)
-        if tally.seen:
-            record = self._record
-            record.completion_tokens = tally.completion_tokens
-            record.cached_tokens = tally.cached_tokens
-            record.usage_rejected = tally.rejected
-            if record.usage_rejected:
-                _usage_rejected(record)
-
-    def trailers(self, metadata: Metadata) -> None:
-        self._context.set_trailing_metadata(metadata)
-
-
-def _usage_rejected(record: CallRecord) -> None:
-    """A worker reported more than the call could have used: counted as the bound (it
-    settles the tenant's budget), logged at a bounded rate (a worker may do it every call)."""
-    held = USAGE_LINES.take()
-    if held is not None:
-        log.warning(
-            "worker_usage_rejected",
-            worker=record.worker,
-            model=record.model,
-            figures=list(record.usage_rejected),
-            counted_completion_tokens=record.completion_tokens,
-            counted_cached_tokens=record.cached_tokens,
-            suppressed=held,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +79,37 @@ class Job:
         record = self.call.record
         return Hold(record.request_id, self.upstream_id, record.principal)
 
+    def open_leg(
+        self,
+        upstreams: Upstreams,
+        reserved: Reserved,
+        worker: Worker,
+        leg: Role,
+        request: bytes,
+        *,
+        streaming: bool = True,
+        path: str | None = None,
+        label: str = "",
+        answers: bool = False,
+        until_started: bool = False,
+    ) -> UpstreamCall:
+        """The one place a leg is opened, for regular calls and every PD/EPD leg: the
+        upstream call on the worker's reservation, noted on the call (`answers`: its
+        stream is the client's); a streamed engine call (not an encoder's) can be
+        aborted; `until_started` (a decode leg): cancelled only once it has started."""
+        self.call.called(leg, worker.id, answers=answers)
+        encoder = leg is Role.ENCODE  # encoders do not speak the engine protocol
+        return upstreams.call(
+            reserved.take(worker),
+            leg,
+            self.outbound(
+                request, streaming=streaming, path=path, rank=reserved.decision.rank_of(worker)
+            ),
+            label=label,
+            hold=None if encoder or not streaming else self.hold(),
+            until_started=until_started,
+        )
+
 
 Flow = Callable[[Job, Reserved], Awaitable[bytes | None]]
 
@@ -212,7 +135,6 @@ class Dispatcher:
         anything reached the client is tried again without the worker that failed.
         `first`: the first attempt's placement, made and reserved already (by a waiting
         room, as capacity came free)."""
-        record = job.record
         tried: list[str] = []
         failure: UpstreamFailure | None = None
         for _ in range(self._max_attempts):
@@ -225,16 +147,10 @@ class Dispatcher:
                     job.call.trace.placement(started_ns, placed, tried)
                 if isinstance(placed, Verdict):
                     if failure is None:
-                        await refuse(job.context, record, placed)
+                        await job.call.refuse(placed)
                     break  # nobody else to try: the last worker's own failure is the answer
                 reserved = self.upstreams.reserve_all(placed)
-            placed = reserved.decision
-            job.call.placements.append(reserved)
-            record.attempts += 1
-            if placed.expected_cached_tokens is not None:
-                record.expected_cached_tokens = placed.expected_cached_tokens
-            if failure is not None:
-                record.retries += 1
+            job.call.placed(reserved, retry=failure is not None)
             try:
                 return await flow(job, reserved)
             except UpstreamFailure as error:
@@ -266,12 +182,13 @@ class Dispatcher:
 
     def _lone_call(self, job: Job, reserved: Reserved, *, streaming: bool) -> UpstreamCall:
         worker = reserved.decision.lone
-        job.record.called(worker.role, worker.id)
-        job.record.worker = worker.id
         request = job.for_worker(job.raw, reserved.decision, worker)
-        return self.upstreams.call(
-            reserved.take(worker),
+        return job.open_leg(
+            self.upstreams,
+            reserved,
+            worker,
             worker.role,
-            job.outbound(request, streaming=streaming, rank=reserved.decision.rank_of(worker)),
-            hold=job.hold() if streaming else None,
+            request,
+            streaming=streaming,
+            answers=True,
         )

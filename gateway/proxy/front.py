@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import grpc
@@ -21,45 +19,24 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
-from gateway.core.offload import Offload
 from gateway.core.roles import Role
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
-from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
-from gateway.flow.budget import Charge, OverBudget, RateLimits
-from gateway.kv.prefix import Prefix
 from gateway.observability.logs import Throttle
 from gateway.observability.record import CallRecord
-from gateway.observability.tracing import TRACE_KEYS, CallTrace, Tracing
+from gateway.observability.tracing import TRACE_KEYS, Tracing
 from gateway.placement.decision import Decision
-from gateway.placement.placer import Placer
-from gateway.placement.verdicts import (
-    Verdict,
-    bad_metadata,
-    caller_over_share,
-    gateway_overloaded,
-    over_limit,
-    rate_limited,
-    shown,
-)
-from gateway.proxy.admission import Admission, Refusal
-from gateway.proxy.call import Call, Context
-from gateway.proxy.disagg import DisaggregatedDispatch
-from gateway.proxy.dispatch import Dispatcher, Downstream, Job, answer, refuse
+from gateway.placement.policies import Hints
+from gateway.placement.verdicts import Verdict, shown
+from gateway.proxy import stages
+from gateway.proxy.call import Call, Context, answer
+from gateway.proxy.dispatch import Job
 from gateway.proxy.idle import StreamIdle, idle_limit
 from gateway.proxy.inflight import Holder
-from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
-from gateway.proxy.metadata import Metadata, read_request_meta
-from gateway.proxy.reporting import LoadTrailer, Reporting
+from gateway.proxy.metadata import Metadata, RequestMeta
+from gateway.proxy.reporting import Reporting
+from gateway.proxy.stages import OPENING, PLACED, Door, Env, Routing
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.upstream import (
-    CLIENT_DEADLINE_SLACK_S,
-    Outbound,
-    Reserved,
-    UpstreamFailure,
-)
-from gateway.proxy.waiting import Place, WaitingRooms
-from gateway.security.auth import Caller
-from gateway.upstream.registry import Registry
+from gateway.proxy.upstream import Outbound, UpstreamFailure
 
 log = structlog.get_logger("gateway.request")
 # Request lines of calls refused UNAUTHENTICATED, per process: 10 a second after a burst
@@ -67,19 +44,10 @@ log = structlog.get_logger("gateway.request")
 # gateway_auth_failures_total, and gateway.security.auth logs them by address).
 REFUSED_LINES = Throttle(10.0, 20)
 
-REGULAR_ONLY = (Role.REGULAR,)
-
 Handler = Callable[[Call], Awaitable[Any]]
+UNREAD = RequestMeta(model=None, hints=Hints(), forward=())  # before `open` reads it
 
-
-def peer_host(peer: str | None) -> str:
-    """`ipv4:10.0.0.1:5555` -> `10.0.0.1`, `ipv6:[::1]:5555` -> `[::1]`: a client's
-    connections share its host, whatever their ports."""
-    if not peer:
-        return "unknown"
-    address = peer.partition(":")[2] if peer.startswith(("ipv4:", "ipv6:")) else peer
-    host, sep, port = address.rpartition(":")
-    return host if sep and port.isdigit() else address
+__all__ = ["Door", "EngineFront", "Routing"]
 
 
 class Siblings(Protocol):
@@ -106,33 +74,6 @@ def named(ids: list[str]) -> str:
     return shown_ids + (f" and {more} more" if more > 0 else "")
 
 
-@dataclass(frozen=True, slots=True)
-class Door:
-    """What every engine call passes before it is placed (one of each per serving
-    process, shared by its engine fronts): who sent it, the admission bounds, and the
-    gate its request is read through; and what it leaves with: the process's load report
-    on its trailers."""
-
-    caller: Caller
-    admission: Admission
-    gate: ReadGate
-    rates: RateLimits | None = None  # tenants' requests and tokens per minute
-    load: LoadTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
-
-
-@dataclass(frozen=True, slots=True)
-class Routing:
-    """Where a call goes and how it gets there: the workers, placement, the regular and
-    the disaggregated dispatch, and the thread a long prompt is decoded and hashed in."""
-
-    registry: Registry
-    placer: Placer
-    dispatcher: Dispatcher
-    disagg: DisaggregatedDispatch
-    offload: Offload
-    rooms: WaitingRooms | None = None  # flow control: where busy models' calls wait
-
-
 class EngineFront:
     """Serves one engine protocol (SglangScheduler or VllmEngine) in front of the fleet.
     `observe` hears every call's record once it ends; `siblings`: the other serving
@@ -157,21 +98,24 @@ class EngineFront:
             spec.path for spec in adapter.rpcs.values() if spec.kind is RpcKind.ABORT
         )
         self._draining = False  # `drain()`: the engine HealthCheck then says unhealthy
-        self._offload = routing.offload
-        self._disagg = routing.disagg
         self._registry = routing.registry
         self._placer = routing.placer
         self._dispatcher = routing.dispatcher
         self._upstreams = routing.dispatcher.upstreams
-        self._rooms = routing.rooms
         self._tracing = tracing
         self._request_lines = config.log_level in ("debug", "info")
         # With tracing on, the gateway continues the client's trace and sends workers its
         # own trace context: the client's is not forwarded as it is.
         private = door.caller.private_keys
-        self._private_keys = private | TRACE_KEYS if tracing is not None else private
         flow = config.flow  # a call's output, when it does not say: estimated
-        self._estimate = flow.cost_tokens if flow is not None else DEFAULT_COST_TOKENS
+        self._env = Env(
+            adapter,
+            config,
+            door,
+            routing,
+            private | TRACE_KEYS if tracing is not None else private,
+            flow.cost_tokens if flow is not None else DEFAULT_COST_TOKENS,
+        )
 
     def drain(self) -> None:
         """SIGTERM: from now on the engine HealthCheck answers unhealthy, so a client's
@@ -200,13 +144,8 @@ class EngineFront:
             RpcKind.FAN_OUT: self._fan_out,
         }[spec.kind]
 
-        admission, gate, limits = self._door.admission, self._door.gate, self._config.limits
-        tracing = self._tracing
-        retry_after_ms = self._config.retry_after_ms
-        # The engine HealthCheck is answered from memory: it stays cheap and open under load.
-        bounded = spec.kind is not RpcKind.HEALTH_CHECK
-        streaming, idle_s = spec.server_streaming, limits.stream_idle_timeout_s
-        read_s = limits.request_read_timeout_s
+        env, tracing = self._env, self._tracing
+        streaming, idle_s = spec.server_streaming, self._config.limits.stream_idle_timeout_s
         load = self._door.load
 
         async def run(_requests: Any, context: Context) -> Any:
@@ -214,31 +153,13 @@ class EngineFront:
             if load is not None:  # every way the call ends carries the load report
                 context = reporting = Reporting(context, load)
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
-            admitted = False
-            caller = ""
             trace = None
             if tracing is not None:  # the SERVER span: from the stream's opening
                 trace = tracing.start(record, context.invocation_metadata(), context.peer())
+            call = Call(spec, context, record, UNREAD, "", trace=trace)
             try:
-                call = await self._open(spec, context, record, trace)
-                caller = call.caller
-                if bounded:  # from the stream's opening: streams that send nothing count
-                    refusal = admission.enter(caller)
-                    admitted = refusal is None
-                    if refusal is Refusal.GATEWAY_FULL:  # this process's share (--processes)
-                        await refuse(
-                            context, record, gateway_overloaded(admission.limit, retry_after_ms)
-                        )
-                    if refusal is Refusal.CALLER_FULL:
-                        verdict = caller_over_share(caller, admission.per_caller, retry_after_ms)
-                        await refuse(context, record, verdict)
-                deadline = asyncio.get_running_loop().time() + read_s
-                try:
-                    call.request = await read_request(context, gate, caller, deadline, read_s)
-                except ReadTimeout as late:
-                    await context.abort(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, str(late), (("x-http-status", "408"),)
-                    )
+                for stage in OPENING:
+                    await stage(env, call)
                 if not streaming:
                     return await serve(call)
                 try:
@@ -247,241 +168,39 @@ class EngineFront:
                 except StreamIdle as idle:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(idle))
             except asyncio.CancelledError:
-                # The client went, or its deadline passed (grpc cancels the handler then).
-                # The gateway's copy of the deadline started as the call arrived, a little
-                # after the client's: a cancel within that slack of it is the deadline.
-                left = context.time_remaining()
-                expired = left is not None and left <= CLIENT_DEADLINE_SLACK_S
-                record.code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+                call.cancelled()
                 raise
             except BaseException:
-                code = context.code()
-                record.code = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+                call.failed()
                 raise
             finally:
-                if reporting is not None:
+                if reporting is not None:  # first: the report counts this call as in flight
                     reporting.end()
-                if admitted:
-                    admission.leave(caller)
-                self._log(record, trace)
+                call.end()
+                self._log(call)
 
         return run
 
-    async def _open(
-        self, spec: RpcSpec, context: Context, record: CallRecord, trace: CallTrace | None
-    ) -> Call:
-        """The call as it opens: its metadata read once (the bearer token, the routing
-        hints, what goes upstream); the caller authenticated (API keys on: a known key, or
-        UNAUTHENTICATED) and named; a value no worker channel would accept refused
-        (BAD_METADATA), before anything is read or placed."""
-        config = self._config
-        caller = self._door.caller
-        meta = read_request_meta(
-            context.invocation_metadata(),
-            config.model_headers,
-            config.routing_key_header,
-            config.target_worker_header,
-            self._private_keys,
-            (config.flow.priority_header, config.flow.tenant_header) if config.flow else ("", ""),
-        )
-        record.peer = context.peer()
-        principal = await caller.identify(context, meta.bearer, spec.path)
-        record.principal = principal
-        if meta.bad_key is not None:
-            await refuse(context, record, bad_metadata(meta.bad_key))
-        share = principal if principal is not None else "peer:" + peer_host(record.peer)
-        return Call(spec, context, record, meta, share, trace=trace)
+    async def _placed(self, call: Call) -> bytes | None:
+        """Generate and Embed: the rest of the pipeline (`proxy/stages.py`)."""
+        for stage in PLACED:
+            await stage(self._env, call)
+        return call.reply
 
-    def _log(self, record: CallRecord, trace: CallTrace | None = None) -> None:
+    def _log(self, call: Call) -> None:
+        record, trace = call.record, call.trace
         if trace is not None:
             trace.finish(record)
         self._observe(record)
         if not self._request_lines:  # below the log level: its fields are not even built
             return
-        if record.code == "UNAUTHENTICATED":  # a client may send these at any rate
-            record.suppressed = REFUSED_LINES.take()
-            if record.suppressed is None:
-                return
+        if record.code == "UNAUTHENTICATED" and not call.logged(REFUSED_LINES):
+            return  # a client may send these at any rate
         log.info("request", **record.log_fields())
 
     async def _model(self, call: Call) -> str:
-        """The model the call is for (named, or the protocol's only one), else refused."""
-        named_model, record = call.meta.model, call.record
-        resolved = self._placer.resolve(named_model, self.adapter.runtime)
-        if isinstance(resolved, Verdict):
-            record.model = named_model or ""
-            await refuse(call.context, record, resolved)
-        record.model = resolved
-        return resolved
-
-    def _job(self, call: Call, sink: Downstream | None = None) -> Job:
-        sink = sink or Downstream(call.context, call.record)
-        return Job(call, self.adapter, call.request, sink, call.record.request_id)
-
-    async def _placed(self, call: Call) -> bytes | None:
-        spec, request, context, record = call.spec, call.request, call.context, call.record
-        if spec.kind is RpcKind.GENERATE:
-            try:
-                if len(request) < SPLIT_MIN_BYTES:
-                    info = self.adapter.generate_info(request)
-                else:  # a long prompt: its ids are decoded without the GIL, off the loop
-                    info = await self._offload.run(self.adapter.generate_info, request)
-            except DecodeError:
-                await abort_invalid(context, "Request bytes are not a valid GenerateRequest")
-            record.request_id = info.request_id
-            limits = self._config.limits
-            if info.n > limits.max_choices:
-                verdict = over_limit(
-                    "", "sampling_params.n", info.n, limits.max_choices, "limits.max_choices"
-                )
-                await refuse(context, record, verdict)
-            if len(info.tokens) > limits.max_prompt_tokens:
-                verdict = over_limit(
-                    "",
-                    "tokenized.input_ids",
-                    len(info.tokens),
-                    limits.max_prompt_tokens,
-                    "limits.max_prompt_tokens",
-                )
-                await refuse(context, record, verdict)
-        else:
-            try:
-                parsed: Any = spec.request_type.FromString(request)
-            except DecodeError:
-                await abort_invalid(context, f"Request bytes are not a valid {spec.name} request")
-            record.prompt_tokens = len(parsed.tokenized.input_ids)
-        meta = call.meta
-        model = await self._model(call)
-        runtime, placer, hints = self.adapter.runtime, self._placer, meta.hints
-        items = info.mm_items if spec.kind is RpcKind.GENERATE else ()
-        prefix = None
-        if spec.kind is RpcKind.GENERATE:
-            prefix = Prefix(info.tokens, info.namespace)
-            hints = replace(hints, prefix=prefix)
-            record.prompt_tokens = len(prefix)
-        legs = placer.legs(model, bool(items))
-        if prefix is not None:  # hashed ahead, off the loop for long prompts (cache_aware)
-            await prefix.prepare(placer.block_sizes(model, runtime, legs), self._offload)
-
-        def place(tried: Collection[str]) -> Decision | Verdict:
-            return placer.place(model, runtime, hints, items, tried, legs)
-
-        def place_receiver(tried: Collection[str]) -> Decision | Verdict:
-            decided = place(tried)
-            return decided if isinstance(decided, Verdict) else decided.only(decided.receiver)
-
-        generating = spec.kind is RpcKind.GENERATE
-        n = info.n if generating else 1
-        # Its cost in tokens: the prompt, plus what its choices may generate.
-        output = (info.max_new_tokens or self._estimate) * n if generating else 0
-        cost = record.prompt_tokens + output
-        who = self._classify(call)
-        tenant = who[0]
-        charge = await self._charge(call, model, tenant, cost)
-        tally = None
-        if generating:
-            most = info.max_new_tokens or self._config.limits.max_completion_tokens
-            bounds = UsageBounds(completion_tokens=n * most, cached_tokens=record.prompt_tokens)
-            tally = self.adapter.tally(info.stream, n, bounds)
-        sink = Downstream(context, record, tally)
-        job = self._job(call, sink)
-        first: Reserved | None = None
-        try:
-            run: Awaitable[bytes | None]
-            if generating and legs != REGULAR_ONLY:
-                job = replace(job, return_logprob=info.return_logprob)
-                if n == 1:  # n > 1: each choice is placed on its own pair, at once
-                    first = await self._wait(call, model, who, cost, lambda: place(()))
-                run = self._disagg.serve(job, n, place, first)
-            else:
-                first = await self._wait(call, model, who, cost, lambda: place_receiver(()))
-                flow = self._dispatcher.flow(spec.server_streaming)
-                run = self._dispatcher.serve(job, place_receiver, flow, first)
-            return await run
-        finally:
-            sink.tally()
-            if first is not None:
-                first.release_unused()  # the run's own (a no-op), unless it never started
-                if self._rooms is not None:  # its tenant may run another
-                    self._rooms.done(tenant)
-            if charge is not None:
-                self._settle(charge, record)
-
-    def _classify(self, call: Call) -> tuple[str, int]:
-        """Whose budget and queue share the call uses (its principal: an API key's name, a
-        client certificate's identity; the tenant header behind a trusted proxy; else
-        `default`) and its class with flow control (the one it asks for, lowered to its
-        tenant's `max_class`); both go into the record when flow control or rate limits
-        are on."""
-        flow, record = self._config.flow, call.record
-        asked_class, asked_tenant = call.meta.flow
-        if flow is not None and flow.trust_tenant_header and asked_tenant:
-            tenant = shown(asked_tenant)
-        elif record.principal is not None:  # `key:NAME` or `cert:NAME`: the tenant NAME
-            tenant = record.principal.partition(":")[2]
-        else:
-            tenant = "default"
-        if flow is None:
-            if self._door.rates is not None:
-                record.tenant = tenant
-            return tenant, 0
-        klass = flow.index(asked_class) if asked_class is not None else None
-        if klass is None:
-            klass = flow.index(flow.default_class)
-        assert klass is not None
-        cap = self._config.tenant(tenant).max_class
-        ceiling = flow.index(cap) if cap is not None else None
-        if ceiling is not None and klass < ceiling:
-            klass, record.lowered = ceiling, True
-        record.tenant, record.priority = tenant, flow.classes[klass].name
-        return tenant, klass
-
-    async def _charge(self, call: Call, model: str, tenant: str, tokens: int) -> Charge | None:
-        """Taken from the tenant's rate limits (its tokens reserved), else RATE_LIMITED
-        with the time its budget allows the call. None: the tenant has no rate limits."""
-        rates = self._door.rates
-        if rates is None:
-            return None
-        taken = rates.take(tenant, tokens, time.monotonic())
-        if isinstance(taken, OverBudget):
-            wait_ms = math.ceil(taken.wait_s * 1000)
-            verdict = rate_limited(model, tenant, taken.budget, taken.per_minute, wait_ms)
-            await refuse(call.context, call.record, verdict)
-        return taken
-
-    def _settle(self, charge: Charge, record: CallRecord) -> None:
-        """The call ended: its tenant pays what it used (all back if no worker saw it)."""
-        assert self._door.rates is not None
-        used = record.prompt_tokens + (record.completion_tokens or 0) if record.attempts else None
-        self._door.rates.settle(charge, used, time.monotonic())
-
-    async def _wait(
-        self, call: Call, model: str, who: tuple[str, int], cost: int, place: Place
-    ) -> Reserved | None:
-        """With flow control: placed and reserved now or once capacity frees (waiting in
-        the model's queue), else refused (QUEUE_FULL, QUEUE_TIMEOUT, or the verdict of a
-        model that cannot be placed at all). None: no flow control."""
-        rooms, flow = self._rooms, self._config.flow
-        if rooms is None or flow is None:
-            return None
-        record, (tenant, klass) = call.record, who
-        started, started_ns = time.monotonic(), time.time_ns()
-        try:
-            got = await rooms.admit(model, tenant, klass, cost, len(call.request), place)
-        finally:  # also when the client left, or its deadline passed, while it waited
-            record.queued_s = round(time.monotonic() - started, 6)
-        if isinstance(got, Verdict):
-            if call.trace is not None:
-                call.trace.placement(started_ns, got, queued_s=record.queued_s)
-            await refuse(call.context, record, got)
-        try:
-            if call.trace is not None:
-                call.trace.placement(started_ns, got.decision, queued_s=record.queued_s)
-        except BaseException:  # nothing runs it: the workers and the tenant's slot go back
-            got.release_unused()
-            rooms.done(tenant)
-            raise
-        return got
+        await stages.resolve(self._env, call)
+        return call.model
 
     async def _forward_one(self, call: Call) -> bytes | None:
         meta = call.meta
@@ -503,7 +222,8 @@ class EngineFront:
             return placed if isinstance(placed, Verdict) else Decision.single(placed)
 
         flow = self._dispatcher.flow(call.spec.server_streaming)
-        return await self._dispatcher.serve(self._job(call), pick, flow)
+        job = Job(call, self.adapter, call.request, call.client(), call.record.request_id)
+        return await self._dispatcher.serve(job, pick, flow)
 
     async def _fan_out(self, call: Call) -> bytes:
         spec, request, context, record, meta = (
@@ -512,8 +232,8 @@ class EngineFront:
         model = await self._model(call)
         workers = self._placer.every_worker(model, self.adapter.runtime)
         if isinstance(workers, Verdict):
-            await refuse(context, record, workers)
-        record.targets = [w.id for w in workers]
+            await call.refuse(workers)
+        call.reached([w.id for w in workers])
         upstreams = self._upstreams
         outbound = Outbound(spec.path, request, meta.forward, context.time_remaining())
         legs = [upstreams.ask(upstreams.reserve(w), outbound) for w in workers]
@@ -561,12 +281,11 @@ class EngineFront:
         principal: str | None,
         forward: Metadata,
         time_left: float | None,
-        record: CallRecord | None = None,
     ) -> bytes | None:
         """Abort what this process holds of `ids` for `principal`: the merged engine reply,
         or None if it holds none of them (the peer service asks the same of siblings)."""
         holders, _ = self._held(ids, principal)
-        return await self._abort_holders(request, holders, forward, time_left, record)
+        return await self._abort_holders(request, holders, forward, time_left)
 
     def _held(self, ids: list[str], principal: str | None) -> tuple[list[Holder], bool]:
         """The upstream calls this process holds for the named requests, and whether it
@@ -581,12 +300,9 @@ class EngineFront:
         holders: list[Holder],
         forward: Metadata,
         time_left: float | None,
-        record: CallRecord | None,
     ) -> bytes | None:
         if not holders:
             return None
-        if record is not None:
-            record.targets = [h.worker.id for h in holders]
         path = self._abort_path
         results = await asyncio.gather(
             *(self._abort_one(path, request, h, forward, time_left) for h in holders),
@@ -607,11 +323,13 @@ class EngineFront:
             ids = self.adapter.abort_ids(request)
         except DecodeError:
             await abort_invalid(context, "Request bytes are not a valid AbortRequest")
-        record.request_id = ",".join(ids)
+        call.named(",".join(ids))
         principal, forward = record.principal, call.meta.forward
         timeout = context.time_remaining()
         holders, all_here = self._held(ids, principal)  # before any await
-        local = await self._abort_holders(request, holders, forward, timeout, record)
+        reached = [h.worker.id for h in holders]
+        call.reached(reached)
+        local = await self._abort_holders(request, holders, forward, timeout)
         replies = [local] if local is not None else []
         if self._siblings is not None and not all_here:
             # Some named request runs elsewhere (a vLLM Abort may name several): the
@@ -620,7 +338,7 @@ class EngineFront:
                 self.adapter.service_name, request, principal, forward, timeout
             )
             if remote:
-                record.targets = [*(record.targets or []), "sibling process"]
+                call.reached([*reached, "sibling process"])
             replies += remote
         if not replies:
             return self.adapter.abort_reply(False, f"request {named(ids)} is not in flight here")

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import structlog
 
 from gateway.observability.logs import Throttle
+from gateway.placement.policies import Hints
 from gateway.security.auth import AUTHORIZATION, bearer_token
-from gateway.upstream.policies import Hints
 
 log = structlog.get_logger("gateway.proxy")
 

@@ -5,9 +5,9 @@ fan-out, fleet-wide forwards, aborts) goes through here, so the accounting is th
 everywhere:
 
 - a `Reservation` is taken at placement, with no await in between: the worker's in-flight
-  count goes up and, if its breaker is half-open, this call becomes the one trial. A
-  reservation is released exactly once, with the call's outcome (or none, if unused or
-  cancelled by the client);
+  count goes up and, if its outlier detection is half-open, this call becomes the one
+  trial. A reservation is released exactly once, with the call's outcome (or none, if
+  unused or cancelled by the client);
 - an `UpstreamCall` owns one RPC on one reservation: it may register the call in the
   in-flight table (so an Abort finds it), relays headers, messages and trailers, turns
   every RPC error into one failure type, and on `close()` cancels what still runs,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,7 +43,7 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 # Failures the gateway's own channel makes before anything reaches the worker: grpc core
 # refusing metadata the gateway built. They say nothing about the worker (the front
-# refuses such metadata first; this keeps any that slips through off the breakers).
+# refuses such metadata first; this keeps any that slips through out of outlier detection).
 LOCAL_FAILURES = frozenset({(grpc.StatusCode.INTERNAL, "Invalid metadata")})
 
 # An upstream DEADLINE_EXCEEDED this close to the client's own deadline (which the call
@@ -104,7 +104,7 @@ class Sink(Protocol):
 
     async def headers(self, metadata: Metadata, *, always: bool = False) -> None: ...
 
-    async def write(self, message: bytes) -> None: ...
+    def write(self, message: bytes) -> Awaitable[None]: ...
 
     def trailers(self, metadata: Metadata) -> None: ...
 

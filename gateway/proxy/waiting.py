@@ -28,9 +28,8 @@ from gateway.flow.queue import FlowClass, FlowQueue, Waiter
 from gateway.placement import verdicts
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Reason, Verdict
+from gateway.proxy.call import Place
 from gateway.proxy.upstream import Reserved, Upstreams
-
-Place = Callable[[], Decision | Verdict]
 
 
 @dataclass(eq=False, slots=True)
@@ -104,7 +103,7 @@ class WaitingRooms:
         # not count): try at once.
         ahead = room is not None and room.queue.peek(time.monotonic(), self._may_run)
         if not ahead and self._may_run(tenant):
-            placed = place()
+            placed = place(())
             if isinstance(placed, Decision):
                 return self._start(tenant, placed)
             if placed.reason is not Reason.WORKERS_OVERLOADED:
@@ -212,7 +211,7 @@ class WaitingRooms:
         queue = room.queue
         while (waiter := queue.peek(time.monotonic(), self._may_run)) is not None:
             ticket = room.tickets[waiter]
-            placed = ticket.place()
+            placed = ticket.place(())
             if isinstance(placed, Verdict) and placed.reason is Reason.WORKERS_OVERLOADED:
                 return  # still full: the next release tries again
             queue.pop(waiter)

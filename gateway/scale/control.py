@@ -32,6 +32,7 @@ from gateway.admin.service import (
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import GatewayConfig, WorkerSpec
+from gateway.core.tasks import TaskScope
 from gateway.upstream.worker import discovered_sources
 
 log = structlog.get_logger("gateway.control")
@@ -152,7 +153,7 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._change_slack_s = change_slack_s
         # Shielded changes that outlive their caller: held here, not only by the loop's
         # weak references, until they end.
-        self._changes: set[asyncio.Task[list[Any]]] = set()
+        self._changes = TaskScope()
 
     def _admins(self) -> list[AdminStub]:
         return [p.admin for p in self._processes() if p.admin is not None]
@@ -236,15 +237,10 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._desired.remove(request.worker_id)
         log.info("control_remove_worker", worker=request.worker_id)
         # Shielded: a removal once accepted completes even if the caller goes away.
-        change = asyncio.ensure_future(
-            self._everywhere(
-                lambda a: a.RemoveWorker(request),
-                drain_s + self._change_slack_s,
-                change="RemoveWorker",
-            )
+        removal = self._everywhere(
+            lambda a: a.RemoveWorker(request), drain_s + self._change_slack_s, change="RemoveWorker"
         )
-        self._changes.add(change)
-        change.add_done_callback(self._changes.discard)
+        change = self._changes.spawn(removal, "control_remove_worker", worker=request.worker_id)
         answers = await asyncio.shield(change)
         removed = [a for a in answers if isinstance(a, pb.RemoveWorkerResponse)]
         if not removed:

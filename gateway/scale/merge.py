@@ -3,7 +3,7 @@
 Each serving process has its own CollectorRegistry, so the supervisor scrapes every process
 and must show each process's numbers exactly once. What a process counts for itself (calls,
 tokens, latency histograms, its own in-flight calls) adds up across processes. What every
-process reports about the same worker (up, status, breaker, the worker's load) does not: two
+process reports about the same worker (up, status, outlier state, the worker's load) does not: two
 processes saying "up = 1" mean one worker that is up, so those gauges come from one process.
 
 `_created` samples are dropped. A sum of counters from processes that started at different
@@ -30,7 +30,7 @@ FIRST_WINS: frozenset[str] = frozenset(
     {
         "gateway_worker_up",
         "gateway_worker_status",
-        "gateway_worker_breaker_state",
+        "gateway_worker_outlier_state",
         "gateway_worker_load_running",
         "gateway_worker_load_waiting",
         "gateway_worker_kv_token_usage",

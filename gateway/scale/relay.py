@@ -13,6 +13,7 @@ import structlog
 from grpc import aio
 
 from gateway.config import DiscoverySource
+from gateway.core.tasks import TaskScope
 from gateway.discovery.runner import Sources
 from gateway.discovery.source import Discovered
 from gateway.peer.service import discovered_message
@@ -34,7 +35,7 @@ class DiscoveryRelay:
         self._channels = channels
         self._lock = asyncio.Lock()  # reports reach every process in the order made
         self._reported: dict[str, asyncio.Event] = {n: asyncio.Event() for n in self.sources.names}
-        self._pushes: set[asyncio.Task[None]] = set()
+        self._pushes = TaskScope()
 
     def start(self) -> None:
         self.sources.start(self._report)
@@ -58,9 +59,7 @@ class DiscoveryRelay:
     def _report(self, source: str, hosts: Sequence[Discovered]) -> None:
         self.claims[source] = list(hosts)
         self._reported[source].set()
-        task = asyncio.ensure_future(self._push([source], self._channels()))
-        self._pushes.add(task)
-        task.add_done_callback(self._pushes.discard)
+        self._pushes.spawn(self._push([source], self._channels()), "discovery_push", source=source)
 
     async def catch_up(self, channel: aio.Channel) -> None:
         """A process that just started: every source's latest report (it started from
@@ -86,8 +85,4 @@ class DiscoveryRelay:
 
     async def close(self) -> None:
         await self.sources.close()
-        pushes = list(self._pushes)
-        for task in pushes:
-            task.cancel()
-        if pushes:
-            await asyncio.gather(*pushes, return_exceptions=True)
+        await self._pushes.close()

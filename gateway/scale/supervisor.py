@@ -36,6 +36,7 @@ from gateway.admin.v1 import admin_pb2_grpc
 from gateway.app.server import preflight, ready_line
 from gateway.config import GatewayConfig
 from gateway.core.listen import CannotListen
+from gateway.core.tasks import TaskScope
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.observability.corelog import real_stderr
 from gateway.observability.metrics import Endpoint
@@ -101,7 +102,7 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._dir = ""
         self.port = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskScope()  # per process: its keeper, liveness check, output drain
         self.liveness_interval_s = LIVENESS_INTERVAL_S
         self.liveness_timeout_s = LIVENESS_TIMEOUT_S
         self.liveness_misses = LIVENESS_MISSES
@@ -169,7 +170,7 @@ class Supervisor:
             process.kill()
             await process.wait()
             raise NotStarted(slot.index, f"not listening after {timeout_s:g} s") from None
-        self._spawn_task(_drain(process.stdout))
+        self._tasks.spawn(_drain(process.stdout), "process_output", serving_process=str(slot.index))
         slot.channel = aio.insecure_channel(member.control_address())
         slot.admin = admin_pb2_grpc.AdminServiceStub(slot.channel)
         try:
@@ -276,11 +277,6 @@ class Supervisor:
         if channel is not None:
             await channel.close()
 
-    def _spawn_task(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # -- signals --------------------------------------------------------------------------
 
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -364,8 +360,9 @@ class Supervisor:
                     listen = self.config.metrics.listen
                     raise CannotListen(listen, exc.strerror or str(exc)) from None
             for slot in self.slots:
-                self._spawn_task(self._keep(slot))
-                self._spawn_task(self._watch(slot))
+                which = str(slot.index)
+                self._tasks.spawn(self._keep(slot), "process_keeper", serving_process=which)
+                self._tasks.spawn(self._watch(slot), "process_liveness", serving_process=which)
             log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
             print(ready_line(self.config, self.port, admin_port, metrics_port), flush=True)
             await self._stop.wait()
@@ -377,9 +374,7 @@ class Supervisor:
             # The signal handlers stay until the end: a signal now (say a second Ctrl-C)
             # must not end this process before it removed its directory.
             self.stopping = True
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._tasks.close()
             if self.relay is not None:
                 await self.relay.close()
             if admin_server is not None:

@@ -30,6 +30,7 @@ import structlog
 from grpc import aio
 
 from gateway.config import AuthConfig, ConfigError
+from gateway.core.tasks import TaskScope
 
 log = structlog.get_logger("gateway.security.auth")
 
@@ -432,7 +433,7 @@ class ApiKeyAuth:
         self._count = count
         self.clock = clock
         self._poll_s = poll_s
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskScope()
         self._summary_at = clock()
 
     @classmethod
@@ -461,25 +462,20 @@ class ApiKeyAuth:
 
     def start(self) -> None:
         """Start the task that polls the keys file (and logs failure summaries); needs a
-        running event loop."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        running event loop. A poll that raises is logged (once while it fails the same
+        way): it is never the end of reloading."""
+        if not self._tasks:
+            self._tasks.supervise("api_keys_poll", self._run, pause_s=0.0)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._tasks.close()
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._poll_s)
-            try:
-                if isinstance(self.keys, KeyFile):
-                    self.keys.poll()
-                self.flush(self.clock())
-            except Exception:  # never the end of reloading
-                log.exception("api keys poll failed")
+            if isinstance(self.keys, KeyFile):
+                self.keys.poll()
+            self.flush(self.clock())
 
     def flush(self, now: float) -> None:
         """At most once per LOG_EVERY_S: one line for the failures not logged one by one."""

@@ -5,20 +5,45 @@ Workers enter and leave a cluster only through the registry, whose door is the f
 `add`/`remove` (static configuration and the admin API both use it). The cluster keeps
 its workers as an immutable, id-sorted tuple, replaced on every change: a placement reads
 one consistent snapshot, and policies rotate by id.
+
+The policies themselves are placement's (`gateway.placement.policies`), a layer above
+this one: a cluster holds its policy as a `ClusterPolicy` (all the fleet needs of it is
+its name), and the fleet is handed the `PolicyBuilder` that makes one by the assembly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.config import KvConfig, ModelSettings
 from gateway.core.roles import Role, Runtime
 from gateway.kv.index import KvIndex
-from gateway.upstream.cache_aware import CacheAware
-from gateway.upstream.load.limits import Limits
-from gateway.upstream.policies import LeastInflight, Policy, make_policy
+from gateway.upstream.load.limits import WorkerLimits
 from gateway.upstream.worker import Worker
+
+
+class ClusterPolicy(Protocol):
+    """A cluster's policy as the fleet sees it; placement, which built it, calls it."""
+
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What every policy is built with (`Policy.build`), built-in or plugin: the fleet's
+    KV index (what the workers hold cached), the `kv:` settings, and how old a worker's
+    load report may be before it no longer counts (`loads.stale_after_s`)."""
+
+    kv_index: KvIndex
+    kv: KvConfig
+    stale_after_s: float
+
+
+# (the model's policy name, the cluster's role, the context) -> a new policy instance.
+PolicyBuilder = Callable[[str, Role, PolicyContext], ClusterPolicy]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +59,7 @@ class Cluster:
 
     __slots__ = ("key", "limits", "policy", "workers")
 
-    def __init__(self, key: ClusterKey, policy: Policy, limits: Limits) -> None:
+    def __init__(self, key: ClusterKey, policy: ClusterPolicy, limits: WorkerLimits) -> None:
         self.key = key
         self.policy = policy
         self.limits = limits
@@ -56,24 +81,17 @@ ClusterFactory = Callable[[ClusterKey], Cluster]
 
 def cluster_factory(
     model_settings: Callable[[str], ModelSettings],
-    kv_index: KvIndex,
-    kv_settings: KvConfig,
-    stale_after_s: float,
+    build_policy: PolicyBuilder,
+    context: PolicyContext,
     stale_saturates: bool = False,
 ) -> ClusterFactory:
-    """How the registry makes a cluster: the model's policy and limits (a cache-aware
-    model's decode leg goes by load: the prompt's cache is the prefill's)."""
+    """How the registry makes a cluster: a policy of its own, by the model's policy name
+    and the cluster's role (`build_policy`), and the model's limits."""
 
     def make(key: ClusterKey) -> Cluster:
         model = model_settings(key.model)
-        policy: Policy
-        if model.policy != CacheAware.name:
-            policy = make_policy(model.policy)
-        elif key.role is Role.DECODE:
-            policy = LeastInflight()
-        else:
-            policy = CacheAware(kv_index, kv_settings, stale_after_s)
-        limits = Limits(
+        policy = build_policy(model.policy, key.role, context)
+        limits = WorkerLimits(
             model.max_inflight, model.max_waiting, model.max_token_usage, stale_saturates
         )
         return Cluster(key, policy, limits)

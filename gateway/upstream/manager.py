@@ -6,8 +6,8 @@ the worker's in-flight calls first. The fleet owns each worker's channel: the wo
 itself (the host) holds only its signals.
 
 Per worker it runs three loops: connection watching (unroutable the moment the channel
-drops), active probes, and load polling (and, with KV events, a follower). The circuit
-breaker is fed by dispatch through `record_outcome`. Every status change is logged once,
+drops), active probes, and load polling (and, with KV events, a follower). Outlier
+detection is fed by dispatch through `record_outcome`. Every status change is logged once,
 with its cause.
 
 Every task and timer the fleet starts for a worker is cancelled when the worker is
@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
 
 import grpc
 import structlog
@@ -28,27 +27,27 @@ from grpc import aio
 
 from gateway.config import GatewayConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
+from gateway.core.tasks import TaskScope, cancel_and_wait
 from gateway.engines import Adapters, EngineAdapter, encoder
 from gateway.engines.base import ServerFacts
 from gateway.kv.index import KvIndex
 from gateway.security.tls import channel_credentials
 from gateway.upstream import stagger
 from gateway.upstream.channels import open_channel
-from gateway.upstream.cluster import cluster_factory
+from gateway.upstream.cluster import PolicyBuilder, PolicyContext, cluster_factory
 from gateway.upstream.health.active import ProbeLoop
 from gateway.upstream.health.connection import watch_connection
 from gateway.upstream.identify import DiscoveryError, detect_runtime, served_model, server_facts
 from gateway.upstream.load.kv_events import KvFollower
 from gateway.upstream.load.poller import poll_load
 from gateway.upstream.registry import FleetEvent, Registry
-from gateway.upstream.signals.outlier import BreakerState, CircuitBreaker, Outcome
+from gateway.upstream.signals.outlier import Outcome, OutlierDetector, OutlierState
 from gateway.upstream.signals.probe import judge
 from gateway.upstream.worker import Worker, WorkerStatus
 
 log = structlog.get_logger("gateway.upstream")
 
 DISCOVERY_RETRY_S = 1.0
-LOOP_RESTART_S = 1.0  # a background loop that raised starts again after this pause
 
 
 class WorkerExists(ValueError):
@@ -57,27 +56,28 @@ class WorkerExists(ValueError):
 
 class Fleet:
     """Owns worker channels and the background tasks that keep their status current.
-    `adapters`: the engine protocols, for discovery, probes, load polls and KV events."""
+    `adapters`: the engine protocols, for discovery, probes, load polls and KV events;
+    `build_policy`: makes each cluster's policy (placement's, handed in by the assembly)."""
 
-    def __init__(self, settings: GatewayConfig, adapters: Adapters) -> None:
+    def __init__(
+        self, settings: GatewayConfig, adapters: Adapters, build_policy: PolicyBuilder
+    ) -> None:
         self.settings = settings
         self.adapters = adapters
         self.kv_index = KvIndex.from_config(settings.kv)
         # With flow control, a worker without a fresh load report waits out its load
         # limits (max_waiting, max_token_usage) instead of being taken as idle.
+        context = PolicyContext(self.kv_index, settings.kv, settings.loads.stale_after_s)
         clusters = cluster_factory(
-            settings.model,
-            self.kv_index,
-            settings.kv,
-            settings.loads.stale_after_s,
-            stale_saturates=settings.flow is not None,
+            settings.model, build_policy, context, stale_saturates=settings.flow is not None
         )
         self.registry = Registry(clusters)
         self.registry.subscribe(self._log_event)
         self._channels: dict[Worker, aio.Channel] = {}
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
-        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._scope = TaskScope()  # every task the fleet starts; `close` ends them all
+        self._tasks: dict[str, set[asyncio.Task[None]]] = {}  # by worker, for `remove`
         self._timers: dict[str, set[asyncio.TimerHandle]] = {}
         self._joining: set[str] = set()
         self._credentials: grpc.ChannelCredentials | None = None
@@ -135,7 +135,7 @@ class Fleet:
         self.kv_index.drop_worker(worker.id)
         for timer in self._timers.pop(worker.id, ()):
             timer.cancel()
-        await _stopped(self._tasks.pop(worker.id, []))
+        await cancel_and_wait(self._tasks.pop(worker.id, ()))
         channel = self._channels.pop(worker, None)
         if channel is not None:
             await channel.close()
@@ -146,7 +146,7 @@ class Fleet:
             for timer in timers:
                 timer.cancel()
         self._timers.clear()
-        await _stopped([t for ts in self._tasks.values() for t in ts])
+        await self._scope.close()
         channels, self._channels = self._channels, {}
         for channel in channels.values():
             await channel.close()
@@ -157,12 +157,12 @@ class Fleet:
         return self._channels[worker]
 
     def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
-        """Dispatch reports how a request ended; feeds the worker's circuit breaker."""
+        """Dispatch reports how a request ended; feeds the worker's outlier detection."""
         now = time.monotonic()
-        breaker = worker.breaker
-        old = breaker.state
-        if breaker.record(outcome, now, trial=trial):
-            self._breaker_changed(worker, old.value, outcome.value)
+        outlier = worker.outlier
+        old = outlier.state
+        if outlier.record(outcome, now, trial=trial):
+            self._outlier_changed(worker, old.value, outcome.value)
 
     def released(self, worker: Worker) -> None:
         """A request's slot on the worker came free, or its load was reported again:
@@ -175,20 +175,20 @@ class Fleet:
         self._capacity.append(listener)
 
     def on_dispatch(self, worker: Worker) -> bool:
-        """A request was placed on the worker; returns whether it is the breaker's trial."""
-        breaker = worker.breaker
-        old = breaker.state
-        if breaker.on_dispatch(time.monotonic()):
-            self._breaker_changed(worker, old.value, "cool-down over: trial request")
-        return breaker.trial_in_flight
+        """A request was placed on the worker; returns whether it is the half-open trial."""
+        outlier = worker.outlier
+        old = outlier.state
+        if outlier.on_dispatch(time.monotonic()):
+            self._outlier_changed(worker, old.value, "cool-down over: trial request")
+        return outlier.trial_in_flight
 
-    def _breaker_changed(self, worker: Worker, old: str, cause: str) -> None:
-        new = worker.breaker.state.value
-        self.registry.publish(FleetEvent("breaker", worker, old, new, cause))
+    def _outlier_changed(self, worker: Worker, old: str, cause: str) -> None:
+        new = worker.outlier.state.value
+        self.registry.publish(FleetEvent("outlier", worker, old, new, cause))
         if new == "open":
             # Health answers change when the cool-down ends, with no request to say so.
-            event = FleetEvent("breaker", worker, new, new, "cool-down over")
-            self._later(worker, worker.breaker.settings.cooldown_s, self.registry.publish, event)
+            event = FleetEvent("outlier", worker, new, new, "cool-down over")
+            self._later(worker, worker.outlier.settings.cooldown_s, self.registry.publish, event)
 
     def _later(
         self,
@@ -222,41 +222,27 @@ class Fleet:
         """Start joining a worker; its address counts as taken from this moment, before
         anything awaits, so two concurrent adds cannot both register it."""
         self._joining.add(spec.address)
-        return self._spawn(spec.address, self._join(spec, sources, wait_settled))
+        join = self._join(spec, sources, wait_settled)
+        return self._own(spec.address, self._scope.spawn(join, "join", worker=spec.address))
 
-    def _spawn(self, key: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(coro)
-        tasks = self._tasks.setdefault(key, [])
-        tasks.append(task)
+    def _own(self, key: str, task: asyncio.Task[None]) -> asyncio.Task[None]:
+        """Index one of the fleet's tasks by its worker's address, until it ends: what
+        `remove` cancels."""
+        tasks = self._tasks.setdefault(key, set())
+        tasks.add(task)
 
         def forget(done: asyncio.Task[None]) -> None:
-            if done in tasks:
-                tasks.remove(done)
+            tasks.discard(done)
             if not tasks and self._tasks.get(key) is tasks:
                 del self._tasks[key]  # a join given up (a host dropped before it answered)
-            if not done.cancelled() and (error := done.exception()) is not None:
-                log.error("task_failed", worker=key, error=repr(error), exc_info=error)
 
         task.add_done_callback(forget)
         return task
 
     def _keep(self, worker: Worker, name: str, run: Callable[[], Awaitable[None]]) -> None:
         """Run one of a worker's background loops for as long as the worker is registered:
-        an exception is logged (once while it repeats) and the loop starts again."""
-
-        async def supervised() -> None:
-            last = ""
-            while True:
-                try:
-                    await run()
-                    return
-                except Exception as exc:
-                    if repr(exc) != last:
-                        last = repr(exc)
-                        log.error("loop_failed", loop=name, worker=worker.id, error=last)
-                await asyncio.sleep(LOOP_RESTART_S)
-
-        self._spawn(worker.id, supervised())
+        supervised (an exception is logged once while it repeats; the loop starts again)."""
+        self._own(worker.id, self._scope.supervise(name, run, worker=worker.id))
 
     async def _join(
         self, spec: WorkerSpec, sources: tuple[str, ...], wait_settled: bool = True
@@ -295,7 +281,7 @@ class Fleet:
             spec=spec,
             model=model,
             runtime=runtime,
-            breaker=CircuitBreaker(self.settings.breaker),
+            outlier=OutlierDetector(self.settings.outlier_detection),
             sources=sources,
             role=spec.role or facts.role or Role.REGULAR,
             bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
@@ -432,14 +418,5 @@ class Fleet:
 
 # (event kind, new state) of a worker that stops taking calls without being asked to.
 LEAVING = frozenset(
-    {("status", WorkerStatus.NOT_READY.value), ("breaker", BreakerState.OPEN.value)}
+    {("status", WorkerStatus.NOT_READY.value), ("outlier", OutlierState.OPEN.value)}
 )
-
-
-async def _stopped(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel the tasks and wait until they end. Their own cancellation is theirs to
-    swallow; a cancellation of the caller (while it waits) propagates: gather raises it."""
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -20,7 +20,7 @@ from gateway.upstream.worker import Worker, WorkerStatus
 
 @dataclass(frozen=True, slots=True)
 class FleetEvent:
-    kind: str  # added | removed | status | breaker
+    kind: str  # added | removed | status | outlier
     worker: Worker
     old: str = ""
     new: str = ""

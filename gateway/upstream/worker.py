@@ -16,7 +16,7 @@ from enum import StrEnum
 from gateway.config import WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.upstream.signals.load import LoadReport as LoadReport  # re-exported: it lived here
-from gateway.upstream.signals.outlier import CircuitBreaker
+from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.signals.probe import ProbeState
 
 # Where a worker came from that no discovery report can take away: flags and the config
@@ -59,7 +59,7 @@ class Worker:
     spec: WorkerSpec
     model: str
     runtime: Runtime
-    breaker: CircuitBreaker  # its own, from the fleet's breaker settings
+    outlier: OutlierDetector  # its own, from the fleet's outlier detection settings
     role: Role = Role.REGULAR
     bootstrap_port: int | None = None  # prefill: its rendezvous port (SGLang PD)
     pairing: str = ""  # prefill and decode pair only with equal keys (same KV transfer setup)
@@ -77,10 +77,11 @@ class Worker:
     load_error: str | None = None
     inflight: int = 0
     idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
+    # Its address, built once (the spec is frozen): a call's path reads it many times.
+    id: str = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return self.spec.address
+    def __post_init__(self) -> None:
+        self.id = self.spec.address
 
     @property
     def bootstrap_host(self) -> str:
@@ -145,8 +146,8 @@ class Worker:
         return old
 
     def available(self, now: float) -> bool:
-        """Routable: ready, and the circuit breaker admits a request."""
-        return self.status is WorkerStatus.READY and self.breaker.admits(now)
+        """Routable: ready, and outlier detection admits a request (not ejected)."""
+        return self.status is WorkerStatus.READY and self.outlier.admits(now)
 
     def __repr__(self) -> str:
         return f"Worker({self.id} {self.runtime}/{self.model}/{self.role} {self.status})"

@@ -608,7 +608,7 @@ class Trailers(Scenario):
         state = "gone"
         if worker is not None:
             status = admin_pb.WorkerStatus.Name(worker.status)
-            state = f"{status}, breaker {admin_pb.BreakerState.Name(worker.breaker_state)}"
+            state = f"{status}, outlier {admin_pb.BreakerState.Name(worker.breaker_state)}"
         self.note("the worker as the gateway sees it", state)
 
 

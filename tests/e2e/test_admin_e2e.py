@@ -103,7 +103,7 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
         assert listed.returncode == 0, listed.stderr
         header, *rows = listed.stdout.splitlines()
         assert header.split() == [
-            "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "BREAKER",
+            "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "OUTLIER",
             "RUN", "WAIT", "KV", "LAST", "PROBE", "CAUSE",
         ]  # fmt: skip
         [row] = rows
@@ -274,7 +274,7 @@ async def test_drained_worker_gets_nothing_new_while_its_stream_finishes(
         assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
         assert error.details() == (
             "All 1 regular workers for model 'm' are unavailable "
-            "(not connected, unhealthy or circuit breaker open)"
+            "(not connected, unhealthy or ejected by outlier detection)"
         )
     print(f"\n[admin] remove waited {took:.3f}s for the in-flight stream on the removed worker")
     log_path = gw.log_path  # type: ignore[attr-defined]

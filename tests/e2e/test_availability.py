@@ -38,6 +38,7 @@ from tests.e2e.availability_helpers import (
 from tests.e2e.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
+    WAIT_S,
     assert_verdict,
     channel,
     collect,
@@ -54,7 +55,7 @@ from tests.e2e.helpers import (
 
 UNAVAILABLE_MESSAGE = (
     "All {n} regular workers for model '{model}' are unavailable "
-    "(not connected, unhealthy or circuit breaker open)"
+    "(not connected, unhealthy or ejected by outlier detection)"
 )
 
 # Workers are signalled, frozen, killed and restarted on their port.
@@ -89,6 +90,9 @@ async def served_by(
 # --------------------------------------------------------------------------- figure 1
 
 
+HELD_TTFT_MS = "6000"  # the held requests' first message: long after the kill
+
+
 async def test_sigkilled_worker_gets_no_new_request_after_one_second(
     sim: Launcher, gateway: Launcher
 ) -> None:
@@ -105,12 +109,15 @@ async def test_sigkilled_worker_gets_no_new_request_after_one_second(
     async with aio.insecure_channel(admin) as admin_ch, channel(gw.address) as held_ch:
         watch = admin_watch(admin_ch)
         # Requests the victim has accepted (its headers are relayed) but not yet answered
-        # with a first message when it dies: round robin puts two of four on it.
+        # with a first message when it dies: round robin puts two of four on it. Their
+        # first message is far enough off that the kill comes first on a loaded machine.
         held = [
             sgl_grpc.SglangSchedulerStub(held_ch).Generate(
                 sgl_generate(f"held{i}", tokens=2),
-                metadata=model_md("m", ("x-sim-ttft-ms", "1200"), ("x-sim-headers-first", "1")),
-                timeout=5,
+                metadata=model_md(
+                    "m", ("x-sim-ttft-ms", HELD_TTFT_MS), ("x-sim-headers-first", "1")
+                ),
+                timeout=WAIT_S,
             )
             for i in range(4)
         ]
@@ -128,7 +135,7 @@ async def test_sigkilled_worker_gets_no_new_request_after_one_second(
             status_event(victim.address, admin_pb.WORKER_STATUS_NOT_READY), 1.0
         )
         await watch.close()
-        held_done = await asyncio.wait_for(asyncio.gather(*held_results), 5)
+        held_done = await asyncio.wait_for(asyncio.gather(*held_results), WAIT_S)
 
     results = load.results
     failures = load.failures()

@@ -15,12 +15,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.config import DnsDiscovery
-from gateway.discovery.dns import LOGGED_TARGETS, ROUND_TIMEOUT_S, DnsSource
+from gateway.discovery.dns import LOGGED_TARGETS, ROUND_TIMEOUT_S, AddressPort, DnsError, DnsSource
 from gateway.discovery.source import Discovered
 from tests.conftest import Launcher
 from tests.e2e.availability_helpers import admin_address, list_workers
 from tests.e2e.dnsmasq import Dnsmasq
 from tests.e2e.helpers import (
+    WAIT_S,
     channel,
     collect,
     model_md,
@@ -207,6 +208,18 @@ async def test_with_two_processes_one_resolver_feeds_both(
             await ch.close()
 
 
+async def resolved(source: DnsSource) -> tuple[list[AddressPort], float]:
+    """One resolution of the source's name, tried again after a round whose targets did
+    not answer in time (a loaded machine), bounded: the content is what a test checks."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            return await source.resolve()
+        except DnsError:
+            if time.monotonic() > deadline:
+                raise
+
+
 async def test_srv_records_give_each_host_its_port_and_aaaa_records_count(tmp_path: Path) -> None:
     """The source alone against dnsmasq: SRV targets resolved to their A and AAAA records,
     each with the SRV record's port."""
@@ -221,7 +234,7 @@ async def test_srv_records_give_each_host_its_port_and_aaaa_records_count(tmp_pa
         config = DnsDiscovery(
             source="dns", name=f"_grpc._tcp.{NAME}", nameserver=server.address, model="m"
         )
-        targets, ttl = await DnsSource(config).resolve()
+        targets, ttl = await resolved(DnsSource(config))
         assert targets == [("127.0.0.2", 30001), ("127.0.0.3", 30002), ("::1", 30001)]
         assert ttl <= 1  # dnsmasq's --local-ttl: resolved again within a second
         reports: list[list[str]] = []
@@ -233,7 +246,7 @@ async def test_srv_records_give_each_host_its_port_and_aaaa_records_count(tmp_pa
 
         source = DnsSource(config)
         task = asyncio.ensure_future(source.run(report))
-        await asyncio.wait_for(reported.wait(), 5)
+        await asyncio.wait_for(reported.wait(), WAIT_S)  # a round that failed is tried again
         task.cancel()
         assert reports[0] == ["127.0.0.2:30001", "127.0.0.3:30002", "[::1]:30001"]
         assert source.stats.hosts == 3 and source.stats.errors == 0

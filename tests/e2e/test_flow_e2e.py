@@ -113,7 +113,7 @@ async def until_waiting(gw: Child, count: int) -> None:
 
 
 async def worker_state(gw: Child) -> Any:
-    """The one worker as ListWorkers shows it (inflight, breaker state)."""
+    """The one worker as ListWorkers shows it (inflight, outlier state)."""
     (worker,) = (await list_workers(admin_address(gw))).values()
     return worker
 
@@ -239,13 +239,13 @@ async def test_a_deadline_expiring_in_the_queue_is_deadline_exceeded_and_blames_
     sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
     """The client's own deadline passes while its call waits: DEADLINE_EXCEEDED, the
-    worker never ran it, and nothing counts against the worker: with a breaker that
-    opens on one failure, the worker still serves the next call."""
+    worker never ran it, and nothing counts against the worker: with outlier detection
+    that ejects on one failure, the worker still serves the next call."""
     worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {
         "models": {"m": {"max_inflight": 1}},
         "flow": {},
-        "breaker": {"failure_threshold": 1},
+        "outlier_detection": {"failure_threshold": 1},
     }
     gw = flow_gateway(gateway, tmp_path, [worker], settings)
     await wait_health(gw.address, "m")

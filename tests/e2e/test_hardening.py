@@ -104,12 +104,12 @@ def details_of(stream_headers: dict[bytes, bytes]) -> tuple[error_details_pb2.Er
     return info, fields
 
 
-async def test_bad_header_values_are_refused_at_the_front_and_never_open_a_breaker(
+async def test_bad_header_values_are_refused_at_the_front_and_never_eject_a_worker(
     sim: Launcher, gateway: Launcher, tmp_path: Path
 ) -> None:
     """Each class of value grpc refuses upstream gets INVALID_ARGUMENT BAD_METADATA naming
     the key, before placement. Rounds of 20 bad requests interleaved with good calls: every
-    good call succeeds and no breaker opens (it used to open after 10)."""
+    good call succeeds and outlier detection ejects no worker (it used to after 10)."""
     gw = await model_m_gateway(sim, gateway, tmp_path)
     request = sgl_generate("bad").SerializeToString()
     client = RawClient("127.0.0.1", gw.port)

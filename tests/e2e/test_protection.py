@@ -36,9 +36,9 @@ from tests.e2e.helpers import (
 from tests.e2e.stalled import StalledClient
 
 
-async def test_client_deadlines_never_open_a_breaker(sim: Launcher, gateway: Launcher) -> None:
+async def test_client_deadlines_never_eject_a_worker(sim: Launcher, gateway: Launcher) -> None:
     """1,000 calls whose own short deadline expires while the worker thinks: none of them
-    is the worker's fault, so its breaker stays closed and the next call is served.
+    is the worker's fault, so outlier detection stays closed and the next call is served.
 
     In batches of 100, each on a connection of its own, once the gateway has ended the
     previous batch's calls (ListWorkers: nothing in flight): a connection's cancelled

@@ -28,7 +28,7 @@ from tests.e2e.helpers import (
 
 UNAVAILABLE_MESSAGE = (
     "All {n} regular workers for model '{model}' are unavailable "
-    "(not connected, unhealthy or circuit breaker open)"
+    "(not connected, unhealthy or ejected by outlier detection)"
 )
 
 

@@ -1,6 +1,6 @@
 """In-process parts: simulated workers and the gateway on ephemeral ports, in the test's
 own event loop, so a test can look at the gateway's state (in-flight counts, the abort
-table, breakers) between two steps of a call, deterministically."""
+table, outlier detectors) between two steps of a call, deterministically."""
 
 from __future__ import annotations
 

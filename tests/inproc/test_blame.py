@@ -1,5 +1,5 @@
 """A failure the gateway's own channel makes (metadata grpc refuses to send) is never the
-worker's: it neither counts towards opening its breaker nor decides a half-open trial."""
+worker's: it neither counts towards ejecting it nor decides a half-open trial."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from gateway.core.roles import Role
 from gateway.proxy.upstream import Outbound, UpstreamFailure
-from gateway.upstream.signals.outlier import BreakerState
+from gateway.upstream.signals.outlier import OutlierState
 from tests.e2e.helpers import sgl_generate
 from tests.inproc.harness import SGL, gateway, idle, sim, worker
 
@@ -30,7 +30,7 @@ async def test_the_gateways_own_channel_failure_is_not_the_workers() -> None:
     async with sim("--model", "m") as w, gateway(w.url(model="m", runtime="sglang")) as gw:
         target = worker(gw, w)
         request = sgl_generate("r").SerializeToString()
-        for _ in range(2 * gw.config.breaker.failure_threshold):
+        for _ in range(2 * gw.config.outlier_detection.failure_threshold):
             reservation = gw.upstreams.reserve(target)
             outbound = Outbound(SGL + "Generate", request, (("x-odd", "café"),), 5.0, True)
             with gw.upstreams.call(reservation, Role.REGULAR, outbound) as call:
@@ -39,5 +39,5 @@ async def test_the_gateways_own_channel_failure_is_not_the_workers() -> None:
                 assert failed.value.code is grpc.StatusCode.INTERNAL
                 assert failed.value.details == "Invalid metadata"
         await idle(gw)
-        assert target.breaker.state is BreakerState.CLOSED
-        assert target.breaker.failures == 0
+        assert target.outlier.state is OutlierState.CLOSED
+        assert target.outlier.failures == 0

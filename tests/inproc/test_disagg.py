@@ -345,7 +345,7 @@ class TestLegVerdicts:
             grpc.StatusCode.UNAVAILABLE,
             "WORKERS_UNAVAILABLE",
             "All 1 decode workers for model 'm' are unavailable "
-            "(not connected, unhealthy or circuit breaker open)",
+            "(not connected, unhealthy or ejected by outlier detection)",
             {"model": "m", "leg": "decode", "httpStatus": "503", "code": "no_available_workers"},
             retry_s=1,
             pushback_ms=1000,

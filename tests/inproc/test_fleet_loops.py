@@ -12,8 +12,9 @@ from grpc import aio
 from structlog.testing import capture_logs
 
 from gateway.config import build_config, parse_worker_url
+from gateway.core import tasks as tasks_module
 from gateway.engines import engine_adapters
-from gateway.upstream import manager as fleet_module
+from gateway.placement.policies import build_policy
 from gateway.upstream.manager import Fleet, WorkerExists
 from gateway.upstream.signals.probe import ProbeKind
 from gateway.upstream.worker import WorkerStatus
@@ -55,7 +56,7 @@ async def test_probing_goes_on_after_an_answer_that_does_not_decode(
         worker_urls=[f"grpc://{address}?model=m&runtime=sglang"],
         overrides={"probe.interval_s": 0.02, "probe.failure_threshold": 2},
     )
-    fleet = Fleet(config, engine_adapters())
+    fleet = Fleet(config, engine_adapters(), build_policy)
     try:
         await fleet.start(config.workers)
         worker = fleet.registry.get(address)
@@ -72,9 +73,9 @@ async def test_probing_goes_on_after_an_answer_that_does_not_decode(
 async def test_a_background_loop_that_raises_is_logged_once_and_runs_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(fleet_module, "LOOP_RESTART_S", 0.0)
+    monkeypatch.setattr(tasks_module, "RESTART_S", 0.0)
     config = build_config(worker_urls=["grpc://127.0.0.1:1?model=m&runtime=sglang"])
-    fleet = Fleet(config, engine_adapters())
+    fleet = Fleet(config, engine_adapters(), build_policy)
     runs: list[int] = []
     finished = asyncio.Event()
 
@@ -94,6 +95,7 @@ async def test_a_background_loop_that_raises_is_logged_once_and_runs_again(
                 await finished.wait()
         assert len(runs) == 3
         failures = [e for e in logs if e["event"] == "loop_failed"]
+        assert [type(e.pop("exc_info")) for e in failures] == [ValueError]  # its traceback
         assert failures == [
             {
                 "event": "loop_failed",
@@ -108,7 +110,7 @@ async def test_a_background_loop_that_raises_is_logged_once_and_runs_again(
 
 
 async def test_concurrent_adds_of_one_address_register_it_once() -> None:
-    fleet = Fleet(build_config(), engine_adapters())
+    fleet = Fleet(build_config(), engine_adapters(), build_policy)
     spec = parse_worker_url("grpc://127.0.0.1:1?model=m&runtime=sglang")
     try:
         results = await asyncio.gather(fleet.add(spec), fleet.add(spec), return_exceptions=True)

@@ -168,7 +168,7 @@ async def test_a_cancel_or_deadline_while_queued_reaches_no_worker_and_blames_no
             labels = {"class": "standard", "outcome": outcome}
             assert sample("gateway_flow_outcomes_total", labels) == 1
         assert busy.inflight == 1 and waiting(gw) == 0
-        assert busy.breaker.failures == 0
+        assert busy.outlier.failures == 0
         held.cancel()
         await idle(gw)
 
@@ -352,13 +352,17 @@ async def test_a_worker_without_a_fresh_load_report_waits_out_the_load_limits() 
             models={"m": {"max_waiting": 5}},
             flow={},
             # Stale after three intervals; KV-event load records off (they refresh it too).
-            **{"loads.interval_s": 0.2, "kv.events": False},
+            **{"loads.interval_s": 0.5, "kv.events": False},
         ) as gw,
         client(gw) as ch,
     ):
         records = recorded(gw)
         busy = gw.fleet.registry.pool("m", *_regular())[0]
         await until(lambda: busy.load is not None)
+        assert busy.load is not None
+        # Just after a poll, so the next one is an interval away (not between these lines).
+        polled = busy.load.at
+        await until(lambda: busy.load is not None and busy.load.at != polled)
         assert busy.load is not None
         busy.reported(dataclasses.replace(busy.load, at=busy.load.at - 10))  # stale now
         stub = sgl_grpc.SglangSchedulerStub(ch)

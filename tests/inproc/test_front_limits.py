@@ -40,7 +40,7 @@ async def test_a_stream_with_nothing_moving_is_ended_and_its_upstream_cancelled(
         moving = model_md("m", ("x-sim-ttft-ms", "0"), ("x-sim-token-ms", "60"))
         messages, error = await collect(stub.Generate(sgl_generate("slow", 12), metadata=moving))
         assert error is None and len(messages) == 13
-        assert worker(gw, w).breaker.state.value == "closed"
+        assert worker(gw, w).outlier.state.value == "closed"
 
 
 async def test_keepalive_pings_do_not_end_a_long_silent_call() -> None:

@@ -12,7 +12,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 from structlog.testing import capture_logs
 
 from gateway.upstream.registry import FleetEvent
-from gateway.upstream.signals.outlier import BreakerState
+from gateway.upstream.signals.outlier import OutlierState
 from tests.e2e.helpers import collect, model_md, sgl_generate, vllm_generate
 from tests.inproc.harness import client, gateway, idle, sim, until, worker
 
@@ -24,7 +24,7 @@ def requests(logs: list[dict[str, object]], rpc: str) -> list[dict[str, object]]
 
 
 async def test_vllm_pd_reserves_the_decode_when_it_places_the_prefill() -> None:
-    """The decode is counted in flight (and would take a breaker trial) from placement on,
+    """The decode is counted in flight (and would take a half-open trial) from placement on,
     not once the prefill has finished: the next placement must see it busy."""
     async with (
         sim("--runtime", "vllm", "--role", "prefill", "--model", "m", "--ttft-ms", "30000") as p,
@@ -42,10 +42,10 @@ async def test_vllm_pd_reserves_the_decode_when_it_places_the_prefill() -> None:
             assert [h.worker for h in gw.inflight.holders("r1")] == [prefill]
             call.cancel()
         await idle(gw)
-        assert decode.breaker.state is BreakerState.CLOSED
+        assert decode.outlier.state is OutlierState.CLOSED
 
 
-async def test_an_unused_reservation_is_released_with_its_breaker_trial() -> None:
+async def test_an_unused_reservation_is_released_with_its_half_open_trial() -> None:
     """A prefill that hands over no KV params fails the request before the decode is
     called: the decode's reservation, and the half-open trial it took, go back."""
     async with (
@@ -57,7 +57,7 @@ async def test_an_unused_reservation_is_released_with_its_breaker_trial() -> Non
         ) as gw,
     ):
         decode = worker(gw, d)
-        decode.breaker.state = BreakerState.HALF_OPEN  # the next request is its one trial
+        decode.outlier.state = OutlierState.HALF_OPEN  # the next request is its one trial
         async with client(gw) as ch:
             _, error = await collect(
                 vllm_grpc.VllmEngineStub(ch).Generate(vllm_generate("r1"), metadata=M)
@@ -68,8 +68,8 @@ async def test_an_unused_reservation_is_released_with_its_breaker_trial() -> Non
             "the decode cannot fetch the KV cache"
         )
         await idle(gw)
-        assert decode.breaker.trial_in_flight is False
-        assert decode.breaker.admits(0.0)
+        assert decode.outlier.trial_in_flight is False
+        assert decode.outlier.admits(0.0)
 
 
 @pytest.mark.parametrize("runtime", ["sglang", "vllm"])
@@ -206,12 +206,14 @@ async def test_attempts_count_placements_and_retries_only_retries() -> None:
 
 
 async def test_a_failing_fleet_listener_never_touches_the_request() -> None:
-    """The request that opens a breaker publishes a fleet event from its own `finally`:
+    """The request that ejects a worker publishes a fleet event from its own `finally`:
     a listener that raises there is logged, the other listeners still hear the event, and
     the request still leaves the abort table and its worker's in-flight count."""
     async with (
         sim("--model", "m", "--fail-code", "INTERNAL", "--fail-after", "1") as w,
-        gateway(w.url(model="m", runtime="sglang"), **{"breaker.failure_threshold": 1}) as gw,
+        gateway(
+            w.url(model="m", runtime="sglang"), **{"outlier_detection.failure_threshold": 1}
+        ) as gw,
     ):
         heard: list[FleetEvent] = []
 
@@ -228,7 +230,7 @@ async def test_a_failing_fleet_listener_never_touches_the_request() -> None:
         assert len(messages) == 1
         assert error is not None and error.code() is grpc.StatusCode.INTERNAL
         await idle(gw)
-        assert [(e.kind, e.new) for e in heard] == [("breaker", "open")]
+        assert [(e.kind, e.new) for e in heard] == [("outlier", "open")]
         failed = [e for e in logs if e["event"] == "fleet_listener_failed"]
         assert [(e["event"], e["worker"]) for e in failed] == [("fleet_listener_failed", w.address)]
-        assert worker(gw, w).breaker.state is BreakerState.OPEN
+        assert worker(gw, w).outlier.state is OutlierState.OPEN

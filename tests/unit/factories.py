@@ -1,19 +1,20 @@
 """Builders for what the unit tests construct often: each makes the dependencies that
-production code receives from its builder (a worker's circuit breaker), so a test names
+production code receives from its builder (a worker's outlier detector), so a test names
 only what it is about."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.config import BreakerConfig, KvConfig, ModelSettings, WorkerSpec
+from gateway.config import KvConfig, ModelSettings, OutlierDetectionConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
 from gateway.placement.placer import Placer
-from gateway.upstream.cluster import cluster_factory
+from gateway.placement.policies import build_policy
+from gateway.upstream.cluster import PolicyContext, cluster_factory
 from gateway.upstream.registry import Registry
-from gateway.upstream.signals.outlier import CircuitBreaker
+from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.worker import Worker
 
 
@@ -24,15 +25,15 @@ def make_worker(
     *,
     role: Role = Role.REGULAR,
     pairing: str = "",
-    breaker: BreakerConfig | None = None,
+    outlier: OutlierDetectionConfig | None = None,
 ) -> Worker:
-    """A worker as the fleet registers one, with its own breaker (from `breaker`, the
+    """A worker as the fleet registers one, with its own outlier detector (from `outlier`, the
     default settings unless given)."""
     return Worker(
         spec=spec,
         model=model,
         runtime=runtime,
-        breaker=CircuitBreaker(breaker if breaker is not None else BreakerConfig()),
+        outlier=OutlierDetector(outlier if outlier is not None else OutlierDetectionConfig()),
         role=role,
         pairing=pairing,
     )
@@ -46,7 +47,8 @@ def make_registry(
     """A registry whose clusters take each model's policy and limits from
     `model_settings` (round robin, no limits unless given)."""
     index = kv_index if kv_index is not None else KvIndex()
-    return Registry(cluster_factory(model_settings, index, KvConfig(), stale_after_s))
+    context = PolicyContext(index, KvConfig(), stale_after_s)
+    return Registry(cluster_factory(model_settings, build_policy, context))
 
 
 def make_placer(

@@ -24,6 +24,7 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import build_config
 from gateway.engines import engine_adapters
+from gateway.placement.policies import build_policy
 from gateway.upstream.manager import Fleet
 from gateway.upstream.registry import FleetEvent
 
@@ -64,7 +65,7 @@ async def start(token: str | None = None) -> Admin:
             "discovery_timeout_s": 0.5,
         }
     )
-    fleet = Fleet(config, engine_adapters())
+    fleet = Fleet(config, engine_adapters(), build_policy)
     await fleet.start(())
     server, port = await start_admin_server(fleet, config)
     channel = aio.insecure_channel(f"127.0.0.1:{port}")
@@ -231,7 +232,7 @@ async def test_slow_watcher_is_cut_off_not_the_fleet(admin: Admin) -> None:
     assert (await anext(stream)).kind == pb.WORKER_EVENT_KIND_SNAPSHOT
     listeners = len(admin.fleet.registry._listeners)
     for n in range(5):  # synchronous, as the fleet publishes: must not block or raise
-        admin.fleet.registry.publish(FleetEvent("breaker", worker, "closed", "open", f"e{n}"))
+        admin.fleet.registry.publish(FleetEvent("outlier", worker, "closed", "open", f"e{n}"))
     assert len(admin.fleet.registry._listeners) == listeners - 1
     assert [(await anext(stream)).cause for _ in range(2)] == ["e0", "e1"]
     with pytest.raises(AbortError, match="fell more than 2 events behind"):
@@ -297,7 +298,7 @@ async def test_cli_verbs(admin: Admin, capsys: pytest.CaptureFixture[str]) -> No
     assert await cli("list", *at) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header.split()[:8] == [
-        "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "BREAKER"
+        "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "OUTLIER"
     ]  # fmt: skip
     assert row.split()[:8] == [
         worker_id, "m", "sglang", "regular", "admin", "pending", "0", "closed"

@@ -187,7 +187,7 @@ async def test_the_poll_task_applies_a_change_and_stops(keys_path: Path) -> None
         assert auth.name_of(BOB) is None and auth.name_of(ALICE) == "alice"
     finally:
         await auth.stop()
-    assert auth._task is None
+    assert not auth._tasks
 
 
 def test_auth_settings_are_checked() -> None:

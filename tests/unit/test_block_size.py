@@ -13,8 +13,8 @@ from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.upstream.cache_aware import CacheAware
-from gateway.upstream.policies import Hints
+from gateway.placement.policies import Hints
+from gateway.placement.policies.cache_aware import CacheAware
 from tests.unit.factories import make_worker
 
 ADAPTERS = engine_adapters()

@@ -12,9 +12,9 @@ from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.upstream.cache_aware import CacheAware, cheapest
+from gateway.placement.policies import Choice, Hints
+from gateway.placement.policies.cache_aware import CacheAware, cheapest
 from gateway.upstream.load.kv_events import Gap, KvFollower
-from gateway.upstream.policies import Choice, Hints
 from gateway.upstream.worker import Worker
 from tests.unit.factories import make_worker
 

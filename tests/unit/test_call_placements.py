@@ -16,13 +16,13 @@ from gateway.engines import engine_adapters
 from gateway.observability.record import CallRecord
 from gateway.placement import verdicts
 from gateway.placement.decision import Decision
+from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher, Job
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.metadata import RequestMeta
 from gateway.proxy.upstream import Reserved, UpstreamFailure, Upstreams
-from gateway.upstream.policies import Hints
 from gateway.upstream.signals.outlier import Outcome
 from gateway.upstream.worker import Worker
 from tests.unit.factories import make_worker

@@ -8,11 +8,13 @@ import dataclasses
 
 from gateway.config import ModelSettings, WorkerSpec
 from gateway.core.roles import Role, Runtime
+from gateway.placement.policies import Hints
+from gateway.placement.policies.cache_aware import CacheAware
+from gateway.placement.policies.least_inflight import LeastInflight
+from gateway.placement.policies.round_robin import RoundRobin
 from gateway.placement.verdicts import Reason, Verdict
-from gateway.upstream.cache_aware import CacheAware
 from gateway.upstream.cluster import ClusterKey
-from gateway.upstream.load.limits import Limits
-from gateway.upstream.policies import Hints, LeastInflight, RoundRobin
+from gateway.upstream.load.limits import WorkerLimits
 from gateway.upstream.registry import Registry
 from gateway.upstream.worker import Worker
 from tests.unit.factories import make_placer, make_registry, make_worker
@@ -76,8 +78,8 @@ def test_each_cluster_has_its_model_policy_and_limits() -> None:
     assert isinstance(prefill.policy, CacheAware)
     assert isinstance(decode.policy, LeastInflight)  # the prompt's cache is the prefill's
     assert isinstance(batch.policy, RoundRobin)
-    assert prefill.limits == decode.limits == Limits(max_inflight=2)
-    assert batch.limits == Limits() and not batch.limits.any
+    assert prefill.limits == decode.limits == WorkerLimits(max_inflight=2)
+    assert batch.limits == WorkerLimits() and not batch.limits.any
 
 
 def test_two_runtimes_of_one_model_are_two_clusters_with_their_own_rotation() -> None:

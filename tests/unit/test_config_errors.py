@@ -44,6 +44,11 @@ def yaml_file(tmp_path: Path, text: str) -> str:
         ({"kv": {"share_window_s": 0.0}}, "kv.share_window_s: must be greater than 0, not 0.0"),
         ({"drain": {"grace_s": -1}}, "drain.grace_s: must be at least 0, not -1"),
         ({"kv": {"balance_ratio": float("nan")}}, "kv.balance_ratio: must be a finite number"),
+        (
+            {"outlier_detection": {"cooldown_s": "5s"}},
+            "outlier_detection.cooldown_s: must be a number, not '5s'",
+        ),
+        # The old name of outlier_detection: the line names the key the file gave.
         ({"breaker": {"cooldown_s": "5s"}}, "breaker.cooldown_s: must be a number, not '5s'"),
         ({"max_attempts": "3"}, "max_attempts: must be a whole number, not '3'"),
         ({"max_attempts": True}, "max_attempts: must be a whole number, not true"),

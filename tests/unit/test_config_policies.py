@@ -1,33 +1,43 @@
-"""The policy names are written once (gateway/core/policy_names.py): the config validates
-against them, the CLI offers them, and placement has one policy under each."""
+"""The policy names are in one table (gateway/core/policy_names.py): the config validates
+against it, the CLI offers it, and placement builds a policy under every name."""
 
 from __future__ import annotations
 
 import argparse
-from typing import get_args
 
 from gateway import config
 from gateway.cli.main import build_parser
-from gateway.core.policy_names import POLICIES, PolicyName
-from gateway.upstream.cache_aware import CacheAware
-from gateway.upstream.policies import POLICY_TYPES
+from gateway.config import KvConfig
+from gateway.core.policy_names import POLICIES, policy_names
+from gateway.core.roles import Role
+from gateway.kv.index import KvIndex
+from gateway.placement.policies import Policy, PolicyContext, build_policy, policy_class
 
 
-def test_placement_has_a_policy_under_every_name_and_no_other() -> None:
-    assert sorted([*POLICY_TYPES, CacheAware.name]) == sorted(POLICIES)
-    assert len(set(POLICIES)) == len(POLICIES)
-
-
-def test_the_config_and_the_cli_use_the_same_list() -> None:
-    assert config.POLICIES is POLICIES
-    assert get_args(PolicyName) == POLICIES
+def cli_policy_choices() -> tuple[str, ...]:
     serve = next(
         action
         for action in build_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     ).choices["serve"]
     policy = next(a for a in serve._actions if a.dest == "policy")
-    assert tuple(policy.choices or ()) == POLICIES
+    return tuple(policy.choices or ())
+
+
+def test_placement_has_a_policy_under_every_built_in_name() -> None:
+    context = PolicyContext(KvIndex(), KvConfig(), 3.0)
+    assert len(set(POLICIES)) == len(POLICIES)
+    for name in POLICIES:
+        cls = policy_class(name)
+        assert issubclass(cls, Policy) and cls.name == name
+        built = build_policy(name, Role.REGULAR, context)
+        assert type(built) is cls
+
+
+def test_the_config_and_the_cli_use_the_same_list() -> None:
+    assert config.POLICIES is POLICIES
+    assert policy_names()[: len(POLICIES)] == POLICIES
+    assert cli_policy_choices() == policy_names()
 
 
 def test_every_name_is_a_valid_policy_in_the_config() -> None:

@@ -44,7 +44,7 @@ DEFAULTS = {
 }
 SECTION_DEFAULTS = {
     "probe": dict(interval_s=1.0, timeout_s=1.0, success_threshold=2, failure_threshold=2),
-    "breaker": dict(failure_threshold=5, cooldown_s=5.0, success_threshold=2),
+    "outlier_detection": dict(failure_threshold=5, cooldown_s=5.0, success_threshold=2),
     "loads": dict(interval_s=1.0, timeout_s=1.0),
     "drain": dict(delay_s=5.0, grace_s=20.0, worker_timeout_s=60.0),
     "disagg": dict(abort_wait_s=30.0),

@@ -16,8 +16,8 @@ from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
 from gateway.placement.decision import Decision
 from gateway.placement.placer import Placer
+from gateway.placement.policies import Hints
 from gateway.proxy.dispatch import Job
-from gateway.upstream.policies import Hints
 from gateway.upstream.registry import Registry
 from tests.unit.factories import make_placer, make_registry
 from tests.unit.test_cache_aware import PROMPT, follower, stored, worker

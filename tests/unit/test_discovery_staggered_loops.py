@@ -13,6 +13,7 @@ import pytest
 from gateway.config import ProbeConfig, WorkerSpec, build_config
 from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
+from gateway.placement.policies import build_policy
 from gateway.upstream import manager as fleet_module
 from gateway.upstream.health import active as prober_module
 from gateway.upstream.health.active import ProbeLoop
@@ -70,7 +71,9 @@ async def test_load_polls_of_workers_that_joined_together_spread_over_the_interv
         polls.setdefault(worker.id, []).append(loop.time())
 
     monkeypatch.setattr(fleet_module, "poll_load", poll_load)
-    fleet = Fleet(build_config(overrides={"loads.interval_s": INTERVAL_S}), engine_adapters())
+    fleet = Fleet(
+        build_config(overrides={"loads.interval_s": INTERVAL_S}), engine_adapters(), build_policy
+    )
     workers = [make_worker(WorkerSpec("10.0.0.1", p, "m")) for p in range(1, HOSTS + 1)]
     tasks = [asyncio.ensure_future(fleet._load_loop(w, None, SGLANG)) for w in workers]
     try:

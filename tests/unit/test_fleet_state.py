@@ -1,16 +1,17 @@
-"""The fleet's pure decisions: breaker, probe thresholds, status, overload, health entries."""
+"""The fleet's pure decisions: outlier detection, probe thresholds, status, overload,
+health entries."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from gateway.config import BreakerConfig, ProbeConfig, WorkerSpec
+from gateway.config import OutlierDetectionConfig, ProbeConfig, WorkerSpec
 from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.services.health import NOT_SERVING, SERVING, desired_statuses
-from gateway.upstream.load.limits import Limits, overload_reason
-from gateway.upstream.signals.outlier import BreakerState, CircuitBreaker, Outcome, outcome_of
+from gateway.upstream.load.limits import WorkerLimits, overload_reason
+from gateway.upstream.signals.outlier import Outcome, OutlierDetector, OutlierState, outcome_of
 from gateway.upstream.signals.probe import ProbeKind, ProbeResult, ProbeState, judge
 from gateway.upstream.worker import LoadReport, Worker, WorkerStatus, derive_status
 from tests.unit.factories import make_worker
@@ -18,8 +19,8 @@ from tests.unit.factories import make_worker
 S, F, IGN = Outcome.SUCCESS, Outcome.FAILURE, Outcome.IGNORED
 
 
-def breaker(failures: int = 3, cooldown: float = 10.0, successes: int = 2) -> CircuitBreaker:
-    return CircuitBreaker(BreakerConfig(failures, cooldown, successes))
+def detector(failures: int = 3, cooldown: float = 10.0, successes: int = 2) -> OutlierDetector:
+    return OutlierDetector(OutlierDetectionConfig(failures, cooldown, successes))
 
 
 @pytest.mark.parametrize(
@@ -38,23 +39,23 @@ def test_what_counts_against_a_worker(code: grpc.StatusCode, outcome: Outcome) -
     assert outcome_of(code) is outcome
 
 
-def test_breaker_opens_after_n_consecutive_failures_only() -> None:
-    b = breaker()
+def test_outlier_detection_opens_after_n_consecutive_failures_only() -> None:
+    b = detector()
     for outcome in (F, F, S, F, F):
         assert not b.record(outcome, 0.0, trial=False)
-    assert b.state is BreakerState.CLOSED
+    assert b.state is OutlierState.CLOSED
     assert b.record(F, 1.0, trial=False)
-    assert b.state is BreakerState.OPEN
+    assert b.state is OutlierState.OPEN
     assert not b.admits(5.0)
 
 
 def test_half_open_admits_exactly_one_trial_then_closes_after_m_successes() -> None:
-    b = breaker()
+    b = detector()
     for _ in range(3):
         b.record(F, 0.0, trial=False)
     assert b.admits(10.0)  # cool-down over
     assert b.on_dispatch(10.0)
-    assert b.state is BreakerState.HALF_OPEN
+    assert b.state is OutlierState.HALF_OPEN
     assert not b.admits(10.0)  # one trial at a time
     assert not b.record(S, 10.5, trial=False)  # an old request's outcome says nothing
     assert not b.admits(10.5)
@@ -62,19 +63,19 @@ def test_half_open_admits_exactly_one_trial_then_closes_after_m_successes() -> N
     assert b.admits(11.0)
     b.on_dispatch(11.0)
     assert b.record(S, 11.5, trial=True)
-    assert b.state is BreakerState.CLOSED
+    assert b.state is OutlierState.CLOSED
 
 
 def test_trial_failure_reopens_and_cancelled_trial_frees_the_slot() -> None:
-    b = breaker()
+    b = detector()
     for _ in range(3):
         b.record(F, 0.0, trial=False)
     b.on_dispatch(10.0)
     b.record(IGN, 10.1, trial=True)
-    assert b.state is BreakerState.HALF_OPEN and b.admits(10.1)
+    assert b.state is OutlierState.HALF_OPEN and b.admits(10.1)
     b.on_dispatch(10.2)
     assert b.record(F, 10.3, trial=True)
-    assert b.state is BreakerState.OPEN
+    assert b.state is OutlierState.OPEN
     assert not b.admits(15.0) and b.admits(20.3)
 
 
@@ -138,7 +139,7 @@ def worker(inflight: int = 0, load: LoadReport | None = None) -> Worker:
 
 
 def test_overload_from_inflight_waiting_and_kv_usage() -> None:
-    limits = Limits(max_inflight=4, max_waiting=10, max_token_usage=0.9)
+    limits = WorkerLimits(max_inflight=4, max_waiting=10, max_token_usage=0.9)
     fresh = LoadReport(running=3, waiting=2, token_usage=0.5, at=100.0)
     assert overload_reason(worker(3, fresh), limits, 101.0, 3.0) is None
     assert overload_reason(worker(4, fresh), limits, 101.0, 3.0) == "4 in flight (limit 4)"
@@ -149,7 +150,7 @@ def test_overload_from_inflight_waiting_and_kv_usage() -> None:
 
 
 def test_a_stale_load_report_is_not_trusted_but_inflight_still_counts() -> None:
-    limits = Limits(max_inflight=4, max_waiting=10)
+    limits = WorkerLimits(max_inflight=4, max_waiting=10)
     stale = LoadReport(running=3, waiting=50, token_usage=0.5, at=100.0)
     assert overload_reason(worker(0, stale), limits, 102.0, 3.0) is not None
     assert overload_reason(worker(0, stale), limits, 104.0, 3.0) is None
@@ -157,13 +158,13 @@ def test_a_stale_load_report_is_not_trusted_but_inflight_still_counts() -> None:
 
 
 def test_with_flow_control_a_missing_or_stale_report_saturates_the_load_limits() -> None:
-    waits = Limits(max_waiting=10, stale_saturates=True)
+    waits = WorkerLimits(max_waiting=10, stale_saturates=True)
     stale = LoadReport(running=3, waiting=0, token_usage=0.5, at=100.0)
     assert overload_reason(worker(0, stale), waits, 102.0, 3.0) is None  # fresh, fits
     assert overload_reason(worker(0, stale), waits, 104.0, 3.0) == "no fresh load report"
     assert overload_reason(worker(0, None), waits, 104.0, 3.0) == "no fresh load report"
     # Without a load limit there is nothing a report would decide: no waiting for one.
-    only_inflight = Limits(max_inflight=4, stale_saturates=True)
+    only_inflight = WorkerLimits(max_inflight=4, stale_saturates=True)
     assert overload_reason(worker(0, None), only_inflight, 104.0, 3.0) is None
 
 

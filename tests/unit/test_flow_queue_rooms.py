@@ -16,7 +16,7 @@ from gateway.proxy.upstream import Reserved, Upstreams
 from gateway.proxy.waiting import Ticket, WaitingRooms
 
 
-def overloaded() -> Decision | Verdict:
+def overloaded(tried: object = ()) -> Decision | Verdict:
     return verdicts.workers_overloaded("m", "", 0, 1000)
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from gateway.app.connections import peer_ip
 from gateway.config import build_config
+from gateway.core.address import peer_host
 from gateway.proxy.admission import Admission, Refusal
-from gateway.proxy.front import peer_host
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.metadata import forwardable_value, read_request_meta
 

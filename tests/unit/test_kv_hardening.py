@@ -22,9 +22,9 @@ from gateway.engines import engine_adapters
 from gateway.kv.index import STRIDE, KvIndex, StoredBlock
 from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, root
 from gateway.observability.metrics import FleetCollector
-from gateway.upstream.cache_aware import CacheAware
+from gateway.placement.policies import Choice, Hints
+from gateway.placement.policies.cache_aware import CacheAware
 from gateway.upstream.load.kv_events import CHUNK_BYTES, Backoff, KvFollower, TooLarge
-from gateway.upstream.policies import Choice, Hints
 from gateway.upstream.worker import LoadReport, Worker
 from tests.unit.factories import make_registry, make_worker
 

@@ -16,11 +16,12 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from gateway.observability import corelog, logs
 from gateway.config import WorkerSpec, build_config
 from gateway.engines import engine_adapters
+from gateway.observability import corelog, logs
 from gateway.observability.logs import Throttle, configure
 from gateway.observability.record import CallRecord
+from gateway.placement.policies import build_policy
 from gateway.upstream.manager import Fleet
 from gateway.upstream.registry import FleetEvent
 from tests.unit.factories import make_worker
@@ -208,7 +209,7 @@ def test_asked_for_every_line_nothing_is_held_back(capsys: pytest.CaptureFixture
 
 
 async def test_a_worker_leaving_service_is_a_warning_and_its_return_info() -> None:
-    fleet = Fleet(build_config(), engine_adapters())
+    fleet = Fleet(build_config(), engine_adapters(), build_policy)
     worker = make_worker(WorkerSpec(host="10.0.0.5", port=30000))
     fleet.registry.add(worker)
     changes = [
@@ -216,10 +217,10 @@ async def test_a_worker_leaving_service_is_a_warning_and_its_return_info() -> No
         ("status", "not_ready", "ready", "info"),
         ("status", "ready", "not_ready", "warning"),  # left service
         ("status", "ready", "draining", "info"),  # the operator's doing
-        ("breaker", "closed", "open", "warning"),  # failing calls took it out
-        ("breaker", "open", "half_open", "info"),
-        ("breaker", "half_open", "open", "warning"),
-        ("breaker", "half_open", "closed", "info"),
+        ("outlier", "closed", "open", "warning"),  # failing calls took it out
+        ("outlier", "open", "half_open", "info"),
+        ("outlier", "half_open", "open", "warning"),
+        ("outlier", "half_open", "closed", "info"),
     ]
     with capture_logs() as logged:
         for kind, old, new, _ in changes:

@@ -9,13 +9,13 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.config import BreakerConfig, WorkerSpec
+from gateway.config import OutlierDetectionConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics import TTFT_BUCKETS, Metrics
 from gateway.observability.record import CallRecord
 from gateway.placement import verdicts
 from gateway.upstream.registry import Registry
-from gateway.upstream.signals.outlier import BreakerState, CircuitBreaker
+from gateway.upstream.signals.outlier import OutlierDetector, OutlierState
 from gateway.upstream.worker import LoadReport, Worker, WorkerStatus
 from tests.unit.factories import make_registry, make_worker
 
@@ -139,8 +139,8 @@ def test_fleet_gauges_read_at_scrape_time(fleet: Registry, metrics: Metrics) -> 
     ready.inflight = 4
     ready.load = LoadReport(running=3, waiting=2, token_usage=0.25, at=time.monotonic())
     pending = worker(2, "v", Runtime.VLLM)
-    pending.breaker = CircuitBreaker(BreakerConfig())
-    pending.breaker.state = BreakerState.OPEN
+    pending.outlier = OutlierDetector(OutlierDetectionConfig())
+    pending.outlier.state = OutlierState.OPEN
     fleet.add(pending)
 
     w1, w2 = ready.id, pending.id
@@ -153,8 +153,8 @@ def test_fleet_gauges_read_at_scrape_time(fleet: Registry, metrics: Metrics) -> 
     assert value(metrics, status, worker=w2, status="pending") == 1
     assert value(metrics, status, worker=w2, status="ready") == 0
     assert [value(metrics, status, worker=w2, status=s.value) for s in WorkerStatus].count(1.0) == 1
-    assert value(metrics, "gateway_worker_breaker_state", worker=w1) == 0
-    assert value(metrics, "gateway_worker_breaker_state", worker=w2) == 2
+    assert value(metrics, "gateway_worker_outlier_state", worker=w1) == 0
+    assert value(metrics, "gateway_worker_outlier_state", worker=w2) == 2
     assert value(metrics, "gateway_worker_inflight", worker=w1) == 4
     assert value(metrics, "gateway_worker_inflight", worker=w2) == 0
     assert value(metrics, "gateway_worker_load_running", worker=w1) == 3
@@ -165,9 +165,9 @@ def test_fleet_gauges_read_at_scrape_time(fleet: Registry, metrics: Metrics) -> 
     assert value(metrics, "gateway_worker_load_running", worker=w2) is None
 
     # Live: the next scrape sees changes, and a removed worker is gone.
-    ready.breaker.state = BreakerState.HALF_OPEN
+    ready.outlier.state = OutlierState.HALF_OPEN
     fleet.remove(pending)
-    assert value(metrics, "gateway_worker_breaker_state", worker=w1) == 1
+    assert value(metrics, "gateway_worker_outlier_state", worker=w1) == 1
     assert value(metrics, up, worker=w2, model="v", runtime="vllm", role="regular") is None
 
 

@@ -20,13 +20,13 @@ SIGNALS = frozenset(
         "load_error",
         "inflight",
         "idle",
-        "breaker",
+        "outlier",
         "sources",
         "in_service",
     }
 )
 CLUSTER_FIELDS = frozenset({"workers", "policy", "limits", "key"})
-FLEET = Path(gateway.__file__).parent / "fleet"
+FLEET = Path(gateway.__file__).parent / "upstream"
 OWNERS = {FLEET / "worker.py": SIGNALS, FLEET / "cluster.py": CLUSTER_FIELDS}
 # Assignments to fields of the same names on other objects, by (file, object written):
 # the gateway's own state (`self.`) and protobuf messages of the admin API.

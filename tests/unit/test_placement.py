@@ -12,8 +12,8 @@ import pytest
 from gateway.config import ModelSettings, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.placement.placer import Placer
+from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Reason, Verdict
-from gateway.upstream.policies import Hints
 from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import Outcome
 from gateway.upstream.worker import Worker, WorkerStatus
@@ -93,7 +93,7 @@ def test_all_workers_down_is_workers_unavailable_with_retry_delay(registry: Regi
     assert verdict.retry_after_ms == 1500
     assert verdict.message == (
         "All 2 regular workers for model 'm' are unavailable "
-        "(not connected, unhealthy or circuit breaker open)"
+        "(not connected, unhealthy or ejected by outlier detection)"
     )
 
 
@@ -153,10 +153,10 @@ def test_unavailable_wins_over_overloaded_when_nobody_is_available() -> None:
     assert verdict.reason is Reason.WORKERS_UNAVAILABLE
 
 
-def test_open_breaker_makes_a_ready_worker_unavailable(registry: Registry) -> None:
+def test_an_ejected_worker_is_unavailable_though_ready(registry: Registry) -> None:
     a = add(registry, 1, "m", Runtime.SGLANG)
-    for _ in range(a.breaker.settings.failure_threshold):
-        a.breaker.record(Outcome.FAILURE, now=time.monotonic(), trial=False)
+    for _ in range(a.outlier.settings.failure_threshold):
+        a.outlier.record(Outcome.FAILURE, now=time.monotonic(), trial=False)
     verdict = chosen(placer(registry), "m", Hints())
     assert isinstance(verdict, Verdict)
     assert verdict.reason is Reason.WORKERS_UNAVAILABLE

@@ -9,16 +9,12 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.upstream.policies import (
-    ConsistentHash,
-    Hints,
-    LeastInflight,
-    Manual,
-    PowerOfTwo,
-    RoundRobin,
-    make_policy,
-    rotate_after,
-)
+from gateway.placement.policies import Hints, policy_class, rotate_after
+from gateway.placement.policies.consistent_hash import ConsistentHash
+from gateway.placement.policies.least_inflight import LeastInflight
+from gateway.placement.policies.manual import Manual
+from gateway.placement.policies.power_of_two import PowerOfTwo
+from gateway.placement.policies.round_robin import RoundRobin
 
 
 @dataclass(frozen=True)
@@ -107,4 +103,4 @@ def test_manual_picks_the_named_worker_or_declines() -> None:
 
 def test_every_policy_returns_none_for_no_candidates() -> None:
     for name in ("round_robin", "random", "power_of_two", "least_inflight", "consistent_hash"):
-        assert make_policy(name).pick([], Hints(routing_key="k")) is None
+        assert policy_class(name)().pick([], Hints(routing_key="k")) is None

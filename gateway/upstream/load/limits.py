@@ -1,5 +1,9 @@
 """Overload: when a worker should take no more requests, from what is known of its load.
 
+`max_inflight` is what Envoy calls a circuit breaker (its `max_requests` per host): a bound
+on the gateway's own requests to the worker. (Envoy's outlier detection, ejecting a worker
+that keeps failing, is gateway/upstream/signals/outlier.py.)
+
 The gateway's own in-flight count is always current; the worker's GetLoads report is
 trusted only while fresh (a failed poll must neither clear an overload nor keep a
 stale one forever).
@@ -13,8 +17,10 @@ from gateway.upstream.worker import Worker
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
-    """Per-model limits for one worker; None means no limit."""
+class WorkerLimits:
+    """Per-model limits for one worker; None means no limit. `max_inflight`: a circuit
+    breaker in Envoy's sense; `max_waiting` and `max_token_usage`: bounds on the worker's
+    own load report."""
 
     max_inflight: int | None = None
     max_waiting: int | None = None
@@ -30,7 +36,9 @@ class Limits:
         )
 
 
-def overload_reason(worker: Worker, limits: Limits, now: float, stale_after_s: float) -> str | None:
+def overload_reason(
+    worker: Worker, limits: WorkerLimits, now: float, stale_after_s: float
+) -> str | None:
     """Why the worker is overloaded, or None if it may take another request."""
     if limits.max_inflight is not None and worker.inflight >= limits.max_inflight:
         return f"{worker.inflight} in flight (limit {limits.max_inflight})"

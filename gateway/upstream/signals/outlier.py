@@ -1,8 +1,10 @@
-"""Circuit breaker per worker: passive health from the outcomes of real requests.
+"""Outlier detection per worker: passive health from the outcomes of real requests.
 
-Closed: requests flow; N consecutive failures open it. Open: no requests until the
-cool-down has passed; then half-open admits exactly one trial request at a time.
-M consecutive trial successes close it; a trial failure opens it again.
+Envoy's consecutive-failure outlier detection, with a half-open trial: closed, requests
+flow; N consecutive failures eject the worker (open): no requests until the cool-down has
+passed; then half-open admits exactly one trial request at a time. M consecutive trial
+successes close it; a trial failure ejects it again. (What Envoy calls circuit breakers,
+limits on requests per host, are gateway/upstream/load/limits.py.)
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from enum import Enum, StrEnum
 
 import grpc
 
-from gateway.config import BreakerConfig
+from gateway.config import OutlierDetectionConfig
 
 
-class BreakerState(StrEnum):
+class OutlierState(StrEnum):
+    """Closed: in service; open: ejected; half-open: one trial request at a time."""
+
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
@@ -44,10 +48,12 @@ def outcome_of(code: grpc.StatusCode) -> Outcome:
     return Outcome.FAILURE if code in FAILURE_CODES else Outcome.SUCCESS
 
 
-class CircuitBreaker:
-    def __init__(self, settings: BreakerConfig) -> None:
+class OutlierDetector:
+    """One worker's ejection state, fed the outcomes of the requests placed on it."""
+
+    def __init__(self, settings: OutlierDetectionConfig) -> None:
         self.settings = settings
-        self.state = BreakerState.CLOSED
+        self.state = OutlierState.CLOSED
         self.failures = 0
         self.successes = 0
         self.opened_at = 0.0
@@ -55,30 +61,30 @@ class CircuitBreaker:
 
     def admits(self, now: float) -> bool:
         """Whether a new request may go to this worker now (no side effect)."""
-        if self.state is BreakerState.CLOSED:
+        if self.state is OutlierState.CLOSED:
             return True
         if self.trial_in_flight:
             return False
-        return self.state is BreakerState.HALF_OPEN or (
+        return self.state is OutlierState.HALF_OPEN or (
             now - self.opened_at >= self.settings.cooldown_s
         )
 
     def on_dispatch(self, now: float) -> bool:
-        """A request was placed here; returns True if the breaker changed state."""
-        if self.state is BreakerState.CLOSED:
+        """A request was placed here; returns True if the state changed."""
+        if self.state is OutlierState.CLOSED:
             return False
-        changed = self.state is BreakerState.OPEN
+        changed = self.state is OutlierState.OPEN
         if changed:
-            self.state, self.successes = BreakerState.HALF_OPEN, 0
+            self.state, self.successes = OutlierState.HALF_OPEN, 0
         self.trial_in_flight = True
         return changed
 
     def record(self, outcome: Outcome, now: float, *, trial: bool) -> bool:
         """One request's outcome; `trial` says whether it was the half-open trial.
 
-        Returns True if the breaker changed state.
+        Returns True if the state changed.
         """
-        if self.state is BreakerState.CLOSED:
+        if self.state is OutlierState.CLOSED:
             if outcome is Outcome.FAILURE:
                 self.failures += 1
                 if self.failures >= self.settings.failure_threshold:
@@ -87,20 +93,20 @@ class CircuitBreaker:
                 self.failures = 0
             return False
         if not trial:
-            return False  # requests placed before the breaker opened say nothing new
+            return False  # requests placed before the ejection say nothing new
         self.trial_in_flight = False
-        if self.state is BreakerState.HALF_OPEN:
+        if self.state is OutlierState.HALF_OPEN:
             if outcome is Outcome.FAILURE:
                 return self._open(now)
             if outcome is Outcome.SUCCESS:
                 self.successes += 1
                 if self.successes >= self.settings.success_threshold:
-                    self.state, self.failures = BreakerState.CLOSED, 0
+                    self.state, self.failures = OutlierState.CLOSED, 0
                     return True
         return False
 
     def _open(self, now: float) -> bool:
-        self.state, self.opened_at = BreakerState.OPEN, now
+        self.state, self.opened_at = OutlierState.OPEN, now
         self.failures = self.successes = 0
         self.trial_in_flight = False
         return True

@@ -25,15 +25,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Self, cast
 
 from gateway.config import KvConfig
 from gateway.kv.index import KvIndex
-from gateway.upstream.policies import C, Choice, Hints, Policy, rotate_after
+from gateway.placement.policies.base import (
+    C,
+    Choice,
+    Hints,
+    Policy,
+    PolicyContext,
+    rotate_after,
+)
 from gateway.upstream.worker import Worker
-
-if TYPE_CHECKING:
-    pass
 
 
 def load_of(worker: Worker, now: float, stale_after_s: float) -> float:
@@ -85,6 +89,10 @@ class CacheAware(Policy):
         self.last: str | None = None
         self._placed: dict[str, tuple[float, float]] = {}  # worker -> (decayed count, at)
         self._seen: list[str] = []  # the candidates of the last placement
+
+    @classmethod
+    def build(cls, context: PolicyContext) -> Self:
+        return cls(context.kv_index, context.kv, context.stale_after_s)
 
     def block_sizes(self) -> set[int]:
         """The block sizes a placement will hash the prompt for: those of the last

@@ -1,11 +1,12 @@
-"""The circuit breaker through the front, in process (tests/inproc/harness): N
-consecutive worker failures open it, the cool-down admits exactly one trial, client
-errors never count. Its subject is the gateway's placement and breaker, which the calls
-reach over a real gRPC connection either way; the admin WatchWorkers stream and
-ListWorkers are read over the admin port, the metrics from the gateway's registry.
+"""Outlier detection through the front, in process (tests/inproc/harness): N
+consecutive worker failures eject the worker (open), the cool-down admits exactly one
+trial, client errors never count. Its subject is the gateway's placement and outlier
+detection, which the calls reach over a real gRPC connection either way; the admin
+WatchWorkers stream and ListWorkers are read over the admin port, the metrics from the
+gateway's registry.
 (It was an end-to-end test with a 1 s cool-down; in process too, 1 s leaves room for
 the six calls that must fall within one on a machine busy with other work.) Every wait
-for a breaker event is bounded by WAIT_S, a safety net: each returns as the event comes.
+for an outlier event is bounded by WAIT_S, a safety net: each returns as the event comes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.inproc.harness import gateway, sim, until
 THRESHOLD, COOLDOWN_S = 3, 1.0
 
 
-def breaker_event(worker_id: str, old: int, new: int) -> Any:
+def outlier_event(worker_id: str, old: int, new: int) -> Any:
     def match(event: Any) -> bool:
         return bool(
             event.kind == admin_pb.WORKER_EVENT_KIND_BREAKER
@@ -69,13 +70,13 @@ async def events_for(logs: list[dict[str, Any]], prefix: str, count: int) -> lis
 # Serial from its start: run_alone() mid-test would block this event loop (gateway and
 # workers included) while it waits; steps are timed against the cool-down.
 @pytest.mark.serial
-async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> None:
+async def test_outlier_detection_ejects_admits_one_trial_and_ignores_client_errors() -> None:
     # `bad` fails every Generate with INTERNAL after its first message (so a trial stays
     # in flight for a moment when the request asks for a slow first token).
-    breaker = {
-        "breaker.failure_threshold": THRESHOLD,
-        "breaker.cooldown_s": COOLDOWN_S,
-        "breaker.success_threshold": 1,
+    outlier = {
+        "outlier_detection.failure_threshold": THRESHOLD,
+        "outlier_detection.cooldown_s": COOLDOWN_S,
+        "outlier_detection.success_threshold": 1,
         "probe.interval_s": 0.2,
     }
     bad_flags = ("--model", "m", "--name", "bad", "--fail-code", "INTERNAL", "--fail-after", "1")
@@ -86,7 +87,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
             gateway(
                 bad.url(model="m", runtime="sglang"),
                 good.url(model="m", runtime="sglang"),
-                **breaker,
+                **outlier,
             ) as gw,
             channel(f"127.0.0.1:{gw.port}") as ch,
             aio.insecure_channel(f"127.0.0.1:{gw.admin_port}") as admin_ch,
@@ -97,7 +98,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
             metric = gw.metrics.prometheus.get_sample_value
 
             # 1. Client errors say the worker answered: twice the threshold of
-            #    INVALID_ARGUMENT on each worker leaves both breakers closed.
+            #    INVALID_ARGUMENT on each worker leaves both closed.
             invalid = (("x-sim-fail-code", "INVALID_ARGUMENT"), ("x-sim-fail-after", "0"))
             for i in range(4 * THRESHOLD):
                 _, _, error = await call(stub, f"inv{i}", *invalid)
@@ -109,7 +110,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
             inv = await events_for(logs, "inv", 4 * THRESHOLD)
             assert len([e for e in inv if e["worker"] == bad.address]) == 2 * THRESHOLD
 
-            # 2. INTERNAL from `bad` THRESHOLD times in a row opens its breaker.
+            # 2. INTERNAL from `bad` THRESHOLD times in a row ejects it (open).
             failed = 0
             for i in range(2 * THRESHOLD):
                 name, messages, error = await call(stub, f"open{i}")
@@ -121,7 +122,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
                     assert error is None and name == "good"
             assert failed == THRESHOLD
             opened_at, opened = await watch.wait_for(
-                breaker_event(
+                outlier_event(
                     bad.address, admin_pb.BREAKER_STATE_CLOSED, admin_pb.BREAKER_STATE_OPEN
                 ),
                 WAIT_S,
@@ -130,8 +131,8 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
             assert workers[bad.address].breaker_state == admin_pb.BREAKER_STATE_OPEN
             assert workers[bad.address].status == admin_pb.WORKER_STATUS_READY  # probes pass
             assert workers[good.address].breaker_state == admin_pb.BREAKER_STATE_CLOSED
-            assert metric("gateway_worker_breaker_state", {"worker": bad.address}) == 2.0
-            assert metric("gateway_worker_breaker_state", {"worker": good.address}) == 0.0
+            assert metric("gateway_worker_outlier_state", {"worker": bad.address}) == 2.0
+            assert metric("gateway_worker_outlier_state", {"worker": good.address}) == 0.0
 
             # 3. While it is open, every request goes to the other worker.
             for i in range(6):
@@ -142,7 +143,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
 
             # 4. After the cool-down, a burst: exactly one request is the trial on `bad`.
             await watch.wait_for(
-                breaker_event(
+                outlier_event(
                     bad.address, admin_pb.BREAKER_STATE_OPEN, admin_pb.BREAKER_STATE_OPEN
                 ),
                 COOLDOWN_S + WAIT_S,
@@ -163,14 +164,14 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
             )
             assert all(e["attempts"] == 1 for e in trial_events)
             await watch.wait_for(
-                breaker_event(
+                outlier_event(
                     bad.address, admin_pb.BREAKER_STATE_OPEN, admin_pb.BREAKER_STATE_HALF_OPEN
                 ),
                 WAIT_S,
             )
             # The trial failed: open again, for another cool-down.
             reopened_at, _ = await watch.wait_for(
-                breaker_event(
+                outlier_event(
                     bad.address, admin_pb.BREAKER_STATE_HALF_OPEN, admin_pb.BREAKER_STATE_OPEN
                 ),
                 WAIT_S,
@@ -181,7 +182,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
 
             # 5. A trial that succeeds (the request switches the failure off) closes it.
             await watch.wait_for(
-                breaker_event(
+                outlier_event(
                     bad.address, admin_pb.BREAKER_STATE_OPEN, admin_pb.BREAKER_STATE_OPEN
                 ),
                 COOLDOWN_S + WAIT_S,
@@ -191,7 +192,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
             served = [(await call(stub, f"heal{i}", healed))[0] for i in range(4)]
             assert "bad" in served and "good" in served, served
             closed_at, _ = await watch.wait_for(
-                breaker_event(
+                outlier_event(
                     bad.address, admin_pb.BREAKER_STATE_HALF_OPEN, admin_pb.BREAKER_STATE_CLOSED
                 ),
                 WAIT_S,
@@ -201,7 +202,7 @@ async def test_breaker_opens_admits_one_trial_and_ignores_client_errors() -> Non
             )
             await watch.close()
     print(
-        f"\n[breaker] opened after {THRESHOLD} failures (cause {opened.cause!r}); cool-down over "
+        f"\n[outlier] opened after {THRESHOLD} failures (cause {opened.cause!r}); cool-down over "
         f"{cooled:.3f}s later; reopened by the failed trial; closed "
         f"{closed_at - reopened_at:.3f}s after the reopen by a good trial"
     )

@@ -1,0 +1,140 @@
+"""`GatewayConfig`: every setting, top-level keys and sections (`SECTIONS`), and the
+serving process's own sections (admin port, drain, disaggregation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+
+from pydantic.dataclasses import dataclass
+
+from gateway.config.discovery import DiscoverySource
+from gateway.config.fields import (
+    SETTINGS,
+    AtLeastOne,
+    HeaderName,
+    ModelName,
+    Name,
+    Seconds,
+    Text,
+    Whole,
+)
+from gateway.config.flow import FlowConfig, TenantConfig
+from gateway.config.kv import KvConfig
+from gateway.config.limits import LimitsConfig
+from gateway.config.models import ModelSettings
+from gateway.config.observability import (
+    LogFormat,
+    LogLevel,
+    MetricsConfig,
+    OrcaConfig,
+    TracingConfig,
+)
+from gateway.config.processes import Processes
+from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
+from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
+from gateway.config.workers import WorkerEntry
+from gateway.core.policy_names import PolicyName
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class DrainConfig:
+    """SIGTERM: NOT_SERVING at once, serve `delay_s` more, then finish in-flight within
+    `grace_s`. `worker_timeout_s` bounds the drain of one worker removed by the admin API."""
+
+    delay_s: Seconds = 5.0
+    grace_s: Seconds = 20.0
+    worker_timeout_s: Seconds = 60.0
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class DisaggConfig:
+    """`abort_wait_s`: how long an abort or cancel waits for a decode leg's first message
+    before cutting it (a KV handoff torn in the middle can wedge the engines)."""
+
+    abort_wait_s: Seconds = 30.0
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class AdminConfig:
+    # HOST:PORT, checked by build_config (a serving process's is its `unix:` control socket)
+    listen: Text = "127.0.0.1:50052"
+    token: Name | None = None
+
+
+@functools.cache
+def _default_settings(policy: PolicyName) -> ModelSettings:
+    """What a model without settings of its own runs with (built once per policy)."""
+    return ModelSettings(policy=policy)
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class GatewayConfig:
+    listen: Text = "127.0.0.1:50051"
+    workers: tuple[WorkerEntry, ...] = ()
+    discovery: tuple[DiscoverySource, ...] = ()
+    flow: FlowConfig | None = None
+    tenants: Mapping[Name, TenantConfig] = dataclasses.field(default_factory=dict)
+    models: Mapping[ModelName, ModelSettings] = dataclasses.field(default_factory=dict)
+    default_policy: PolicyName = "round_robin"
+    model_headers: tuple[HeaderName, ...] = ("x-model-id", "x-gateway-model-name")
+    routing_key_header: Name = "x-routing-key"
+    target_worker_header: Name = "x-target-worker"
+    max_attempts: AtLeastOne = 3
+    retry_after_ms: Whole = 1000
+    discovery_timeout_s: Seconds = 5.0
+    max_message_bytes: AtLeastOne = 64 * 1024 * 1024
+    log_format: LogFormat = "console"
+    log_level: LogLevel = "info"
+    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)
+    outlier_detection: OutlierDetectionConfig = dataclasses.field(
+        default_factory=OutlierDetectionConfig
+    )
+    loads: LoadsConfig = dataclasses.field(default_factory=LoadsConfig)
+    drain: DrainConfig = dataclasses.field(default_factory=DrainConfig)
+    disagg: DisaggConfig = dataclasses.field(default_factory=DisaggConfig)
+    limits: LimitsConfig = dataclasses.field(default_factory=LimitsConfig)
+    upstream: UpstreamConfig = dataclasses.field(default_factory=UpstreamConfig)
+    tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
+    upstream_tls: UpstreamTlsConfig = dataclasses.field(default_factory=UpstreamTlsConfig)
+    auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
+    kv: KvConfig = dataclasses.field(default_factory=KvConfig)
+    admin: AdminConfig = dataclasses.field(default_factory=AdminConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
+    orca: OrcaConfig = dataclasses.field(default_factory=OrcaConfig)
+    processes: Processes = 1  # serving processes behind the main port (`auto`: usable cores)
+
+    def model(self, name: str) -> ModelSettings:
+        found = self.models.get(name)
+        return found if found is not None else _default_settings(self.default_policy)
+
+    def tenant(self, name: str) -> TenantConfig:
+        found = self.tenants.get(name) or self.tenants.get("default")
+        return found if found is not None else _DEFAULT_TENANT
+
+    def policy_for(self, model: str) -> str:
+        return self.model(model).policy
+
+
+_DEFAULT_TENANT = TenantConfig()
+
+
+SECTIONS: dict[str, type] = {
+    "probe": ProbeConfig,
+    "outlier_detection": OutlierDetectionConfig,
+    "loads": LoadsConfig,
+    "drain": DrainConfig,
+    "disagg": DisaggConfig,
+    "limits": LimitsConfig,
+    "upstream": UpstreamConfig,
+    "tls": TlsConfig,
+    "upstream_tls": UpstreamTlsConfig,
+    "auth": AuthConfig,
+    "kv": KvConfig,
+    "admin": AdminConfig,
+    "metrics": MetricsConfig,
+    "tracing": TracingConfig,
+    "orca": OrcaConfig,
+}

@@ -1,0 +1,60 @@
+"""The worker side: active probes, outlier detection, load polls, channel keepalive."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, Strict
+from pydantic.dataclasses import dataclass
+
+from gateway.config.fields import SETTINGS, AtLeastOne, Interval, Seconds
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class ProbeConfig:
+    interval_s: Interval = 1.0
+    timeout_s: Interval = 1.0
+    success_threshold: AtLeastOne = 2
+    failure_threshold: AtLeastOne = 2
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class OutlierDetectionConfig:
+    """`outlier_detection:` (formerly `breaker:`): `failure_threshold` consecutive failed
+    requests eject a worker for `cooldown_s`; then one trial request at a time, and
+    `success_threshold` trial successes in a row put it back (see signals/outlier.py)."""
+
+    failure_threshold: AtLeastOne = 5
+    cooldown_s: Seconds = 5.0
+    success_threshold: AtLeastOne = 2
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class LoadsConfig:
+    interval_s: Interval = 1.0
+    timeout_s: Interval = 1.0
+
+    @property
+    def stale_after_s(self) -> float:
+        """A load report older than this is not trusted (three missed polls)."""
+        return 3 * self.interval_s
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class UpstreamConfig:
+    """HTTP/2 keepalive on worker channels: a worker that stops answering pings (frozen,
+    or its host gone without a FIN) has its connection closed after `keepalive_time_s`
+    + `keepalive_timeout_s`, and its calls fail over. Workers must accept pings that often
+    (see the README); 0 turns keepalive off."""
+
+    keepalive_time_s: Seconds = 10.0
+    keepalive_timeout_s: Seconds = 5.0
+    # What a worker may send ahead on one stream before the gateway's client reads it:
+    # the fixed HTTP/2 stream window of worker channels (grpc's default grows to 4 MiB).
+    stream_window_bytes: AtLeastOne = 256 * 1024
+    # A worker's response headers, and its trailers, as relayed to the client: at most this
+    # many entries of at most this many bytes in all (HTTP/2's count: key + value + 32 per
+    # entry), the rest dropped; clients refuse a block over 8 KiB at random (grpc's soft
+    # limit), and the gateway's own trailers and the status message go in the same block.
+    max_relayed_metadata_bytes: Annotated[int, Strict(), Field(ge=0, le=16384)] = 4096
+    max_relayed_metadata_entries: Annotated[int, Strict(), Field(ge=0, le=1024)] = 64

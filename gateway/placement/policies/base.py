@@ -1,0 +1,105 @@
+"""What a placement policy is: it picks one worker from the available candidates of one
+leg, and the small helpers the built-in policies share.
+
+A policy sees only a snapshot (the candidates, sorted by id, and the request's hints)
+and returns a candidate or None (declined). Policies keep at most a tiny rotation
+state, so every decision is a pure function of (snapshot, hints, state) and easy to test.
+A plugin policy subclasses `Policy` the same way (see `registry`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
+
+from gateway.upstream.cluster import PolicyContext
+
+if TYPE_CHECKING:
+    from gateway.kv.prefix import Prefix
+
+__all__ = [
+    "C",
+    "Candidate",
+    "Choice",
+    "Hints",
+    "Policy",
+    "PolicyContext",
+    "rendezvous_pick",
+    "rotate_after",
+]
+
+
+class Candidate(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def inflight(self) -> int: ...
+
+
+C = TypeVar("C", bound=Candidate)
+W = TypeVar("W")
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """What the request says about where it wants to go."""
+
+    routing_key: str | None = None
+    target_worker: str | None = None
+    prefix: Prefix | None = None  # the prompt, for cache-aware placement
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Generic[W]):
+    """A policy's answer for one leg: the worker, and what the policy learned on the way
+    (a cache-aware policy: the data-parallel rank holding the prompt, the tokens it
+    expects cached there). A value: policies never write into the hints instead."""
+
+    worker: W
+    rank: int | None = None  # the data-parallel rank to run on (None: the engine's choice)
+    expected_cached: int | None = None  # prompt tokens the index expects cached there
+
+
+def rotate_after(ids: Sequence[str], last: str | None) -> int:
+    """Index of the first id after `last` in sorted order (wrapping).
+
+    Keyed by id rather than a counter, so the rotation stays fair when workers
+    come and go: a new or removed worker shifts nobody else's turn.
+    """
+    if last is None or not ids:
+        return 0
+    return bisect.bisect_right(ids, last) % len(ids)
+
+
+def rendezvous_pick(candidates: Sequence[C], key: str) -> C:
+    """Highest-random-weight hashing: a key keeps its worker while that worker stays."""
+
+    def weight(c: C) -> bytes:
+        return hashlib.blake2b(f"{key}\0{c.id}".encode(), digest_size=8).digest()
+
+    return max(candidates, key=weight)
+
+
+class Policy:
+    """One cluster's policy (one instance per cluster, so legs never share a rotation).
+    A subclass sets `name`, and overrides `pick` (or `choose`, to say more than the
+    worker) and, if it needs the context, `build`."""
+
+    name = "base"
+
+    @classmethod
+    def build(cls, context: PolicyContext) -> Self:
+        """A new instance for one cluster; the default takes nothing from the context."""
+        return cls()
+
+    def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
+        raise NotImplementedError
+
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
+        """The pick as a `Choice` (a policy that learns more says so by overriding this)."""
+        picked = self.pick(candidates, hints)
+        return None if picked is None else Choice(picked)

@@ -1,0 +1,36 @@
+"""Policies by name: the class behind a name (`gateway.core.policy_names`: the built-in
+table and the installed plugins' entry points) and one instance built per cluster.
+
+Built-ins and plugins go the same way: `Class.build(context)`, with the fleet's
+`PolicyContext` (the KV index, the `kv:` settings, the load reports' staleness bound).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from gateway.core import policy_names
+from gateway.core.roles import Role
+from gateway.placement.policies.base import Policy, PolicyContext
+from gateway.placement.policies.cache_aware import CacheAware
+from gateway.placement.policies.least_inflight import LeastInflight
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class registered under `name`, loaded on first use (PolicyError, one line, if
+    it cannot be; the config checked a plugin's already)."""
+    # policy_names checked it has `build` and `choose`, all that placement calls.
+    return cast("type[Policy]", policy_names.load(name))
+
+
+def leg_policy(name: str, role: Role) -> str:
+    """The policy a leg of a model with policy `name` goes by: a cache-aware model's
+    decode leg goes by load (the prompt's cache is the prefill's)."""
+    if name == CacheAware.name and role is Role.DECODE:
+        return LeastInflight.name
+    return name
+
+
+def build_policy(name: str, role: Role, context: PolicyContext) -> Policy:
+    """A new policy for one cluster (the fleet's `PolicyBuilder`)."""
+    return policy_class(leg_policy(name, role)).build(context)

@@ -1,0 +1,329 @@
+"""The call pipeline: the named stages a Generate or Embed call passes, in order.
+
+    open -> admit -> read -> decode -> resolve -> classify -> charge -> wait -> dispatch
+
+`PIPELINE` lists them; `OPENING` (its first three) is what every other RPC kind passes
+before its own handler. Each stage is one small function of the call and what the
+serving process gives the stages (`Env`); a stage that refuses ends the call there
+(a verdict, Trailers-Only). What a stage takes that must go back (an admission slot, a
+tenant's tokens, a reservation, the usage tally) it registers on the call's ending, so
+the call gives everything back once, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, replace
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from gateway.config import GatewayConfig
+from gateway.core.address import peer_host
+from gateway.core.offload import Offload
+from gateway.core.roles import Role
+from gateway.engines import EngineAdapter, RpcKind
+from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
+from gateway.flow.budget import Charge, OverBudget, RateLimits
+from gateway.placement.decision import Decision
+from gateway.placement.placer import Placer
+from gateway.placement.verdicts import (
+    Verdict,
+    bad_metadata,
+    caller_over_share,
+    gateway_overloaded,
+    over_limit,
+    rate_limited,
+    shown,
+)
+from gateway.proxy.admission import Admission, Refusal
+from gateway.proxy.call import Call, Place
+from gateway.proxy.disagg import DisaggregatedDispatch
+from gateway.proxy.dispatch import Dispatcher, Job
+from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
+from gateway.proxy.metadata import read_request_meta
+from gateway.proxy.reporting import LoadTrailer
+from gateway.proxy.status import abort_invalid
+from gateway.proxy.waiting import WaitingRooms
+from gateway.security.auth import Caller
+from gateway.upstream.registry import Registry
+
+REGULAR_ONLY = (Role.REGULAR,)
+
+
+@dataclass(frozen=True, slots=True)
+class Door:
+    """What every engine call passes before it is placed (one of each per serving
+    process, shared by its engine fronts): who sent it, the admission bounds, and the
+    gate its request is read through; and what it leaves with: the process's load report
+    on its trailers."""
+
+    caller: Caller
+    admission: Admission
+    gate: ReadGate
+    rates: RateLimits | None = None  # tenants' requests and tokens per minute
+    load: LoadTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Where a call goes and how it gets there: the workers, placement, the regular and
+    the disaggregated dispatch, and the thread a long prompt is decoded and hashed in."""
+
+    registry: Registry
+    placer: Placer
+    dispatcher: Dispatcher
+    disagg: DisaggregatedDispatch
+    offload: Offload
+    rooms: WaitingRooms | None = None  # flow control: where busy models' calls wait
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """What the stages read of the serving process: one per engine front."""
+
+    adapter: EngineAdapter
+    config: GatewayConfig
+    door: Door
+    routing: Routing
+    private_keys: frozenset[str]  # metadata keys never forwarded upstream
+    estimate: int  # a call's output in tokens, when it does not say
+
+
+Stage = Callable[[Env, Call], Awaitable[None]]
+
+
+async def open_call(env: Env, call: Call) -> None:
+    """Its metadata read once (the bearer token, the routing hints, what goes upstream);
+    the caller authenticated (API keys on: a known key, or UNAUTHENTICATED) and named; a
+    value no worker channel would accept refused (BAD_METADATA), before anything is read
+    or placed."""
+    config, context = env.config, call.context
+    flow = config.flow
+    meta = read_request_meta(
+        context.invocation_metadata(),
+        config.model_headers,
+        config.routing_key_header,
+        config.target_worker_header,
+        env.private_keys,
+        (flow.priority_header, flow.tenant_header) if flow else ("", ""),
+    )
+    peer = context.peer()
+    call.came_from(peer)
+    principal = await env.door.caller.identify(context, meta.bearer, call.spec.path)
+    caller = principal if principal is not None else "peer:" + peer_host(peer)
+    call.opened(meta, principal, caller)
+    if meta.bad_key is not None:
+        await call.refuse(bad_metadata(meta.bad_key))
+
+
+async def admit(env: Env, call: Call) -> None:
+    """A slot in the gateway's concurrency bound and the caller's share of it, from the
+    stream's opening (streams that send nothing count). The engine HealthCheck is
+    answered from memory: it stays cheap and open under load."""
+    if call.spec.kind is RpcKind.HEALTH_CHECK:
+        return
+    admission, retry_after_ms = env.door.admission, env.config.retry_after_ms
+    refusal = admission.enter(call.caller)
+    if refusal is None:
+        call.on_end(lambda: admission.leave(call.caller))
+    elif refusal is Refusal.GATEWAY_FULL:  # this process's share (--processes)
+        await call.refuse(gateway_overloaded(admission.limit, retry_after_ms))
+    else:
+        await call.refuse(caller_over_share(call.caller, admission.per_caller, retry_after_ms))
+
+
+async def read(env: Env, call: Call) -> None:
+    """The request message, read through the gate within the read timeout."""
+    read_s = env.config.limits.request_read_timeout_s
+    deadline = asyncio.get_running_loop().time() + read_s
+    try:
+        call.request = await read_request(
+            call.context, env.door.gate, call.caller, deadline, read_s
+        )
+    except ReadTimeout as late:
+        await call.context.abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED, str(late), (("x-http-status", "408"),)
+        )
+
+
+async def decode(env: Env, call: Call) -> None:
+    """The few fields routing reads (a long prompt's ids decoded without the GIL, off the
+    loop), bounded by the limits on choices and prompt length; else INVALID_ARGUMENT."""
+    spec, request = call.spec, call.request
+    if spec.kind is not RpcKind.GENERATE:
+        try:
+            parsed: Any = spec.request_type.FromString(request)
+        except DecodeError:
+            await abort_invalid(call.context, f"Request bytes are not a valid {spec.name} request")
+        call.decoded(len(parsed.tokenized.input_ids))
+        return
+    adapter = env.adapter
+    try:
+        if len(request) < SPLIT_MIN_BYTES:
+            info = adapter.generate_info(request)
+        else:
+            info = await env.routing.offload.run(adapter.generate_info, request)
+    except DecodeError:
+        await abort_invalid(call.context, "Request bytes are not a valid GenerateRequest")
+    call.decoded(len(info.tokens), info)
+    limits = env.config.limits
+    if info.n > limits.max_choices:
+        field_name, limit, key = "sampling_params.n", limits.max_choices, "limits.max_choices"
+        await call.refuse(over_limit("", field_name, info.n, limit, key))
+    if len(info.tokens) > limits.max_prompt_tokens:
+        field_name, limit = "tokenized.input_ids", limits.max_prompt_tokens
+        verdict = over_limit("", field_name, len(info.tokens), limit, "limits.max_prompt_tokens")
+        await call.refuse(verdict)
+
+
+async def resolve(env: Env, call: Call) -> None:
+    """The model the call is for (named, or the protocol's only one), else refused."""
+    named_model = call.meta.model
+    resolved = env.routing.placer.resolve(named_model, env.adapter.runtime)
+    if isinstance(resolved, Verdict):
+        call.resolved(named_model or "")
+        await call.refuse(resolved)
+    call.resolved(resolved)
+
+
+async def classify(env: Env, call: Call) -> None:
+    """Whose budget and queue share the call uses (its principal: an API key's name, a
+    client certificate's identity; the tenant header behind a trusted proxy; else
+    `default`), its class with flow control (the one it asks for, lowered to its
+    tenant's `max_class`), and its cost in tokens: the prompt, plus what its choices may
+    generate. Tenant and class go into the record when flow control or rate limits are
+    on."""
+    flow, record, info = env.config.flow, call.record, call.info
+    cost = record.prompt_tokens
+    if info is not None:
+        cost += (info.max_new_tokens or env.estimate) * info.n
+    asked_class, asked_tenant = call.meta.flow
+    tenant = "default"
+    if flow is not None and flow.trust_tenant_header and asked_tenant:
+        tenant = shown(asked_tenant)
+    elif record.principal is not None:  # `key:NAME` or `cert:NAME`: the tenant NAME
+        tenant = record.principal.partition(":")[2]
+    if flow is None:
+        call.classified(tenant, cost, shown=env.door.rates is not None)
+        return
+    klass = flow.index(asked_class) if asked_class is not None else None
+    if klass is None:
+        klass = flow.index(flow.default_class)
+    assert klass is not None
+    cap = env.config.tenant(tenant).max_class
+    ceiling = flow.index(cap) if cap is not None else None
+    lowered = ceiling is not None and klass < ceiling
+    if ceiling is not None and lowered:
+        klass = ceiling
+    priority = flow.classes[klass].name
+    call.classified(tenant, cost, klass, shown=True, priority=priority, lowered=lowered)
+
+
+async def charge(env: Env, call: Call) -> None:
+    """Taken from the tenant's rate limits (its tokens reserved), else RATE_LIMITED with
+    the time its budget allows the call; settled from what it used as it ends (all back
+    if no worker saw it). Nothing without rate limits."""
+    rates = env.door.rates
+    if rates is None:
+        return
+    taken = rates.take(call.tenant, call.cost, time.monotonic())
+    if isinstance(taken, OverBudget):
+        wait_ms = math.ceil(taken.wait_s * 1000)
+        verdict = rate_limited(call.model, call.tenant, taken.budget, taken.per_minute, wait_ms)
+        await call.refuse(verdict)
+    if taken is not None:  # the tenant has limits
+        call.on_end(lambda: _settle(rates, taken, call))
+
+
+def _settle(rates: RateLimits, charge: Charge, call: Call) -> None:
+    record = call.record
+    used = record.prompt_tokens + (record.completion_tokens or 0) if record.attempts else None
+    rates.settle(charge, used, time.monotonic())
+
+
+def placement(env: Env, call: Call, legs: tuple[Role, ...]) -> Place:
+    """How each attempt is placed: every leg the model needs (the receiver only, for a
+    call that is not a disaggregated Generate)."""
+    placer, model, runtime, info = env.routing.placer, call.model, env.adapter.runtime, call.info
+    items = info.mm_items if info is not None else ()
+    hints = call.hints
+
+    def place(tried: Collection[str]) -> Decision | Verdict:
+        return placer.place(model, runtime, hints, items, tried, legs)
+
+    if info is not None and legs != REGULAR_ONLY:
+        return place
+
+    def place_receiver(tried: Collection[str]) -> Decision | Verdict:
+        decided = place(tried)
+        return decided if isinstance(decided, Verdict) else decided.only(decided.receiver)
+
+    return place_receiver
+
+
+async def wait(env: Env, call: Call) -> None:
+    """How its attempts are placed (a cache-aware prompt's blocks hashed first, off the
+    loop for a long one); with flow control, placed and reserved now or once capacity
+    frees (waiting in the model's queue), else refused (QUEUE_FULL, QUEUE_TIMEOUT, or the
+    verdict of a model that cannot be placed at all). An n > 1 disaggregated call does
+    not wait as one: each choice is placed on its own pair, at once."""
+    info, placer = call.info, env.routing.placer
+    call.legs = legs = placer.legs(call.model, bool(info.mm_items) if info is not None else False)
+    prefix = call.hints.prefix
+    if prefix is not None:
+        await prefix.prepare(
+            placer.block_sizes(call.model, env.adapter.runtime, legs), env.routing.offload
+        )
+    call.place = place = placement(env, call, legs)
+    rooms = env.routing.rooms
+    if (
+        rooms is None
+        or env.config.flow is None
+        or (info is not None and info.n > 1 and legs != REGULAR_ONLY)
+    ):
+        return
+    record, tenant = call.record, call.tenant
+    started, started_ns = time.monotonic(), time.time_ns()
+    try:
+        got = await rooms.admit(call.model, tenant, call.klass, call.cost, len(call.request), place)
+    finally:  # also when the client left, or its deadline passed, while it waited
+        call.queued(time.monotonic() - started)
+    trace = call.trace
+    if isinstance(got, Verdict):
+        if trace is not None:
+            trace.placement(started_ns, got, queued_s=record.queued_s)
+        await call.refuse(got)
+    call.first = got
+    call.on_end(lambda: rooms.done(tenant))  # its tenant may run another
+    call.on_end(got.release_unused)  # the run's own (a no-op), unless it never started
+    if trace is not None:
+        trace.placement(started_ns, got.decision, queued_s=record.queued_s)
+
+
+async def dispatch(env: Env, call: Call) -> None:
+    """Run it: the regular attempt loop on the receiver, or the disaggregated legs (each
+    choice of n > 1 on its own pair); Generate's usage tallied as it ends."""
+    info, record, routing = call.info, call.record, env.routing
+    tally = None
+    if info is not None:
+        most = info.max_new_tokens or env.config.limits.max_completion_tokens
+        bounds = UsageBounds(completion_tokens=info.n * most, cached_tokens=record.prompt_tokens)
+        tally = env.adapter.tally(info.stream, info.n, bounds)
+    job = Job(call, env.adapter, call.request, call.client(tally), record.request_id)
+    assert call.place is not None
+    if info is not None and call.legs != REGULAR_ONLY:
+        job = replace(job, return_logprob=info.return_logprob)
+        await routing.disagg.serve(job, info.n, call.place, call.first)
+    else:
+        flow = routing.dispatcher.flow(call.spec.server_streaming)
+        call.reply = await routing.dispatcher.serve(job, call.place, flow, call.first)
+
+
+OPENING: tuple[Stage, ...] = (open_call, admit, read)  # every RPC kind's first stages
+PIPELINE: tuple[Stage, ...] = (*OPENING, decode, resolve, classify, charge, wait, dispatch)
+PLACED = PIPELINE[len(OPENING) :]  # Generate and Embed, once read
