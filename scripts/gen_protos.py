@@ -7,7 +7,7 @@ and the ORCA load report it serves).
 protoc runs with `-Iprotos` and the output root `.`, so `protos/gateway/admin/v1/x.proto`
 becomes `gateway/admin/v1/x_pb2.py` (+ `.pyi`, `_grpc.py`) and imports read
 `from gateway.admin.v1 import x_pb2`. The generated files are committed, so running the
-gateway needs no grpcio-tools; tests/unit/test_protos.py checks they are up to date.
+gateway needs no grpcio-tools; tests/architecture/test_protos.py checks they are up to date.
 
 Protos declared under another project's package keep that project's file paths (so their
 descriptors name the same files as upstream's), but their Python modules are moved under

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 
-from gateway.security.auth import BearerInterceptor
+from gateway.security.bearer import BearerInterceptor
 
 MISSING = "the admin API needs the metadata 'authorization: Bearer <token>'"
 REJECTED = "the admin token was not accepted"

@@ -46,7 +46,9 @@ from gateway.proxy.intake import ReadGate
 from gateway.proxy.metadata import MetadataRelay
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
-from gateway.security.auth import ApiKeyAuth, ApiKeys, Caller
+from gateway.security.auth import ApiKeyAuth
+from gateway.security.caller import Caller
+from gateway.security.keys import ApiKeys
 from gateway.security.tls import CertificateFiles, channel_credentials
 from gateway.services.health import HealthService, desired_statuses
 from gateway.upstream.manager import Fleet
@@ -430,6 +432,7 @@ class Gateway:
         if self.tracing is not None:  # bounded: a collector that is down holds up nothing
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.close)
         await self.membership.close()
+        await self.upstreams.close()  # the upstream calls' tasks, before their channels
         await self.fleet.close()
 
 

@@ -3,7 +3,7 @@
 A scope's `close` cancels its tasks and waits until each has ended, so nothing outlives
 what started it: no loop that probes a removed worker, no push still running once the
 process it pushes to is gone, no task garbage-collected half-way. This module is the
-only place that creates tasks (tests/unit/test_task_hygiene.py holds the rest of the
+only place that creates tasks (tests/architecture/test_task_hygiene.py holds the rest of the
 package to it).
 
 `TaskScope.supervise` is the one restart loop for background work: a loop that raises is

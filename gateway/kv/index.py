@@ -29,156 +29,37 @@ Clearing a slot (a snapshot from 0, a worker gone) is immediate for lookups and 
 caps, but taking its bit off the holders of its blocks is O(its blocks): a large slot's
 is done in steps (`purge`; `store_tokens` and `matched_tokens` each take one step too),
 and its id is reused only once no key holds its bit any more.
+
+The slots' structures are in `slots`, the key -> holders map and the slot ids in
+`holders`, the lookup's walk through it in `walk`; this module is the index's API.
 """
 
 from __future__ import annotations
 
-import secrets
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate, chain, islice, takewhile
-from operator import and_
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gateway.kv.holders import PURGE_STEP, Holders
 from gateway.kv.prefix import DEPTH_BITS, HASH_MASK, Prefix, as_tokens, extend, root
+from gateway.kv.slots import SPREAD, Sharded, Slot, SlotState
+from gateway.kv.walk import held_run, walk
 
 if TYPE_CHECKING:
     from gateway.config import KvConfig
 
-Slot = tuple[str, int]  # (worker id, DP rank)
-
-# Big dicts are split in shards: growing a dict of n entries copies all n at once (~90 ms
-# at 700k entries, measured), a shard's only n/shards. The shard of a key is picked with
-# a secret multiplier, so a worker choosing its engine hashes cannot fill one shard.
-SHARD_BITS = 6  # the index's key -> holders map
-SLOT_SHARD_BITS = 4  # a slot's maps
-_SPREAD = secrets.randbits(32) | 1
-
-
 # A placement remembers at most this many of the prompt's first blocks where it went
 # (loop time per placement stays ~1-2 ms however long the prompt is).
 ASSUME_BLOCKS = 4096
-# A cleared slot's keys unheld at once, or per `purge` step (well under 1 ms of work).
-PURGE_STEP = 512
-STRIDE = 64  # long prompts are walked every STRIDE-th block, then exactly at the end
-
-
-class Sharded:
-    """A dict of int keys in 2**bits dicts; insertion order is kept per shard. Own keys
-    (the gateway's hashes: random bits above the depth) pick their shard by those bits;
-    `salted` maps (a worker's engine hashes) by a secret multiplier."""
-
-    __slots__ = ("mask", "parts", "salted")
-
-    def __init__(self, bits: int, salted: bool = False) -> None:
-        self.mask = (1 << bits) - 1
-        self.parts: list[dict[int, int]] = [{} for _ in range(1 << bits)]
-        self.salted = salted
-
-    def part(self, key: int) -> dict[int, int]:
-        if self.salted:
-            return self.parts[((key * _SPREAD) >> 32) & self.mask]
-        return self.parts[(key >> DEPTH_BITS) & self.mask]
-
-    def get(self, key: int, default: int | None = None) -> int | None:
-        return self.part(key).get(key, default)
-
-    def get0(self, key: int) -> int:
-        return self.parts[(key >> DEPTH_BITS) & self.mask].get(key, 0)
-
-    def __contains__(self, key: int) -> bool:
-        return key in self.part(key)
-
-    def __setitem__(self, key: int, value: int) -> None:
-        self.part(key)[key] = value
-
-    def __delitem__(self, key: int) -> None:
-        del self.part(key)[key]
-
-    def pop(self, key: int, default: int | None = None) -> int | None:
-        return self.part(key).pop(key, default)
-
-    def __len__(self) -> int:
-        return sum(map(len, self.parts))
-
-    def __bool__(self) -> bool:
-        return any(self.parts)
-
-    def __iter__(self) -> Iterator[int]:
-        return chain.from_iterable(self.parts)
-
-    def oldest(self, count: int) -> list[int]:
-        """About `count` of the oldest keys: the oldest of every shard in turn."""
-        each = -(-count // len(self.parts))
-        return [key for part in self.parts for key in islice(part, each)][: max(count, 0)]
-
-
-@dataclass(eq=False, slots=True)
-class SlotState:
-    slot: Slot
-    id: int
-    bit: int
-    block_size: int
-    exact: bool
-    # Engine hash -> own key, oldest first (the eviction order).
-    engine_to_own: Sharded = field(default_factory=lambda: Sharded(SLOT_SHARD_BITS, salted=True))
-    copies: Sharded = field(default_factory=lambda: Sharded(SLOT_SHARD_BITS))  # own -> copies
-    # Assumed blocks: own key -> expiry (monotonic), oldest (= soonest to expire) first.
-    expiry: OrderedDict[int, float] = field(default_factory=OrderedDict)
-    # Without events, with the worker's cache size known: the blocks a cache of that size
-    # would hold after the gateway's placements (least recently sent first; a prompt's
-    # tail before its root, as engines evict). The expected hit only, never placement.
-    modelled: OrderedDict[int, None] = field(default_factory=OrderedDict)
-
-    def __len__(self) -> int:
-        return len(self.copies) if self.exact else len(self.expiry)
-
-    def holds(self, own: int) -> bool:
-        return own in self.copies or own in self.expiry
 
 
 @dataclass(frozen=True, slots=True)
 class StoredBlock:
     engine_hash: int
     tokens: Sequence[int]
-
-
-def _alive(masks: Iterable[int], mask: int) -> list[int]:
-    """alive[k]: the slots of `mask` in each of the first k masks (k=0: all), up to
-    the first empty one (accumulate and takewhile run in C)."""
-    return list(takewhile(bool, accumulate(masks, and_, initial=mask)))
-
-
-def _held(masks: Iterable[int], bit: int) -> int:
-    """How many of the first masks have `bit`."""
-    count = 0
-    for mask in masks:
-        if not mask & bit:
-            break
-        count += 1
-    return count
-
-
-def _bits(mask: int) -> Iterator[int]:
-    while mask:
-        low = mask & -mask
-        mask ^= low
-        yield low
-
-
-def _depth(alive: list[int], bit: int) -> int:
-    """Blocks the slot with `bit` holds from the root: `alive` shrinks as k grows."""
-    lo, hi = 1, len(alive)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if alive[mid] & bit:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 class KvIndex:
@@ -202,12 +83,9 @@ class KvIndex:
         self.max_blocks = max_blocks
         self.max_ranks = max_ranks
         self.max_block_sizes = max_block_sizes
-        self._holders = Sharded(SHARD_BITS)  # own key -> bitmask of slot ids
+        self._holders = Holders()  # own key -> bitmask of slot ids, and the slot ids
         self._slots: dict[Slot, SlotState] = {}
         self._workers: dict[str, dict[int, SlotState]] = {}  # worker -> rank -> slot
-        self._by_id: list[SlotState | None] = []
-        self._free: list[int] = []
-        self._purging: deque[Iterator[None]] = deque()  # cleared slots' unholding, stepped
         self._stored: dict[str, int] = {}  # worker -> stored entries (engine hashes)
         self._total = 0
         self.evicted = 0  # stored entries dropped by the caps
@@ -239,13 +117,7 @@ class KvIndex:
         return None
 
     def _new_slot(self, slot: Slot, block_size: int, exact: bool) -> SlotState:
-        if self._free:
-            sid = self._free.pop()
-        else:
-            sid = len(self._by_id)
-            self._by_id.append(None)
-        state = SlotState(slot, sid, 1 << sid, block_size, exact)
-        self._by_id[sid] = state
+        state = self._holders.new_slot(slot, block_size, exact)
         self._slots[slot] = state
         self._workers.setdefault(slot[0], {})[slot[1]] = state
         return state
@@ -320,7 +192,7 @@ class KvIndex:
     ) -> int:
         """`store` for blocks given as their engine hashes and their tokens end to end
         (len(engine_hashes) x block size of them)."""
-        if self._purging:
+        if self._holders.purging:
             self.purge()
         state = self._exact(slot, block_size)
         if state is None:
@@ -341,8 +213,8 @@ class KvIndex:
         # Sharded maps, inlined (this loop runs once per stored block).
         engine_parts, engine_mask = state.engine_to_own.parts, state.engine_to_own.mask
         copy_parts, copy_mask = state.copies.parts, state.copies.mask
-        holder_parts, holder_mask = self._holders.parts, self._holders.mask
-        bit, spread = state.bit, _SPREAD
+        holder_parts, holder_mask = self._holders.keys.parts, self._holders.keys.mask
+        bit, spread = state.bit, SPREAD
         for engine_hash, own in zip(engine_hashes, keys, strict=False):
             engine_part = engine_parts[((engine_hash * spread) >> 32) & engine_mask]
             if engine_hash in engine_part:
@@ -393,8 +265,8 @@ class KvIndex:
         if state is None or not state.exact:
             return 0
         removed = entries = 0
-        parts, mask, spread = state.engine_to_own.parts, state.engine_to_own.mask, _SPREAD
-        release = self._release
+        parts, mask, spread = state.engine_to_own.parts, state.engine_to_own.mask, SPREAD
+        release = self._holders.release
         for engine_hash in engine_hashes:
             own = parts[((engine_hash * spread) >> 32) & mask].pop(engine_hash, None)
             if own is not None:
@@ -421,66 +293,19 @@ class KvIndex:
             if not slots:
                 del self._workers[slot[0]]
                 self._stored.pop(slot[0], None)
-        self._by_id[state.id] = None
-        steps = self._unholding(state)
-        if len(state.copies) + len(state.expiry) <= PURGE_STEP:
-            deque(steps, maxlen=0)
-        else:
-            self._purging.append(steps)
-
-    def _unholding(self, state: SlotState) -> Iterator[None]:
-        """A cleared slot's bit off each key it held, one key a step; then its id is free
-        (no key holds its bit: a new slot with it inherits nothing). Nothing writes to a
-        cleared slot's maps, so they are walked as they are."""
-        holders, keep = self._holders, ~state.bit
-        for own in chain(state.copies, state.expiry):
-            mask = holders.get(own)
-            if mask is not None:
-                mask &= keep
-                if mask:
-                    holders[own] = mask
-                else:
-                    del holders[own]
-            yield
-        self._free.append(state.id)
+        self._holders.retire(state)
 
     def purge(self, budget: int = PURGE_STEP) -> bool:
         """Up to `budget` keys of cleared slots unheld; True while some are left."""
-        purging = self._purging
-        while purging and budget > 0:
-            done = sum(1 for _ in islice(purging[0], budget))
-            if done < budget:
-                purging.popleft()  # that slot is done (its id freed)
-            budget -= max(done, 1)
-        return bool(purging)
+        return self._holders.purge(budget)
 
     @property
     def purging(self) -> bool:
-        return bool(self._purging)
+        return self._holders.purging
 
     def drop_worker(self, worker_id: str) -> None:
         for state in list(self._workers.get(worker_id, {}).values()):
             self.clear(state.slot)
-
-    def _release(self, state: SlotState, own: int) -> int:
-        part = state.copies.parts[(own >> DEPTH_BITS) & state.copies.mask]
-        copies = part.get(own, 0) - 1
-        if copies > 0:
-            part[own] = copies
-            return 0
-        part.pop(own, None)
-        if own not in state.expiry:  # a placement made since is still remembered
-            self._unhold(state, own)
-        return 1
-
-    def _unhold(self, state: SlotState, own: int) -> None:
-        mask = self._holders.get(own)
-        if mask is not None:
-            mask &= ~state.bit
-            if mask:
-                self._holders[own] = mask
-            else:
-                del self._holders[own]
 
     # -- assumed: from the gateway's own placements ------------------------------------
 
@@ -502,57 +327,19 @@ class KvIndex:
                 return
             state = self._new_slot(slot, block_size or self.block_size, exact=False)
         expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
-        expiry, bit = state.expiry, state.bit
-        copy_parts, copy_mask = state.copies.parts, state.copies.mask
-        holder_parts, holder_mask = self._holders.parts, self._holders.mask
         hashes = prefix.hashes(state.block_size)
         limit = min(self.capacity, ASSUME_BLOCKS)
         if len(hashes) > limit:
             hashes = hashes[:limit]
-        for own in hashes:
-            mixed = own >> DEPTH_BITS
-            if own in copy_parts[mixed & copy_mask]:
-                continue
-            if own in expiry:
-                expiry.move_to_end(own)
-            else:
-                holder_part = holder_parts[mixed & holder_mask]
-                holder_part[own] = holder_part.get(own, 0) | bit
-            expiry[own] = expires
-        while len(expiry) > self.capacity:
-            self._forget(state, next(iter(expiry)))
+        self._holders.assume(state, hashes, expires, self.capacity)
         if not state.exact and kv_tokens:
-            self._model(state, hashes, min(self.capacity, kv_tokens // state.block_size))
-
-    @staticmethod
-    def _model(state: SlotState, hashes: Sequence[int], blocks: int) -> None:
-        """The prompt went into a cache of `blocks`: its blocks most recent, the root last."""
-        modelled = state.modelled
-        for own in reversed(hashes):
-            modelled[own] = None
-            modelled.move_to_end(own)
-        while len(modelled) > blocks:
-            modelled.popitem(last=False)
-
-    def _forget(self, state: SlotState, own: int) -> None:
-        del state.expiry[own]
-        if own not in state.copies:
-            self._unhold(state, own)
-
-    def _sweep(self, state: SlotState, now: float) -> None:
-        """Expired assumptions go (the oldest expire first: one TTL per slot)."""
-        expiry = state.expiry
-        while expiry:
-            own, expires = next(iter(expiry.items()))
-            if expires >= now:
-                return
-            self._forget(state, own)
+            state.model(hashes, min(self.capacity, kv_tokens // state.block_size))
 
     # -- lookup ------------------------------------------------------------------------
 
     def matched_tokens(self, prefix: Prefix, workers: Sequence[str], now: float) -> dict[Slot, int]:
         """Tokens of the prompt's longest cached prefix on each slot of `workers`."""
-        if self._purging:
+        if self._holders.purging:
             self.purge()
         wanted: dict[int, int] = {}  # block size -> mask of the candidate slots
         for worker in workers:
@@ -561,12 +348,12 @@ class KvIndex:
                 continue
             for state in slots.values():
                 if state.expiry:
-                    self._sweep(state, now)
+                    self._holders.sweep(state, now)
                 wanted[state.block_size] = wanted.get(state.block_size, 0) | state.bit
         matched: dict[Slot, int] = {}
         for size, mask in wanted.items():
-            for slot_id, depth in self._walk(prefix.hashes(size), mask):
-                holder = self._by_id[slot_id]
+            for slot_id, depth in walk(self._holders.keys.get0, prefix.hashes(size), mask):
+                holder = self._holders.by_id[slot_id]
                 if holder is not None:
                     matched[holder.slot] = depth * size
         return matched
@@ -598,42 +385,7 @@ class KvIndex:
         # The end of the stored chain by bisection, a few lookups however long the
         # prompt: engines evict a chain from its tail, so what the events show stored
         # of a prompt is a run from its root.
-        lo, hi = 0, min(len(keys), tokens // size)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if keys[mid] in copies:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo * size
-
-    def _walk(self, keys: list[int], mask: int) -> Iterator[tuple[int, int]]:
-        """(slot id, blocks held from the root) for each slot of `mask` holding the
-        first block. Up to 2 x STRIDE blocks, every block is looked up; past that, every
-        STRIDE-th, then every block of the stride where a slot's chain ends (a hole in
-        the middle of a chain a slot holds on both sides goes unseen: engines evict
-        chains from the tail)."""
-        get = self._holders.get0
-        if len(keys) <= 2 * STRIDE:
-            alive = _alive(map(get, keys), mask)
-            for bit in _bits(alive[1] if len(alive) > 1 else 0):
-                yield bit.bit_length() - 1, _depth(alive, bit)
-            return
-        head = _alive(map(get, keys[:STRIDE]), mask)
-        through = head[STRIDE] if len(head) > STRIDE else 0
-        for bit in _bits(head[1] if len(head) > 1 else 0):
-            if not through & bit:
-                yield bit.bit_length() - 1, _depth(head, bit)
-        if not through:
-            return
-        # coarse[k]: slots holding the blocks at depths STRIDE, 2 STRIDE, ..., k STRIDE.
-        coarse = _alive(map(get, keys[STRIDE - 1 :: STRIDE]), through)
-        for bit in _bits(through):
-            chunk = _depth(coarse, bit)  # whole strides held
-            start = chunk * STRIDE
-            tail = keys[start : start + STRIDE]
-            extra = _held(map(get, tail), bit)
-            yield bit.bit_length() - 1, start + extra
+        return held_run(keys, copies, tokens // size) * size
 
     def ranks(self, worker_id: str) -> int:
         """Data-parallel ranks the worker's KV events have shown (1 if none)."""

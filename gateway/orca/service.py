@@ -35,7 +35,7 @@ from gateway.core.address import peer_host
 from gateway.observability.logs import Throttle
 from gateway.orca.report import LoadReporter
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
-from gateway.security.auth import Caller
+from gateway.security.caller import Caller
 
 log = structlog.get_logger("gateway.orca")
 

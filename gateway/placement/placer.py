@@ -90,7 +90,7 @@ class Placer:
     def resolve(self, model: str | None, runtime: Runtime) -> str | Verdict:
         """The model a call is for: the named one, or the protocol's only model."""
         if model is not None:
-            if model in self._registry.models(runtime):
+            if self._registry.serves(model, runtime):
                 return model
             return self._not_found(model, runtime)
         models = self._registry.models(runtime)

@@ -143,7 +143,7 @@ class PlacedLegs:
                 receiver.spec.embedding_port or 0,
             )
             call = self._open(Role.ENCODE, worker, request, path=ENCODE_PATH, streaming=False)
-            self._watch.append(asyncio.ensure_future(call.response()))
+            self._watch.append(self._upstreams.tasks.spawn(call.response(), "encode"))
 
     def _open(
         self,

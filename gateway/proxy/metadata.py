@@ -20,7 +20,7 @@ import structlog
 
 from gateway.observability.logs import Throttle
 from gateway.placement.policies import Hints
-from gateway.security.auth import AUTHORIZATION, bearer_token
+from gateway.security.bearer import AUTHORIZATION, bearer_token
 
 log = structlog.get_logger("gateway.proxy")
 

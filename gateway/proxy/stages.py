@@ -49,7 +49,7 @@ from gateway.proxy.metadata import read_request_meta
 from gateway.proxy.reporting import LoadTrailer
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.waiting import WaitingRooms
-from gateway.security.auth import Caller
+from gateway.security.caller import Caller
 from gateway.upstream.registry import Registry
 
 REGULAR_ONLY = (Role.REGULAR,)

@@ -27,6 +27,7 @@ import structlog
 from grpc import aio
 
 from gateway.core.roles import Role
+from gateway.core.tasks import TaskScope
 from gateway.observability.tracing import CallTrace, Span, end_leg
 from gateway.placement.decision import Decision
 from gateway.proxy.inflight import Hold, Holder, InflightTable
@@ -185,7 +186,11 @@ class Upstreams:
         self.inflight = inflight
         self.relay = relay if relay is not None else MetadataRelay()
         self._abort_wait_s = abort_wait_s
-        self._settling: set[asyncio.Task[None]] = set()
+        # The tasks of upstream calls (a decode's first read, a prefill's drain, an
+        # encoder's answer, a settle waiting for a decode to start): each is cancelled by
+        # its call's `close`, and whatever is left when the gateway stops, by `close`.
+        # Their outcomes are their calls' business: not logged here.
+        self.tasks = TaskScope(log_failures=False)
 
     def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
         return Reservation(worker, self._fleet, judge=judge)
@@ -241,9 +246,11 @@ class Upstreams:
         return self.call(reservation, worker.role, outbound, label=label(worker))
 
     def defer(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
-        task = asyncio.ensure_future(self._settle_after_start(call, first))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        self.tasks.spawn(self._settle_after_start(call, first), "settle_after_start")
+
+    async def close(self) -> None:
+        """The gateway stops: every upstream call's task still running ends."""
+        await self.tasks.close()
 
     async def _settle_after_start(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
         try:
@@ -347,7 +354,7 @@ class UpstreamCall:
         wait for the same reading. Once read, the call leaves the in-flight table: its
         part is done, an Abort from now on is the other legs' business."""
         if self._drained is None:
-            self._drained = asyncio.ensure_future(self._drain())
+            self._drained = self._upstreams.tasks.spawn(self._drain(), "drain")
         return self._drained
 
     async def _drain(self) -> list[bytes]:
@@ -370,7 +377,7 @@ class UpstreamCall:
                 return await self._headers_and_first(sink)
             except aio.AioRpcError as error:
                 raise self._failure(error) from None
-        read = self._first = asyncio.ensure_future(self._headers_and_first(sink))
+        read = self._first = self._upstreams.tasks.spawn(self._headers_and_first(sink), "first")
         watching: set[asyncio.Future[Any]] = {read, *watch}
         while not read.done():
             # Cancelled here (the client left), the read stays running: `close` then

@@ -114,6 +114,11 @@ class Registry:
             if runtime is None or runtime in runtimes
         )
 
+    def serves(self, model: str, runtime: Runtime) -> bool:
+        """Whether `model` is served over `runtime`'s protocol (on every call's path: a
+        lookup, not a sorted list of every model)."""
+        return runtime in self._index.get(model, {})
+
     def runtimes(self, model: str) -> list[Runtime]:
         return sorted(self._index.get(model, {}))
 

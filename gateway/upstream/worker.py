@@ -3,7 +3,7 @@
 The worker is the one writer of its signals: the fleet's loops, the KV follower and the
 proxy's reservations tell it what they saw through its methods (`set_connected`,
 `reported`, `load_failed`, `reserve`/`release`, `begin_drain`), and it derives its own
-status (`restatus`); nothing else assigns its fields (tests/unit/test_one_writer.py
+status (`restatus`); nothing else assigns its fields (tests/architecture/test_one_writer.py
 checks the source).
 """
 

@@ -31,8 +31,8 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway_sim.launch import Child, start
 from tests.conftest import SERVE_ARGS, worker_url
-from tests.e2e.availability_helpers import admin_address, list_workers
-from tests.e2e.helpers import MAX, SharedProcesses, wait_health, write_config
+from tests.support.availability import admin_address, list_workers
+from tests.support.helpers import MAX, SharedProcesses, wait_health, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTACK_PY = ROOT / "scripts" / "attack.py"

@@ -29,9 +29,10 @@ from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from gateway_sim.launch import Child, ready
 from scripts.attacks.harness import Check, Scenario, until
 from tests.conftest import worker_url
-from tests.e2e.availability_helpers import SERVING, wait_health_status
 from tests.e2e.dnsmasq import Dnsmasq
-from tests.e2e.helpers import (
+from tests.e2e.test_kv_flood import Hostile
+from tests.support.availability import SERVING, wait_health_status
+from tests.support.helpers import (
     closed_port,
     collect,
     generate_for,
@@ -42,7 +43,6 @@ from tests.e2e.helpers import (
     trailers,
     wait_health,
 )
-from tests.e2e.test_kv_flood import Hostile
 
 LIE = 2**32 - 1  # the usage a lying worker reports (completion_tokens is a uint32)
 QUEUED = 2_000  # calls a queue attack holds

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dns.resolver
 
-from tests.e2e.helpers import WAIT_S
+from tests.support.helpers import WAIT_S
 
 
 def free_port() -> int:

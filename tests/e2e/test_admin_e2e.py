@@ -23,7 +23,7 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway_sim.launch import Child
 from tests.conftest import START_S, STOP_S, Launcher, SimHost, grpcurl, run_alone, worker_url
-from tests.e2e.availability_helpers import (
+from tests.support.availability import (
     admin_address,
     is_ready,
     labels,
@@ -33,7 +33,7 @@ from tests.e2e.availability_helpers import (
     scrape,
     wait_worker,
 )
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     SGL_SERVICE,
     WAIT_S,
     SharedProcesses,

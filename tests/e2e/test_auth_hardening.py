@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.core.wire import encode_varint
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     WAIT_S,
     channel,
     collect,

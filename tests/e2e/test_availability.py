@@ -1,7 +1,7 @@
 """Worker availability end to end: a killed worker, a worker that says
 NOT_SERVING (and one probed through the engine's HealthCheck), a frozen worker, a model
 whose workers are all down. (The rolling restart under load, figure 4, is in process:
-tests/inproc/test_availability.py.)
+tests/component/test_availability.py.)
 
 Each test measures the figure it checks and prints it (`pytest -s` shows them).
 """
@@ -20,7 +20,7 @@ from grpc import aio
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
-from tests.e2e.availability_helpers import (
+from tests.support.availability import (
     NOT_SERVING,
     SERVING,
     ClosedLoop,
@@ -35,7 +35,7 @@ from tests.e2e.availability_helpers import (
     wait_worker,
     wall_start,
 )
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
     WAIT_S,

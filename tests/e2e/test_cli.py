@@ -16,7 +16,7 @@ import pytest
 
 from gateway_sim.launch import Child, start
 from tests.conftest import START_S, STOP_S, Launcher, grpcurl
-from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, closed_port, dead_worker_url
+from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, closed_port, dead_worker_url
 
 SERVICES = {
     SGL_SERVICE,
@@ -46,7 +46,7 @@ def test_config_errors_exit_2_with_one_clear_line(tmp_path: Path) -> None:
     """A bad configuration, from a flag and from a file: exit status 2, nothing on
     stdout, one line on stderr naming the bad value. (The processes run in parallel:
     each is a Python start-up. Every other bad value's line, through the same entry
-    point in process: tests/unit/test_config_errors.py.)"""
+    point in process: tests/unit/config/test_config_errors.py.)"""
     broken = config_file(tmp_path, "broken.yaml", "listen: [1, 2\n")
     cases: list[tuple[list[str], str]] = [
         (

@@ -1,5 +1,5 @@
 """Disaggregated serving through the gateway process. The placement and relay of the legs
-are tested in process (tests/inproc/test_disagg.py); here, a choice that fails while
+are tested in process (tests/component/test_disagg.py); here, a choice that fails while
 another streams, with the workers in their own processes: in one event loop, that race
 ends the client's call with no status now and then (the front's abort meets a write still
 in flight on the same stream: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS)."""
@@ -14,7 +14,7 @@ import pytest
 
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     channel,
     collect,
     model_md,

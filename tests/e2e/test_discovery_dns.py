@@ -18,9 +18,9 @@ from gateway.config import DnsDiscovery
 from gateway.discovery.dns import LOGGED_TARGETS, ROUND_TIMEOUT_S, AddressPort, DnsError, DnsSource
 from gateway.discovery.source import Discovered
 from tests.conftest import Launcher
-from tests.e2e.availability_helpers import admin_address, list_workers
 from tests.e2e.dnsmasq import Dnsmasq
-from tests.e2e.helpers import (
+from tests.support.availability import admin_address, list_workers
+from tests.support.helpers import (
     WAIT_S,
     channel,
     collect,
@@ -30,7 +30,7 @@ from tests.e2e.helpers import (
     wait_health,
     write_config,
 )
-from tests.e2e.test_processes import per_process
+from tests.support.processes import per_process
 
 NAME = "workers.llm.test"
 A, B = "127.0.0.2", "127.0.0.3"

@@ -19,9 +19,9 @@ from grpc import aio
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from tests.conftest import Launcher, worker_url
-from tests.e2e.availability_helpers import admin_address, labels, list_workers, samples, scrape
-from tests.e2e.helpers import closed_port, dead_worker_url, wait_health, write_config
-from tests.inproc.harness import until
+from tests.support.availability import admin_address, labels, list_workers, samples, scrape
+from tests.support.helpers import closed_port, dead_worker_url, wait_health, write_config
+from tests.support.inproc import until
 
 
 def log_events(path: Path) -> list[dict[str, Any]]:

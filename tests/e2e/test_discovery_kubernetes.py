@@ -18,8 +18,9 @@ import pytest
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway_sim.launch import Child
 from tests.conftest import Launcher
-from tests.e2e.availability_helpers import admin_address, is_ready, list_workers, wait_worker
-from tests.e2e.helpers import (
+from tests.kube.apiserver import InThread
+from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
+from tests.support.helpers import (
     WAIT_S,
     channel,
     collect,
@@ -29,8 +30,7 @@ from tests.e2e.helpers import (
     wait_health,
     write_config,
 )
-from tests.e2e.test_processes import per_process
-from tests.kube.apiserver import InThread
+from tests.support.processes import per_process
 
 NS = "llm"
 A, B = "127.0.0.2", "127.0.0.3"

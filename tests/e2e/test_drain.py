@@ -16,7 +16,7 @@ import grpc
 
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
-from tests.e2e.availability_helpers import (
+from tests.support.availability import (
     NOT_SERVING,
     SERVING,
     health_check,
@@ -24,7 +24,7 @@ from tests.e2e.availability_helpers import (
     health_watch,
     wait_health_status,
 )
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     WAIT_S,
     channel,
     collect,

@@ -16,7 +16,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, SimHost, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
     SharedProcesses,

@@ -5,7 +5,7 @@ QUEUE_TIMEOUT, SHUTTING_DOWN at the end of a SIGTERM drain) and a tenant's rate 
 reason, x-http-status, RetryInfo); a queued call that leaves (deadline, cancel) never
 reaches a worker; and under a mixed saturated load no worker ever runs more than its
 `max_inflight` by its own count (`x-sim-running`), and every call gets an answer.
-In-process tests of the same mechanisms: tests/inproc/test_flow.py, test_rate_limits.py.
+In-process tests of the same mechanisms: tests/component/test_flow.py, test_rate_limits.py.
 
 Every wait is on observable state (the call's response headers, ListQueues, ListWorkers,
 the request log), bounded."""
@@ -30,14 +30,14 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
-from tests.e2e.availability_helpers import (
+from tests.support.availability import (
     admin_address,
     labels,
     list_workers,
     samples,
     scrape,
 )
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     WAIT_S,
     assert_verdict,
     channel,

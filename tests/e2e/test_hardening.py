@@ -19,8 +19,9 @@ from google.rpc import error_details_pb2, status_pb2
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway_sim.launch import Child, ready
 from tests.conftest import START_S, Launcher, run_alone, worker_url
-from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
-from tests.e2e.helpers import (
+from tests.e2e.rawclient import RawClient
+from tests.support.availability import admin_address, list_workers, samples, scrape
+from tests.support.helpers import (
     WAIT_S,
     assert_verdict,
     channel,
@@ -32,7 +33,6 @@ from tests.e2e.helpers import (
     wait_health,
     write_config,
 )
-from tests.e2e.rawclient import RawClient
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 BAD_VALUES = {

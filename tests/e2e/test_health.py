@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway_sim.launch import Child
 from tests.conftest import grpcurl, worker_url
-from tests.e2e.availability_helpers import (
+from tests.support.availability import (
     NOT_SERVING,
     SERVICE_UNKNOWN,
     SERVING,
@@ -30,7 +30,7 @@ from tests.e2e.availability_helpers import (
     health_watch,
     wait_health_status,
 )
-from tests.e2e.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, SharedProcesses, channel
+from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, SharedProcesses, channel
 
 PROBE_INTERVAL_S = 0.2
 NAMES = {"", "liveness", "readiness", SGL_SERVICE, VLLM_SERVICE, "models/m", "models/v", "models/h"}

@@ -38,8 +38,8 @@ import pytest
 
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
-from tests.e2e.availability_helpers import admin_address, list_workers, samples, scrape
-from tests.e2e.helpers import (
+from tests.support.availability import admin_address, list_workers, samples, scrape
+from tests.support.helpers import (
     channel,
     model_md,
     sgl_generate,

@@ -21,7 +21,7 @@ import pytest
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, stop_child, worker_url
 from tests.e2e.envoy import envoy_binary, host_weights, start_envoy
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     channel,
     model_md,
     sgl_generate,

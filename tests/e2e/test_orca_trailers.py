@@ -15,8 +15,8 @@ import pytest
 from gateway.orca.report import IN_FLIGHT
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from tests.conftest import Launcher, worker_url
-from tests.e2e.helpers import channel, sgl_generate, sgl_grpc, write_config
 from tests.e2e.rawclient import RawClient, Stream
+from tests.support.helpers import channel, sgl_generate, sgl_grpc, write_config
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 LOAD = b"endpoint-load-metrics-bin"

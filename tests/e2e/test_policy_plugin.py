@@ -11,8 +11,8 @@ from pathlib import Path
 
 from gateway_sim.launch import Child, start
 from tests.conftest import SERVE_ARGS, START_S, Launcher, worker_url
-from tests.e2e.availability_helpers import admin_address, is_ready, wait_worker
-from tests.e2e.helpers import (
+from tests.support.availability import admin_address, is_ready, wait_worker
+from tests.support.helpers import (
     channel,
     model_md,
     sgl_generate,
@@ -21,7 +21,7 @@ from tests.e2e.helpers import (
     wait_for_events,
     write_config,
 )
-from tests.policy_plugin import LAST_ID, write_plugin
+from tests.support.policy_plugin import LAST_ID, write_plugin
 
 CALLS = 6
 

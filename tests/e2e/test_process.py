@@ -18,7 +18,7 @@ import pytest
 
 from gateway_sim.launch import Child, ready, spawn
 from tests.conftest import SERVE_ARGS, Launcher, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     channel,
     dead_worker_url,
     model_md,

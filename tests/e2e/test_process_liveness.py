@@ -24,8 +24,8 @@ from gateway.scale.control import READ_TIMEOUT_S
 from gateway.scale.supervisor import LIVENESS_INTERVAL_S, LIVENESS_MISSES, LIVENESS_TIMEOUT_S
 from gateway_sim.launch import Child
 from tests.conftest import STOP_S, Launcher, run_alone, worker_url
-from tests.e2e.helpers import POLL_S, WAIT_S, collect, model_md, sgl_generate, sgl_grpc
-from tests.e2e.test_processes import (
+from tests.support.helpers import POLL_S, WAIT_S, collect, model_md, sgl_generate, sgl_grpc
+from tests.support.processes import (
     PROCESSES,
     admin_stub,
     alive,

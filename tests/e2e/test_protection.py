@@ -1,6 +1,6 @@
 """Protection with real processes: bounded work per request, faults attributed to whoever
 caused them, and the gateway's own concurrency bound. (n over limits.max_choices, refused
-at the front: tests/inproc/test_protection.py.)"""
+at the front: tests/component/test_protection.py.)"""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from tests.conftest import Launcher, worker_url
-from tests.e2e.availability_helpers import admin_address, list_workers, wait_worker
-from tests.e2e.helpers import (
+from tests.e2e.stalled import StalledClient
+from tests.support.availability import admin_address, list_workers, wait_worker
+from tests.support.helpers import (
     SGL_SERVICE,
     WAIT_S,
     channel,
@@ -33,7 +34,6 @@ from tests.e2e.helpers import (
     wait_running,
     write_config,
 )
-from tests.e2e.stalled import StalledClient
 
 
 async def test_client_deadlines_never_eject_a_worker(sim: Launcher, gateway: Launcher) -> None:

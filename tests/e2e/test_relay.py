@@ -19,7 +19,7 @@ from grpc import aio
 
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, SimHost, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
     WAIT_S,

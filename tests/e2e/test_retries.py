@@ -1,6 +1,6 @@
 """Workers killed under the gateway process: while ready, and after their headers but
 before a message. (The retry rules themselves are tested in process,
-tests/inproc/test_retries.py.)
+tests/component/test_retries.py.)
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     channel,
     collect,
     model_md,

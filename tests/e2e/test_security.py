@@ -16,7 +16,7 @@ from grpc import aio
 
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, grpcurl, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     SGL_SERVICE,
     channel,
     collect,

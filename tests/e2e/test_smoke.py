@@ -7,7 +7,7 @@ import pytest
 from grpc import aio
 
 from tests.conftest import Launcher, worker_url
-from tests.e2e.helpers import channel, model_md, rich_status, sgl_generate, sgl_grpc, trailers
+from tests.support.helpers import channel, model_md, rich_status, sgl_generate, sgl_grpc, trailers
 
 
 async def test_generate_streams_through_and_unknown_model_is_not_found(

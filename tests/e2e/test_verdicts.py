@@ -1,5 +1,5 @@
 """Placement verdicts through the gateway process: after a worker is killed, and as
-grpcurl shows them. The others are tested in process (tests/inproc/test_verdicts.py).
+grpcurl shows them. The others are tested in process (tests/component/test_verdicts.py).
 
 Every verdict must travel as a Trailers-Only response: the client sees no response
 headers, only the status and its trailers.
@@ -12,7 +12,7 @@ import pytest
 from grpc import aio
 
 from tests.conftest import Launcher, grpcurl, worker_url
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     SGL_SERVICE,
     assert_verdict,
     channel,

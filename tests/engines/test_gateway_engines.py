@@ -17,7 +17,8 @@ from grpc import aio
 
 from scripts.engines.worker import EngineWorker
 from tests.conftest import Launcher
-from tests.e2e.availability_helpers import (
+from tests.engines.conftest import Engines
+from tests.support.availability import (
     admin_address,
     is_ready,
     labels,
@@ -25,7 +26,7 @@ from tests.e2e.availability_helpers import (
     scrape,
     wait_worker,
 )
-from tests.e2e.helpers import (
+from tests.support.helpers import (
     channel,
     model_md,
     request_events,
@@ -33,7 +34,6 @@ from tests.e2e.helpers import (
     vllm_grpc,
     write_config,
 )
-from tests.engines.conftest import Engines
 
 VOCAB = 512  # the tiny model's
 FOLLOW_S = 2.0  # the bound: events applied within this of the worker's first batch

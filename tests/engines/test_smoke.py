@@ -7,8 +7,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scripts.engines.worker import ENGINE_SERVICE, EngineWorker
 from tests.conftest import Launcher
-from tests.e2e.availability_helpers import admin_address, is_ready, wait_worker
-from tests.e2e.helpers import channel, model_md, vllm, vllm_grpc
+from tests.support.availability import admin_address, is_ready, wait_worker
+from tests.support.helpers import channel, model_md, vllm, vllm_grpc
 
 DISCOVERY_S = 30.0  # bounded wait for the gateway to register a discovered worker
 

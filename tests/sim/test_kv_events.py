@@ -18,7 +18,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 
 from tests.sim.kv import RUNTIMES, engine, hashes, kinds, prompt, stored_of
-from tests.sim.test_sim import StartSim
+from tests.support.sim import StartSim
 
 INT64 = range(-(2**63), 2**63)
 # The Rust relay, and token ids past the tiny model's vocabulary.

@@ -29,7 +29,7 @@ from tests.sim.kv import (
     removed_of,
     stored_of,
 )
-from tests.sim.test_sim import StartSim
+from tests.support.sim import StartSim
 
 
 @asynccontextmanager

@@ -12,7 +12,7 @@ import pytest
 from gateway_sim.prefix_cache import Block, Lease, PrefixCache
 from tests.conftest import run_alone
 from tests.sim.kv import RUNTIMES, engine, hashes, kinds, prompt, removed_of, stored_of
-from tests.sim.test_sim import StartSim
+from tests.support.sim import StartSim
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

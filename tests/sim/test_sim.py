@@ -23,14 +23,13 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway_sim.engine import embedding_for, output_tokens
-from tests.e2e.helpers import WAIT_S
 from tests.sim.conftest import SimProcess
+from tests.support.helpers import WAIT_S
+from tests.support.sim import StartSim
 
 SGL_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"
 PROMPT = [5, 7, 11]
-
-StartSim = Callable[..., SimProcess]
 
 
 @asynccontextmanager

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
 import grpc
@@ -118,8 +119,7 @@ class ProbeLoop:
             result = self._internal(error)
         else:
             self._bug = ""
-        self.worker.probe.last_at = time.time()
-        return result
+        return dataclasses.replace(result, at=time.time())  # the state is the worker's
 
     def _internal(self, error: Exception) -> ProbeResult:
         """A bug in the probe (the gateway's, not the worker's): logged at error level with

@@ -27,6 +27,7 @@ class ProbeKind(Enum):
 class ProbeResult:
     kind: ProbeKind
     detail: str
+    at: float = 0.0  # when it was taken (wall clock, for the admin API); 0: not said
 
 
 @dataclass(slots=True)
@@ -47,6 +48,8 @@ class ProbeState:
 def judge(state: ProbeState, result: ProbeResult, settings: ProbeConfig) -> bool | None:
     """Fold one probe result into the state; returns the new `healthy` value."""
     state.last = result
+    if result.at:
+        state.last_at = result.at
     if result.kind is ProbeKind.INTERNAL:
         return state.healthy  # the gateway's failure, not the worker's: nothing counted
     if result.kind is ProbeKind.SERVING:

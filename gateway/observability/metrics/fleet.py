@@ -1,0 +1,119 @@
+"""The registry's workers as gauges, read at scrape time (in the HTTP server's thread)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.upstream.registry import Registry
+from gateway.upstream.signals.outlier import OutlierState
+from gateway.upstream.worker import Worker, WorkerStatus
+
+OUTLIER_VALUE = {OutlierState.CLOSED: 0.0, OutlierState.HALF_OPEN: 1.0, OutlierState.OPEN: 2.0}
+
+
+class FleetCollector(Collector):
+    """The registry's workers as gauges, computed at scrape time."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def describe(self) -> Iterable[Any]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Any]:
+        families = self._families()
+        up, status, outlier, inflight, running, waiting, usage, rejected = families
+        for worker in self._workers():
+            self._add(worker, up, status, outlier, inflight, running, waiting, usage, rejected)
+        return families
+
+    def _workers(self) -> list[Worker]:
+        """Copy the worker list; the event loop may change the registry meanwhile."""
+        for _ in range(3):
+            try:
+                return list(self._registry)
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
+        return []
+
+    @staticmethod
+    def _families() -> list[Any]:
+        return [
+            GaugeMetricFamily(
+                "gateway_worker_up",
+                "1 if the worker is ready (routable), else 0",
+                labels=["worker", "model", "runtime", "role"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_status",
+                "1 for the worker's current status, 0 for the others",
+                labels=["worker", "status"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_outlier_state",
+                "outlier detection: 0 closed, 1 half_open (one trial call), 2 open (ejected)",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_inflight",
+                "requests the gateway has in flight on the worker",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_load_running",
+                "running requests the worker last reported (GetLoads)",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_load_waiting",
+                "queued requests the worker last reported (GetLoads)",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "gateway_worker_kv_token_usage",
+                "KV cache token usage (0..1) the worker last reported (GetLoads)",
+                labels=["worker"],
+            ),
+            CounterMetricFamily(
+                "gateway_worker_load_rejected",
+                "load figures of the worker's reports ignored as out of range (not "
+                "finite, negative, overflowing)",
+                labels=["worker"],
+            ),
+        ]
+
+    @staticmethod
+    def _add(
+        worker: Worker,
+        up: GaugeMetricFamily,
+        status: GaugeMetricFamily,
+        outlier: GaugeMetricFamily,
+        inflight: GaugeMetricFamily,
+        running: GaugeMetricFamily,
+        waiting: GaugeMetricFamily,
+        usage: GaugeMetricFamily,
+        rejected: CounterMetricFamily,
+    ) -> None:
+        wid, current, load = worker.id, worker.status, worker.load  # one read of each
+        ready = 1.0 if current is WorkerStatus.READY else 0.0
+        up.add_metric([wid, worker.model, str(worker.runtime), str(worker.role)], ready)
+        for each in WorkerStatus:
+            status.add_metric([wid, each.value], 1.0 if each is current else 0.0)
+        outlier.add_metric([wid], OUTLIER_VALUE.get(worker.outlier.state, 0.0))
+        inflight.add_metric([wid], float(worker.inflight))
+        if load is not None:  # no report yet: absent, not zero
+            # Reports are checked when made (LoadReport.checked); a number that is not
+            # finite still never reaches the exposition.
+            for family, value in (
+                (running, float(load.running)),
+                (waiting, float(load.waiting)),
+                (usage, float(load.token_usage)),
+            ):
+                if math.isfinite(value):
+                    family.add_metric([wid], value)
+            rejected.add_metric([wid], float(load.rejected))
