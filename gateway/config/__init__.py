@@ -46,7 +46,7 @@ from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
 from gateway.config.workers import WorkerSpec
-from gateway.core.policy_names import POLICIES  # the --policy choices
+from gateway.core.policy_names import POLICIES  # the built-in policies (plugins: policy_names())
 
 __all__ = [
     "DEFAULT_COST_TOKENS",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, Strict
 from pydantic.dataclasses import dataclass
@@ -11,8 +11,6 @@ from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Interval, Text
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LogFormat = Literal["console", "json"]
-LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
-LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)
 
 
 def _off_is_none(value: Any) -> Any:

@@ -140,10 +140,6 @@ def block_hashes(tokens: Any, block_size: int, namespace: str) -> list[int]:
     return extend(root(namespace), tokens, block_size)
 
 
-def depth_of(key: int) -> int:
-    return key & MAX_DEPTH
-
-
 class Prefix:
     """One request's prompt; its block hashes are computed once per block size asked."""
 

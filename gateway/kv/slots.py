@@ -91,9 +91,6 @@ class SlotState:
     def __len__(self) -> int:
         return len(self.copies) if self.exact else len(self.expiry)
 
-    def holds(self, own: int) -> bool:
-        return own in self.copies or own in self.expiry
-
     def model(self, hashes: Sequence[int], blocks: int) -> None:
         """The prompt went into a cache of `blocks`: its blocks most recent, the root last."""
         modelled = self.modelled
