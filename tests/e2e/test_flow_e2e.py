@@ -19,7 +19,7 @@ import math
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ from tests.support.availability import (
     scrape,
 )
 from tests.support.helpers import (
-    WAIT_S,
     assert_verdict,
     channel,
     collect,
@@ -54,6 +53,7 @@ from tests.support.helpers import (
     wait_idle,
     write_config,
 )
+from tests.support.waits import until
 
 HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's slot until cancelled
 POLL_S = 0.02
@@ -87,14 +87,6 @@ def flow_gateway(
     return gateway("--config", write_config(tmp_path, settings), *urls, *flags)
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, within_s: float = WAIT_S) -> None:
-    """Poll `check` (bounded) until it holds."""
-    deadline = time.monotonic() + within_s
-    while not await check():
-        assert time.monotonic() < deadline, f"not within {within_s}s: {what}"
-        await asyncio.sleep(POLL_S)
-
-
 async def waiting(gw: Child) -> int:
     """Calls waiting in the gateway's queues (admin ListQueues), over every model."""
     async with aio.insecure_channel(admin_address(gw)) as ch:
@@ -109,7 +101,7 @@ async def until_waiting(gw: Child, count: int) -> None:
     async def check() -> bool:
         return await waiting(gw) == count
 
-    await until(check, f"{count} calls waiting")
+    await until(check, what=f"{count} calls waiting")
 
 
 async def worker_state(gw: Child) -> Any:
@@ -274,7 +266,7 @@ async def test_a_deadline_expiring_in_the_queue_is_deadline_exceeded_and_blames_
             ended = [await flow_outcome(gw, "standard", o) for o in ("deadline", "cancelled")]
             return sum(ended) == 1
 
-        await until(counted, "the deadline outcome counted")  # the log line comes first
+        await until(counted, what="the deadline outcome counted")  # the log line comes first
         assert await waiting(gw) == 0
         state = await worker_state(gw)
         assert state.inflight == 1  # the held call only
@@ -311,7 +303,7 @@ async def test_a_queued_call_whose_client_cancels_never_reaches_a_worker(
         async def counted() -> bool:
             return await flow_outcome(gw, "standard", "cancelled") == 1
 
-        await until(counted, "the cancelled outcome counted")
+        await until(counted, what="the cancelled outcome counted")
         assert (await worker_state(gw)).inflight == 1
         assert await running_on_sim(worker.address) == 1
 
@@ -320,7 +312,7 @@ async def test_a_queued_call_whose_client_cancels_never_reaches_a_worker(
         async def settled() -> bool:
             return bool((await worker_state(gw)).inflight == 0)
 
-        await until(settled, "nothing in flight")
+        await until(settled, what="nothing in flight")
         assert await wait_idle(worker.address) == 0
     log = gw.log_path  # type: ignore[attr-defined]
     generated = wait_for_events(log, 2, rpc="Generate")
@@ -414,7 +406,7 @@ async def test_sigterm_serves_queued_calls_while_the_drain_lasts_then_shutting_d
         async def stopping() -> bool:
             return any(e.get("event") == "stopping" for e in log_events(gw))
 
-        await until(stopping, "the drain started")
+        await until(stopping, what="the drain started")
         assert all(not r.done() for r in readers)
         held.cancel()  # a slot frees during the drain
 

@@ -33,6 +33,7 @@ from tests.support.helpers import (
     wait_health,
     write_config,
 )
+from tests.support.waits import until
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 BAD_VALUES = {
@@ -78,13 +79,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
-
-
-async def until(condition, within_s: float, step_s: float = 0.05) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within_s
-    while not await condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(step_s)
 
 
 def details_of(stream_headers: dict[bytes, bytes]) -> tuple[error_details_pb2.ErrorInfo, list[str]]:
@@ -366,7 +360,7 @@ async def test_connections_past_the_cap_are_refused_and_logged_then_served_again
             messages, error = await collect(call)
         return error is None and len(messages) == 5
 
-    await until(served, 10, step_s=0.2)
+    await until(served, 10, every_s=0.2)
 
 
 async def test_sighup_without_tls_reloads_and_ends_nothing(
@@ -493,7 +487,7 @@ async def test_health_watches_past_the_cap_are_refused_and_calls_are_served(
         async def settled() -> bool:  # every stream refused, or sent its first status
             return all(s.ended.is_set() or s.data for s in streams)
 
-        await until(settled, 30, step_s=0.2)
+        await until(settled, 30, every_s=0.2)
         await assert_served(gw)
         open_watches = [s for s in streams if not s.ended.is_set()]
         refused = [s for s in streams if s.status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]]
@@ -524,17 +518,17 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
         return check
 
     try:
-        await until(counted(0), 10, step_s=0.1)  # the readiness check's connection is gone
+        await until(counted(0), 10, every_s=0.1)  # the readiness check's connection is gone
         for client in crowd[:5]:
             await client.connect()
-        await until(counted(5), 10, step_s=0.1)  # the watch has seen the first five
+        await until(counted(5), 10, every_s=0.1)  # the watch has seen the first five
         for client in crowd[5:]:
             await client.connect()
 
         async def trimmed() -> bool:
             return sum(c.closed.is_set() for c in crowd) == 7
 
-        await until(trimmed, 10, step_s=0.1)
+        await until(trimmed, 10, every_s=0.1)
         assert all(not c.closed.is_set() for c in crowd[:5])  # the oldest five stay
         log_path: Path = gw.log_path  # type: ignore[attr-defined]
 
@@ -545,7 +539,7 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
         async def logged() -> bool:  # the watch logs once it has closed them
             return bool(await limit_lines())
 
-        await until(logged, 10, step_s=0.1)
+        await until(logged, 10, every_s=0.1)
         lines = await limit_lines()
         assert len(lines) == 1 and '"peer": "127.0.0.2"' in lines[0]
         closed = samples(

@@ -8,7 +8,7 @@ import hashlib
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -26,6 +26,7 @@ from gateway_sim.engine import embedding_for, output_tokens
 from tests.sim.conftest import SimProcess
 from tests.support.helpers import WAIT_S
 from tests.support.sim import StartSim
+from tests.support.waits import until
 
 SGL_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"
@@ -90,13 +91,6 @@ async def read_rest(call: Any) -> list[Any]:
     while (message := await call.read()) is not grpc.aio.EOF:
         messages.append(message)
     return messages
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = WAIT_S) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def running(stub: Any) -> int:
@@ -359,7 +353,7 @@ async def test_headers_first_sends_them_as_the_call_is_taken(sglang_sim: SimProc
         )
         headers = dict(await asyncio.wait_for(waiting.initial_metadata(), WAIT_S))
         waiting.cancel()
-        await eventually(lambda: _running_is(stub, 0))
+        await until(lambda: _running_is(stub, 0))
         call = stub.Generate(
             sgl_request(max_new_tokens=2),
             metadata=(("x-sim-ttft-ms", "100"), ("x-sim-headers-first", "1")),
@@ -566,7 +560,7 @@ async def test_vllm_abort_stalled_and_streaming(vllm_sim: SimProcess) -> None:
         stalled = stub.Generate(vllm_request("v-stall"), metadata=(("x-sim-stall", "1"),))
         slow = stub.Generate(vllm_request("v-slow"), metadata=(("x-sim-token-ms", "50"),))
         await slow.read()
-        await eventually(lambda: _running_is(stub, 2))
+        await until(lambda: _running_is(stub, 2))
         await stub.Abort(vllm_pb2.AbortRequest(request_ids=["v-stall", "v-slow", "v-none"]))
         stalled_messages = await drain(stalled)
         slow_rest = await read_rest(slow)
@@ -590,12 +584,12 @@ async def test_cancel_returns_active_count_to_zero(sglang_sim: SimProcess) -> No
         stalled = stub.Generate(sgl_request("c-1"), metadata=(("x-sim-stall", "1"),))
         slow = stub.Generate(sgl_request("c-1"), metadata=(("x-sim-token-ms", "50"),))
         await slow.read()
-        await eventually(lambda: _running_is(stub, 2))
+        await until(lambda: _running_is(stub, 2))
         info = await stub.GetServerInfo(sgl_pb2.GetServerInfoRequest())
         assert info.active_requests == 2
         stalled.cancel()
         slow.cancel()
-        await eventually(lambda: _running_is(stub, 0))
+        await until(lambda: _running_is(stub, 0))
 
 
 async def test_stall_until_client_deadline(sglang_sim: SimProcess) -> None:
@@ -609,7 +603,7 @@ async def test_stall_until_client_deadline(sglang_sim: SimProcess) -> None:
                 metadata=(("x-sim-stall", "1"),),
                 timeout=0.3,
             )
-        await eventually(lambda: _running_is(stub, 0))
+        await until(lambda: _running_is(stub, 0))
     assert messages == []
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert embed_error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -639,11 +633,11 @@ async def test_signals_flip_health_and_sigterm_exits_zero(start_sim: StartSim) -
 
         assert await state_is(serving)
         sim.process.send_signal(signal.SIGUSR1)
-        await eventually(lambda: state_is(not_serving))
+        await until(lambda: state_is(not_serving))
         check = await engine.HealthCheck(vllm_pb2.HealthCheckRequest())
         assert (check.healthy, check.message) == (False, "not serving")
         sim.process.send_signal(signal.SIGUSR2)
-        await eventually(lambda: state_is(serving))
+        await until(lambda: state_is(serving))
         check = await engine.HealthCheck(vllm_pb2.HealthCheckRequest())
         assert (check.healthy, check.message) == (True, "ok")
     sim.process.send_signal(signal.SIGTERM)

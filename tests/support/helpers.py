@@ -22,6 +22,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway_sim.launch import Child, start, start_sim
 from tests.conftest import SERVE_ARGS, START_S, HostedSim, SimHost, stop_child
+from tests.support.waits import WAIT_S
 
 __all__ = ["sgl", "sgl_grpc", "vllm", "vllm_grpc"]
 
@@ -100,9 +101,6 @@ def request_events(log_path: Path, rpc: str | None = None) -> Sequence[dict[str,
 
 SGL_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"
-# Upper bound for every "wait until the gateway notices" loop: a safety net, which only
-# a hang reaches (on a machine busy with other work, noticing can take seconds).
-WAIT_S = 30.0
 POLL_S = 0.05
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +20,7 @@ from gateway.scale.member import Member
 from gateway.upstream.worker import Worker, WorkerStatus
 from gateway_sim.config import SimConfig, add_sim_arguments
 from gateway_sim.server import serve
-from tests.support.helpers import WAIT_S
+from tests.support.waits import until
 
 SGL = "/sglang.grpc.scheduler.SglangScheduler/"
 VLLM = "/vllm.grpc.engine.VllmEngine/"
@@ -90,16 +90,6 @@ async def gateway(
         yield gw
     finally:
         await gw.close()
-
-
-async def until(condition: Callable[[], bool], within_s: float = WAIT_S) -> None:
-    """Wait (bounded: a safety net, which only a hang reaches) for a condition on state
-    that changes without telling anyone (a worker's in-flight count, a server's call
-    count): polled, not slept on."""
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 def worker(gw: Gateway, sim: Sim) -> Worker:

@@ -21,6 +21,7 @@ from gateway.discovery import kubernetes
 from gateway.discovery.kubernetes import KubernetesSource
 from gateway.discovery.source import Discovered
 from tests.kube.apiserver import ApiServer, running
+from tests.support.waits import until
 
 NS = "serving"
 WORKER = {"app": "worker"}
@@ -56,14 +57,6 @@ class Run:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no such report in {WAIT_S} s; last: {self.last}")
             await asyncio.sleep(0.01)
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def state(report: Report, pod: str) -> bool | None:
@@ -209,10 +202,10 @@ async def test_an_expired_watch_lists_again_and_the_hosts_stay_meanwhile(
     ready_pod(api, "w-0", "10.1.0.1")
     async with watching(api, tmp_path) as run:
         await run.until(lambda r: state(r, "w-0") is True)
-        await until(lambda: api.open_watches == 1, "the watch is open")
+        await until(lambda: api.open_watches == 1, what="the watch is open")
         lists, count = api.lists, len(run.reports)
         api.expire_watches(as_status=as_status)
-        await until(lambda: api.lists > lists, "a new list")
+        await until(lambda: api.lists > lists, what="a new list")
         await run.until(lambda r: True, after=count)  # the new list's report
         # The new watch follows what comes next.
         count = len(run.reports)
@@ -228,17 +221,17 @@ async def test_a_broken_watch_reconnects_and_an_ended_one_resumes(
     ready_pod(api, "w-0", "10.1.0.1")
     async with watching(api, tmp_path) as run:
         await run.until(lambda r: state(r, "w-0") is True)
-        await until(lambda: api.open_watches == 1, "the watch is open")
+        await until(lambda: api.open_watches == 1, what="the watch is open")
         lists, watches = api.lists, api.watches
         api.break_watches()  # cut mid-stream: listed again
-        await until(lambda: api.lists > lists and api.open_watches == 1, "listed, watching")
+        await until(lambda: api.lists > lists and api.open_watches == 1, what="listed, watching")
         count = len(run.reports)
         ready_pod(api, "w-1", "10.1.0.2")
         await run.until(lambda r: state(r, "w-1") is True, after=count)
         # Ended cleanly (a server's timeout): watched again from the last version.
         lists, watches = api.lists, api.watches
         api.end_watches()
-        await until(lambda: api.watches > watches and api.open_watches == 1, "watching again")
+        await until(lambda: api.watches > watches and api.open_watches == 1, what="watching again")
         count = len(run.reports)
         api.set_ready(NS, "w-1", False)
         await run.until(lambda r: state(r, "w-1") is False, after=count)
@@ -252,7 +245,7 @@ async def test_it_lists_again_every_resync_s_and_keeps_the_hosts(
 ) -> None:
     ready_pod(api, "w-0", "10.1.0.1")
     async with watching(api, tmp_path, resync_s=0.1) as run:
-        await until(lambda: len(run.reports) >= 4, "four reports")
+        await until(lambda: len(run.reports) >= 4, what="four reports")
         assert api.lists >= 4
         assert all(state(r, "w-0") is True for r in run.reports)
 
@@ -278,7 +271,7 @@ async def test_pods_past_the_bound_are_ignored_and_that_is_logged_once(
     with capture_logs() as logs:
         async with watching(api, tmp_path) as run:
             await run.until(lambda r: len(r) == 3)
-            await until(lambda: api.open_watches == 1, "the watch is open")
+            await until(lambda: api.open_watches == 1, what="the watch is open")
             ready_pod(api, "w-9", "10.1.0.9")  # by the watch: ignored too
             api.delete_pod(NS, "w-0")  # room for the next one
             count = len(run.reports)
@@ -296,11 +289,11 @@ async def test_more_hosts_than_max_hosts_are_refused_and_the_last_set_stays(
     with capture_logs() as logs:
         async with watching(api, tmp_path, max_hosts=2) as run:
             await run.until(lambda r: len(r) == 2)
-            await until(lambda: api.open_watches == 1, "the watch is open")
+            await until(lambda: api.open_watches == 1, what="the watch is open")
             ready_pod(api, "w-2", "10.1.0.3")  # a third host: the set is refused
-            await until(lambda: run.source.stats.errors == 1, "a refused set")
+            await until(lambda: run.source.stats.errors == 1, what="a refused set")
             ready_pod(api, "w-3", "10.1.0.4")  # a fourth: still refused, not logged again
-            await until(lambda: run.source.stats.errors == 2, "two refused sets")
+            await until(lambda: run.source.stats.errors == 2, what="two refused sets")
             api.delete_pod(NS, "w-0")
             api.delete_pod(NS, "w-1")  # two again: reported
             report = await run.until(lambda r: state(r, "w-3") is True)
@@ -382,7 +375,7 @@ async def test_bad_pod_data_skips_the_pod_and_is_logged_once_per_problem(
             lists = api.lists
             api.set_ready(NS, "bad-model", False)
             api.set_ready(NS, "bad-port", False)
-            await until(lambda: api.lists >= lists + 2, "two more lists")
+            await until(lambda: api.lists >= lists + 2, what="two more lists")
             # Another problem is logged; a mended pod comes in.
             count = len(run.reports)
             api.set_annotations(NS, "bad-port", {annotation: "70000"})
@@ -413,10 +406,10 @@ async def test_the_server_down_keeps_the_last_set_counts_and_logs_once(
     with capture_logs() as logs:
         async with watching(api, tmp_path) as run:
             await run.until(lambda r: state(r, "w-0") is True)
-            await until(lambda: api.open_watches == 1, "the watch is open")
+            await until(lambda: api.open_watches == 1, what="the watch is open")
             count = len(run.reports)
             await api.stop()
-            await until(lambda: run.source.stats.errors >= 3, "three failures")
+            await until(lambda: run.source.stats.errors >= 3, what="three failures")
             assert len(run.reports) == count  # nothing reported: the last set stands
             assert run.source.stats.hosts == 1
             assert run.source.stats.failing.startswith(f"list pods in {NS}: ConnectError")
@@ -442,7 +435,7 @@ async def test_a_refused_list_is_an_error_with_the_servers_words(
     run = Run(KubernetesSource(config))
     task = asyncio.ensure_future(run.source.run(run.report))
     try:
-        await until(lambda: run.source.stats.errors >= 2, "two failures")
+        await until(lambda: run.source.stats.errors >= 2, what="two failures")
         assert run.source.stats.failing == f"list pods in {NS}: 401 Unauthorized Unauthorized"
         assert run.reports == []
     finally:
@@ -457,7 +450,7 @@ async def test_missing_credentials_are_an_error_not_a_crash(tmp_path: Path, fast
     run = Run(KubernetesSource(config))
     task = asyncio.ensure_future(run.source.run(run.report))
     try:
-        await until(lambda: run.source.stats.errors >= 2, "two failures")
+        await until(lambda: run.source.stats.errors >= 2, what="two failures")
         assert run.source.stats.failing.startswith("kubernetes credentials: ConfigError")
         assert run.reports == []
     finally:
