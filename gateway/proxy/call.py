@@ -142,7 +142,7 @@ class Call:
     caller: str  # whose admission share it takes: the principal, else `peer:<address>`
     request: bytes = b""  # the request message, once read
     # Every placement, in order (a retry's, each choice's of n>1), with its reservations:
-    # written by dispatch only, as it places.
+    # added by `placed` as dispatch places.
     placements: list[Reserved] = field(default_factory=list)
     trace: CallTrace | None = None  # tracing on: its spans (the front starts and ends them)
     # What the stages learn on the way, for the ones after them (Generate and Embed).

@@ -217,9 +217,9 @@ async def classify(env: Env, call: Call) -> None:
     assert klass is not None
     cap = env.config.tenant(tenant).max_class
     ceiling = flow.index(cap) if cap is not None else None
-    lowered = ceiling is not None and klass < ceiling
-    if ceiling is not None and lowered:
-        klass = ceiling
+    lowered = False
+    if ceiling is not None and klass < ceiling:
+        klass, lowered = ceiling, True
     priority = flow.classes[klass].name
     call.classified(tenant, cost, klass, shown=True, priority=priority, lowered=lowered)
 
@@ -246,17 +246,21 @@ def _settle(rates: RateLimits, charge: Charge, call: Call) -> None:
     rates.settle(charge, used, time.monotonic())
 
 
-def placement(env: Env, call: Call, legs: tuple[Role, ...]) -> Place:
+def disaggregated(call: Call) -> bool:
+    """A Generate whose model needs more than one leg: placed and run as a PD/EPD pair."""
+    return call.info is not None and call.legs != REGULAR_ONLY
+
+
+def placement(env: Env, call: Call) -> Place:
     """How each attempt is placed: every leg the model needs (the receiver only, for a
     call that is not a disaggregated Generate)."""
     placer, model, runtime, info = env.routing.placer, call.model, env.adapter.runtime, call.info
-    items = info.mm_items if info is not None else ()
-    hints = call.hints
+    items, hints, legs = info.mm_items if info is not None else (), call.hints, call.legs
 
     def place(tried: Collection[str]) -> Decision | Verdict:
         return placer.place(model, runtime, hints, items, tried, legs)
 
-    if info is not None and legs != REGULAR_ONLY:
+    if disaggregated(call):
         return place
 
     def place_receiver(tried: Collection[str]) -> Decision | Verdict:
@@ -279,13 +283,10 @@ async def wait(env: Env, call: Call) -> None:
         await prefix.prepare(
             placer.block_sizes(call.model, env.adapter.runtime, legs), env.routing.offload
         )
-    call.place = place = placement(env, call, legs)
+    call.place = place = placement(env, call)
     rooms = env.routing.rooms
-    if (
-        rooms is None
-        or env.config.flow is None
-        or (info is not None and info.n > 1 and legs != REGULAR_ONLY)
-    ):
+    choices_apart = disaggregated(call) and info is not None and info.n > 1
+    if rooms is None or env.config.flow is None or choices_apart:
         return
     record, tenant = call.record, call.tenant
     started, started_ns = time.monotonic(), time.time_ns()
@@ -316,7 +317,7 @@ async def dispatch(env: Env, call: Call) -> None:
         tally = env.adapter.tally(info.stream, info.n, bounds)
     job = Job(call, env.adapter, call.request, call.client(tally), record.request_id)
     assert call.place is not None
-    if info is not None and call.legs != REGULAR_ONLY:
+    if info is not None and disaggregated(call):
         job = replace(job, return_logprob=info.return_logprob)
         await routing.disagg.serve(job, info.n, call.place, call.first)
     else:
