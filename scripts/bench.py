@@ -326,6 +326,33 @@ def start_bare_relay(upstream: str) -> Child:
     return ready(process, ["bare_relay", upstream])
 
 
+def relay_rounds(
+    args: argparse.Namespace, relay: Child, gateway: Child, pids: dict[str, int]
+) -> tuple[Result, Result]:
+    """The bare relay and the gateway, `--rounds` each in alternation (bare, gateway,
+    gateway, bare, ...: drift on a shared machine falls on both alike); each round pair's
+    gateway/bare CPU per message and their median printed. Returns the last of each."""
+    phases = {
+        "bare": (relay.address, {**pids, "bare": relay.process.pid}),
+        "gateway": (gateway.address, {**pids, "gateway": gateway.process.pid}),
+    }
+    results: dict[str, list[Result]] = {"bare": [], "gateway": []}
+    for round_ in range(args.rounds):
+        order = ("bare", "gateway") if round_ % 2 == 0 else ("gateway", "bare")
+        for name in order:
+            address, watched = phases[name]
+            results[name].append(run_one(address, args, name, watched))
+    ratios = [
+        cpu_per_message(g, "gateway") / cpu_per_message(b, "bare")
+        for b, g in zip(results["bare"], results["gateway"], strict=True)
+    ]
+    print(
+        f"\ngateway/bare CPU per message by round: {', '.join(f'{r:.2f}' for r in ratios)}; "
+        f"median {statistics.median(ratios):.2f}x"
+    )
+    return results["bare"][-1], results["gateway"][-1]
+
+
 def cpu_per_message(result: Result, name: str) -> float:
     """Seconds of `name`'s CPU per relayed message."""
     return result.cpu.get(name, 0.0) / result.messages if result.messages else float("nan")
@@ -649,7 +676,10 @@ def main() -> None:
         "earlier commit): a change's cost, measured in the same run",
     )
     parser.add_argument(
-        "--rounds", type=int, default=2, help="A/B rounds in alternation (default 2)"
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds in alternation: bare relay and gateway, and A/B with a variant (default 2)",
     )
     parser.add_argument(
         "--otlp-sink",
@@ -726,13 +756,15 @@ def main() -> None:
         pids = {"worker": worker.process.pid}
         direct = run_one(worker.address, args, "direct", pids)
         bare = None
-        if not args.no_bare:
+        if args.no_bare:
+            pids["gateway"] = gateway.process.pid
+            via = run_one(gateway.address, args, "gateway", pids)
+        else:
             relay = start_bare_relay(worker.address)
             children_.append(relay)
-            bare = run_one(relay.address, args, "bare", {**pids, "bare": relay.process.pid})
+            bare, via = relay_rounds(args, relay, gateway, pids)
             relay.stop()
-        pids["gateway"] = gateway.process.pid
-        via = run_one(gateway.address, args, "gateway", pids)
+            pids["gateway"] = gateway.process.pid
         pd = (
             run_one(Load([gateway.address], model="bench-pd"), args, "gateway-pd", pids)
             if args.pd

@@ -118,6 +118,10 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self._removals: dict[str, asyncio.Task[bool]] = {}  # by worker: one removal each
         self._tasks = TaskScope()  # the removals, which outlive the call that asked
 
+    async def close(self) -> None:
+        """The gateway stops (after the admin server): a removal still running ends."""
+        await self._tasks.close()
+
     def _message(self, worker: Worker) -> pb.Worker:
         """The worker as the API shows it, with what the prefix index knows of it."""
         fleet = self._fleet
@@ -240,10 +244,13 @@ async def start_admin_server(
     config: GatewayConfig,
     peer: PeerService | None = None,
     queues: Queues | None = None,
-) -> tuple[aio.Server, int]:
+) -> tuple[aio.Server, int, AdminService]:
     """Serve AdminService over `fleet` (and `queues`) on `config.admin.listen`, with the
-    `peer` service of a serving process beside it. See `serve_admin`."""
-    return await serve_admin(AdminService(fleet, config, queues=queues), config.admin, peer)
+    `peer` service of a serving process beside it (see `serve_admin`); the service is
+    closed after the server stops."""
+    service = AdminService(fleet, config, queues=queues)
+    server, port = await serve_admin(service, config.admin, peer)
+    return server, port, service
 
 
 async def serve_admin(

@@ -13,7 +13,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gateway.admin.service import start_admin_server
+from gateway.admin.service import AdminService, start_admin_server
 from gateway.app.connections import ConnectionWatch, raise_fd_limit
 from gateway.app.memory import Trimmer
 from gateway.config import DEFAULT_TENANT_LABELS, GatewayConfig, usable_cores
@@ -41,6 +41,7 @@ from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch, Rooms
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import Door, EngineFront, Routing
+from gateway.proxy.idle import IdleWatch
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.metadata import MetadataRelay
@@ -170,6 +171,7 @@ class Gateway:
         self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
         self.trimmer = Trimmer(lambda: self.admission.active, self.offload)
         self.reads = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
+        self.idle = IdleWatch(limits.stream_idle_timeout_s)
         if member is None:
             self.disagg = DisaggregatedDispatch(self.dispatcher)
             self.siblings: Siblings | None = None
@@ -214,6 +216,7 @@ class Gateway:
             options=server_options(config, shared=member is not None),
         )
         self.admin_server: aio.Server | None = None
+        self.admin: AdminService | None = None
         self.connections: ConnectionWatch | None = None
         self.fronts: list[EngineFront] = []
         self.port = self.admin_port = self.metrics_port = 0
@@ -230,7 +233,7 @@ class Gateway:
         """Listen and serve; `drained` workers start drained (a restarted serving process
         takes over what the admin API did to its predecessor)."""
         load = self.reporter if self.config.orca.trailers else None
-        door = Door(self.caller, self.admission, self.reads, self.rates, load)
+        door = Door(self.caller, self.admission, self.reads, self.idle, self.rates, load)
         routing = Routing(
             self.fleet.registry,
             self.placer,
@@ -283,7 +286,7 @@ class Gateway:
         if self.member is not None:
             by_service = {front.adapter.service_name: front for front in self.fronts}
             peer = PeerService(by_service, self.metrics.prometheus, self.membership)
-        self.admin_server, self.admin_port = await start_admin_server(
+        self.admin_server, self.admin_port, self.admin = await start_admin_server(
             self.fleet, self.config, peer, self.rooms
         )
         if self.config.metrics.listen:
@@ -420,8 +423,11 @@ class Gateway:
         if self.auth is not None:
             await self.auth.stop()
         await self.server.stop(None)
+        self.idle.close()
         if self.admin_server is not None:
             await self.admin_server.stop(ADMIN_STOP_GRACE_S)
+        if self.admin is not None:
+            await self.admin.close()
         if self.siblings is not None:
             await self.siblings.close()
         self.metrics.close()

@@ -90,21 +90,18 @@ class SglangAdapter(EngineAdapter):
     }
 
     def _generate_info(self, request: Any, tokens: TokenIds) -> GenerateInfo:
-        mm = request.mm_inputs
-        multimodal = request.HasField("mm_inputs") and bool(
-            mm.image_urls
-            or mm.video_urls
-            or mm.audio_urls
-            or mm.image_data
-            or mm.video_data
-            or mm.audio_data
-            or mm.HasField("pixel_values")
-        )
+        multimodal, mm_items = False, ()
+        if request.HasField("mm_inputs"):
+            mm = request.mm_inputs
+            mm_items = (*mm.image_urls, *mm.video_urls, *mm.audio_urls)
+            multimodal = bool(
+                mm_items or mm.image_data or mm.video_data or mm.audio_data
+            ) or mm.HasField("pixel_values")
         return GenerateInfo(
             request_id=request.request_id,
             n=max(1, request.sampling_params.n),
             multimodal=multimodal,
-            mm_items=(*mm.image_urls, *mm.video_urls, *mm.audio_urls),
+            mm_items=mm_items,
             return_logprob=request.return_logprob,
             tokens=tokens,
             namespace=f"lora:{request.lora_id}" if request.lora_id else "",

@@ -53,7 +53,10 @@ class Decision:
         return cls(MappingProxyType({worker.role: worker}), policy=policy)
 
     def only(self, worker: Worker) -> Decision:
-        """This decision narrowed to one of its workers (keeping its rank)."""
+        """This decision narrowed to one of its workers (keeping its rank): itself when
+        that is all it holds (a regular call's, every time)."""
+        if not self.encoders and len(self.workers) == 1 and worker in self.workers.values():
+            return self
         rank = self.ranks.get(worker.id)
         return Decision(
             MappingProxyType({worker.role: worker}),

@@ -14,10 +14,9 @@ which gives it back once, in the reverse order, however the call ends.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NoReturn, TypeAlias
 
 import grpc
@@ -157,7 +156,7 @@ class Call:
     first: Reserved | None = None  # the first attempt, placed by a waiting room (`wait`)
     reply: bytes | None = None  # a unary call's answer (`dispatch`)
     downstream: Downstream | None = None  # the client side, once dispatch starts
-    ending: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    ending: list[Callable[[], object]] = field(default_factory=list)  # `on_end`'s
 
     # -- the record, written here only ----------------------------------------------
 
@@ -181,7 +180,9 @@ class Call:
         self.hints = self.meta.hints
         if info is not None:
             self.info, self.record.request_id = info, info.request_id
-            self.hints = replace(self.hints, prefix=Prefix(info.tokens, info.namespace))
+            hints = self.hints
+            prefix = Prefix(info.tokens, info.namespace)
+            self.hints = Hints(hints.routing_key, hints.target_worker, prefix)
 
     def named(self, request_ids: str) -> None:
         """The request ids it names (an Abort)."""
@@ -268,11 +269,20 @@ class Call:
 
     def on_end(self, callback: Callable[[], object]) -> None:
         """Run `callback` as the call ends (the last registered first)."""
-        self.ending.callback(callback)
+        self.ending.append(callback)
 
     def end(self) -> None:
-        """Give back everything the stages took, once."""
-        self.ending.close()
+        """Give back everything the stages took, once: every callback runs, whatever an
+        earlier one raised; the last exception raised is raised after them."""
+        ending, self.ending = self.ending, []
+        error: BaseException | None = None
+        for callback in reversed(ending):
+            try:
+                callback()
+            except BaseException as exc:
+                error = exc
+        if error is not None:
+            raise error
 
 
 async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:

@@ -1,4 +1,4 @@
-"""Dispatch: the one attempt loop, and the flows it runs on a placement.
+"""Dispatch: the one attempt loop, and the attempts it runs on a placement.
 
 Placement and reservation happen in one step (nothing awaits in between), so the next
 request's placement already sees this one on every worker it picked. Before the client
@@ -111,7 +111,7 @@ class Job:
         )
 
 
-Flow = Callable[[Job, Reserved], Awaitable[bytes | None]]
+Attempt = Callable[[Job, Reserved], Awaitable[bytes | None]]
 
 
 class Dispatcher:
@@ -120,18 +120,18 @@ class Dispatcher:
         self._max_attempts = max_attempts
 
     async def serve(
-        self, job: Job, place: Place, flow: Flow, first: Reserved | None = None
+        self, job: Job, place: Place, attempt: Attempt, first: Reserved | None = None
     ) -> bytes | None:
         """Run the job; an upstream failure becomes the client's status."""
         try:
-            return await self.run(job, place, flow, first)
+            return await self.run(job, place, attempt, first)
         except UpstreamFailure as failure:
             await answer(job.context, failure)
 
     async def run(
-        self, job: Job, place: Place, flow: Flow, first: Reserved | None = None
+        self, job: Job, place: Place, attempt: Attempt, first: Reserved | None = None
     ) -> bytes | None:
-        """The attempt loop: place and reserve, run the flow; a retryable failure before
+        """The attempt loop: place and reserve, run the attempt; a retryable failure before
         anything reached the client is tried again without the worker that failed.
         `first`: the first attempt's placement, made and reserved already (by a waiting
         room, as capacity came free)."""
@@ -152,7 +152,7 @@ class Dispatcher:
                 reserved = self.upstreams.reserve_all(placed)
             job.call.placed(reserved, retry=failure is not None)
             try:
-                return await flow(job, reserved)
+                return await attempt(job, reserved)
             except UpstreamFailure as error:
                 if error.code not in RETRYABLE or job.sink.delivered:
                     raise
@@ -163,10 +163,10 @@ class Dispatcher:
         assert failure is not None
         raise failure
 
-    # -- regular flows: one worker answers the whole call ------------------------------
+    # -- regular attempts: one worker answers the whole call ---------------------------
 
-    def flow(self, streaming: bool) -> Flow:
-        """The regular flow for an RPC of this shape."""
+    def attempt(self, streaming: bool) -> Attempt:
+        """The regular attempt for an RPC of this shape: one worker answers it all."""
         return self.stream if streaming else self.unary
 
     async def stream(self, job: Job, reserved: Reserved) -> None:

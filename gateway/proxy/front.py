@@ -30,8 +30,9 @@ from gateway.placement.verdicts import Verdict, shown
 from gateway.proxy import stages
 from gateway.proxy.call import Call, Context, answer
 from gateway.proxy.dispatch import Job
-from gateway.proxy.idle import StreamIdle, idle_limit
+from gateway.proxy.idle import StreamIdle
 from gateway.proxy.inflight import Holder
+from gateway.proxy.intake import ReadTimeout
 from gateway.proxy.metadata import Metadata, RequestMeta
 from gateway.proxy.reporting import Reporting
 from gateway.proxy.stages import OPENING, PLACED, Door, Env, Routing
@@ -145,7 +146,9 @@ class EngineFront:
         }[spec.kind]
 
         env, tracing = self._env, self._tracing
-        streaming, idle_s = spec.server_streaming, self._config.limits.stream_idle_timeout_s
+        read_s = self._config.limits.request_read_timeout_s
+        # Streams are ended once idle too long (0: never).
+        idle = self._door.idle if spec.server_streaming and self._door.idle.idle_s > 0 else None
         load = self._door.load
 
         async def run(_requests: Any, context: Context) -> Any:
@@ -157,16 +160,37 @@ class EngineFront:
             if tracing is not None:  # the SERVER span: from the stream's opening
                 trace = tracing.start(record, context.invocation_metadata(), context.peer())
             call = Call(spec, context, record, UNREAD, "", trace=trace)
+            opened = False
             try:
-                for stage in OPENING:
-                    await stage(env, call)
-                if not streaming:
-                    return await serve(call)
+                # One deadline per call: the read timeout from the stream's opening, then
+                # (a stream) the idle timeout, moved on as its messages move.
+                limit = asyncio.timeout_at(asyncio.get_running_loop().time() + read_s)
                 try:
-                    async with idle_limit(record, idle_s):
-                        return await serve(call)
-                except StreamIdle as idle:
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(idle))
+                    async with limit:
+                        for stage in OPENING:
+                            await stage(env, call)
+                        opened = True
+                        if idle is None:
+                            limit.reschedule(None)
+                            return await serve(call)
+                        idle.watch(record, limit)
+                        try:
+                            return await serve(call)
+                        finally:
+                            idle.forget(limit)
+                except TimeoutError:
+                    if not limit.expired():
+                        raise
+                    if opened:
+                        idle_s = self._door.idle.idle_s
+                        await context.abort(
+                            grpc.StatusCode.DEADLINE_EXCEEDED, str(StreamIdle(idle_s))
+                        )
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        str(ReadTimeout(read_s)),
+                        (("x-http-status", "408"),),
+                    )
             except asyncio.CancelledError:
                 call.cancelled()
                 raise
@@ -221,9 +245,9 @@ class EngineFront:
             placed = self._placer.any_worker(model, runtime, tried)
             return placed if isinstance(placed, Verdict) else Decision.single(placed)
 
-        flow = self._dispatcher.flow(call.spec.server_streaming)
+        attempt = self._dispatcher.attempt(call.spec.server_streaming)
         job = Job(call, self.adapter, call.request, call.client(), call.record.request_id)
-        return await self._dispatcher.serve(job, pick, flow)
+        return await self._dispatcher.serve(job, pick, attempt)
 
     async def _fan_out(self, call: Call) -> bytes:
         spec, request, context, record, meta = (

@@ -2,18 +2,21 @@
 
 A client that stops reading (so writes stop completing) and a worker that stops sending
 both leave a stream that holds a slot, a worker's attention and memory while nothing
-happens. The watchdog costs nothing per message: a timer looks at the call's message
-count every half period, so an idle stream ends between 1 and 1.5 periods after its last
-message.
+happens. Each call runs under one deadline of its own (`Call.limit`: the read timeout,
+then this one); nothing is done per message or per call here but a dict entry. One
+process-wide look every half period moves the deadline of each stream whose message
+count changed since the last look, so an idle stream ends between 1 and 1.5 periods
+after its last message. A look at many streams is cut into slices, so the event loop
+never runs one for long.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 from gateway.observability.record import CallRecord
+
+SLICE = 512  # streams looked at per event-loop turn
 
 
 class StreamIdle(Exception):
@@ -23,42 +26,65 @@ class StreamIdle(Exception):
         super().__init__(f"Stream idle for {idle_s:g} s: no message moved either way")
 
 
-class _Watch:
-    """Every half period, moves the deadline on if a message moved since the last look.
-    A class, not a closure: a function that reschedules itself holds itself in a cycle,
-    with the call's record and task, until the garbage collector's rare full pass (2,000
-    ended calls' worth of memory stayed that way)."""
+class _Seen:
+    __slots__ = ("count", "record")
 
-    __slots__ = ("_deadline", "_idle_s", "_loop", "_record", "_seen", "_timer")
+    def __init__(self, record: CallRecord) -> None:
+        self.record, self.count = record, record.messages
 
-    def __init__(self, record: CallRecord, idle_s: float, deadline: asyncio.Timeout) -> None:
-        self._record, self._idle_s, self._deadline = record, idle_s, deadline
-        self._loop = asyncio.get_running_loop()
-        self._seen = record.messages
-        self._timer = self._loop.call_later(idle_s / 2, self._look)
+
+class IdleWatch:
+    """The streams of one serving process, each with the deadline that ends it idle.
+    Its timer runs only while some stream is watched."""
+
+    __slots__ = ("_due", "_looking", "_loop", "_streams", "idle_s")
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s  # 0: off
+        self._streams: dict[asyncio.Timeout, _Seen] = {}
+        self._due: list[tuple[asyncio.Timeout, _Seen]] = []  # what this look has left
+        self._looking: asyncio.Handle | None = None  # the next look, or the next slice
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def watch(self, record: CallRecord, limit: asyncio.Timeout) -> None:
+        """From now, `limit` ends the stream `idle_s` after its last message."""
+        loop = self._loop = asyncio.get_running_loop()
+        limit.reschedule(loop.time() + self.idle_s)
+        self._streams[limit] = _Seen(record)
+        if self._looking is None:
+            self._looking = loop.call_later(self.idle_s / 2, self._look)
+
+    def forget(self, limit: asyncio.Timeout) -> None:
+        self._streams.pop(limit, None)
+
+    def __len__(self) -> int:
+        return len(self._streams)
 
     def _look(self) -> None:
-        if self._record.messages != self._seen:
-            self._seen = self._record.messages
-            self._deadline.reschedule(self._loop.time() + self._idle_s)
-        self._timer = self._loop.call_later(self._idle_s / 2, self._look)
+        self._due = list(self._streams.items())
+        self._slice()
 
-    def stop(self) -> None:
-        self._timer.cancel()  # a cancelled handle lets go of its callback, and of this
+    def _slice(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        due, self._due = self._due[:SLICE], self._due[SLICE:]
+        deadline = loop.time() + self.idle_s
+        streams = self._streams
+        for limit, seen in due:
+            count = seen.record.messages
+            if count != seen.count and limit in streams and not limit.expired():
+                seen.count = count
+                limit.reschedule(deadline)
+        if self._due:
+            self._looking = loop.call_soon(self._slice)
+        elif streams:
+            self._looking = loop.call_later(self.idle_s / 2, self._look)
+        else:
+            self._looking = None
 
-
-@contextlib.asynccontextmanager
-async def idle_limit(record: CallRecord, idle_s: float) -> AsyncIterator[None]:
-    """Run the block under the watchdog; raises `StreamIdle` if it fires (0: off)."""
-    if idle_s <= 0:
-        yield
-        return
-    try:
-        async with asyncio.timeout(idle_s) as deadline:
-            watch = _Watch(record, idle_s, deadline)
-            try:
-                yield
-            finally:
-                watch.stop()
-    except TimeoutError:
-        raise StreamIdle(idle_s) from None
+    def close(self) -> None:
+        if self._looking is not None:
+            self._looking.cancel()
+            self._looking = None
+        self._streams.clear()
+        self._due = []

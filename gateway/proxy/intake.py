@@ -14,9 +14,7 @@ stream that sends its headers, or half a message, and stops is ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
 
 from grpc import aio
 
@@ -77,31 +75,35 @@ class ReadGate:
             else:
                 del self._queues[caller]
 
-    @contextlib.asynccontextmanager
-    async def turn(self, caller: str) -> AsyncIterator[None]:
+    def enter(self, caller: str) -> bool:
+        """Take a turn now if one is free for `caller` (no one of its own waiting first)."""
         if (
             caller not in self._queues
             and self.reading < self.total
             and self._busy.get(caller, 0) < self.per_caller
         ):
             self._take(caller)
-        else:
-            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._queues.setdefault(caller, deque()).append(turn)
-            self._mark_ready(caller)
-            self._wake()
-            try:
-                await turn
-            except BaseException:
-                if turn.done() and not turn.cancelled():
-                    self._give(caller)  # handed a turn in the instant it was cancelled
-                else:
-                    turn.cancel()  # dropped from its queue when the rotation reaches it
-                raise
+            return True
+        return False
+
+    async def wait(self, caller: str) -> None:
+        """Wait in `caller`'s line for a turn (after `enter` said no)."""
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(caller, deque()).append(turn)
+        self._mark_ready(caller)
+        self._wake()
         try:
-            yield
-        finally:
-            self._give(caller)
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self._give(caller)  # handed a turn in the instant it was cancelled
+            else:
+                turn.cancel()  # dropped from its queue when the rotation reaches it
+            raise
+
+    def leave(self, caller: str) -> None:
+        """A turn `enter` or `wait` gave ends."""
+        self._give(caller)
 
     @property
     def waiting(self) -> int:
@@ -116,16 +118,15 @@ class ReadTimeout(Exception):
         )
 
 
-async def read_request(
-    context: aio.ServicerContext, gate: ReadGate, caller: str, deadline: float, timeout_s: float
-) -> bytes:
-    """The call's one request message, read in the caller's turn before the loop time
-    `deadline`; raises ReadTimeout past it, answers INVALID_ARGUMENT when there is none."""
+async def read_request(context: aio.ServicerContext, gate: ReadGate, caller: str) -> bytes:
+    """The call's one request message, read in the caller's turn (the call's deadline
+    bounds it); answers INVALID_ARGUMENT when there is none."""
+    if not gate.enter(caller):
+        await gate.wait(caller)
     try:
-        async with asyncio.timeout_at(deadline), gate.turn(caller):
-            message = await context.read()
-    except TimeoutError:
-        raise ReadTimeout(timeout_s) from None
+        message = await context.read()
+    finally:
+        gate.leave(caller)
     if message is aio.EOF or message is None:
         await abort_invalid(context, "The call carried no request message")
     return message  # type: ignore[no-any-return]

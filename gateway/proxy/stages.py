@@ -12,14 +12,12 @@ the call gives everything back once, however it ends.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from gateway.config import GatewayConfig
@@ -44,7 +42,8 @@ from gateway.proxy.admission import Admission, Refusal
 from gateway.proxy.call import Call, Place
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher, Job
-from gateway.proxy.intake import ReadGate, ReadTimeout, read_request
+from gateway.proxy.idle import IdleWatch
+from gateway.proxy.intake import ReadGate, read_request
 from gateway.proxy.metadata import read_request_meta
 from gateway.proxy.reporting import LoadTrailer
 from gateway.proxy.status import abort_invalid
@@ -65,6 +64,7 @@ class Door:
     caller: Caller
     admission: Admission
     gate: ReadGate
+    idle: IdleWatch  # the process's streams, each ended once idle too long
     rates: RateLimits | None = None  # tenants' requests and tokens per minute
     load: LoadTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
 
@@ -138,17 +138,9 @@ async def admit(env: Env, call: Call) -> None:
 
 
 async def read(env: Env, call: Call) -> None:
-    """The request message, read through the gate within the read timeout."""
-    read_s = env.config.limits.request_read_timeout_s
-    deadline = asyncio.get_running_loop().time() + read_s
-    try:
-        call.request = await read_request(
-            call.context, env.door.gate, call.caller, deadline, read_s
-        )
-    except ReadTimeout as late:
-        await call.context.abort(
-            grpc.StatusCode.DEADLINE_EXCEEDED, str(late), (("x-http-status", "408"),)
-        )
+    """The request message, read through the gate (the call's deadline until it is read:
+    the read timeout, from the stream's opening)."""
+    call.request = await read_request(call.context, env.door.gate, call.caller)
 
 
 async def decode(env: Env, call: Call) -> None:
@@ -321,8 +313,8 @@ async def dispatch(env: Env, call: Call) -> None:
         job = replace(job, return_logprob=info.return_logprob)
         await routing.disagg.serve(job, info.n, call.place, call.first)
     else:
-        flow = routing.dispatcher.flow(call.spec.server_streaming)
-        call.reply = await routing.dispatcher.serve(job, call.place, flow, call.first)
+        attempt = routing.dispatcher.attempt(call.spec.server_streaming)
+        call.reply = await routing.dispatcher.serve(job, call.place, attempt, call.first)
 
 
 OPENING: tuple[Stage, ...] = (open_call, admit, read)  # every RPC kind's first stages

@@ -124,7 +124,7 @@ class Outcomes(Protocol):
 class Links(Outcomes, Protocol):
     """What upstream calls need of the fleet: each worker's channel, and where to report."""
 
-    def channel(self, worker: Worker) -> aio.Channel: ...
+    def method(self, worker: Worker, path: str, *, streaming: bool) -> Any: ...
 
 
 class Reservation:
@@ -216,9 +216,8 @@ class Upstreams:
         bounded, so a KV hand-off is not torn in the middle.
         """
         worker = reservation.worker
-        channel = self._fleet.channel(worker)
-        path, timeout, metadata = outbound.path, outbound.timeout, outbound.metadata
-        method = channel.unary_stream(path) if outbound.streaming else channel.unary_unary(path)
+        timeout, metadata = outbound.timeout, outbound.metadata
+        method = self._fleet.method(worker, outbound.path, streaming=outbound.streaming)
         span = None
         if outbound.trace is not None:
             span, carried = outbound.trace.leg(worker, leg, outbound.rank)

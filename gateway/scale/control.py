@@ -73,12 +73,12 @@ def merge_workers(views: Sequence[Sequence[pb.Worker]]) -> list[pb.Worker]:
     merged: dict[str, pb.Worker] = {}
     for workers in views:
         for worker in workers:
-            seen = merged.get(worker.id)
-            if seen is None:
+            seen_message = merged.get(worker.id)
+            if seen_message is None:
                 merged[worker.id] = copy = pb.Worker()
                 copy.CopyFrom(worker)
             else:
-                seen.inflight += worker.inflight
+                seen_message.inflight += worker.inflight
     return [merged[k] for k in sorted(merged)]
 
 
@@ -154,6 +154,10 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         # Shielded changes that outlive their caller: held here, not only by the loop's
         # weak references, until they end.
         self._changes = TaskScope()
+
+    async def close(self) -> None:
+        """The supervisor stops (after the admin server): a change still running ends."""
+        await self._changes.close()
 
     def _admins(self) -> list[AdminStub]:
         return [p.admin for p in self._processes() if p.admin is not None]
@@ -310,9 +314,10 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         try:
             async for event in stream:
                 if event.kind != pb.WORKER_EVENT_KIND_SNAPSHOT:
+                    worker_message = event.worker
                     for worker in await self.merged():
-                        if worker.id == event.worker.id:
-                            event.worker.inflight = worker.inflight
+                        if worker.id == worker_message.id:
+                            worker_message.inflight = worker.inflight
                 yield event
         except aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -74,7 +74,7 @@ class NotStarted(RuntimeError):
 
 
 @dataclass
-class Slot:
+class Position:
     """One serving process position; its process is replaced when it dies."""
 
     index: int
@@ -96,7 +96,7 @@ class Supervisor:
         self.count = config.processes
         self.desired = DesiredFleet.of(config)
         self.relay = DiscoveryRelay(config.discovery, self._channels) if config.discovery else None
-        self.slots = [Slot(i) for i in range(self.count)]
+        self.positions = [Position(i) for i in range(self.count)]
         self.stopping = False
         self.signals: list[signal.Signals] = []
         self._stop = asyncio.Event()
@@ -110,37 +110,37 @@ class Supervisor:
     def member(self, index: int) -> Member:
         return Member(index, self.count, self._dir)
 
-    def reachable(self) -> list[Slot]:
+    def reachable(self) -> list[Position]:
         """The processes that listen now, in process order."""
-        return [slot for slot in self.slots if slot.admin is not None]
+        return [position for position in self.positions if position.admin is not None]
 
     def _channels(self) -> list[aio.Channel]:
-        return [slot.channel for slot in self.reachable() if slot.channel is not None]
+        return [position.channel for position in self.reachable() if position.channel is not None]
 
     def control_addresses(self) -> list[str]:
         return [self.member(s.index).control_address() for s in self.reachable()]
 
     # -- processes ------------------------------------------------------------------------
 
-    def _launch(self, slot: Slot) -> Path:
+    def _launch(self, position: Position) -> Path:
         """Write what the process starts with: the fleet as the admin API left it."""
-        member = self.member(slot.index)
+        member = self.member(position.index)
         config = serving_config(self.config, member, self.port, self.desired.specs.values())
         discovered = dict(self.relay.claims) if self.relay is not None else {}
         drained = tuple(sorted(self.desired.drained))
         launch = Launch(config, member, drained, os.getpid(), discovered)
-        path = Path(self._dir) / f"p{slot.index}.launch"
+        path = Path(self._dir) / f"p{position.index}.launch"
         path.write_bytes(pickle.dumps(launch))
         return path
 
-    async def _spawn(self, slot: Slot, timeout_s: float) -> None:
-        """Start the slot's process and wait (bounded) until it listens; raises
+    async def _spawn(self, position: Position, timeout_s: float) -> None:
+        """Start the position's process and wait (bounded) until it listens; raises
         NotStarted (the process is gone by then)."""
-        slot.started_at = time.monotonic()  # a start that fails counts as a short run
-        path = self._launch(slot)
-        member = self.member(slot.index)
+        position.started_at = time.monotonic()  # a start that fails counts as a short run
+        path = self._launch(position)
+        member = self.member(position.index)
         with contextlib.suppress(FileNotFoundError):
-            member.socket_path(slot.index).unlink()
+            member.socket_path(position.index).unlink()
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -152,8 +152,8 @@ class Supervisor:
                 start_new_session=True,  # a Ctrl-C reaches the supervisor only; it forwards
             )
         except OSError as exc:  # e.g. out of processes or memory: try again later
-            raise NotStarted(slot.index, exc.strerror or str(exc)) from None
-        slot.process = process
+            raise NotStarted(position.index, exc.strerror or str(exc)) from None
+        position.process = process
         if self.stopping:
             process.send_signal(signal.SIGTERM)
         assert process.stdout is not None
@@ -165,60 +165,70 @@ class Supervisor:
                         break
                     if not line:
                         code = await process.wait()
-                        raise NotStarted(slot.index, f"exit status {code}", code)
+                        raise NotStarted(position.index, f"exit status {code}", code)
         except TimeoutError:
             process.kill()
             await process.wait()
-            raise NotStarted(slot.index, f"not listening after {timeout_s:g} s") from None
-        self._tasks.spawn(_drain(process.stdout), "process_output", serving_process=str(slot.index))
-        slot.channel = aio.insecure_channel(member.control_address())
-        slot.admin = admin_pb2_grpc.AdminServiceStub(slot.channel)
+            raise NotStarted(position.index, f"not listening after {timeout_s:g} s") from None
+        self._tasks.spawn(
+            _drain(process.stdout), "process_output", serving_process=str(position.index)
+        )
+        position.channel = aio.insecure_channel(member.control_address())
+        position.admin = admin_pb2_grpc.AdminServiceStub(position.channel)
         try:
-            await reconcile(slot.admin, self.desired, slot.index, self.config.discovery_timeout_s)
+            await reconcile(
+                position.admin, self.desired, position.index, self.config.discovery_timeout_s
+            )
         except aio.AioRpcError as exc:  # it died meanwhile, or is stuck: it is replaced
-            log.warning("reconcile_failed", serving_process=str(slot.index), error=exc.details())
+            log.warning(
+                "reconcile_failed", serving_process=str(position.index), error=exc.details()
+            )
         if self.relay is not None:
-            await self.relay.catch_up(slot.channel)
+            await self.relay.catch_up(position.channel)
 
-    async def _keep(self, slot: Slot) -> None:
-        """Restart the slot's process whenever it exits, until the gateway stops."""
+    async def _keep(self, position: Position) -> None:
+        """Restart the position's process whenever it exits, until the gateway stops."""
         while True:
-            assert slot.process is not None
-            code = await slot.process.wait()
-            await self._forget(slot)
+            assert position.process is not None
+            code = await position.process.wait()
+            await self._forget(position)
             if self.stopping:
                 return
-            ran_s = time.monotonic() - slot.started_at
+            ran_s = time.monotonic() - position.started_at
             if ran_s >= STABLE_S:
-                slot.backoff_s = 0.0
+                position.backoff_s = 0.0
             else:
-                slot.backoff_s = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, slot.backoff_s * 2))
+                position.backoff_s = min(
+                    MAX_BACKOFF_S, max(FIRST_BACKOFF_S, position.backoff_s * 2)
+                )
             log.error(
                 "serving_process_exited",
-                serving_process=str(slot.index),
+                serving_process=str(position.index),
                 code=code,
                 ran_s=round(ran_s, 3),
-                restart_in_s=slot.backoff_s,
+                restart_in_s=position.backoff_s,
             )
-            await asyncio.sleep(slot.backoff_s)
+            await asyncio.sleep(position.backoff_s)
             if self.stopping:
                 return
-            slot.restarts += 1
+            position.restarts += 1
             try:
-                await self._spawn(slot, self._start_timeout_s)
+                await self._spawn(position, self._start_timeout_s)
             except NotStarted as exc:
                 log.error(
                     "serving_process_restart_failed",
-                    serving_process=str(slot.index),
+                    serving_process=str(position.index),
                     error=str(exc),
                 )
                 continue
             log.info(
-                "serving_process_restarted", serving_process=str(slot.index), restarts=slot.restarts
+                "serving_process_restarted",
+                serving_process=str(position.index),
+                restarts=position.restarts,
             )
 
-    async def _watch(self, slot: Slot) -> None:
-        """Liveness: ask the slot's process, once it listens, whether it answers on its
+    async def _watch(self, position: Position) -> None:
+        """Liveness: ask the position's process, once it listens, whether it answers on its
         control socket; after `liveness_misses` checks in a row without an answer it is
         killed (its keeper restarts it, with the same backoff as after a death). A process
         still starting, or any process once the gateway stops (it drains and closes its
@@ -226,10 +236,10 @@ class Supervisor:
         misses = 0
         while not self.stopping:
             started = time.monotonic()
-            admin = slot.admin
-            if admin is not None and slot.running:
+            admin = position.admin
+            if admin is not None and position.running:
                 answered = await self._answers(admin)
-                if answered or slot.admin is not admin or self.stopping:
+                if answered or position.admin is not admin or self.stopping:
                     misses = 0
                 else:
                     misses += 1
@@ -254,26 +264,26 @@ class Supervisor:
         """The process behind `admin` stopped answering: SIGKILL it (it may be stopped or
         wedged, past SIGTERM) and let its keeper restart it from the desired fleet. Only
         that process: if it was replaced meanwhile, nothing is done."""
-        for slot in self.slots:
-            if slot.admin is admin and slot.running and not self.stopping:
-                assert slot.process is not None
+        for position in self.positions:
+            if position.admin is admin and position.running and not self.stopping:
+                assert position.process is not None
                 log.error(
                     "serving_process_unresponsive",
-                    serving_process=str(slot.index),
-                    pid=slot.process.pid,
+                    serving_process=str(position.index),
+                    pid=position.process.pid,
                     reason=reason,
                 )
-                slot.admin = None  # no more calls to it: the control plane leaves it out
+                position.admin = None  # no more calls to it: the control plane leaves it out
                 with contextlib.suppress(ProcessLookupError):
-                    slot.process.kill()
+                    position.process.kill()
 
     @property
     def _start_timeout_s(self) -> float:
         return self.config.discovery_timeout_s + 30.0
 
-    async def _forget(self, slot: Slot) -> None:
-        slot.admin = None
-        channel, slot.channel = slot.channel, None
+    async def _forget(self, position: Position) -> None:
+        position.admin = None
+        channel, position.channel = position.channel, None
         if channel is not None:
             await channel.close()
 
@@ -288,20 +298,20 @@ class Supervisor:
         self._forward(sig)
 
     def _forward(self, sig: signal.Signals) -> None:
-        for slot in self.slots:
-            if slot.running:
-                assert slot.process is not None
+        for position in self.positions:
+            if position.running:
+                assert position.process is not None
                 with contextlib.suppress(ProcessLookupError):
-                    slot.process.send_signal(sig)
+                    position.process.send_signal(sig)
 
     def _reload(self) -> None:
         """SIGHUP: passed on to every process that listens (each reloads what it can). One
         still starting reads its files as it starts, and ignores SIGHUP until then."""
-        for slot in self.slots:
-            if slot.running and slot.admin is not None:
-                assert slot.process is not None
+        for position in self.positions:
+            if position.running and position.admin is not None:
+                assert position.process is not None
                 with contextlib.suppress(ProcessLookupError):
-                    slot.process.send_signal(signal.SIGHUP)
+                    position.process.send_signal(signal.SIGHUP)
 
     # -- run ------------------------------------------------------------------------------
 
@@ -315,6 +325,7 @@ class Supervisor:
             loop.add_signal_handler(sig, self._on_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         admin_server: aio.Server | None = None
+        control: ControlPlane | None = None
         endpoint: Endpoint | None = None
         try:
             # Mode 0700: launch files and control sockets. Removed below on every exit this
@@ -328,7 +339,7 @@ class Supervisor:
                 if not await self.relay.first_reports(timeout_s):
                     log.warning("discovery_incomplete", waited_s=timeout_s)
             starts = await asyncio.gather(
-                *(self._spawn(s, self._start_timeout_s) for s in self.slots),
+                *(self._spawn(s, self._start_timeout_s) for s in self.positions),
                 return_exceptions=True,
             )
             if self.signals:  # stopped during start-up: quietly, as one process does
@@ -359,14 +370,14 @@ class Supervisor:
                 except OSError as exc:
                     listen = self.config.metrics.listen
                     raise CannotListen(listen, exc.strerror or str(exc)) from None
-            for slot in self.slots:
-                which = str(slot.index)
-                self._tasks.spawn(self._keep(slot), "process_keeper", serving_process=which)
-                self._tasks.spawn(self._watch(slot), "process_liveness", serving_process=which)
+            for position in self.positions:
+                which = str(position.index)
+                self._tasks.spawn(self._keep(position), "process_keeper", serving_process=which)
+                self._tasks.spawn(self._watch(position), "process_liveness", serving_process=which)
             log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
             print(ready_line(self.config, self.port, admin_port, metrics_port), flush=True)
             await self._stop.wait()
-            log.info("draining", processes=sum(s.running for s in self.slots))
+            log.info("draining", processes=sum(s.running for s in self.positions))
             codes = await self._wait_all()
             log.info("stopped", exit_codes=codes)
             return 1 if any(codes) else 0
@@ -379,14 +390,16 @@ class Supervisor:
                 await self.relay.close()
             if admin_server is not None:
                 await admin_server.stop(None)
+            if control is not None:
+                await control.close()
             if endpoint is not None:
                 endpoint.close()
-            for slot in self.slots:
-                if slot.running:
-                    assert slot.process is not None
-                    slot.process.kill()
-                    await slot.process.wait()
-                await self._forget(slot)
+            for position in self.positions:
+                if position.running:
+                    assert position.process is not None
+                    position.process.kill()
+                    await position.process.wait()
+                await self._forget(position)
             if self._dir:
                 shutil.rmtree(self._dir, ignore_errors=True)
             holder.close()
@@ -397,13 +410,13 @@ class Supervisor:
         """Wait for every running process to exit (they drain on their own)."""
         return list(
             await asyncio.gather(
-                *(s.process.wait() for s in self.slots if s.process is not None and s.running)
+                *(s.process.wait() for s in self.positions if s.process is not None and s.running)
             )
         )
 
     def prometheus_registry(self) -> CollectorRegistry:
         registry = CollectorRegistry()
-        registry.register(ProcessesCollector(self.control_addresses, self.slots))
+        registry.register(ProcessesCollector(self.control_addresses, self.positions))
         relay = self.relay
         if relay is not None:
             registry.register(DiscoveryCollector(lambda: relay.sources.stats))
@@ -421,11 +434,11 @@ class ProcessesCollector(Collector):
     def __init__(
         self,
         addresses: Callable[[], list[str]],
-        slots: Iterable[Slot],
+        positions: Iterable[Position],
         timeout_s: float = SCRAPE_TIMEOUT_S,
     ) -> None:
         self._addresses = addresses
-        self._slots = list(slots)
+        self._positions = list(positions)
         self._timeout_s = timeout_s
 
     def describe(self) -> list[Any]:
@@ -457,8 +470,8 @@ class ProcessesCollector(Collector):
         restarts = CounterMetricFamily(
             "gateway_process_restarts", "serving processes restarted", labels=["process"]
         )
-        for slot in self._slots:
-            restarts.add_metric([str(slot.index)], float(slot.restarts))
+        for position in self._positions:
+            restarts.add_metric([str(position.index)], float(position.restarts))
         return [*merge_expositions(texts), serving, restarts]
 
 

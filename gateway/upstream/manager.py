@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import grpc
 import structlog
@@ -74,6 +75,9 @@ class Fleet:
         self.registry = Registry(clusters)
         self.registry.subscribe(self._log_event)
         self._channels: dict[Worker, aio.Channel] = {}
+        # Each worker's callables, one per method path and shape: grpc builds a new one
+        # each time it is asked, and every call would ask.
+        self._methods: dict[Worker, dict[tuple[str, bool], Any]] = {}
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
         self._scope = TaskScope()  # every task the fleet starts; `close` ends them all
@@ -136,6 +140,7 @@ class Fleet:
         for timer in self._timers.pop(worker.id, ()):
             timer.cancel()
         await cancel_and_wait(self._tasks.pop(worker.id, ()))
+        self._methods.pop(worker, None)
         channel = self._channels.pop(worker, None)
         if channel is not None:
             await channel.close()
@@ -148,13 +153,23 @@ class Fleet:
         self._timers.clear()
         await self._scope.close()
         channels, self._channels = self._channels, {}
+        self._methods.clear()
         for channel in channels.values():
             await channel.close()
 
-    def channel(self, worker: Worker) -> aio.Channel:
-        """The worker's channel, for calls on a client's behalf (the worker must be
-        registered; a removed worker's channel is closed)."""
-        return self._channels[worker]
+    def method(self, worker: Worker, path: str, *, streaming: bool) -> Any:
+        """The callable for `path` on the worker's channel, for calls on a client's behalf
+        (the worker must be registered; a removed worker's channel is closed). Paths are
+        the engines' own methods: a few per worker."""
+        methods = self._methods.get(worker)
+        if methods is None:
+            methods = self._methods[worker] = {}
+        found = methods.get((path, streaming))
+        if found is None:
+            channel = self._channels[worker]
+            found = channel.unary_stream(path) if streaming else channel.unary_unary(path)
+            methods[(path, streaming)] = found
+        return found
 
     def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
         """Dispatch reports how a request ended; feeds the worker's outlier detection."""

@@ -127,7 +127,9 @@ async def refusal(ch: aio.Channel, key: str | None) -> tuple[grpc.StatusCode, st
     return caught.value.code(), caught.value.details()
 
 
-async def until(ch: aio.Channel, key: str, want: grpc.StatusCode, within_s: float) -> float | None:
+async def time_until_status(
+    ch: aio.Channel, key: str, want: grpc.StatusCode, within_s: float
+) -> float | None:
     """Seconds until a call with `key` is answered `want`, or None within `within_s`."""
     started = time.monotonic()
     while time.monotonic() - started < within_s:
@@ -148,12 +150,12 @@ async def test_a_removed_key_is_refused_within_two_seconds(
     async with channel(keyed.gateway.address) as ch:
         assert await health_check(ch, KEYS["bob"]) is grpc.StatusCode.OK
         write_keys(keyed.keys, {"alice": KEYS["alice"]})
-        took = await until(ch, KEYS["bob"], grpc.StatusCode.UNAUTHENTICATED, within_s)
+        took = await time_until_status(ch, KEYS["bob"], grpc.StatusCode.UNAUTHENTICATED, within_s)
         assert took is not None, f"bob's key still worked {within_s} s after it left the file"
         assert await health_check(ch, KEYS["alice"]) is grpc.StatusCode.OK
         # A key added to the file works as soon, for the principal too (Abort scoping).
         write_keys(keyed.keys, {"alice": KEYS["alice"], "carol": "carol-key-0123456789"})
-        took = await until(ch, "carol-key-0123456789", grpc.StatusCode.OK, within_s)
+        took = await time_until_status(ch, "carol-key-0123456789", grpc.StatusCode.OK, within_s)
         assert took is not None
         stub = sgl_grpc.SglangSchedulerStub(ch)
         call = stub.Generate(
@@ -181,7 +183,9 @@ async def test_a_broken_file_keeps_the_previous_keys_and_says_so_once(
         # SIGHUP reads the file at once; fixed, it takes effect.
         write_keys(keyed.keys, {"bob": KEYS["bob"]})
         keyed.gateway.process.send_signal(signal.SIGHUP)
-        took = await until(ch, KEYS["alice"], grpc.StatusCode.UNAUTHENTICATED, within_s=WAIT_S)
+        took = await time_until_status(
+            ch, KEYS["alice"], grpc.StatusCode.UNAUTHENTICATED, within_s=WAIT_S
+        )
         assert took is not None
         assert await health_check(ch, KEYS["bob"]) is grpc.StatusCode.OK
         # SIGHUP with nothing changed: read, said, and the process keeps serving.
@@ -238,7 +242,7 @@ async def test_a_peer_past_the_failure_limit_is_refused_for_a_while(
         health = health_pb2_grpc.HealthStub(ch)
         reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        took = await until(ch, KEYS["alice"], grpc.StatusCode.OK, within_s=WAIT_S)
+        took = await time_until_status(ch, KEYS["alice"], grpc.StatusCode.OK, within_s=WAIT_S)
         assert took is not None
         # Blocked at the fifth failure's arrival (after blocked_at) for 2 s by the
         # gateway's monotonic clock, which is this one: not a moment less.

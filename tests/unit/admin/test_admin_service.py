@@ -48,6 +48,7 @@ def seconds(value: float) -> Duration:
 class Admin:
     fleet: Fleet
     server: aio.Server
+    service: AdminService
     port: int
     channel: aio.Channel
     stub: Any  # admin_pb2_grpc.AdminServiceStub (untyped generated code)
@@ -67,14 +68,15 @@ async def start(token: str | None = None) -> Admin:
     )
     fleet = Fleet(config, engine_adapters(), build_policy)
     await fleet.start(())
-    server, port = await start_admin_server(fleet, config)
+    server, port, service = await start_admin_server(fleet, config)
     channel = aio.insecure_channel(f"127.0.0.1:{port}")
-    return Admin(fleet, server, port, channel, admin_pb2_grpc.AdminServiceStub(channel))
+    return Admin(fleet, server, service, port, channel, admin_pb2_grpc.AdminServiceStub(channel))
 
 
 async def stop(admin: Admin) -> None:
     await admin.channel.close()
     await admin.server.stop(None)
+    await admin.service.close()
     await admin.fleet.close()
 
 

@@ -45,7 +45,7 @@ class Run:
     def last(self) -> Report | None:
         return self.reports[-1] if self.reports else None
 
-    async def until(self, check: Callable[[Report], bool], after: int = 0) -> Report:
+    async def report_where(self, check: Callable[[Report], bool], after: int = 0) -> Report:
         """The first report from the `after`th on (or the latest) that passes `check`."""
         deadline = time.monotonic() + WAIT_S
         seen = after
@@ -116,7 +116,7 @@ async def test_a_pod_is_reported_in_service_only_while_running_ready_and_not_ter
 ) -> None:
     api.add_pod(NS, "w-0", labels=WORKER, ports=GRPC)  # Pending, no IP yet
     async with watching(api, tmp_path) as run:
-        await run.until(lambda r: r == [])
+        await run.report_where(lambda r: r == [])
         steps: list[tuple[Callable[[], None], bool | None]] = [
             (lambda: api.set_phase(NS, "w-0", "Running", ip="10.1.0.7"), False),
             (lambda: api.set_ready(NS, "w-0", True), True),
@@ -127,11 +127,11 @@ async def test_a_pod_is_reported_in_service_only_while_running_ready_and_not_ter
         for step, expected in steps:
             count = len(run.reports)
             step()
-            await run.until(lambda r, e=expected: state(r, "w-0") is e, after=count)  # type: ignore[misc]
+            await run.report_where(lambda r, e=expected: state(r, "w-0") is e, after=count)  # type: ignore[misc]
         # Deleted once terminating: no change, no report (the next one comes with w-1).
         api.delete_pod(NS, "w-0")
         ready_pod(api, "w-1", "10.1.0.8")
-        await run.until(lambda r: state(r, "w-1") is True)
+        await run.report_where(lambda r: state(r, "w-1") is True)
         # One report per watch event that changed something, each the whole set.
         seen = [state(r, "w-0") for r in run.reports]
         assert seen == [None, False, True, False, True, None, None]
@@ -146,12 +146,12 @@ async def test_an_update_that_changes_no_host_is_not_reported(
 ) -> None:
     ready_pod(api, "w-0", "10.1.0.1")
     async with watching(api, tmp_path) as run:
-        await run.until(lambda r: state(r, "w-0") is True)
+        await run.report_where(lambda r: state(r, "w-0") is True)
         count = len(run.reports)
         api.set_annotations(NS, "w-0", {"note": "restarted"})  # nothing a host is made of
         api.set_ready(NS, "w-0", True)  # Ready again: the same
         ready_pod(api, "w-1", "10.1.0.2")
-        await run.until(lambda r: state(r, "w-1") is True, after=count)
+        await run.report_where(lambda r: state(r, "w-1") is True, after=count)
         assert len(run.reports) == count + 1
 
 
@@ -160,7 +160,7 @@ async def test_a_pod_running_with_its_ip_but_pending_phase_is_out_of_service(
 ) -> None:
     api.add_pod(NS, "w-0", labels=WORKER, ports=GRPC, ip="10.1.0.7", ready=True)
     async with watching(api, tmp_path) as run:
-        report = await run.until(lambda r: len(r) == 1)
+        report = await run.report_where(lambda r: len(r) == 1)
         assert state(report, "w-0") is False
 
 
@@ -171,14 +171,14 @@ async def test_only_the_selected_pods_of_the_namespace_are_reported(
     ready_pod(api, "other", "10.1.0.2", labels={"app": "other"})
     api.add_pod("elsewhere", "w-0", labels=WORKER, ports=GRPC, ip="10.2.0.1", phase="Running")
     async with watching(api, tmp_path) as run:
-        report = await run.until(lambda r: len(r) == 1)
+        report = await run.report_where(lambda r: len(r) == 1)
         assert [h.origin for h in report] == [f"kubernetes:{NS}/w-0"]
         # Labels that stop matching: the watch says DELETED; matching again: ADDED.
         count = len(run.reports)
         api.set_labels(NS, "w-0", {"app": "retired"})
-        await run.until(lambda r: r == [], after=count)
+        await run.report_where(lambda r: r == [], after=count)
         api.set_labels(NS, "other", WORKER)
-        report = await run.until(lambda r: len(r) == 1, after=count)
+        report = await run.report_where(lambda r: len(r) == 1, after=count)
         assert [h.origin for h in report] == [f"kubernetes:{NS}/other"]
 
 
@@ -187,7 +187,7 @@ async def test_the_namespace_given_overrides_the_kubeconfig_context(
 ) -> None:
     api.add_pod("elsewhere", "w-0", labels=WORKER, ports=GRPC, ip="10.2.0.1", phase="Running")
     async with watching(api, tmp_path, namespace="elsewhere") as run:
-        report = await run.until(lambda r: len(r) == 1)
+        report = await run.report_where(lambda r: len(r) == 1)
         assert report[0].origin == "kubernetes:elsewhere/w-0"
         assert run.source.stats.name == "kubernetes:elsewhere/app=worker"
 
@@ -201,16 +201,16 @@ async def test_an_expired_watch_lists_again_and_the_hosts_stay_meanwhile(
 ) -> None:
     ready_pod(api, "w-0", "10.1.0.1")
     async with watching(api, tmp_path) as run:
-        await run.until(lambda r: state(r, "w-0") is True)
+        await run.report_where(lambda r: state(r, "w-0") is True)
         await until(lambda: api.open_watches == 1, what="the watch is open")
         lists, count = api.lists, len(run.reports)
         api.expire_watches(as_status=as_status)
         await until(lambda: api.lists > lists, what="a new list")
-        await run.until(lambda r: True, after=count)  # the new list's report
+        await run.report_where(lambda r: True, after=count)  # the new list's report
         # The new watch follows what comes next.
         count = len(run.reports)
         ready_pod(api, "w-1", "10.1.0.2")
-        await run.until(lambda r: state(r, "w-1") is True, after=count)
+        await run.report_where(lambda r: state(r, "w-1") is True, after=count)
         assert all(state(r, "w-0") is True for r in run.reports)
         assert run.source.stats.errors == 0
 
@@ -220,21 +220,21 @@ async def test_a_broken_watch_reconnects_and_an_ended_one_resumes(
 ) -> None:
     ready_pod(api, "w-0", "10.1.0.1")
     async with watching(api, tmp_path) as run:
-        await run.until(lambda r: state(r, "w-0") is True)
+        await run.report_where(lambda r: state(r, "w-0") is True)
         await until(lambda: api.open_watches == 1, what="the watch is open")
         lists, watches = api.lists, api.watches
         api.break_watches()  # cut mid-stream: listed again
         await until(lambda: api.lists > lists and api.open_watches == 1, what="listed, watching")
         count = len(run.reports)
         ready_pod(api, "w-1", "10.1.0.2")
-        await run.until(lambda r: state(r, "w-1") is True, after=count)
+        await run.report_where(lambda r: state(r, "w-1") is True, after=count)
         # Ended cleanly (a server's timeout): watched again from the last version.
         lists, watches = api.lists, api.watches
         api.end_watches()
         await until(lambda: api.watches > watches and api.open_watches == 1, what="watching again")
         count = len(run.reports)
         api.set_ready(NS, "w-1", False)
-        await run.until(lambda r: state(r, "w-1") is False, after=count)
+        await run.report_where(lambda r: state(r, "w-1") is False, after=count)
         assert api.lists == lists
         assert all(state(r, "w-0") is True for r in run.reports)
         assert run.source.stats.errors == 0
@@ -257,7 +257,7 @@ async def test_a_long_list_is_read_in_pages(
     for i in range(5):
         ready_pod(api, f"w-{i}", f"10.1.0.{i + 1}")
     async with watching(api, tmp_path) as run:
-        report = await run.until(lambda r: len(r) == 5)
+        report = await run.report_where(lambda r: len(r) == 5)
         assert api.lists == 3  # 2 + 2 + 1
         assert [h.spec.host for h in report] == [f"10.1.0.{i + 1}" for i in range(5)]
 
@@ -270,13 +270,13 @@ async def test_pods_past_the_bound_are_ignored_and_that_is_logged_once(
         ready_pod(api, f"w-{i}", f"10.1.0.{i + 1}")
     with capture_logs() as logs:
         async with watching(api, tmp_path) as run:
-            await run.until(lambda r: len(r) == 3)
+            await run.report_where(lambda r: len(r) == 3)
             await until(lambda: api.open_watches == 1, what="the watch is open")
             ready_pod(api, "w-9", "10.1.0.9")  # by the watch: ignored too
             api.delete_pod(NS, "w-0")  # room for the next one
             count = len(run.reports)
             ready_pod(api, "w-8", "10.1.0.8")
-            report = await run.until(lambda r: state(r, "w-8") is True, after=count)
+            report = await run.report_where(lambda r: state(r, "w-8") is True, after=count)
     assert len(report) == 3 and state(report, "w-9") is None
     assert [e["event"] for e in logs].count("kubernetes_too_many_pods") == 1
 
@@ -288,7 +288,7 @@ async def test_more_hosts_than_max_hosts_are_refused_and_the_last_set_stays(
         ready_pod(api, f"w-{i}", f"10.1.0.{i + 1}")
     with capture_logs() as logs:
         async with watching(api, tmp_path, max_hosts=2) as run:
-            await run.until(lambda r: len(r) == 2)
+            await run.report_where(lambda r: len(r) == 2)
             await until(lambda: api.open_watches == 1, what="the watch is open")
             ready_pod(api, "w-2", "10.1.0.3")  # a third host: the set is refused
             await until(lambda: run.source.stats.errors == 1, what="a refused set")
@@ -296,7 +296,7 @@ async def test_more_hosts_than_max_hosts_are_refused_and_the_last_set_stays(
             await until(lambda: run.source.stats.errors == 2, what="two refused sets")
             api.delete_pod(NS, "w-0")
             api.delete_pod(NS, "w-1")  # two again: reported
-            report = await run.until(lambda r: state(r, "w-3") is True)
+            report = await run.report_where(lambda r: state(r, "w-3") is True)
     assert all(len(r) <= 2 for r in run.reports)
     assert [h.origin for h in report] == [f"kubernetes:{NS}/w-2", f"kubernetes:{NS}/w-3"]
     refused = [e for e in logs if e["event"] == "discovery_too_many_hosts"]
@@ -313,13 +313,13 @@ async def test_the_model_from_a_label_or_an_annotation(api: ApiServer, tmp_path:
     ready_pod(api, "w-0", "10.1.0.1", labels={**WORKER, "model": "qwen2.5-7b"})
     ready_pod(api, "w-1", "10.1.0.2", annotations={"gateway/model": "meta-llama/Llama-3-8B"})
     async with watching(api, tmp_path, model=None, model_from="label:model") as run:
-        report = await run.until(lambda r: len(r) == 1)  # w-1 has no such label
+        report = await run.report_where(lambda r: len(r) == 1)  # w-1 has no such label
         assert host(report, "w-0").spec.model == "qwen2.5-7b"
     async with watching(api, tmp_path, model=None, model_from="annotation:gateway/model") as run:
-        report = await run.until(lambda r: len(r) == 1)
+        report = await run.report_where(lambda r: len(r) == 1)
         assert host(report, "w-1").spec.model == "meta-llama/Llama-3-8B"
     async with watching(api, tmp_path, model=None) as run:
-        report = await run.until(lambda r: len(r) == 2)
+        report = await run.report_where(lambda r: len(r) == 2)
         assert {h.spec.model for h in report} == {None}  # asked from each worker
 
 
@@ -329,7 +329,7 @@ async def test_the_bootstrap_port_from_an_annotation(api: ApiServer, tmp_path: P
     ready_pod(api, "p-1", "10.1.0.2")  # none: the worker's default
     settings = {"role": "prefill", "runtime": "sglang", "bootstrap_port_annotation": annotation}
     async with watching(api, tmp_path, **settings) as run:
-        report = await run.until(lambda r: len(r) == 2)
+        report = await run.report_where(lambda r: len(r) == 2)
     p0, p1 = host(report, "p-0").spec, host(report, "p-1").spec
     assert (p0.bootstrap_port, p0.role, p0.runtime) == (8998, "prefill", "sglang")
     assert p1.bootstrap_port is None
@@ -340,21 +340,21 @@ async def test_the_container_port_by_name_or_by_number(api: ApiServer, tmp_path:
     ready_pod(api, "w-1", "10.1.0.2", ports={"http": 8080})
     with capture_logs() as logs:
         async with watching(api, tmp_path, port="grpc") as run:
-            report = await run.until(lambda r: len(r) == 1)
+            report = await run.report_where(lambda r: len(r) == 1)
             assert host(report, "w-0").spec.port == 30000
     assert [(e["event"], e["pod"], e["problem"]) for e in logs if "pod" in e] == [
         ("kubernetes_pod_skipped", f"{NS}/w-1", "no container port named 'grpc'")
     ]
     for port in (50051, "50051"):
         async with watching(api, tmp_path, port=port) as run:
-            report = await run.until(lambda r: len(r) == 2)
+            report = await run.report_where(lambda r: len(r) == 2)
             assert {h.spec.port for h in report} == {50051}
 
 
 async def test_an_ipv6_pod_address(api: ApiServer, tmp_path: Path) -> None:
     ready_pod(api, "w-0", "fd00::7")
     async with watching(api, tmp_path) as run:
-        report = await run.until(lambda r: len(r) == 1)
+        report = await run.report_where(lambda r: len(r) == 1)
         assert report[0].spec.address == "[fd00::7]:9000"
 
 
@@ -370,7 +370,7 @@ async def test_bad_pod_data_skips_the_pod_and_is_logged_once_per_problem(
     settings = {"model": None, "model_from": "label:model", "bootstrap_port_annotation": annotation}
     with capture_logs() as logs:
         async with watching(api, tmp_path, resync_s=0.2, **settings) as run:
-            await run.until(lambda r: [h.origin for h in r] == [f"kubernetes:{NS}/good"])
+            await run.report_where(lambda r: [h.origin for h in r] == [f"kubernetes:{NS}/good"])
             # Changed, listed again: still the same problems, not logged again.
             lists = api.lists
             api.set_ready(NS, "bad-model", False)
@@ -380,7 +380,7 @@ async def test_bad_pod_data_skips_the_pod_and_is_logged_once_per_problem(
             count = len(run.reports)
             api.set_annotations(NS, "bad-port", {annotation: "70000"})
             api.set_labels(NS, "bad-model", {**WORKER, "model": "good-model"})
-            report = await run.until(lambda r: state(r, "bad-model") is False, after=count)
+            report = await run.report_where(lambda r: state(r, "bad-model") is False, after=count)
     assert host(report, "bad-model").spec.model == "good-model"
     skipped = [(e["pod"], e["problem"]) for e in logs if e["event"] == "kubernetes_pod_skipped"]
     assert skipped == [  # the list's pods in name order, then the watch's
@@ -405,7 +405,7 @@ async def test_the_server_down_keeps_the_last_set_counts_and_logs_once(
     ready_pod(api, "w-0", "10.1.0.1")
     with capture_logs() as logs:
         async with watching(api, tmp_path) as run:
-            await run.until(lambda r: state(r, "w-0") is True)
+            await run.report_where(lambda r: state(r, "w-0") is True)
             await until(lambda: api.open_watches == 1, what="the watch is open")
             count = len(run.reports)
             await api.stop()
@@ -417,7 +417,7 @@ async def test_the_server_down_keeps_the_last_set_counts_and_logs_once(
             ready_pod(api, "w-1", "10.1.0.2")
             api.delete_pod(NS, "w-0")
             await api.start()
-            report = await run.until(lambda r: state(r, "w-1") is True, after=count)
+            report = await run.report_where(lambda r: state(r, "w-1") is True, after=count)
             assert state(report, "w-0") is None
             assert run.source.stats.failing == ""
     events = [e["event"] for e in logs if e["event"].startswith("discovery_")]

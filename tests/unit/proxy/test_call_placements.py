@@ -31,12 +31,12 @@ ADAPTER = engine_adapters()[Runtime.SGLANG]
 
 
 class Fleet:
-    """Outcomes are counted; no channel is ever asked for (the flows here call nobody)."""
+    """Outcomes are counted; no method is ever asked for (the attempts here call nobody)."""
 
     def __init__(self) -> None:
         self.outcomes: list[tuple[str, Outcome]] = []
 
-    def channel(self, worker: Worker) -> Any:
+    def method(self, worker: Worker, path: str, *, streaming: bool) -> Any:
         raise AssertionError("no upstream call in these tests")
 
     def on_dispatch(self, worker: Worker) -> bool:
@@ -68,9 +68,9 @@ async def test_a_retry_is_a_second_placement_on_the_call_without_the_failed_work
         tried_at.append(list(tried))
         return Decision.single(b if a.id in tried else a, policy="round_robin")
 
-    async def flow(job: Job, reserved: Reserved) -> bytes:
+    async def attempt(job: Job, reserved: Reserved) -> bytes:
         worker = reserved.decision.lone
-        assert worker.inflight == 1  # reserved before the flow runs
+        assert worker.inflight == 1  # reserved before the attempt runs
         if worker is a:
             raise UpstreamFailure(Role.REGULAR, a, grpc.StatusCode.UNAVAILABLE, "down")
         return b"ok"
@@ -78,12 +78,12 @@ async def test_a_retry_is_a_second_placement_on_the_call_without_the_failed_work
     fleet = Fleet()
     dispatcher = Dispatcher(Upstreams(fleet, InflightTable(), 1.0), max_attempts=3)
     the_job = job()
-    assert await dispatcher.run(the_job, place, flow) == b"ok"
+    assert await dispatcher.run(the_job, place, attempt) == b"ok"
     call = the_job.call
     assert [p.decision.lone for p in call.placements] == [a, b]
     assert tried_at == [[], [a.id]]
     assert (call.record.attempts, call.record.retries) == (2, 1)
-    # The flow took no reservation: each was released unused when its attempt ended.
+    # The attempt took no reservation: each was released unused when its attempt ended.
     assert a.inflight == b.inflight == 0
     assert all(p.slots == {} for p in call.placements)
     assert fleet.outcomes == [(a.id, Outcome.IGNORED), (b.id, Outcome.IGNORED)]
@@ -107,7 +107,7 @@ class Context:
 async def test_a_refused_call_has_no_placement_and_no_reservation() -> None:
     unavailable = verdicts.workers_unavailable("m", "", 1, 1000)
 
-    async def flow(job: Job, reserved: Reserved) -> bytes:
+    async def attempt(job: Job, reserved: Reserved) -> bytes:
         raise AssertionError("never run")
 
     the_job = job()
@@ -115,7 +115,7 @@ async def test_a_refused_call_has_no_placement_and_no_reservation() -> None:
     the_job.call.context = context
     dispatcher = Dispatcher(Upstreams(Fleet(), InflightTable(), 1.0), max_attempts=3)
     with pytest.raises(Aborted):
-        await dispatcher.run(the_job, lambda tried: unavailable, flow)
+        await dispatcher.run(the_job, lambda tried: unavailable, attempt)
     assert context.aborted == [(grpc.StatusCode.UNAVAILABLE, unavailable.message)]
     assert the_job.call.placements == [] and the_job.call.record.attempts == 0
     assert the_job.call.record.verdict is unavailable

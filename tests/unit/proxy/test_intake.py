@@ -4,6 +4,8 @@ header values that may go upstream, peer addresses."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -82,13 +84,24 @@ def test_peer_host(peer: str | None, host: str) -> None:
     assert peer_host(peer) == host
 
 
+@contextlib.asynccontextmanager
+async def turn(gate: ReadGate, caller: str) -> AsyncIterator[None]:
+    """A turn as `read_request` takes one."""
+    if not gate.enter(caller):
+        await gate.wait(caller)
+    try:
+        yield
+    finally:
+        gate.leave(caller)
+
+
 async def test_the_read_gate_bounds_reads_in_total_and_per_caller_in_rotation() -> None:
     gate = ReadGate(total=2, per_caller=1)
     order: list[str] = []
     release: dict[str, asyncio.Event] = {}
 
     async def read(caller: str, name: str) -> None:
-        async with gate.turn(caller):
+        async with turn(gate, caller):
             order.append(name)
             release[name] = asyncio.Event()
             await release[name].wait()
@@ -120,15 +133,15 @@ async def test_the_read_gate_bounds_reads_in_total_and_per_caller_in_rotation() 
 
 async def test_a_turn_handed_over_as_its_waiter_is_cancelled_goes_back() -> None:
     gate = ReadGate(total=1, per_caller=1)
-    async with gate.turn("a"):
-        waiter = asyncio.ensure_future(gate.turn("b").__aenter__())
+    async with turn(gate, "a"):
+        waiter = asyncio.ensure_future(gate.wait("b"))
         await asyncio.sleep(0)
     # The turn was handed to b as a's read ended; b is cancelled before it runs.
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert gate.reading == 0
-    async with gate.turn("c"):
+    async with turn(gate, "c"):
         assert gate.reading == 1
 
 

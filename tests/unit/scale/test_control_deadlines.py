@@ -24,7 +24,7 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway.config import build_config
 from gateway.scale.child import Orphan, share_directory, tidy
 from gateway.scale.control import ControlPlane, DesiredFleet, NoAnswer, reconcile, within
-from gateway.scale.supervisor import ProcessesCollector, Slot, Supervisor
+from gateway.scale.supervisor import Position, ProcessesCollector, Supervisor
 from tests.support.fakes import Aborted, FakeContext
 
 READ_S = 0.2  # the read deadline in these tests
@@ -358,10 +358,10 @@ def supervisor(interval_s: float = 0.05, timeout_s: float = 0.05, misses: int = 
 
 
 async def watch_for(
-    sup: Supervisor, slot: Slot, seconds: float, until: Callable[[], bool] = lambda: True
+    sup: Supervisor, position: Position, seconds: float, until: Callable[[], bool] = lambda: True
 ) -> None:
-    """Run the slot's liveness check for `seconds` (at most 5 s if `until` says when)."""
-    task = asyncio.ensure_future(sup._watch(slot))
+    """Run the position's liveness check for `seconds` (at most 5 s if `until` says when)."""
+    task = asyncio.ensure_future(sup._watch(position))
     deadline = time.monotonic() + 5.0
     while not until():
         assert time.monotonic() < deadline
@@ -374,12 +374,12 @@ async def watch_for(
 async def test_a_process_that_stops_answering_is_killed_once_after_its_misses() -> None:
     sup = supervisor()
     child, admin = FakeChild(), FakeAdmin(wedged=True)
-    slot = sup.slots[1]
-    slot.process, slot.admin = child, admin  # type: ignore[assignment]
+    position = sup.positions[1]
+    position.process, position.admin = child, admin  # type: ignore[assignment]
     with capture_logs() as logs:  # then 0.3 s more: nothing else happens
-        await watch_for(sup, slot, 0.3, until=lambda: child.killed > 0)
+        await watch_for(sup, position, 0.3, until=lambda: child.killed > 0)
     assert child.killed == 1  # then the keeper restarts it; until then it is not asked
-    assert slot.admin is None
+    assert position.admin is None
     unresponsive = [e for e in logs if e["event"] == "serving_process_unresponsive"]
     assert unresponsive == [
         {
@@ -397,16 +397,16 @@ async def test_one_late_answer_is_not_a_kill() -> None:
     """A miss, an answer, a miss, ...: the misses must come in a row."""
     sup = supervisor(interval_s=0.05, timeout_s=0.05)
     child, admin = FakeChild(), ScriptedAdmin(script=[True, False] * 4)
-    slot = sup.slots[0]
-    slot.process, slot.admin = child, admin  # type: ignore[assignment]
-    task = asyncio.ensure_future(sup._watch(slot))
+    position = sup.positions[0]
+    position.process, position.admin = child, admin  # type: ignore[assignment]
+    task = asyncio.ensure_future(sup._watch(position))
     deadline = time.monotonic() + 5.0
     while admin.script:  # until every scripted check ran
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
     sup.stopping = True
     await asyncio.wait_for(task, 1.0)
-    assert child.killed == 0 and slot.admin is admin
+    assert child.killed == 0 and position.admin is admin
 
 
 @dataclass
@@ -425,27 +425,27 @@ class ScriptedAdmin(FakeAdmin):
 async def test_a_process_still_starting_or_a_stopping_gateway_is_not_checked() -> None:
     sup = supervisor()
     child = FakeChild()
-    slot = sup.slots[0]
-    slot.process = child  # type: ignore[assignment]  # started, not listening: no admin yet
-    await watch_for(sup, slot, 0.2)
+    position = sup.positions[0]
+    position.process = child  # type: ignore[assignment]  # started, not listening: no admin yet
+    await watch_for(sup, position, 0.2)
     assert child.killed == 0
     sup = supervisor()
     sup.stopping = True  # draining: processes close their control sockets on the way out
-    slot = sup.slots[0]
-    slot.process, slot.admin = child, FakeAdmin(wedged=True)  # type: ignore[assignment]
-    await watch_for(sup, slot, 0.2)
+    position = sup.positions[0]
+    position.process, position.admin = child, FakeAdmin(wedged=True)  # type: ignore[assignment]
+    await watch_for(sup, position, 0.2)
     assert child.killed == 0
 
 
 def test_only_the_process_that_did_not_answer_is_replaced() -> None:
     sup = supervisor()
-    slot = sup.slots[0]
+    position = sup.positions[0]
     old, new, child = FakeAdmin(), FakeAdmin(), FakeChild()
-    slot.process, slot.admin = child, new  # type: ignore[assignment]
+    position.process, position.admin = child, new  # type: ignore[assignment]
     sup.replace(old, "AddWorker: no answer within 8 s")
-    assert child.killed == 0 and slot.admin is new
+    assert child.killed == 0 and position.admin is new
     sup.replace(new, "AddWorker: no answer within 8 s")
-    assert child.killed == 1 and slot.admin is None
+    assert child.killed == 1 and position.admin is None
 
 
 # ------------------------------------------------------------------ metrics scrape
