@@ -10,7 +10,7 @@ it happen without another request in between.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
@@ -18,7 +18,7 @@ from gateway.config import ModelSettings
 from gateway.core.roles import ENGINE_ROLES, Role, Runtime
 from gateway.engines import Adapters
 from gateway.placement import verdicts
-from gateway.placement.decision import Decision
+from gateway.placement.decision import NO_RANKS, Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
 from gateway.placement.policies import Choice, Hints, Policy, rendezvous_pick
 from gateway.placement.policies.cache_aware import CacheAware
@@ -64,6 +64,12 @@ def classify_leg(
     if not fitting:
         return verdicts.workers_overloaded(model, leg.value, len(available), overload_retry_ms)
     return None
+
+
+def ranks(chosen: Iterable[Choice[Worker]]) -> Mapping[str, int]:
+    """Worker id -> the data-parallel rank placement chose on it (most calls: none)."""
+    found = {c.worker.id: c.rank for c in chosen if c.rank is not None}
+    return MappingProxyType(found) if found else NO_RANKS
 
 
 class Placer:
@@ -149,12 +155,12 @@ class Placer:
                 if cluster is None and registry.has_role(model, leg):
                     elsewhere.append(leg)  # deployed, but not on this protocol's runtime
                     continue
-            pool: list[Worker] = []
+            pool: Sequence[Worker] = ()
             available: list[Worker] = []
             fits: list[Worker] = []
             for cluster in clusters:
                 up = [w for w in cluster.workers if w.available(now) and w.id not in exclude]
-                pool += cluster.workers
+                pool = cluster.workers if not pool else [*pool, *cluster.workers]
                 available += up
                 fits += self._fitting(cluster, up, now)
             verdict = classify_leg(
@@ -220,7 +226,7 @@ class Placer:
         return Decision(
             MappingProxyType({leg: c.worker for leg, c in chosen.items()}),
             encoders,
-            MappingProxyType({c.worker.id: c.rank for c in chosen.values() if c.rank is not None}),
+            ranks(chosen.values()),
             receiver.expected_cached,
             self._cluster(model, runtime, receiving_leg).policy.name,
             len(fitting[receiving_leg]),
