@@ -6,25 +6,20 @@ from typing import Any
 
 from smg_grpc_proto.generated import common_pb2 as kv
 
-from gateway.config import KvConfig, WorkerSpec
+from gateway.config import KvConfig
 from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
 from gateway.upstream.load.kv_events import KvFollower
-from gateway.upstream.worker import Worker
-from tests.support.factories import make_worker
+from tests.support.factories import worker_on
 
 PROMPT = list(range(1000, 1512))  # 512 tokens, 32 blocks
-
-
-def worker(port: int) -> Worker:
-    return make_worker(WorkerSpec("h", port, "m", Runtime.SGLANG))
 
 
 def follower(index: KvIndex) -> KvFollower:
     settings = KvConfig(block_size=index.block_size)
     return KvFollower(
-        worker(1),
+        worker_on(1),
         engine_adapters()[Runtime.SGLANG],
         index,
         settings=settings,

@@ -39,6 +39,18 @@ def make_worker(
     )
 
 
+def worker_on(
+    port: int = 1,
+    model: str = "m",
+    runtime: Runtime = Runtime.SGLANG,
+    *,
+    host: str = "h",
+    role: Role = Role.REGULAR,
+) -> Worker:
+    """A worker at `host:port` for `model`: the usual one of a unit test."""
+    return make_worker(WorkerSpec(host, port, model, runtime, role), model, runtime, role=role)
+
+
 def make_registry(
     model_settings: Callable[[str], ModelSettings] = lambda model: ModelSettings(),
     kv_index: KvIndex | None = None,

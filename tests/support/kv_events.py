@@ -6,15 +6,6 @@ from typing import Any
 
 from smg_grpc_proto.generated import common_pb2 as kv
 
-from gateway.config import WorkerSpec
-from gateway.core.roles import Runtime
-from gateway.upstream.worker import Worker
-from tests.support.factories import make_worker
-
-
-def worker(port: int = 1) -> Worker:
-    return make_worker(WorkerSpec("h", port, "m", Runtime.SGLANG))
-
 
 def blocks(tokens: list[int], first_hash: int, size: int = 16) -> list[Any]:
     return [

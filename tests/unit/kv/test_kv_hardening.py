@@ -27,8 +27,8 @@ from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.upstream.load.kv_events import CHUNK_BYTES, Backoff, KvFollower, TooLarge
 from gateway.upstream.worker import LoadReport
-from tests.support.factories import make_registry, make_worker
-from tests.support.kv_events import batch, blocks, stored, worker
+from tests.support.factories import make_registry, make_worker, worker_on
+from tests.support.kv_events import batch, blocks, stored
 
 A = ("a:1", 0)
 PROMPT = list(range(100, 100 + 16 * 10))  # 10 blocks of 16
@@ -37,7 +37,7 @@ PROMPT = list(range(100, 100 + 16 * 10))  # 10 blocks of 16
 def follower(index: KvIndex | None = None, **settings: Any) -> KvFollower:
     index = index if index is not None else KvIndex(**settings)
     return KvFollower(
-        worker(),
+        worker_on(),
         engine_adapters()[Runtime.SGLANG],
         index,
         settings=KvConfig(block_size=index.block_size),
@@ -316,7 +316,7 @@ def test_a_workers_kv_cache_size_is_kept_only_when_plausible() -> None:
 
 
 def test_admin_and_metrics_survive_a_workers_numbers() -> None:
-    w = worker()
+    w = worker_on()
     w.load = LoadReport(3 * 2**32, -5, math.nan, 0.0, rejected=7)  # unchecked, on purpose
     message = worker_message(w)
     assert message.load.running == 2**32 - 1 and message.load.waiting == 0

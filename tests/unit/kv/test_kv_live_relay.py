@@ -18,7 +18,8 @@ from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
 from gateway.upstream.load.kv_events import KvFollower
-from tests.support.kv_events import batch, blocks, stored, worker
+from tests.support.factories import worker_on
+from tests.support.kv_events import batch, blocks, stored
 
 SLOT = ("h:1", 0)
 
@@ -82,7 +83,7 @@ class Subscription:
 
 def follow(relay: Relay, index: KvIndex) -> KvFollower:
     follower = KvFollower(
-        worker(),
+        worker_on(),
         engine_adapters()[Runtime.SGLANG],
         index,
         settings=KvConfig(block_size=16, resubscribe_max_s=0.2),

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.config import OutlierDetectionConfig, WorkerSpec
+from gateway.config import OutlierDetectionConfig
 from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics import TTFT_BUCKETS, Metrics
 from gateway.observability.record import CallRecord
@@ -17,7 +17,7 @@ from gateway.placement import verdicts
 from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import OutlierDetector, OutlierState
 from gateway.upstream.worker import LoadReport, Worker, WorkerStatus
-from tests.support.factories import make_registry, make_worker
+from tests.support.factories import make_registry, worker_on
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"
 VLLM = "vllm.grpc.engine.VllmEngine"
@@ -29,8 +29,7 @@ def worker(
     runtime: Runtime = Runtime.SGLANG,
     role: Role = Role.REGULAR,
 ) -> Worker:
-    spec = WorkerSpec("127.0.0.1", port, model, runtime, role)
-    return make_worker(spec, model, runtime, role=role)  # metrics never touch the channel
+    return worker_on(port, model, runtime, host="127.0.0.1", role=role)
 
 
 def make_ready(registry: Registry, w: Worker) -> None:

@@ -13,7 +13,8 @@ from gateway.kv.prefix import Prefix
 from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware, cheapest
 from gateway.upstream.load.kv_events import Gap
-from tests.support.cache_aware import PROMPT, follower, stored, worker
+from tests.support.cache_aware import PROMPT, follower, stored
+from tests.support.factories import worker_on
 
 SETTINGS = KvConfig()  # 0.01 per uncached token, balance 1.5 x lowest + 4
 
@@ -39,7 +40,7 @@ def test_ties_go_to_lower_load_then_to_rotation() -> None:
 def test_placements_teach_the_index_for_workers_without_events() -> None:
     index = KvIndex()
     policy = CacheAware(index, SETTINGS, stale_after_s=3)
-    a, b = worker(1), worker(2)
+    a, b = worker_on(1), worker_on(2)
     first = policy.pick([a, b], Hints(prefix=Prefix(PROMPT)))
     assert first is a
     again = policy.pick([a, b], Hints(prefix=Prefix(PROMPT)))
@@ -110,7 +111,7 @@ def test_a_data_parallel_worker_gets_the_rank_that_holds_the_prompt() -> None:
     f.apply(batch)
     policy = CacheAware(index, SETTINGS, stale_after_s=3)
     prefix = Prefix(PROMPT)
-    busy = worker(2)
+    busy = worker_on(2)
     busy.inflight = 5  # h:1 reports 2 running: the cached one is cheaper (6.8 vs 10.12)
     hints = Hints(prefix=prefix)
     assert policy.choose([f.worker, busy], hints) == Choice(f.worker, 1, 32)
@@ -130,7 +131,7 @@ def test_the_expected_hit_is_what_the_workers_events_show_not_where_it_was_place
     f = follower(index)
     f.apply(kv.KvEventBatch(sequence_number=1))  # following h:1: its events are the facts
     policy = CacheAware(index, SETTINGS, stale_after_s=3)
-    a, b = f.worker, worker(2)
+    a, b = f.worker, worker_on(2)
     assert policy.choose([a], Hints(prefix=Prefix(PROMPT))) == Choice(a, None, 0)
     # The burst's second request, before the worker has stored the first's blocks.
     assert policy.choose([a], Hints(prefix=Prefix(PROMPT))) == Choice(a, None, 0)

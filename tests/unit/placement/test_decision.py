@@ -19,8 +19,8 @@ from gateway.placement.placer import Placer
 from gateway.placement.policies import Hints
 from gateway.proxy.dispatch import Job
 from gateway.upstream.registry import Registry
-from tests.support.cache_aware import PROMPT, follower, stored, worker
-from tests.support.factories import make_placer, make_registry
+from tests.support.cache_aware import PROMPT, follower, stored
+from tests.support.factories import make_placer, make_registry, worker_on
 
 
 def cache_aware_placer(index: KvIndex) -> tuple[Placer, Registry]:
@@ -43,7 +43,7 @@ def test_the_decision_carries_the_rank_and_hit_and_the_hints_stay_as_they_were()
     batch.dp_rank = 1
     f.apply(batch)
     placer, registry = cache_aware_placer(index)
-    busy = worker(2)
+    busy = worker_on(2)
     busy.inflight = 5  # h:1 reports 2 running: the cached one is cheaper (6.8 vs 10.12)
     routable(registry, f.worker, busy)
     prefix = Prefix(PROMPT)
@@ -68,7 +68,7 @@ def test_the_decision_carries_the_rank_and_hit_and_the_hints_stay_as_they_were()
 
 def test_the_request_goes_to_the_rank_the_decision_names_and_only_there() -> None:
     adapter = engine_adapters()[Runtime.SGLANG]
-    on_rank, other = worker(1), worker(2)
+    on_rank, other = worker_on(1), worker_on(2)
     decision = Decision(
         {Role.PREFILL: on_rank, Role.DECODE: other}, ranks={on_rank.id: 3}, policy="cache_aware"
     )
