@@ -314,3 +314,34 @@ class Placer:
             if all(up.values()) and set.intersection(*up.values()):
                 return True
         return False
+
+
+class Placing:
+    """How each attempt of one call is placed (what dispatch calls with the workers that
+    failed it so far): every leg its model needs, or the receiver only (a call that is not
+    a disaggregated Generate)."""
+
+    __slots__ = ("_hints", "_items", "_legs", "_model", "_placer", "_receiver_only", "_runtime")
+
+    def __init__(
+        self,
+        placer: Placer,
+        model: str,
+        runtime: Runtime,
+        hints: Hints,
+        items: Sequence[str],
+        legs: tuple[Role, ...],
+        *,
+        receiver_only: bool,
+    ) -> None:
+        self._placer, self._model, self._runtime = placer, model, runtime
+        self._hints, self._items, self._legs = hints, items, legs
+        self._receiver_only = receiver_only
+
+    def __call__(self, tried: Collection[str]) -> Decision | Verdict:
+        decided = self._placer.place(
+            self._model, self._runtime, self._hints, self._items, tried, self._legs
+        )
+        if self._receiver_only and not isinstance(decided, Verdict):
+            return decided.only(decided.receiver)
+        return decided

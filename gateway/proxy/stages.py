@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,8 +27,7 @@ from gateway.core.roles import Role
 from gateway.engines import EngineAdapter, RpcKind
 from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
 from gateway.flow.budget import Charge, OverBudget, RateLimits
-from gateway.placement.decision import Decision
-from gateway.placement.placer import Placer
+from gateway.placement.placer import Placer, Placing
 from gateway.placement.verdicts import (
     Verdict,
     bad_metadata,
@@ -39,7 +38,7 @@ from gateway.placement.verdicts import (
     shown,
 )
 from gateway.proxy.admission import Admission, Refusal
-from gateway.proxy.call import Call, Place
+from gateway.proxy.call import Call
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher, Job
 from gateway.proxy.idle import IdleWatch
@@ -243,23 +242,20 @@ def disaggregated(call: Call) -> bool:
     return call.info is not None and call.legs != REGULAR_ONLY
 
 
-def placement(env: Env, call: Call) -> Place:
+def placement(env: Env, call: Call) -> Placing:
     """How each attempt is placed: every leg the model needs (the receiver only, for a
     call that is not a disaggregated Generate)."""
-    placer, model, runtime, info = env.routing.placer, call.model, env.adapter.runtime, call.info
-    items, hints, legs = info.mm_items if info is not None else (), call.hints, call.legs
-
-    def place(tried: Collection[str]) -> Decision | Verdict:
-        return placer.place(model, runtime, hints, items, tried, legs)
-
-    if disaggregated(call):
-        return place
-
-    def place_receiver(tried: Collection[str]) -> Decision | Verdict:
-        decided = place(tried)
-        return decided if isinstance(decided, Verdict) else decided.only(decided.receiver)
-
-    return place_receiver
+    info = call.info
+    items = info.mm_items if info is not None else ()
+    return Placing(
+        env.routing.placer,
+        call.model,
+        env.adapter.runtime,
+        call.hints,
+        items,
+        call.legs,
+        receiver_only=not disaggregated(call),
+    )
 
 
 async def wait(env: Env, call: Call) -> None:
