@@ -38,12 +38,13 @@ from gateway.peer.service import PeerService
 from gateway.placement.placer import Placer
 from gateway.placement.policies import build_policy
 from gateway.proxy.admission import Admission
-from gateway.proxy.disagg import DisaggregatedDispatch, Rooms
+from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.front import Door, EngineFront, Routing
 from gateway.proxy.idle import IdleWatch
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
+from gateway.proxy.legs import BootstrapRooms
 from gateway.proxy.metadata import MetadataRelay
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
@@ -176,7 +177,9 @@ class Gateway:
             self.disagg = DisaggregatedDispatch(self.dispatcher)
             self.siblings: Siblings | None = None
         else:
-            pd_rooms = Rooms(index=member.index, count=member.count)  # SGLang bootstrap rooms
+            pd_rooms = BootstrapRooms(
+                index=member.index, count=member.count
+            )  # SGLang bootstrap rooms
             self.disagg = DisaggregatedDispatch(self.dispatcher, pd_rooms)
             self.siblings = Siblings(member.siblings())
         self.tracing: Tracing | None = None

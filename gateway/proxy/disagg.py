@@ -1,58 +1,21 @@
-"""Disaggregated dispatch: one client request over prefill + decode (+ encode) workers.
-
-The order of the legs is the engine's business (its adapter's `handoff`); what happens
-here is the same for every engine: each leg is an upstream call on the reservation
-placement took for it, encoders get their items concurrently naming the prefill as
-receiver, the decode's stream is relayed to the client, and when the attempt ends every
-leg is closed. n > 1 is split into n single-sample requests, each with its own placement
-(and room), merged into one stream with `index` set to the choice.
+"""Disaggregated dispatch: one client request over prefill + decode (+ encode) workers,
+each attempt's legs run by `proxy/legs.py`. n > 1 is split into n single-sample requests,
+each with its own placement (and room), merged into one stream with `index` set to the
+choice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable
 from dataclasses import replace
-from typing import Any
 
-import grpc
-
-from gateway.core.roles import Role
-from gateway.engines.base import AmendFirst
-from gateway.engines.encoder import ENCODE_PATH, encode_request
 from gateway.proxy.call import Place, answer
-from gateway.proxy.dispatch import Dispatcher, Job
+from gateway.proxy.dispatch import Dispatcher
+from gateway.proxy.job import Job
+from gateway.proxy.legs import BootstrapRooms, PairAttempt
 from gateway.proxy.metadata import Metadata
-from gateway.proxy.upstream import Reserved, Sink, UpstreamCall, UpstreamFailure, label
-from gateway.upstream.worker import Worker
-
-MAX_ROOM = 2**31 - 1
-
-
-class Rooms:
-    """Bootstrap rooms: random non-negative int32s, unique among requests in flight. With
-    several serving processes, process `index` of `count` takes only rooms congruent to
-    its index modulo the count, so rooms are unique across processes too."""
-
-    def __init__(self, rng: random.Random | None = None, index: int = 0, count: int = 1) -> None:
-        self._rng = rng or random.Random()
-        self._busy: set[int] = set()
-        self._index, self._count = index, count
-        self._top = (MAX_ROOM - index) // count
-
-    def allocate(self) -> int:
-        while True:
-            room = self._rng.randint(0, self._top) * self._count + self._index
-            if room not in self._busy:
-                self._busy.add(room)
-                return room
-
-    def release(self, room: int) -> None:
-        self._busy.discard(room)
-
-    def __len__(self) -> int:
-        return len(self._busy)
+from gateway.proxy.upstream import Reserved, Sink, UpstreamFailure
 
 
 class ChoiceSink:
@@ -82,127 +45,21 @@ class ChoiceSink:
         pass
 
 
-class PlacedLegs:
-    """One attempt's legs on its reserved workers: what an engine's hand-off drives
-    (`PlacedPair`), plus the encoders. `close` ends every leg, however the attempt ended."""
-
-    def __init__(self, dispatch: DisaggregatedDispatch, job: Job, reserved: Reserved) -> None:
-        self._upstreams = dispatch.dispatcher.upstreams
-        self._rooms = dispatch.rooms
-        self._job, self._reserved = job, reserved
-        workers = reserved.decision.workers
-        self._prefill, self._decode = workers[Role.PREFILL], workers[Role.DECODE]
-        self.raw, self.return_logprob = job.raw, job.return_logprob
-        self.prefill_host = self._prefill.bootstrap_host
-        self.prefill_bootstrap_port = self._prefill.bootstrap_port
-        self._calls: list[UpstreamCall] = []
-        self._watch: list[asyncio.Future[Any]] = []  # legs whose failure is the answer
-        self._taken_rooms: list[int] = []
-
-    def new_room(self) -> int:
-        room = self._rooms.allocate()
-        self._taken_rooms.append(room)
-        self._job.call.room(room)
-        return room
-
-    def prefill(self, request: bytes, *, background: bool) -> UpstreamCall:
-        request = self._job.for_worker(request, self._reserved.decision, self._prefill)
-        call = self._open(Role.PREFILL, self._prefill, request)
-        if background:
-            self._watch.append(call.drain())
-        return call
-
-    async def decode(self, request: bytes, amend_first: AmendFirst | None = None) -> None:
-        call = self._open(Role.DECODE, self._decode, request)
-        sink = self._job.sink
-        first = await call.first(sink, self._watch)
-        if first is not None and amend_first is not None:
-            first = await amend_first(first)
-        await call.relay(sink, first)
-
-    def prefill_failed(self, reason: str, details: str) -> UpstreamFailure:
-        self._job.call.handoff_failed(reason)
-        prefill = self._prefill
-        return UpstreamFailure(
-            Role.PREFILL, prefill, grpc.StatusCode.INTERNAL, details, (), label(prefill)
-        )
-
-    def encode(self) -> None:
-        """Each encoder its part of the items, naming the worker that takes the prompt as
-        the receiver of the embeddings; concurrently with the other legs."""
-        job, assignment = self._job, self._reserved.decision
-        receiver = assignment.receiver
-        parts = assignment.encoders
-        for index, (worker, items) in enumerate(parts):
-            request = encode_request(
-                items,
-                job.upstream_id,
-                len(parts),
-                index,
-                receiver.bootstrap_host,
-                receiver.spec.embedding_port or 0,
-            )
-            call = self._open(Role.ENCODE, worker, request, path=ENCODE_PATH, streaming=False)
-            self._watch.append(self._upstreams.tasks.spawn(call.response(), "encode"))
-
-    def _open(
-        self,
-        leg: Role,
-        worker: Worker,
-        request: bytes,
-        *,
-        path: str | None = None,
-        streaming: bool = True,
-    ) -> UpstreamCall:
-        call = self._job.open_leg(
-            self._upstreams,
-            self._reserved,
-            worker,
-            leg,
-            request,
-            streaming=streaming,
-            path=path,
-            label=label(worker),
-            answers=leg is Role.DECODE,
-            until_started=leg is Role.DECODE,
-        )
-        self._calls.append(call)
-        return call
-
-    def close(self) -> None:
-        for task in self._watch:
-            if not task.done():
-                task.cancel()
-            elif not task.cancelled():
-                task.exception()  # retrieved: a leg's late failure is no one's answer
-        for call in self._calls:
-            call.close()
-        for room in self._taken_rooms:
-            self._rooms.release(room)
-
-
 class DisaggregatedDispatch:
-    def __init__(self, dispatcher: Dispatcher, rooms: Rooms | None = None) -> None:
+    def __init__(self, dispatcher: Dispatcher, rooms: BootstrapRooms | None = None) -> None:
         self.dispatcher = dispatcher
-        self.rooms = rooms if rooms is not None else Rooms()
+        self.rooms = rooms if rooms is not None else BootstrapRooms()
+        self._attempt = PairAttempt(dispatcher.upstreams, self.rooms)
 
     async def serve(self, job: Job, n: int, place: Place, first: Reserved | None = None) -> None:
         """`first` (n = 1 only): the placement a waiting room made and reserved."""
         if n == 1:  # the regular attempt loop, each attempt on a pair
-            await self.dispatcher.serve(job, place, self._legs, first)
+            await self.dispatcher.serve(job, place, self._attempt, first)
             return
         try:
             await self._choices(job, n, place)
         except UpstreamFailure as failure:
             await answer(job.context, failure)
-
-    async def _legs(self, job: Job, reserved: Reserved) -> None:
-        legs = PlacedLegs(self, job, reserved)
-        try:
-            legs.encode()
-            await job.adapter.handoff.run(legs)
-        finally:
-            legs.close()
 
     async def _choices(self, job: Job, n: int, place: Place) -> None:
         """n single-sample requests `<id>-<i>`, each placed on its own pair with its own
@@ -223,7 +80,7 @@ class DisaggregatedDispatch:
         try:
             async with asyncio.TaskGroup() as choices:  # one fails: the others are cancelled
                 for i in range(n):
-                    choices.create_task(run(choice(i), place, self._legs))
+                    choices.create_task(run(choice(i), place, self._attempt))
         except BaseExceptionGroup as failed:  # the first failure is the stream's status
             raise failed.exceptions[0] from None
         finally:

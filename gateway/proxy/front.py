@@ -29,10 +29,10 @@ from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Verdict, shown
 from gateway.proxy import stages
 from gateway.proxy.call import Call, Context, answer
-from gateway.proxy.dispatch import Job
 from gateway.proxy.idle import StreamIdle
 from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadTimeout
+from gateway.proxy.job import Job
 from gateway.proxy.metadata import Metadata, RequestMeta
 from gateway.proxy.reporting import Reporting
 from gateway.proxy.stages import OPENING, PLACED, Door, Env, Routing

@@ -40,9 +40,10 @@ from gateway.placement.verdicts import (
 from gateway.proxy.admission import Admission, Refusal
 from gateway.proxy.call import Call
 from gateway.proxy.disagg import DisaggregatedDispatch
-from gateway.proxy.dispatch import Dispatcher, Job
+from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.idle import IdleWatch
 from gateway.proxy.intake import ReadGate, read_request
+from gateway.proxy.job import Job
 from gateway.proxy.metadata import read_request_meta
 from gateway.proxy.reporting import LoadTrailer
 from gateway.proxy.status import abort_invalid

@@ -51,12 +51,12 @@ from smg_grpc_proto.generated import common_pb2
 from gateway.config import KvConfig
 from gateway.core.wire import payload, records
 from gateway.engines.base import EngineAdapter, block_size_ok
+from gateway.kv.blocks import namespace_of, on_device
 from gateway.kv.index import KvIndex
 from gateway.upstream.signals.load import LoadReport
 
 log = structlog.get_logger("gateway.kv")
 
-DEVICE_TIERS = (common_pb2.KV_CACHE_TIER_UNSPECIFIED, common_pb2.KV_CACHE_TIER_DEVICE)
 MAX_BACKOFF_S = 8.0
 FIRST_BACKOFF_S = 0.1
 RESET_BATCHES = 32  # batches applied in order that end a failure episode
@@ -95,23 +95,6 @@ Connect = Callable[[int], aio.Channel]
 
 class Gap(Exception):
     """A batch's sequence skipped ahead of the cursor: some batches never arrived."""
-
-
-def namespace_of(stored: common_pb2.KvBlocksStored) -> str:
-    """The cache namespace, spelled as the adapters spell a request's."""
-    parts = []
-    if stored.HasField("lora_name") and stored.lora_name:
-        parts.append(f"lora:{stored.lora_name}")
-    if stored.HasField("cache_salt") and stored.cache_salt:
-        parts.append(f"salt:{stored.cache_salt}")
-    return "|".join(parts)
-
-
-def on_device(tier: int, cache_level: int | None, locality: int) -> bool:
-    """Only blocks in the worker's own device memory make a prompt cheap to prefill."""
-    if locality == common_pb2.KV_CACHE_LOCALITY_REMOTE:
-        return False
-    return tier in DEVICE_TIERS and not cache_level
 
 
 class Backoff:

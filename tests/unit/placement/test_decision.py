@@ -17,7 +17,7 @@ from gateway.kv.prefix import Prefix
 from gateway.placement.decision import Decision
 from gateway.placement.placer import Placer
 from gateway.placement.policies import Hints
-from gateway.proxy.dispatch import Job
+from gateway.proxy.job import Job
 from gateway.upstream.registry import Registry
 from tests.support.cache_aware import PROMPT, follower, stored
 from tests.support.factories import make_placer, make_registry, worker_on
@@ -75,7 +75,7 @@ def test_the_request_goes_to_the_rank_the_decision_names_and_only_there() -> Non
     unused: Any = None  # for_worker reads neither the call nor the sink
     job = Job(unused, adapter, b"", unused, "id")
     raw = adapter.rpcs["Generate"].request_type(request_id="r").SerializeToString()
-    placed = adapter.rpcs["Generate"].request_type.FromString(
+    placed: Any = adapter.rpcs["Generate"].request_type.FromString(  # a generated message
         job.for_worker(raw, decision, on_rank)
     )
     assert placed.data_parallel_rank == 3 and placed.request_id == "r"

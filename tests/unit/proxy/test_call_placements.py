@@ -19,8 +19,9 @@ from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Call
-from gateway.proxy.dispatch import Dispatcher, Job
+from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.inflight import InflightTable
+from gateway.proxy.job import Job
 from gateway.proxy.metadata import RequestMeta
 from gateway.proxy.upstream import Reserved, UpstreamFailure, Upstreams
 from gateway.upstream.signals.outlier import Outcome

@@ -18,7 +18,7 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway.cli.main import build_parser, config_from_args
 from gateway.config import ConfigError, build_config, parse_processes, usable_cores
 from gateway.core.listen import CannotListen
-from gateway.proxy.disagg import MAX_ROOM, Rooms
+from gateway.proxy.legs import MAX_ROOM, BootstrapRooms
 from gateway.scale.control import ControlPlane, DesiredFleet, merge_workers, reconcile
 from gateway.scale.member import Member, serving_config
 from gateway.scale.port import hold_port
@@ -121,7 +121,9 @@ def test_a_bad_process_count_is_one_line(value: Any) -> None:
 
 def test_each_process_takes_only_its_own_rooms() -> None:
     """Rooms of process i of n are i mod n: no two processes ever pick the same room."""
-    taken = [Rooms(random.Random(seed), index=i, count=3) for i, seed in enumerate((1, 1, 1))]
+    taken = [
+        BootstrapRooms(random.Random(seed), index=i, count=3) for i, seed in enumerate((1, 1, 1))
+    ]
     rooms = [[r.allocate() for _ in range(500)] for r in taken]
     for index, mine in enumerate(rooms):
         assert {room % 3 for room in mine} == {index}
@@ -135,7 +137,7 @@ def test_the_highest_room_stays_an_int32() -> None:
             return b
 
     for index in range(3):
-        assert Rooms(Top(), index=index, count=3).allocate() <= MAX_ROOM
+        assert BootstrapRooms(Top(), index=index, count=3).allocate() <= MAX_ROOM
 
 
 # ------------------------------------------------------------------ the held port
@@ -177,7 +179,9 @@ def test_a_port_someone_listens_on_is_refused(reuseport: bool) -> None:
 # ------------------------------------------------------------------ control plane
 
 
-def worker(wid: str, inflight: int = 0, status: int = pb.WORKER_STATUS_READY) -> pb.Worker:
+def worker(
+    wid: str, inflight: int = 0, status: pb.WorkerStatus = pb.WORKER_STATUS_READY
+) -> pb.Worker:
     return pb.Worker(id=wid, model="m", inflight=inflight, status=status)
 
 
@@ -247,7 +251,7 @@ def plane(
     config = build_config(worker_urls=[f"grpc://{w}?model=m&runtime=sglang" for w in workers])
     desired = DesiredFleet.of(config)
     processes = [FakeProcess(a, running=i != dead) for i, a in enumerate(admins)]
-    return ControlPlane(config, desired, lambda: processes), desired  # type: ignore[arg-type,return-value]
+    return ControlPlane(config, desired, lambda: processes), desired
 
 
 async def test_an_add_reaches_every_process_and_the_desired_fleet() -> None:
@@ -328,9 +332,9 @@ async def test_a_restarted_process_catches_up_with_the_desired_fleet() -> None:
     desired.specs["k:1"] = build_config(worker_urls=["grpc://k:1"]).workers[0]
     desired.drained.add("k:1")
     admin = FakeAdmin({"a:1": worker("a:1"), "k:1": worker("k:1")})
-    await reconcile(admin, desired, 0)  # type: ignore[arg-type]
+    await reconcile(admin, desired, 0)
     assert admin.calls == [("add", URL), ("remove", "a:1"), ("drain", "k:1")]
     assert sorted(admin.workers) == ["127.0.0.1:7001", "k:1"]
     admin.calls.clear()
-    await reconcile(admin, desired, 0)  # type: ignore[arg-type]
+    await reconcile(admin, desired, 0)
     assert admin.calls == []
