@@ -22,7 +22,7 @@ from grpc import aio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.app.server import server_options
+from gateway.app.transport import server_options
 from gateway.config import build_config
 from gateway.upstream.channels import open_channel
 

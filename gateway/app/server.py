@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from gateway.admin.service import AdminService, start_admin_server
 from gateway.app.connections import ConnectionWatch, raise_fd_limit
 from gateway.app.memory import Trimmer
+from gateway.app.transport import server_options
 from gateway.config import DEFAULT_TENANT_LABELS, GatewayConfig, usable_cores
 from gateway.core.listen import CannotListen, bind
 from gateway.core.member import Member
@@ -59,35 +60,8 @@ from gateway.upstream.registry import FleetEvent
 log = structlog.get_logger("gateway")
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
-REQUEST_WINDOW_BYTES = 64 * 1024  # what a client may send ahead on a stream not read yet
 ADMIN_STOP_GRACE_S = 0.2  # a graceful GOAWAY: control channels close without an error
 SHUT_MARGIN_S = 0.25  # calls still queued this long before the grace ends are answered
-
-
-def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[str, int]]:
-    """The main port's transport limits (see `LimitsConfig`); SO_REUSEPORT only when the
-    port is `shared` by serving processes, so one process alone refuses a busy port."""
-    limits = config.limits
-    options = [
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 1 if shared else 0),
-        ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
-        # Connections past it are closed by grpc core as they arrive.
-        ("grpc.max_allowed_incoming_connections", limits.max_connections),
-        # A stream whose request the front does not read yet is held to one fixed stream
-        # window (BDP probing would grow every stream's window to megabytes): see intake.
-        ("grpc.http2.bdp_probe", 0),
-        ("grpc.http2.lookahead_bytes", REQUEST_WINDOW_BYTES),
-    ]
-    if limits.connection_idle_timeout_s > 0:
-        options.append(("grpc.max_connection_idle_ms", _ms(limits.connection_idle_timeout_s)))
-    if limits.max_connection_age_s > 0:
-        options += [
-            ("grpc.max_connection_age_ms", _ms(limits.max_connection_age_s)),
-            ("grpc.max_connection_age_grace_ms", _ms(limits.connection_age_grace_s)),
-        ]
-    return options
 
 
 def preflight(config: GatewayConfig) -> None:
@@ -109,10 +83,6 @@ def ready_line(config: GatewayConfig, port: int, admin_port: int, metrics_port: 
     if metrics_port and config.metrics.listen:
         line += f" metrics={config.metrics.listen.rpartition(':')[0]}:{metrics_port}"
     return line
-
-
-def _ms(seconds: float) -> int:
-    return round(seconds * 1000)
 
 
 class Gateway:

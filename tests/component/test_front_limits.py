@@ -4,11 +4,12 @@ call survives, and the transport options the main port runs with."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.app.server import server_options
+from gateway.app.transport import server_options
 from gateway.config import build_config
 from tests.support.helpers import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, idle, sim, worker
@@ -21,9 +22,10 @@ async def test_a_stream_with_nothing_moving_is_ended_and_its_upstream_cancelled(
 ) -> None:
     """Ended by the idle timeout (its message says so; the worker would answer only after
     30 s), never before it, within 1 s in the timing tier; the worker call is cancelled."""
+    settings: dict[str, Any] = {"limits.stream_idle_timeout_s": 0.2}
     async with (
         sim("--model", "m", "--ttft-ms", "30000") as w,
-        gateway(w.url(model="m", runtime="sglang"), **{"limits.stream_idle_timeout_s": 0.2}) as gw,
+        gateway(w.url(model="m", runtime="sglang"), **settings) as gw,
         client(gw) as ch,
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
@@ -46,11 +48,15 @@ async def test_a_stream_with_nothing_moving_is_ended_and_its_upstream_cancelled(
 async def test_keepalive_pings_do_not_end_a_long_silent_call() -> None:
     """Pings every 0.2 s while the worker thinks for 2 s: the worker accepts them (an
     engine must), so the call ends with its answer, not GOAWAY too_many_pings."""
+    keepalive: dict[str, Any] = {
+        "upstream.keepalive_time_s": 0.2,
+        "upstream.keepalive_timeout_s": 1,
+    }
     async with (
         sim("--model", "m", "--ttft-ms", "2000") as w,
         gateway(
             w.url(model="m", runtime="sglang"),
-            **{"upstream.keepalive_time_s": 0.2, "upstream.keepalive_timeout_s": 1},
+            **keepalive,
         ) as gw,
         client(gw) as ch,
     ):
