@@ -32,11 +32,11 @@ test: $(STAMP)  ## lint, type-check and run every test
 	$(VENV)/bin/ruff check $(CODE)
 	$(VENV)/bin/ruff format --check $(CODE)
 	$(VENV)/bin/lint-imports
-	@# mypy (some 12 s of one core) runs beside the tests at low priority, so the tests that
+	@# mypy (some 16 s of one core: the gateway, the simulator and the tests) runs beside the tests at low priority, so the tests that
 	@# measure latency keep their cores; its report follows theirs, and either fails the target.
-	@nice -n 15 $(VENV)/bin/mypy gateway sim/gateway_sim > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
+	@nice -n 15 $(VENV)/bin/mypy gateway sim/gateway_sim tests > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
 	$(VENV)/bin/pytest -q; tests=$$?; \
-	wait $$mypy; typed=$$?; echo "mypy gateway sim/gateway_sim"; cat $(VENV)/mypy.out; \
+	wait $$mypy; typed=$$?; echo "mypy gateway sim/gateway_sim tests"; cat $(VENV)/mypy.out; \
 	test $$tests -eq 0 && test $$typed -eq 0
 
 test-timing: $(STAMP)  ## the strict wall-clock bounds (marked `timing`), one test at a time: an idle machine only

@@ -437,7 +437,7 @@ def gateway(processes: list[Child], tmp_path_factory: pytest.TempPathFactory) ->
         log_file = open(log_path, "w")  # noqa: SIM115 - the child owns it for its lifetime
         child = start([*SERVE_ARGS, *args], stderr=log_file.fileno(), timeout=START_S)
         log_file.close()
-        child.log_path = log_path  # type: ignore[attr-defined]
+        child.log_path = log_path
         processes.append(child)
         return child
 

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 class NotReady(RuntimeError):
@@ -28,6 +29,8 @@ class Child:
     port: int
     args: tuple[str, ...]
     extra: dict[str, str] = field(default_factory=dict)  # `name=host:port` after the port
+    # Where its stderr goes: nowhere unless its starter sent it to a file (a test's log).
+    log_path: Path = Path(os.devnull)
 
     def port_of(self, name: str) -> int:
         """The port announced as `name=host:port` (e.g. admin, metrics)."""

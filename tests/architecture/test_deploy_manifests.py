@@ -57,19 +57,23 @@ def _gateway_deployment() -> dict[str, Any]:
 
 
 def _gateway_container() -> dict[str, Any]:
-    containers = _gateway_deployment()["spec"]["template"]["spec"]["containers"]
+    pod = _gateway_deployment()["spec"]["template"]["spec"]
+    containers: list[dict[str, Any]] = pod["containers"]
     assert [c["name"] for c in containers] == ["gateway"]
     return containers[0]
 
 
 def _container_port(container: dict[str, Any], name: str) -> int:
-    ports = [p["containerPort"] for p in container.get("ports", []) if p.get("name") == name]
+    ports: list[int] = [
+        p["containerPort"] for p in container.get("ports", []) if p.get("name") == name
+    ]
     assert len(ports) == 1, f"container {container['name']} has no one port named {name!r}"
     return ports[0]
 
 
 def _config_text() -> str:
-    return _one("ConfigMap", "grpc-model-gateway-config")["data"]["config.yaml"]
+    text: str = _one("ConfigMap", "grpc-model-gateway-config")["data"]["config.yaml"]
+    return text
 
 
 def _config() -> GatewayConfig:
@@ -250,6 +254,7 @@ def test_configmap_config_builds_for_the_gateway() -> None:
     assert config.workers == ()
     assert all(isinstance(entry, KubernetesDiscovery) for entry in config.discovery)
     prefill, decode = config.discovery
+    assert isinstance(prefill, KubernetesDiscovery) and isinstance(decode, KubernetesDiscovery)
     assert prefill.selector == "app=sglang,llm-d.ai/role=prefill"
     assert decode.selector == "app=sglang,llm-d.ai/role=decode"
     assert (prefill.role, decode.role) == (Role.PREFILL, Role.DECODE)

@@ -35,7 +35,7 @@ def _writes(tree: ast.AST) -> list[tuple[int, str]]:
             targets = [node.target]
         for target in targets:
             if _on_record(target):
-                assert isinstance(target, ast.Attribute)
+                assert isinstance(target, ast.Attribute) and isinstance(node, ast.stmt)
                 found.append((node.lineno, target.attr))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, owner = node.func.attr, node.func.value

@@ -203,7 +203,11 @@ async def test_a_worker_removed_and_added_again_keeps_its_new_cache_entries() ->
     again = make_worker(worker.spec, outlier=fleet.settings.outlier_detection)
     fleet.registry.add(again)
     dropped: list[str] = []
-    fleet.kv_index.drop_worker = dropped.append  # type: ignore[method-assign]
+
+    def drop_worker(worker_id: str) -> None:
+        dropped.append(worker_id)
+
+    fleet.kv_index.drop_worker = drop_worker  # type: ignore[method-assign]
     stale._run()  # even if the old timer ran, it is about the old worker object
     assert dropped == []
     await fleet.close()
@@ -218,7 +222,7 @@ async def stubborn(release: asyncio.Event) -> None:
         raise
 
 
-async def cancelled_while_stopping(stop: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+async def cancelled_while_stopping(stop: Callable[[], Awaitable[object]]) -> asyncio.Task[object]:
     stopping = asyncio.ensure_future(stop())
     for _ in range(5):
         await asyncio.sleep(0)

@@ -3,20 +3,24 @@ refused at once with GATEWAY_OVERLOADED; the engine HealthCheck stays open."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from tests.support.helpers import assert_verdict, collect, model_md, sgl_generate
-from tests.support.inproc import client, gateway, idle, sim, until
+from tests.support.inproc import client, gateway, idle, sim
+from tests.support.waits import until
 
 M = model_md("m")
 
 
 async def test_calls_past_the_gateway_limit_are_refused_at_once() -> None:
+    settings: dict[str, Any] = {"limits.max_inflight_requests": 1}
     async with (
         sim("--model", "m", "--ttft-ms", "30000") as w,
-        gateway(w.url(model="m", runtime="sglang"), **{"limits.max_inflight_requests": 1}) as gw,
+        gateway(w.url(model="m", runtime="sglang"), **settings) as gw,
         client(gw) as ch,
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)

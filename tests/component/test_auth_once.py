@@ -24,11 +24,11 @@ KEY = "alice-key-0123456789"
 async def keyed(tmp_path: Path) -> AsyncIterator[Gateway]:
     keys = tmp_path / "keys"
     keys.write_text(f"alice:{KEY}\n")
+    settings: dict[str, Any] = {"auth.api_keys_file": str(keys)}
     async with (
         sim("--model", "m") as worker,
-        gateway(worker.url(model="m", runtime="sglang"), **{"auth.api_keys_file": str(keys)})
-        as gw,
-    ):  # fmt: skip
+        gateway(worker.url(model="m", runtime="sglang"), **settings) as gw,
+    ):
         yield gw
 
 

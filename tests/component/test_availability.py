@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from structlog.testing import capture_logs
 
 from tests.support.availability import ClosedLoop, is_ready, list_workers, wait_worker
 from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc
-from tests.support.inproc import Sim, client, gateway, sim, until
+from tests.support.inproc import Sim, client, gateway, sim
+from tests.support.waits import until
 
 
 @contextlib.asynccontextmanager
@@ -111,7 +112,7 @@ async def test_worker_cancelling_a_call_before_its_first_message_is_retried_else
                     (error.code().name, error.details()) if error else ("OK", len(messages))
                 )
 
-            def events() -> list[dict[str, Any]]:
+            def events() -> list[Mapping[str, Any]]:
                 return [e for e in logs if e.get("event") == "request" and e["rpc"] == "Generate"]
 
             await until(lambda: len(events()) >= 4)  # the line follows the reply

@@ -22,8 +22,9 @@ from gateway.app.server import Gateway
 from gateway.kv.prefix import Prefix
 from gateway.upstream.load.kv_events import FollowState
 from tests.support.helpers import collect, model_md
-from tests.support.inproc import Sim, client, gateway, idle, until
+from tests.support.inproc import Sim, client, gateway, idle
 from tests.support.inproc import sim as bare_sim
+from tests.support.waits import until
 
 M = model_md("m")
 # 4 full blocks and a token: an engine's hit stops short of the prompt's last token.
@@ -39,7 +40,7 @@ def sim(*flags: str) -> contextlib.AbstractAsyncContextManager[Sim]:
     return bare_sim(*SIM_FLAGS, *flags)
 
 
-CACHE_AWARE = {"default_policy": "cache_aware"}
+CACHE_AWARE: dict[str, Any] = {"default_policy": "cache_aware"}
 
 
 def sgl_request(tokens: list[int], request_id: str = "r", **extra: Any) -> Any:
@@ -171,7 +172,11 @@ async def test_sglang_pd_places_the_prefill_leg_cache_aware() -> None:
                         prefill = next(
                             e["legs"]["prefill"][0] for e in logs if e.get("event") == "request"
                         )
-                        await until(lambda p=prefill: gw.fleet.kv_index.size(p) == 4)
+
+                        def cached(p: str = prefill) -> bool:
+                            return gw.fleet.kv_index.size(p) == 4
+
+                        await until(cached)
             prefills = [e["legs"]["prefill"] for e in logs if e.get("event") == "request"]
             assert len(prefills) == 4 and all(p == prefills[0] for p in prefills)
             expected = [e["expected_cached_tokens"] for e in logs if e.get("event") == "request"]
@@ -232,7 +237,7 @@ async def test_expected_cached_tokens_agree_with_the_engines_when_caches_evict(
     events (what they show stored), and without (a cache of the size the workers report,
     after the gateway's placements)."""
     small = ("--model", "m", "--kv-blocks", "32")
-    settings = {"default_policy": "cache_aware", "kv.events": events}
+    settings: dict[str, Any] = {"default_policy": "cache_aware", "kv.events": events}
     async with (
         sim(*small, "--name", "a") as a,
         sim(*small, "--name", "b") as b,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -27,7 +28,8 @@ from tests.support.helpers import (
     wait_health,
     wait_idle,
 )
-from tests.support.inproc import Sim, gateway, pd_urls, sim, until
+from tests.support.inproc import Sim, gateway, pd_urls, sim
+from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,11 +70,11 @@ def tokens_of(messages: list[Any]) -> list[int]:
     return [t for m in messages if m.HasField("chunk") for t in m.chunk.token_ids]
 
 
-def requests(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def requests(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [e for e in logs if e.get("event") == "request" and e.get("rpc") == "Generate"]
 
 
-async def logged(logs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+async def logged(logs: Sequence[Mapping[str, Any]], count: int) -> list[Mapping[str, Any]]:
     """The Generate request events once `count` are logged (the line follows the reply)."""
     await until(lambda: len(requests(logs)) >= count)
     return requests(logs)

@@ -17,7 +17,8 @@ import yaml
 from gateway.app.server import Gateway
 from gateway.config import FileDiscovery
 from tests.support.helpers import closed_port, dead_worker_url
-from tests.support.inproc import gateway, sim, until
+from tests.support.inproc import gateway, sim
+from tests.support.waits import until
 
 HOSTS = FileDiscovery(source="file", path="x").max_hosts - 1  # the one worker makes it full
 

@@ -18,7 +18,7 @@ from gateway.placement.policies import build_policy
 from gateway.upstream.manager import Fleet, WorkerExists
 from gateway.upstream.signals.probe import ProbeKind
 from gateway.upstream.worker import WorkerStatus
-from tests.support.inproc import until
+from tests.support.waits import until
 
 HEALTH_CHECK = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
 

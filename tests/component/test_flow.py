@@ -22,7 +22,8 @@ from gateway.admin.v1 import admin_pb2_grpc
 from gateway.app.server import Gateway
 from gateway.observability.record import CallRecord
 from tests.support.helpers import assert_verdict, collect, model_md, sgl_generate
-from tests.support.inproc import client, gateway, idle, recorded, sim, until
+from tests.support.inproc import client, gateway, idle, recorded, sim
+from tests.support.waits import until
 
 HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's one slot
 
@@ -33,7 +34,11 @@ async def one_slot(
 ) -> AsyncIterator[tuple[Gateway, Any, list[CallRecord]]]:
     """A gateway in front of one worker that takes one call at a time (`flow` settings,
     `tenants`); the records of the calls that ended."""
-    overrides = {"models": {"m": {"max_inflight": 1}}, "flow": settings, "tenants": tenants or {}}
+    overrides: dict[str, Any] = {
+        "models": {"m": {"max_inflight": 1}},
+        "flow": settings,
+        "tenants": tenants or {},
+    }
     async with (
         sim("--model", "m") as w,
         gateway(w.url(model="m", runtime="sglang"), **overrides) as gw,
@@ -57,7 +62,8 @@ async def test_a_call_waits_for_the_busy_worker_and_is_served_when_it_frees() ->
         await until(lambda: waiting(gw) == 1)
         sample = gw.metrics.prometheus.get_sample_value
         assert sample("gateway_flow_queue_depth", {"model": "m", "class": "standard"}) == 1
-        assert sample("gateway_flow_queue_bytes", {"model": "m"}) > 0
+        queue_bytes = sample("gateway_flow_queue_bytes", {"model": "m"})
+        assert queue_bytes is not None and queue_bytes > 0
         held.cancel()
         messages, error = await queued
         assert error is None and len(messages) == 5
@@ -252,13 +258,14 @@ async def test_a_tenant_at_its_max_inflight_waits_while_others_go_on() -> None:
 
 
 async def test_calls_still_queued_when_the_drain_ends_are_shutting_down_with_retry_hints() -> None:
+    drain: dict[str, Any] = {"drain.grace_s": 0.6, "drain.delay_s": 0.0}
     async with (
         sim("--model", "m") as w,
         gateway(
             w.url(model="m", runtime="sglang"),
             models={"m": {"max_inflight": 1}},
             flow={},
-            **{"drain.grace_s": 0.6, "drain.delay_s": 0.0},
+            **drain,
         ) as gw,
         client(gw) as ch,
     ):
@@ -331,14 +338,15 @@ async def test_the_admin_api_and_cli_show_what_waits_by_model_class_and_tenant(
 async def test_a_worker_without_a_fresh_load_report_waits_out_the_load_limits() -> None:
     """With flow control and a load limit, a stale report counts as saturated: the call
     waits, and the next load poll (not a released slot: none is in flight) serves it."""
+    # Stale after three intervals; KV-event load records off (they refresh it too).
+    loads: dict[str, Any] = {"loads.interval_s": 0.5, "kv.events": False}
     async with (
         sim("--model", "m") as w,
         gateway(
             w.url(model="m", runtime="sglang"),
             models={"m": {"max_waiting": 5}},
             flow={},
-            # Stale after three intervals; KV-event load records off (they refresh it too).
-            **{"loads.interval_s": 0.5, "kv.events": False},
+            **loads,
         ) as gw,
         client(gw) as ch,
     ):

@@ -18,7 +18,8 @@ from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics import FLOW_OUTCOMES
 from gateway.observability.record import CallRecord
 from tests.support.helpers import collect, model_md, sgl_generate
-from tests.support.inproc import client, gateway, idle, sim, until
+from tests.support.inproc import client, gateway, idle, sim
+from tests.support.waits import until
 
 HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's one slot
 SERIES = "gateway_flow_tenant_outcomes_total"

@@ -15,7 +15,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.services.health import MAX_NAMES_PER_PEER, SERVICE_UNKNOWN, SERVING, HealthService
-from tests.support.inproc import until
+from tests.support.waits import until
 
 STATUSES = {"": SERVING, "liveness": SERVING, "readiness": SERVING, "models/m": SERVING}
 

@@ -5,6 +5,7 @@ usable worker for a model is a warning naming the models."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from structlog.testing import capture_logs
 from gateway.observability.logs import Throttle
 from gateway.proxy import front
 from tests.support.helpers import collect, model_md, sgl_generate
-from tests.support.inproc import client, gateway, sim, until
+from tests.support.inproc import client, gateway, sim
+from tests.support.waits import until
 
 KEY = "alice-key-0123456789"
 
@@ -30,7 +32,7 @@ class Clock:
         return self.now
 
 
-def requests(logged: list[dict[str, Any]], code: str) -> list[dict[str, Any]]:
+def requests(logged: Sequence[Mapping[str, Any]], code: str) -> list[Mapping[str, Any]]:
     return [e for e in logged if e["event"] == "request" and e["code"] == code]
 
 
@@ -42,13 +44,13 @@ async def test_request_lines_name_the_principal_and_the_peer_and_refusals_are_bo
     throttle = front.REFUSED_LINES
     keys = tmp_path / "keys"
     keys.write_text(f"alice:{KEY}\n")
+    settings: dict[str, Any] = {"auth.api_keys_file": str(keys)}
     with capture_logs() as logged:
         async with (
             sim("--model", "m") as worker,
-            gateway(worker.url(model="m", runtime="sglang"), **{"auth.api_keys_file": str(keys)})
-            as gw,
+            gateway(worker.url(model="m", runtime="sglang"), **settings) as gw,
             client(gw) as ch,
-        ):  # fmt: skip
+        ):
             stub = sgl_grpc.SglangSchedulerStub(ch)
             keyed = model_md("m", ("authorization", f"Bearer {KEY}"))
             _, error = await collect(stub.Generate(sgl_generate("ok", 2), metadata=keyed))

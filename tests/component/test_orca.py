@@ -15,8 +15,9 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from gateway.orca.report import IN_FLIGHT
 from gateway.orca.v3 import orca_pb2, orca_pb2_grpc
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
-from tests.support.helpers import WAIT_S, collect, model_md, sgl_generate
-from tests.support.inproc import client, gateway, sim, until
+from tests.support.helpers import collect, model_md, sgl_generate
+from tests.support.inproc import client, gateway, sim
+from tests.support.waits import WAIT_S, until
 
 M = model_md("m")
 
@@ -50,9 +51,10 @@ async def test_reports_come_at_the_interval_asked_for_never_under_the_floor(stri
     the interval asked for (300 ms) is kept apart from the floor (100 ms) by their
     quickest gaps (lateness only lengthens a gap, or shortens the next), and, in the
     timing tier, each mean gap is within 50 % of its interval."""
+    settings: dict[str, Any] = {"orca.min_interval_s": 0.1}
     async with (
         sim("--model", "m") as w,
-        gateway(w.url(model="m", runtime="sglang"), **{"orca.min_interval_s": 0.1}) as gw,
+        gateway(w.url(model="m", runtime="sglang"), **settings) as gw,
         client(gw) as ch,
     ):
         orca = orca_pb2_grpc.OpenRcaServiceStub(ch)
@@ -70,9 +72,10 @@ async def test_reports_come_at_the_interval_asked_for_never_under_the_floor(stri
 
 
 async def test_a_report_shows_the_calls_in_flight() -> None:
+    settings: dict[str, Any] = {"orca.min_interval_s": 0.1}
     async with (
         sim("--model", "m", "--ttft-ms", "30000") as w,
-        gateway(w.url(model="m", runtime="sglang"), **{"orca.min_interval_s": 0.1}) as gw,
+        gateway(w.url(model="m", runtime="sglang"), **settings) as gw,
         client(gw) as ch,
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
@@ -90,9 +93,10 @@ async def test_a_report_shows_the_calls_in_flight() -> None:
 
 
 async def test_streams_are_capped_and_end_when_the_gateway_drains() -> None:
+    settings: dict[str, Any] = {"orca.max_streams": 1}
     async with (
         sim("--model", "m") as w,
-        gateway(w.url(model="m", runtime="sglang"), **{"orca.max_streams": 1}) as gw,
+        gateway(w.url(model="m", runtime="sglang"), **settings) as gw,
         client(gw) as ch,
     ):
         orca = orca_pb2_grpc.OpenRcaServiceStub(ch)

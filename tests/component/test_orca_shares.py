@@ -17,7 +17,8 @@ from grpc import aio
 from gateway.app.server import Gateway
 from gateway.orca.v3 import orca_pb2, orca_pb2_grpc
 from tests.support.helpers import collect
-from tests.support.inproc import gateway, sim, until
+from tests.support.inproc import gateway, sim
+from tests.support.waits import until
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-0123456789ab"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -22,8 +23,9 @@ from structlog.testing import capture_logs
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from tests.support.availability import admin_watch, list_workers
-from tests.support.helpers import WAIT_S, channel, collect, model_md, sgl_generate, sgl_grpc
-from tests.support.inproc import gateway, sim, until
+from tests.support.helpers import channel, collect, model_md, sgl_generate, sgl_grpc
+from tests.support.inproc import gateway, sim
+from tests.support.waits import WAIT_S, until
 
 THRESHOLD, COOLDOWN_S = 3, 1.0
 
@@ -50,11 +52,13 @@ async def call(
     return str(worker), len(messages), error
 
 
-async def events_for(logs: list[dict[str, Any]], prefix: str, count: int) -> list[dict[str, Any]]:
+async def events_for(
+    logs: Sequence[Mapping[str, Any]], prefix: str, count: int
+) -> list[Mapping[str, Any]]:
     """The request events of Generate calls whose id starts with `prefix`, once `count`
     are logged (the line follows the reply)."""
 
-    def found() -> list[dict[str, Any]]:
+    def found() -> list[Mapping[str, Any]]:
         return [
             e
             for e in logs
@@ -73,7 +77,7 @@ async def events_for(logs: list[dict[str, Any]], prefix: str, count: int) -> lis
 async def test_outlier_detection_ejects_admits_one_trial_and_ignores_client_errors() -> None:
     # `bad` fails every Generate with INTERNAL after its first message (so a trial stays
     # in flight for a moment when the request asks for a slow first token).
-    outlier = {
+    outlier: dict[str, Any] = {
         "outlier_detection.failure_threshold": THRESHOLD,
         "outlier_detection.cooldown_s": COOLDOWN_S,
         "outlier_detection.success_threshold": 1,

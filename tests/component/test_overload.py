@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -29,7 +30,8 @@ from tests.support.helpers import (
     trailers,
     wait_idle,
 )
-from tests.support.inproc import Sim, client, gateway, sim, until
+from tests.support.inproc import Sim, client, gateway, sim
+from tests.support.waits import until
 
 
 def url(worker: Sim, model: str) -> str:
@@ -118,7 +120,7 @@ async def test_burst_six_times_the_fleet_limit_is_served_or_shed() -> None:
                 assert_overloaded(error, "m", 2, 2000)
                 assert elapsed < ttft_ms / 1000
 
-            def burst_events() -> list[dict[str, Any]]:
+            def burst_events() -> list[Mapping[str, Any]]:
                 return [
                     e
                     for e in logs

@@ -17,7 +17,8 @@ from structlog.testing import capture_logs
 
 from gateway.app.server import Gateway
 from tests.support.helpers import assert_verdict, collect, model_md, sgl_generate
-from tests.support.inproc import client, gateway, idle, recorded, sim, until
+from tests.support.inproc import client, gateway, idle, recorded, sim
+from tests.support.waits import until
 
 API_KEYS = {"alice": "alice-secret-key-0123456789", "bob": "bob-secret-key-0123456789"}
 
@@ -109,7 +110,7 @@ async def test_tenants_are_their_principals_each_with_its_own_budget(tmp_path: P
     tenants = {"alice": {"requests_per_minute": 1}, "default": {"requests_per_minute": 5}}
     async with limited(tenants, **{"auth.api_keys_file": str(keys)}) as (gw, stub):
 
-        def md(name: str) -> tuple[tuple[str, str], ...]:
+        def md(name: str) -> tuple[tuple[str, str | bytes], ...]:
             return model_md("m", ("authorization", f"Bearer {API_KEYS[name]}"))
 
         _, error = await collect(stub.Generate(sgl_generate("a1"), metadata=md("alice")))

@@ -8,7 +8,7 @@ after its headers: tests/e2e/test_retries.py.)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -29,7 +29,8 @@ from tests.support.helpers import (
     trailers,
     wait_idle,
 )
-from tests.support.inproc import Sim, gateway, sim, until, worker
+from tests.support.inproc import Sim, gateway, sim, worker
+from tests.support.waits import until
 
 
 def url(worker: Sim) -> str:
@@ -44,11 +45,13 @@ def embed_request(request_id: str = "e1") -> Any:
     return sgl.EmbedRequest(request_id=request_id, tokenized=sgl.TokenizedInput(input_ids=[1, 2]))
 
 
-def requests(logs: list[dict[str, Any]], rpc: str) -> list[dict[str, Any]]:
+def requests(logs: Sequence[Mapping[str, Any]], rpc: str) -> list[Mapping[str, Any]]:
     return [e for e in logs if e.get("event") == "request" and e.get("rpc") == rpc]
 
 
-async def logged(logs: list[dict[str, Any]], rpc: str, count: int) -> list[dict[str, Any]]:
+async def logged(
+    logs: Sequence[Mapping[str, Any]], rpc: str, count: int
+) -> list[Mapping[str, Any]]:
     """The request events of `rpc` once `count` are logged (the line follows the reply)."""
     await until(lambda: len(requests(logs, rpc)) >= count)
     return requests(logs, rpc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -37,7 +38,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Gateway]]:
     members = [Member(i, 2, str(tmp_path)) for i in range(2)]
     async with sim("--model", "m", "--token-ms", "20") as worker:
         url = worker.url(model="m", runtime="sglang")
-        extra = {"auth.api_keys_file": str(keys)}
+        extra: dict[str, Any] = {"auth.api_keys_file": str(keys)}
         async with (
             gateway(url, member=members[0], **extra) as first,
             gateway(url, member=members[1], **extra) as second,

@@ -10,13 +10,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc
-from tests.support.inproc import Sim, client, gateway, idle, pd_urls, recorded, sim, until
+from tests.support.inproc import Sim, client, gateway, idle, pd_urls, recorded, sim
 from tests.support.tracing import CLIENT_SPAN, TRACE_ID, TRACEPARENT, attributes, receiver
+from tests.support.waits import until
 
 INFO = ("--log-level", "info")
 
@@ -48,7 +49,8 @@ def sim_traceparents() -> Iterator[dict[str, str]]:
         logger.removeHandler(kept)
         for entry in kept.records:
             if entry.msg == "traceparent %s %s":
-                name, value = entry.args  # type: ignore[misc]
+                # gateway_sim logs `traceparent %s %s` with its name and the value it got.
+                name, value = cast("tuple[str, str]", entry.args)
                 seen[name] = value
 
 
@@ -67,7 +69,7 @@ async def test_a_pd_call_continues_the_clients_trace_with_a_client_span_per_leg(
             messages, error = await collect(call)
             assert error is None and len(messages) == 5
             await idle(gw)
-        await until(lambda: len(kept.named("upstream")) == 2 and kept.named("sglang"))
+        await until(lambda: len(kept.named("upstream")) == 2 and bool(kept.named("sglang")))
     (server,) = kept.named("sglang")
     legs = {attributes(s)["gateway.leg"]: s for s in kept.named("upstream")}
     (placement,) = kept.named("placement")

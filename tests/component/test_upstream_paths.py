@@ -4,6 +4,9 @@ out of engine RPCs, listener failures kept out of requests."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import grpc
 import pytest
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
@@ -14,12 +17,13 @@ from structlog.testing import capture_logs
 from gateway.upstream.registry import FleetEvent
 from gateway.upstream.signals.outlier import OutlierState
 from tests.support.helpers import collect, model_md, sgl_generate, vllm_generate
-from tests.support.inproc import client, gateway, idle, sim, until, worker
+from tests.support.inproc import client, gateway, idle, sim, worker
+from tests.support.waits import until
 
 M = model_md("m")
 
 
-def requests(logs: list[dict[str, object]], rpc: str) -> list[dict[str, object]]:
+def requests(logs: Sequence[Mapping[str, Any]], rpc: str) -> list[Mapping[str, Any]]:
     return [e for e in logs if e.get("event") == "request" and e.get("rpc") == rpc]
 
 
@@ -192,7 +196,7 @@ async def test_attempts_count_placements_and_retries_only_retries() -> None:
         assert pd_event["legs"] == {"prefill": [p.address], "decode": [d.address]}
         (fan_out,) = requests(logs, "GetLoads")
         assert (fan_out["attempts"], fan_out["retries"]) == (0, 0)
-        assert sorted(fan_out["targets"]) == sorted([p.address, d.address])  # type: ignore[arg-type]
+        assert sorted(fan_out["targets"]) == sorted([p.address, d.address])
         regular = requests(logs, "Generate")[1:]
         retried_events = [e for e in regular if e["retries"] == 1]
         assert retried_events and retried == len(retried_events)
@@ -209,11 +213,10 @@ async def test_a_failing_fleet_listener_never_touches_the_request() -> None:
     """The request that ejects a worker publishes a fleet event from its own `finally`:
     a listener that raises there is logged, the other listeners still hear the event, and
     the request still leaves the abort table and its worker's in-flight count."""
+    settings: dict[str, Any] = {"outlier_detection.failure_threshold": 1}
     async with (
         sim("--model", "m", "--fail-code", "INTERNAL", "--fail-after", "1") as w,
-        gateway(
-            w.url(model="m", runtime="sglang"), **{"outlier_detection.failure_threshold": 1}
-        ) as gw,
+        gateway(w.url(model="m", runtime="sglang"), **settings) as gw,
     ):
         heard: list[FleetEvent] = []
 

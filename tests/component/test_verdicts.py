@@ -9,6 +9,7 @@ headers, only the status and its trailers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -33,7 +34,8 @@ from tests.support.helpers import (
     vllm_generate,
     vllm_grpc,
 )
-from tests.support.inproc import gateway, sim, until
+from tests.support.inproc import gateway, sim
+from tests.support.waits import until
 
 
 def address(gw: Any) -> str:
@@ -51,7 +53,7 @@ async def test_unknown_model_is_a_trailers_only_not_found() -> None:
             assert len(await call.initial_metadata()) == 0  # Trailers-Only: no response headers
             messages, error = await collect(call)
 
-            def generate_events() -> list[dict[str, Any]]:
+            def generate_events() -> list[Mapping[str, Any]]:
                 return [e for e in logs if e.get("event") == "request" and e["rpc"] == "Generate"]
 
             await until(lambda: len(generate_events()) >= 1)  # the line follows the reply

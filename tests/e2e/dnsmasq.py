@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dns.resolver
 
-from tests.support.helpers import WAIT_S
+from tests.support.waits import WAIT_S
 
 
 def free_port() -> int:

@@ -35,7 +35,6 @@ from tests.support.availability import (
 )
 from tests.support.helpers import (
     SGL_SERVICE,
-    WAIT_S,
     SharedProcesses,
     channel,
     closed_port,
@@ -46,6 +45,7 @@ from tests.support.helpers import (
     sgl_grpc,
     wait_for_events,
 )
+from tests.support.waits import WAIT_S
 
 MISSING = "the admin API needs the metadata 'authorization: Bearer <token>'"
 REJECTED = "the admin token was not accepted"
@@ -277,7 +277,7 @@ async def test_drained_worker_gets_nothing_new_while_its_stream_finishes(
             "(not connected, unhealthy or ejected by outlier detection)"
         )
     print(f"\n[admin] remove waited {took:.3f}s for the in-flight stream on the removed worker")
-    log_path = gw.log_path  # type: ignore[attr-defined]
+    log_path = gw.log_path
     events = wait_for_events(log_path, 9, rpc="Generate")
     by_id = {e["request_id"]: e for e in events if e.get("request_id")}
     assert by_id["held"]["worker"] == holder.address and by_id["held"]["code"] == "OK"
@@ -353,7 +353,7 @@ async def test_metrics_count_calls_verdicts_and_workers(
         assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
         _, error = await collect(stub.Generate(sgl_generate("nope"), metadata=model_md("nope")))
         assert error is not None and error.code() is grpc.StatusCode.NOT_FOUND
-    wait_for_events(gw.log_path, 6, rpc="Generate")  # type: ignore[attr-defined]
+    wait_for_events(gw.log_path, 6, rpc="Generate")
     text = scrape(gw)
 
     def generate(model: str, code: str) -> frozenset[tuple[str, str]]:

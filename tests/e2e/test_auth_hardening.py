@@ -24,7 +24,6 @@ from gateway.core.wire import encode_varint
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, run_alone, worker_url
 from tests.support.helpers import (
-    WAIT_S,
     channel,
     collect,
     model_md,
@@ -33,6 +32,7 @@ from tests.support.helpers import (
     sgl_grpc,
     write_config,
 )
+from tests.support.waits import WAIT_S
 
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}
 MISSING = "this gateway needs the metadata 'authorization: Bearer <API key>'"
@@ -59,7 +59,7 @@ class Keyed:
     @property
     def log_lines(self) -> list[dict[str, Any]]:
         lines = []
-        for line in self.gateway.log_path.read_text().splitlines():  # type: ignore[attr-defined]
+        for line in self.gateway.log_path.read_text().splitlines():
             try:
                 lines.append(json.loads(line))
             except json.JSONDecodeError:
@@ -223,7 +223,7 @@ async def test_failed_attempts_are_counted_and_logged_with_the_peer(
     (line,) = keyed.wait_logged("authentication failed")
     assert line["peer"].startswith("ipv4:127.0.0.1:") and line["reason"] == "rejected"
     assert line["method"] == "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
-    assert "wrong-key" not in keyed.gateway.log_path.read_text()  # type: ignore[attr-defined]
+    assert "wrong-key" not in keyed.gateway.log_path.read_text()
 
 
 async def test_a_peer_past_the_failure_limit_is_refused_for_a_while(

@@ -38,7 +38,6 @@ from tests.support.availability import (
 from tests.support.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
-    WAIT_S,
     assert_verdict,
     channel,
     collect,
@@ -52,6 +51,7 @@ from tests.support.helpers import (
     wait_for_events,
     write_config,
 )
+from tests.support.waits import WAIT_S
 
 UNAVAILABLE_MESSAGE = (
     "All {n} regular workers for model '{model}' are unavailable "
@@ -161,7 +161,7 @@ async def test_sigkilled_worker_gets_no_new_request_after_one_second(
     # (a request placed on it would show as its worker, or as a second attempt).
     events = [
         e
-        for e in wait_for_events(gw.log_path, len(results), rpc="Generate")  # type: ignore[attr-defined]
+        for e in wait_for_events(gw.log_path, len(results), rpc="Generate")
         if str(e.get("request_id", "")).startswith("k-")
     ]
     assert len(events) == len(results)
@@ -189,7 +189,7 @@ async def test_sigkilled_worker_gets_no_new_request_after_one_second(
         assert len(messages) == 3
     held_events = {
         e["request_id"]: e
-        for e in wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
+        for e in wait_for_events(gw.log_path, 1, rpc="Generate")
         if str(e.get("request_id", "")).startswith("held")
     }
     assert len(held_events) == 4

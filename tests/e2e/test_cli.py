@@ -16,7 +16,8 @@ import pytest
 
 from gateway_sim.launch import Child, start
 from tests.conftest import START_S, STOP_S, Launcher, grpcurl
-from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, closed_port, dead_worker_url
+from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, closed_port, dead_worker_url
+from tests.support.waits import WAIT_S
 
 SERVICES = {
     SGL_SERVICE,

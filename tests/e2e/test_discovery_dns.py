@@ -21,7 +21,6 @@ from tests.conftest import Launcher
 from tests.e2e.dnsmasq import Dnsmasq
 from tests.support.availability import admin_address, list_workers
 from tests.support.helpers import (
-    WAIT_S,
     channel,
     collect,
     model_md,
@@ -31,6 +30,7 @@ from tests.support.helpers import (
     write_config,
 )
 from tests.support.processes import per_process
+from tests.support.waits import WAIT_S
 
 NAME = "workers.llm.test"
 A, B = "127.0.0.2", "127.0.0.3"

@@ -21,7 +21,7 @@ from gateway.admin.v1 import admin_pb2_grpc
 from tests.conftest import Launcher, worker_url
 from tests.support.availability import admin_address, labels, list_workers, samples, scrape
 from tests.support.helpers import closed_port, dead_worker_url, wait_health, write_config
-from tests.support.inproc import until
+from tests.support.waits import until
 
 
 def log_events(path: Path) -> list[dict[str, Any]]:

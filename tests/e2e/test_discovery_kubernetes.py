@@ -21,7 +21,6 @@ from tests.conftest import Launcher
 from tests.kube.apiserver import InThread
 from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
 from tests.support.helpers import (
-    WAIT_S,
     channel,
     collect,
     model_md,
@@ -31,6 +30,7 @@ from tests.support.helpers import (
     write_config,
 )
 from tests.support.processes import per_process
+from tests.support.waits import WAIT_S
 
 NS = "llm"
 A, B = "127.0.0.2", "127.0.0.3"

@@ -25,7 +25,6 @@ from tests.support.availability import (
     wait_health_status,
 )
 from tests.support.helpers import (
-    WAIT_S,
     channel,
     collect,
     model_md,
@@ -36,6 +35,7 @@ from tests.support.helpers import (
     wait_health,
     wait_idle,
 )
+from tests.support.waits import WAIT_S
 
 DRAIN_DELAY_S = 1.5
 # Far past every wait below: a gateway that exits within them did not wait out its grace.

@@ -58,7 +58,8 @@ class Fleet:
 
     @property
     def log_path(self) -> Path:
-        return self.gateway.log_path  # type: ignore[attr-defined, no-any-return]
+        path: Path = self.gateway.log_path  # set by the `gateway` launcher
+        return path
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +219,7 @@ async def test_engine_health_check_is_answered_by_the_gateway(
         await wait_health(gw.address, "m", healthy=False)
         reply = await stub.HealthCheck(sgl.HealthCheckRequest(), metadata=model_md("m"))
         assert (reply.healthy, reply.message) == (False, "model 'm' has no available workers")
-    checks = wait_for_events(gw.log_path, 2, rpc="HealthCheck")  # type: ignore[attr-defined]
+    checks = wait_for_events(gw.log_path, 2, rpc="HealthCheck")
     assert all(e["attempts"] == 0 and e["worker"] is None for e in checks)  # no worker asked
 
 

@@ -120,7 +120,7 @@ async def flow_outcome(gw: Child, klass: str, outcome: str) -> float:
 def log_events(gw: Child) -> list[dict[str, Any]]:
     """Every JSON line of the gateway's log (not only the request events)."""
     events = []
-    for line in gw.log_path.read_text().splitlines():  # type: ignore[attr-defined]
+    for line in gw.log_path.read_text().splitlines():
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:
@@ -130,7 +130,7 @@ def log_events(gw: Child) -> list[dict[str, Any]]:
 
 def one_event(gw: Child, request_id: str) -> dict[str, Any]:
     """The request log's event of one call (the log line follows the reply: bounded wait)."""
-    (event,) = wait_for_events(gw.log_path, 1, request_id=request_id)  # type: ignore[attr-defined]
+    (event,) = wait_for_events(gw.log_path, 1, request_id=request_id)
     return dict(event)
 
 
@@ -314,7 +314,7 @@ async def test_a_queued_call_whose_client_cancels_never_reaches_a_worker(
 
         await until(settled, what="nothing in flight")
         assert await wait_idle(worker.address) == 0
-    log = gw.log_path  # type: ignore[attr-defined]
+    log = gw.log_path
     generated = wait_for_events(log, 2, rpc="Generate")
     assert [e["request_id"] for e in generated] == ["gone", "held"]
     assert await flow_outcome(gw, "standard", "admitted") == 1  # held; never "gone"
@@ -526,7 +526,7 @@ async def test_a_saturated_mixed_load_never_exceeds_max_inflight_and_loses_no_ca
     assert set(counts) - {"OK"}  # and over capacity: some calls were refused
     dave = [outcomes[r] for r, t in tenant_of.items() if t == "dave"]
     assert dave.count("OK") <= DAVE_PER_MINUTE < len(dave)
-    events = wait_for_events(gw.log_path, total, rpc="Generate")  # type: ignore[attr-defined]
+    events = wait_for_events(gw.log_path, total, rpc="Generate")
     logged = {str(e["request_id"]): e for e in events}
     assert len(events) == total and logged.keys() == outcomes.keys()
     for request_id, outcome in outcomes.items():

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -22,7 +22,6 @@ from tests.conftest import START_S, Launcher, run_alone, worker_url
 from tests.e2e.rawclient import RawClient
 from tests.support.availability import admin_address, list_workers, samples, scrape
 from tests.support.helpers import (
-    WAIT_S,
     assert_verdict,
     channel,
     collect,
@@ -33,7 +32,7 @@ from tests.support.helpers import (
     wait_health,
     write_config,
 )
-from tests.support.waits import until
+from tests.support.waits import WAIT_S, until
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 BAD_VALUES = {
@@ -47,7 +46,7 @@ BAD_VALUES = {
 
 
 async def model_m_gateway(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, limits: dict[str, object] | None = None
+    sim: Launcher, gateway: Launcher, tmp_path: Path, limits: Mapping[str, object] | None = None
 ) -> Child:
     """A gateway (with these `limits`) in front of one simulated worker of model m, ready."""
     worker = sim("--model", "m")
@@ -342,7 +341,7 @@ async def test_connections_past_the_cap_are_refused_and_logged_then_served_again
             _, error = await collect(with_deadline)
         assert error is not None
         assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        log_path: Path = gw.log_path  # type: ignore[attr-defined]
+        log_path: Path = gw.log_path
 
         async def logged() -> bool:
             text = await asyncio.to_thread(log_path.read_text)
@@ -530,7 +529,7 @@ async def test_one_peers_connections_past_its_cap_are_closed_and_logged(
 
         await until(trimmed, 10, every_s=0.1)
         assert all(not c.closed.is_set() for c in crowd[:5])  # the oldest five stay
-        log_path: Path = gw.log_path  # type: ignore[attr-defined]
+        log_path: Path = gw.log_path
 
         async def limit_lines() -> list[str]:
             text = await asyncio.to_thread(log_path.read_text)

@@ -30,7 +30,8 @@ from tests.support.availability import (
     health_watch,
     wait_health_status,
 )
-from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, WAIT_S, SharedProcesses, channel
+from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, SharedProcesses, channel
+from tests.support.waits import WAIT_S
 
 PROBE_INTERVAL_S = 0.2
 NAMES = {"", "liveness", "readiness", SGL_SERVICE, VLLM_SERVICE, "models/m", "models/v", "models/h"}

@@ -142,7 +142,7 @@ def test_a_worker_leaving_service_is_a_warning_and_its_return_info(
     gw = gateway(
         "--probe-interval", "0.1", "--worker", worker_url(worker, model="m", runtime="sglang")
     )
-    log: Path = gw.log_path  # type: ignore[attr-defined]
+    log: Path = gw.log_path
 
     def status(old: str, new: str) -> Callable[[dict[str, Any]], bool]:
         return lambda e: e["event"] == "worker_status" and (e["old"], e["new"]) == (old, new)

@@ -47,7 +47,9 @@ def load_reports(stream: Stream) -> list[OrcaLoadReport]:
 @pytest.fixture
 def port(sim: Launcher, gateway: Launcher) -> int:
     worker = sim("--model", "m", "--runtime", "sglang")
-    return gateway("--worker", worker_url(worker, model="m", runtime="sglang")).port
+    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
+    port: int = gw.port
+    return port
 
 
 async def test_an_answer_carries_one_load_report(port: int) -> None:

@@ -24,7 +24,7 @@ from gateway.scale.control import READ_TIMEOUT_S
 from gateway.scale.supervisor import LIVENESS_INTERVAL_S, LIVENESS_MISSES, LIVENESS_TIMEOUT_S
 from gateway_sim.launch import Child
 from tests.conftest import STOP_S, Launcher, run_alone, worker_url
-from tests.support.helpers import POLL_S, WAIT_S, collect, model_md, sgl_generate, sgl_grpc
+from tests.support.helpers import POLL_S, collect, model_md, sgl_generate, sgl_grpc
 from tests.support.processes import (
     PROCESSES,
     admin_stub,
@@ -34,6 +34,7 @@ from tests.support.processes import (
     serving_processes,
     wait_servable,
 )
+from tests.support.waits import WAIT_S
 
 # The slowest a check can notice: a full interval, then LIVENESS_MISSES deadlines.
 NOTICED_WITHIN_S = LIVENESS_INTERVAL_S + LIVENESS_MISSES * LIVENESS_TIMEOUT_S
@@ -57,7 +58,7 @@ def launch_file(pid: int) -> Path:
 
 def log_lines(gw: Child) -> list[dict[str, Any]]:
     lines = []
-    for line in gw.log_path.read_text().splitlines():  # type: ignore[attr-defined]
+    for line in gw.log_path.read_text().splitlines():
         try:
             lines.append(json.loads(line))
         except json.JSONDecodeError:

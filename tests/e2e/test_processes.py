@@ -30,7 +30,6 @@ from gateway.scale.supervisor import FIRST_BACKOFF_S
 from tests.conftest import STOP_S, Launcher, run_alone, worker_url
 from tests.support.helpers import (
     POLL_S,
-    WAIT_S,
     collect,
     model_md,
     request_events,
@@ -48,6 +47,7 @@ from tests.support.processes import (
     serving_processes,
     wait_servable,
 )
+from tests.support.waits import WAIT_S
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ async def test_both_processes_serve_generate_and_the_log_names_each(
         for service in ("", "readiness", "models/m"):
             reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
-    events = request_events(gw.log_path, "Generate")  # type: ignore[attr-defined]
+    events = request_events(gw.log_path, "Generate")
     served = {e["request_id"]: (e["process"], e["code"], e["worker"]) for e in events}
     assert served == {
         "on-0": ("0", "OK", worker.address),
@@ -143,7 +143,7 @@ async def test_an_added_worker_is_soon_used_by_every_process(
     for ch in channels.values():
         assert await healthy(ch, "late") is False
     # The watch saw each change once (one process's events, not one per process).
-    seen = []
+    seen: list[tuple[admin.WorkerEventKind, str, admin.WorkerStatus]] = []
     while not seen or seen[-1][0] != admin.WORKER_EVENT_KIND_REMOVED:
         event = await asyncio.wait_for(watch.read(), WAIT_S)
         seen.append((event.kind, event.worker.id, event.worker.status))
@@ -187,7 +187,7 @@ async def test_an_abort_on_one_process_reaches_a_stream_on_the_other(
     )
     assert unknown.success is False
     assert unknown.message == "request 'nobody' is not in flight here"
-    aborts = [e for e in request_events(gw.log_path, "Abort") if e["request_id"] == "long"]  # type: ignore[attr-defined]
+    aborts = [e for e in request_events(gw.log_path, "Abort") if e["request_id"] == "long"]
     assert [(e["process"], e["targets"]) for e in aborts] == [("1", ["sibling process"])]
 
 
@@ -263,7 +263,7 @@ async def test_a_killed_serving_process_is_soon_replaced_and_serving(
     assert time.monotonic() - killed < bound_s + 0.5  # finding both connections adds a little
     samples = scrape(gw)
     assert sum(v for k, v in samples.items() if k.startswith("gateway_process_restarts_total")) == 1
-    lines = [json.loads(line) for line in gw.log_path.read_text().splitlines()]  # type: ignore[attr-defined]
+    lines = [json.loads(line) for line in gw.log_path.read_text().splitlines()]
     exited = [e for e in lines if e["event"] == "serving_process_exited"]
     assert [(e["process"], e["serving_process"], e["code"]) for e in exited] == [
         ("supervisor", "0", -9)

@@ -20,7 +20,6 @@ from tests.e2e.stalled import StalledClient
 from tests.support.availability import admin_address, list_workers, wait_worker
 from tests.support.helpers import (
     SGL_SERVICE,
-    WAIT_S,
     channel,
     collect,
     model_md,
@@ -34,6 +33,7 @@ from tests.support.helpers import (
     wait_running,
     write_config,
 )
+from tests.support.waits import WAIT_S
 
 
 async def test_client_deadlines_never_eject_a_worker(sim: Launcher, gateway: Launcher) -> None:
@@ -117,7 +117,7 @@ async def test_calls_on_a_frozen_worker_fail_over_within_keepalive(
     assert all(error is None and len(messages) == 5 for messages, error in results)
     if strict:
         assert elapsed < 20
-    events = wait_for_events(gw.log_path, 4, rpc="Generate")  # type: ignore[attr-defined]
+    events = wait_for_events(gw.log_path, 4, rpc="Generate")
     moved = [e for e in events if e["retries"] == 1]
     assert len(moved) == 2
     assert all(e["legs"] == {"regular": [frozen.address, other.address]} for e in moved)

@@ -22,7 +22,6 @@ from tests.conftest import Launcher, SimHost, worker_url
 from tests.support.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
-    WAIT_S,
     SharedProcesses,
     channel,
     collect,
@@ -40,6 +39,7 @@ from tests.support.helpers import (
     wait_idle,
     wait_running,
 )
+from tests.support.waits import WAIT_S
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -52,7 +52,8 @@ class Fleet:
 
     @property
     def log_path(self) -> Path:
-        return self.gateway.log_path  # type: ignore[attr-defined, no-any-return]
+        path: Path = self.gateway.log_path  # set by the `gateway` launcher
+        return path
 
 
 @pytest.fixture(scope="module")
@@ -343,7 +344,7 @@ async def test_worker_dying_mid_stream_ends_the_stream_unavailable(
     assert error.code() is grpc.StatusCode.UNAVAILABLE
     if strict:
         assert elapsed < 3.0
-    [event] = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
+    [event] = wait_for_events(gw.log_path, 1, rpc="Generate")
     assert event["code"] == "UNAVAILABLE"
     assert event["attempts"] == 1  # after the first message there is no retry
 

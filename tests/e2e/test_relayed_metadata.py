@@ -76,7 +76,7 @@ async def generate(channel: aio.Channel, *metadata: tuple[str, str]) -> tuple[li
 
 def logged(gw: Child, event: str) -> list[dict[str, Any]]:
     """The gateway's log lines of `event` (JSON lines)."""
-    path: Path = gw.log_path  # type: ignore[attr-defined]
+    path: Path = gw.log_path
     lines = []
     for text in path.read_text().splitlines():
         with contextlib.suppress(json.JSONDecodeError):

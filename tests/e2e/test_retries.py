@@ -78,6 +78,6 @@ async def test_worker_dying_after_its_headers_but_before_a_message_is_retried(
     assert error is None, (error.code(), error.details()) if error else None
     assert len(messages) == 4
     assert messages[-1].complete.finish_reason == "length"
-    [event] = wait_for_events(gw.log_path, 1, rpc="Generate")  # type: ignore[attr-defined]
+    [event] = wait_for_events(gw.log_path, 1, rpc="Generate")
     assert event["attempts"] == 2
     assert event["worker"] == ({"a": b, "b": a}[first]).address

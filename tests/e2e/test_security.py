@@ -277,5 +277,5 @@ async def test_an_abort_from_another_principal_leaves_the_stream_alone(
         assert (await abort("mine", "alice")).success is True
         rest, error = await collect(mine)
         assert error is None and rest[-1].complete.finish_reason == "abort"
-    events = wait_for_events(gw.log_path, 2, rpc="Abort")  # type: ignore[attr-defined]
+    events = wait_for_events(gw.log_path, 2, rpc="Abort")
     assert [e["targets"] for e in events[:2]] == [None, None]

@@ -11,8 +11,8 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from gateway_sim.launch import Child, start
 from tests.conftest import SERVE_ARGS, START_S, Launcher, grpcurl, worker_url
-from tests.support.inproc import until
 from tests.support.tracing import CLIENT_SPAN, TRACE_ID, TRACEPARENT, attributes, receiver
+from tests.support.waits import until
 
 
 async def test_a_gateway_traced_by_otel_variables_continues_a_grpcurl_calls_trace(

@@ -176,7 +176,7 @@ async def test_streamed_calls_are_logged_and_charged_the_tokens_the_engine_gener
                 continue
             admitted[tenant] += 1
             assert len(tokens) == 150
-            line = logged(gw.log_path, request_id)  # type: ignore[attr-defined]
+            line = logged(gw.log_path, request_id)
             assert (line["completion_tokens"], line["tenant"]) == (150, tenant)
     print(f"admitted of 8 each: {admitted} in {time.monotonic() - started:.1f} s")
     assert admitted["unary"] < 8, "the calls were too slow for the budget to bite"
@@ -225,7 +225,7 @@ async def test_cancel_and_abort_through_the_gateway_free_the_worker(
                 call.cancel()
                 break
     await wait_idle(engine)
-    assert logged(gw.log_path, "cancel-1")["code"] == "CANCELLED"  # type: ignore[attr-defined]
+    assert logged(gw.log_path, "cancel-1")["code"] == "CANCELLED"
     await abort_midway(gw.address, engine, "abort-1")
 
 
@@ -319,7 +319,7 @@ async def test_after_a_forced_miss_the_follower_follows_again_within_one_resubsc
     assert error is None
     await wait_events_past(gw, engine, before)
     _, error = await generate(gw.address, request("miss-2", small, 2), model_md("tiny"))
-    line = logged(gw.log_path, "miss-2")  # type: ignore[attr-defined]
+    line = logged(gw.log_path, "miss-2")
     # Two whole blocks: the engine computes the prompt's last token again, so the block
     # holding it is no hit, and the gateway expects exactly that.
     assert (line["expected_cached_tokens"], line["cached_tokens"]) == (128, 128)

@@ -29,7 +29,7 @@ from gateway_sim.engine import input_logprobs_for, output_tokens
 from gateway_sim.lines import Line, ProtocolError
 from gateway_sim.mailbox import Mailbox
 from tests.conftest import HostedSim, SimHost
-from tests.support.helpers import WAIT_S
+from tests.support.waits import WAIT_S
 
 PROMPT = [5, 7, 11, 13]
 HOST = "127.0.0.1"

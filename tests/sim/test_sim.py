@@ -24,9 +24,8 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway_sim.engine import embedding_for, output_tokens
 from tests.sim.conftest import SimProcess
-from tests.support.helpers import WAIT_S
 from tests.support.sim import StartSim
-from tests.support.waits import until
+from tests.support.waits import WAIT_S, until
 
 SGL_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"

@@ -28,7 +28,8 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway_sim.launch import Child
 from tests.conftest import START_S
-from tests.support.helpers import WAIT_S, channel, collect, model_md, sgl_generate, sgl_grpc
+from tests.support.helpers import channel, collect, model_md, sgl_generate, sgl_grpc
+from tests.support.waits import WAIT_S
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -23,7 +23,7 @@ def follower(index: KvIndex) -> KvFollower:
         engine_adapters()[Runtime.SGLANG],
         index,
         settings=settings,
-        connect=lambda limit: FakeChannel(),  # type: ignore[arg-type,return-value]
+        connect=lambda limit: FakeChannel(),
     )
 
 

@@ -289,7 +289,7 @@ class SharedProcesses:
         log_path = self._log_dir / f"gateway-{len(self.children)}.log"
         with open(log_path, "w") as log_file:
             child = start([*SERVE_ARGS, *args], stderr=log_file.fileno(), timeout=START_S)
-        child.log_path = log_path  # type: ignore[attr-defined]
+        child.log_path = log_path
         self.children.append(child)
         return child
 

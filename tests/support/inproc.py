@@ -51,7 +51,8 @@ async def sim(*flags: str) -> AsyncIterator[Sim]:
         serve(config, ready=lambda port, side: ready.set_result((port, dict(side))))
     )
     try:
-        await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        started: set[asyncio.Future[Any]] = {task, ready}
+        await asyncio.wait(started, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             task.result()  # raises why it did not start
         port, side = ready.result()

@@ -16,12 +16,12 @@ from gateway_sim.launch import Child
 from tests.support.helpers import (
     MAX,
     POLL_S,
-    WAIT_S,
     model_md,
     request_events,
     sgl,
     sgl_grpc,
 )
+from tests.support.waits import WAIT_S
 
 PROCESSES = ("--processes", "2", "--probe-interval", "0.2")
 
@@ -42,7 +42,7 @@ async def per_process(gw: Child, model: str = "m", count: int = 2) -> dict[int, 
     for _ in range(CONNECTIONS):
         ch = own_channel(gw.address)
         await healthy(ch, model)
-        process = int(request_events(gw.log_path, "HealthCheck")[-1]["process"])  # type: ignore[attr-defined]
+        process = int(request_events(gw.log_path, "HealthCheck")[-1]["process"])
         if process in found:
             await ch.close()
         else:

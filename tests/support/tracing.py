@@ -23,7 +23,8 @@ TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 async def receiver() -> AsyncIterator[tuple[Receiver, aio.Server, int]]:
     server = aio.server()
     kept = Receiver()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(kept, server)
+    # opentelemetry-proto's generated gRPC module is unannotated.
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(kept, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

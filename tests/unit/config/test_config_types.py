@@ -23,7 +23,7 @@ from gateway.config import (
 from gateway.core.roles import Role, Runtime
 
 # Every default, as the README's configuration example and limits tables give them.
-DEFAULTS = {
+DEFAULTS: dict[str, object] = {
     "listen": "127.0.0.1:50051",
     "workers": (),
     "discovery": (),
@@ -149,7 +149,7 @@ def test_constructors_and_replace_validate_too() -> None:
     with pytest.raises(ValidationError):
         dataclasses.replace(LimitsConfig(), max_inflight_requests=0)
     with pytest.raises(ValidationError):
-        ModelSettings(policy="fastest")  # type: ignore[arg-type]
+        ModelSettings(policy="fastest")
     assert dataclasses.replace(LimitsConfig(), max_choices=4).max_choices == 4
     assert AuthConfig(None, 5, 2, 7) == AuthConfig(None, 5, 2.0, 7.0)  # ints are numbers
 

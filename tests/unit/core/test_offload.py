@@ -36,12 +36,14 @@ def test_work_runs_on_one_thread_niced_below_the_loop() -> None:
 def test_work_is_done_in_order_and_results_come_back() -> None:
     order: list[int] = []
 
+    def square(n: int) -> int:
+        order.append(n)
+        return n * n
+
     async def main() -> list[int]:
         offload = Offload()
         try:
-            return await asyncio.gather(
-                *(offload.run(lambda n=n: order.append(n) or n * n) for n in range(5))
-            )
+            return await asyncio.gather(*(offload.run(square, n) for n in range(5)))
         finally:
             offload.close()
 

@@ -20,7 +20,7 @@ from gateway.config import DnsDiscovery
 from gateway.discovery import dns as dns_module
 from gateway.discovery.dns import DnsError, DnsSource
 from gateway.discovery.source import Discovered
-from tests.support.inproc import until
+from tests.support.waits import until
 
 NAME = "_grpc._tcp.workers.test."
 ROUND_S = 0.4  # the round's bound here (ROUND_TIMEOUT_S), and each query's: 0.3 s

@@ -22,7 +22,7 @@ from gateway.core.offload import Offload
 from gateway.discovery import file as file_module
 from gateway.discovery.file import BYTES_PER_HOST, FileSource, max_file_bytes
 from gateway.discovery.source import Discovered
-from tests.support.inproc import until
+from tests.support.waits import until
 
 
 def url(i: int) -> str:

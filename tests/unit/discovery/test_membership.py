@@ -181,9 +181,12 @@ async def test_a_host_dropped_while_it_joins_stops_joining() -> None:
     never = asyncio.Event()
     joins: list[asyncio.Task[None]] = []
 
+    async def hang() -> None:
+        await never.wait()
+
     def join(spec: WorkerSpec, sources: tuple[str, ...]) -> asyncio.Task[None]:
-        joins.append(asyncio.ensure_future(never.wait()))  # a worker that never answers
-        return joins[-1]  # type: ignore[return-value]
+        joins.append(asyncio.ensure_future(hang()))  # a worker that never answers
+        return joins[-1]
 
     door.join = join  # type: ignore[method-assign]
     m = membership(door)

@@ -33,7 +33,9 @@ def test_tokens_are_reserved_and_settled_from_what_was_used() -> None:
     charge = rates.take("bob", 800, 0.0)
     assert isinstance(charge, Charge)
     refused = rates.take("bob", 800, 0.0)
-    assert refused == OverBudget(TOKENS, 1000, pytest.approx(36.0))  # 600 more, at 1000/60 s
+    assert isinstance(refused, OverBudget)
+    assert (refused.budget, refused.per_minute) == (TOKENS, 1000)
+    assert refused.wait_s == pytest.approx(36.0)  # 600 more, at 1000/60 s
     rates.settle(charge, 300, 0.0)  # it used 300: 500 go back
     assert isinstance(rates.take("bob", 700, 0.0), Charge)
 

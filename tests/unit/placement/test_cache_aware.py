@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from smg_grpc_proto.generated import common_pb2 as kv
 
@@ -118,7 +120,7 @@ def test_a_data_parallel_worker_gets_the_rank_that_holds_the_prompt() -> None:
     assert hints == Hints(prefix=prefix)  # the hints are not written into
     adapter = engine_adapters()[Runtime.SGLANG]
     raw = adapter.with_dp_rank(b"", 1)
-    request = adapter.rpcs["Generate"].request_type.FromString(raw)
+    request: Any = adapter.rpcs["Generate"].request_type.FromString(raw)  # a generated message
     assert request.data_parallel_rank == 1
 
 

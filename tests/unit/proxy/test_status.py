@@ -15,7 +15,7 @@ from gateway.proxy.status import DOMAIN, verdict_trailers
 
 def decode(
     trailers: tuple[tuple[str, str | bytes], ...],
-) -> tuple[dict[str, object], status_pb2.Status]:
+) -> tuple[dict[str, str | bytes], status_pb2.Status]:
     plain = dict(trailers)
     raw = plain.pop("grpc-status-details-bin")
     assert isinstance(raw, bytes)

@@ -231,8 +231,10 @@ def test_openmetrics_render_accepts_merge() -> None:
     """The supervisor may be scraped with OpenMetrics negotiation: that renderer must work too."""
     registry = CollectorRegistry()
     registry.register(Fixed(merge_expositions([P0, P1])))
+    # prometheus_client's OpenMetrics exposition and parser are unannotated.
     families = {
-        f.name: f for f in om_text_string_to_metric_families(om_generate_latest(registry).decode())
+        f.name: f
+        for f in om_text_string_to_metric_families(om_generate_latest(registry).decode())  # type: ignore[no-untyped-call]
     }
     counter = {
         (s.name, s.labels["model"], s.labels["code"]): s.value

@@ -21,7 +21,7 @@ from gateway.upstream.manager import Fleet
 from gateway.upstream.signals.probe import ProbeKind, ProbeResult
 from gateway.upstream.stagger import HOST_COST_S, MAX_SPREAD_S, spread, waits
 from tests.support.factories import make_worker
-from tests.support.inproc import until
+from tests.support.waits import until
 
 HOSTS = 64
 INTERVAL_S = 0.4
