@@ -32,8 +32,9 @@ test: $(STAMP)  ## lint, type-check and run every test
 	$(VENV)/bin/ruff check $(CODE)
 	$(VENV)/bin/ruff format --check $(CODE)
 	$(VENV)/bin/lint-imports
-	@# mypy (some 16 s of one core: the gateway, the simulator and the tests) runs beside the tests at low priority, so the tests that
-	@# measure latency keep their cores; its report follows theirs, and either fails the target.
+	@# mypy (some 16 s of one core: the gateway, the simulator and the tests) runs beside the
+	@# tests at low priority, so the tests that measure latency keep their cores; its report
+	@# follows theirs, and either fails the target.
 	@nice -n 15 $(VENV)/bin/mypy gateway sim/gateway_sim tests > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
 	$(VENV)/bin/pytest -q; tests=$$?; \
 	wait $$mypy; typed=$$?; echo "mypy gateway sim/gateway_sim tests"; cat $(VENV)/mypy.out; \
