@@ -3,9 +3,11 @@
 
 Not a test. One run starts a zero-delay simulated SGLang worker and a gateway in front of
 it (real processes on 127.0.0.1), drives C concurrent server-streaming Generate calls of
-N tokens each for D seconds, first direct (the limit), then through the gateway, and
-prints streamed messages/s, p50/p99 time to first message, the gateway's CPU seconds per
-1,000 relayed messages and the gateway/direct ratio.
+N tokens each for D seconds, first direct (the limit), then through a bare grpc.aio relay
+(scripts/bare_relay.py: the per-core floor) and through the gateway in alternation,
+`--rounds` times each, and prints streamed messages/s, p50/p99 time to first message, the
+gateway's CPU seconds per 1,000 relayed messages, the gateway/direct ratio and each round's
+gateway/bare CPU per message with their median.
 
 Clients: `--client python` (grpc.aio in this process; default) or `--client h2load`
 (nghttp2's load generator, C streams: far cheaper per message, so the worker and the
@@ -380,7 +382,8 @@ def report(direct: Result, via: Result, pd: Result | None, bare: Result | None =
         floor = cpu_per_message(bare, "bare")
         print(
             f"bare grpc.aio relay CPU: {floor * 1e6:.0f} us/message; gateway/bare CPU per "
-            f"message: {cpu_per_message(via, 'gateway') / floor:.2f}x"
+            f"message: {cpu_per_message(via, 'gateway') / floor:.2f}x (the last round; the "
+            "median of every round above)"
         )
     if pd is not None:
         print(
