@@ -50,7 +50,7 @@ from gateway.proxy.metadata import MetadataRelay
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
 from gateway.security.auth import ApiKeyAuth
-from gateway.security.caller import Caller
+from gateway.security.identity import Identities
 from gateway.security.keys import ApiKeys
 from gateway.security.tls import CertificateFiles, channel_credentials
 from gateway.services.health import HealthService, desired_statuses
@@ -165,11 +165,11 @@ class Gateway:
         self.metrics.relayed_metadata(lambda: relay.dropped)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
-        self.caller = Caller(self.auth, certificates=config.tls.client_ca is not None)
+        self.identities = Identities(self.auth, certificates=config.tls.client_ca is not None)
         # This process's own load (ORCA), on trailers and StreamCoreMetrics streams.
         self.reporter = LoadReporter(self.admission, self.rooms, usable_cores())
         self.orca = OrcaService(
-            self.reporter, config.orca, self.caller, refused=self.metrics.orca_refused
+            self.reporter, config.orca, self.identities, refused=self.metrics.orca_refused
         )
         if any(spec.tls for spec in config.workers):
             self.fleet.upstream_credentials()  # unreadable files stop start-up, not a join
@@ -206,7 +206,7 @@ class Gateway:
         """Listen and serve; `drained` workers start drained (a restarted serving process
         takes over what the admin API did to its predecessor)."""
         load = self.reporter if self.config.orca.trailers else None
-        door = Door(self.caller, self.admission, self.reads, self.idle, self.rates, load)
+        door = Door(self.identities, self.admission, self.reads, self.idle, self.rates, load)
         routing = Routing(
             self.fleet.registry,
             self.placer,

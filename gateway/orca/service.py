@@ -35,7 +35,7 @@ from gateway.core.address import peer_host
 from gateway.observability.logs import Throttle
 from gateway.orca.report import LoadReporter
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
-from gateway.security.caller import Caller
+from gateway.security.identity import Identities
 
 log = structlog.get_logger("gateway.orca")
 
@@ -122,14 +122,14 @@ def _add(counts: dict[str, int], key: str, change: int) -> None:
 
 
 class OrcaService:
-    """`refused(share)` hears every refusal (metrics); `caller` names a stream's
+    """`refused(share)` hears every refusal (metrics); `identities` names a stream's
     principal (None: streams are shared by peer address)."""
 
     def __init__(
         self,
         reporter: LoadReporter,
         config: OrcaConfig,
-        caller: Caller | None = None,
+        identities: Identities | None = None,
         refused: Callable[[str], None] | None = None,
     ) -> None:
         self._reporter = reporter
@@ -137,7 +137,7 @@ class OrcaService:
         self.shares = StreamShares(
             config.max_streams, config.max_streams_per_connection, config.peer_share
         )
-        self._caller = caller
+        self._identities = identities
         self._refused = refused
         self._lines = Throttle(1.0, 5)  # refusal lines: a client may cause one per call
         self._closed = asyncio.Event()
@@ -163,7 +163,8 @@ class OrcaService:
     def owner(self, context: aio.ServicerContext) -> str:
         """Whose share a stream uses: its principal, else `peer:` its peer's address (as
         the engine calls' admission names callers)."""
-        principal = self._caller.principal(context) if self._caller is not None else None
+        known = self._identities
+        principal = known.principal(context) if known is not None else None
         return principal if principal is not None else "peer:" + peer_host(context.peer())
 
     async def stream_core_metrics(

@@ -153,7 +153,7 @@ class Call:
     hints: Hints = field(default_factory=Hints)  # where it wants to go, prompt included
     legs: tuple[Role, ...] = ()  # the legs its model needs (`wait`)
     place: Place | None = None  # how each attempt is placed (`wait`)
-    first: Reserved | None = None  # the first attempt, placed by a waiting room (`wait`)
+    placed_ahead: Reserved | None = None  # the first attempt, placed by a waiting room (`wait`)
     reply: bytes | None = None  # a unary call's answer (`dispatch`)
     downstream: Downstream | None = None  # the client side, once dispatch starts
     ending: list[Callable[[], object]] = field(default_factory=list)  # `on_end`'s
@@ -285,7 +285,7 @@ class Call:
             raise error
 
 
-async def answer(context: Context, failure: UpstreamFailure) -> NoReturn:
+async def abort_with_failure(context: Context, failure: UpstreamFailure) -> NoReturn:
     """End the client's call with an upstream failure's status and trailers."""
     await context.abort(failure.code, failure.message, failure.trailers)
     raise AssertionError("unreachable: abort raises")

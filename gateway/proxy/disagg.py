@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable
 from dataclasses import replace
 
-from gateway.proxy.call import Place, answer
+from gateway.proxy.call import Place, abort_with_failure
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.job import Job
 from gateway.proxy.legs import BootstrapRooms, PairAttempt
@@ -51,15 +51,17 @@ class DisaggregatedDispatch:
         self.rooms = rooms if rooms is not None else BootstrapRooms()
         self._attempt = PairAttempt(dispatcher.upstreams, self.rooms)
 
-    async def serve(self, job: Job, n: int, place: Place, first: Reserved | None = None) -> None:
-        """`first` (n = 1 only): the placement a waiting room made and reserved."""
+    async def serve(
+        self, job: Job, n: int, place: Place, placed_ahead: Reserved | None = None
+    ) -> None:
+        """`placed_ahead` (n = 1 only): the placement a waiting room made and reserved."""
         if n == 1:  # the regular attempt loop, each attempt on a pair
-            await self.dispatcher.serve(job, place, self._attempt, first)
+            await self.dispatcher.serve(job, place, self._attempt, placed_ahead)
             return
         try:
             await self._choices(job, n, place)
         except UpstreamFailure as failure:
-            await answer(job.context, failure)
+            await abort_with_failure(job.context, failure)
 
     async def _choices(self, job: Job, n: int, place: Place) -> None:
         """n single-sample requests `<id>-<i>`, each placed on its own pair with its own

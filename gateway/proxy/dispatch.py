@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway.placement.verdicts import Verdict
-from gateway.proxy.call import Place, answer
+from gateway.proxy.call import Place, abort_with_failure
 from gateway.proxy.job import Job
 from gateway.proxy.upstream import (
     RETRYABLE,
@@ -34,26 +34,26 @@ class Dispatcher:
         self._max_attempts = max_attempts
 
     async def serve(
-        self, job: Job, place: Place, attempt: Attempt, first: Reserved | None = None
+        self, job: Job, place: Place, attempt: Attempt, placed_ahead: Reserved | None = None
     ) -> bytes | None:
         """Run the job; an upstream failure becomes the client's status."""
         try:
-            return await self.run(job, place, attempt, first)
+            return await self.run(job, place, attempt, placed_ahead)
         except UpstreamFailure as failure:
-            await answer(job.context, failure)
+            await abort_with_failure(job.context, failure)
 
     async def run(
-        self, job: Job, place: Place, attempt: Attempt, first: Reserved | None = None
+        self, job: Job, place: Place, attempt: Attempt, placed_ahead: Reserved | None = None
     ) -> bytes | None:
         """The attempt loop: place and reserve, run the attempt; a retryable failure before
         anything reached the client is tried again without the worker that failed.
-        `first`: the first attempt's placement, made and reserved already (by a waiting
+        `placed_ahead`: the first attempt's placement, made and reserved already (by a waiting
         room, as capacity came free)."""
         tried: list[str] = []
         failure: UpstreamFailure | None = None
         for _ in range(self._max_attempts):
-            if first is not None:
-                reserved, first = first, None
+            if placed_ahead is not None:
+                reserved, placed_ahead = placed_ahead, None
             else:
                 started_ns = time.time_ns()
                 placed = place(tried)

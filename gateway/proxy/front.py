@@ -28,7 +28,7 @@ from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Verdict, shown
 from gateway.proxy import stages
-from gateway.proxy.call import Call, Context, answer
+from gateway.proxy.call import Call, Context, abort_with_failure
 from gateway.proxy.idle import StreamIdle
 from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadTimeout
@@ -107,7 +107,7 @@ class EngineFront:
         self._request_lines = config.log_level in ("debug", "info")
         # With tracing on, the gateway continues the client's trace and sends workers its
         # own trace context: the client's is not forwarded as it is.
-        private = door.caller.private_keys
+        private = door.identities.private_keys
         flow = config.flow  # a call's output, when it does not say: estimated
         self._env = Env(
             adapter,
@@ -268,7 +268,7 @@ class EngineFront:
                 leg.close()
         for result in results:
             if isinstance(result, UpstreamFailure):
-                await answer(context, result)
+                await abort_with_failure(context, result)
             elif isinstance(result, BaseException):
                 raise result
         await context.send_initial_metadata((("x-gateway-workers", ",".join(record.targets)),))

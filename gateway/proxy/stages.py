@@ -48,7 +48,7 @@ from gateway.proxy.metadata import read_request_meta
 from gateway.proxy.reporting import LoadTrailer
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.waiting import WaitingRooms
-from gateway.security.caller import Caller
+from gateway.security.identity import Identities
 from gateway.upstream.registry import Registry
 
 REGULAR_ONLY = (Role.REGULAR,)
@@ -61,7 +61,7 @@ class Door:
     gate its request is read through; and what it leaves with: the process's load report
     on its trailers."""
 
-    caller: Caller
+    identities: Identities
     admission: Admission
     gate: ReadGate
     idle: IdleWatch  # the process's streams, each ended once idle too long
@@ -114,7 +114,7 @@ async def open_call(env: Env, call: Call) -> None:
     )
     peer = context.peer()
     call.came_from(peer)
-    principal = await env.door.caller.identify(context, meta.bearer, call.spec.path)
+    principal = await env.door.identities.identify(context, meta.bearer, call.spec.path)
     caller = principal if principal is not None else "peer:" + peer_host(peer)
     call.opened(meta, principal, caller)
     if meta.bad_key is not None:
@@ -288,7 +288,7 @@ async def wait(env: Env, call: Call) -> None:
         if trace is not None:
             trace.placement(started_ns, got, queued_s=record.queued_s)
         await call.refuse(got)
-    call.first = got
+    call.placed_ahead = got
     call.on_end(lambda: rooms.done(tenant))  # its tenant may run another
     call.on_end(got.release_unused)  # the run's own (a no-op), unless it never started
     if trace is not None:
@@ -308,10 +308,10 @@ async def dispatch(env: Env, call: Call) -> None:
     assert call.place is not None
     if info is not None and disaggregated(call):
         job = replace(job, return_logprob=info.return_logprob)
-        await routing.disagg.serve(job, info.n, call.place, call.first)
+        await routing.disagg.serve(job, info.n, call.place, call.placed_ahead)
     else:
         attempt = routing.dispatcher.attempt(call.spec.server_streaming)
-        call.reply = await routing.dispatcher.serve(job, call.place, attempt, call.first)
+        call.reply = await routing.dispatcher.serve(job, call.place, attempt, call.placed_ahead)
 
 
 OPENING: tuple[Stage, ...] = (open_call, admit, read)  # every RPC kind's first stages

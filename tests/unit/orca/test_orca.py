@@ -281,7 +281,7 @@ class StreamContext:
 
 
 class Principals:
-    """A `Caller`: the principal the context says."""
+    """A `Identities`: the principal the context says."""
 
     def principal(self, context: StreamContext) -> str | None:
         return context.principal

@@ -32,7 +32,7 @@ from gateway.security.auth import (
     ApiKeyAuth,
 )
 from gateway.security.blocking import FailureTable, peer_address
-from gateway.security.caller import Caller
+from gateway.security.identity import Identities
 from gateway.security.keys import ApiKeys, KeyFile
 from gateway.services.health import (
     MAX_SERVICE_NAME,
@@ -91,7 +91,7 @@ def keys_path(tmp_path: Path) -> Path:
 
 def test_a_changed_file_is_read_again_and_swapped_whole(keys_path: Path) -> None:
     keys = KeyFile(str(keys_path))
-    caller = Caller(keys)
+    caller = Identities(keys)
     assert keys.name_of(BOB) == "bob" and caller.principal(Context(BOB)) == "key:bob"
     before = keys.keys
     write_keys(keys_path, alice=ALICE)

@@ -11,7 +11,7 @@ from gateway.security.bearer import AUTHORIZATION, bearer
 from gateway.security.keys import KeySource
 
 
-class Caller:
+class Identities:
     """Tells who a call comes from, where the gateway knows callers at all (client
     certificates or API keys); everyone is nobody otherwise, at no cost per call.
 
