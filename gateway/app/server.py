@@ -31,7 +31,7 @@ from gateway.observability.metrics import Metrics
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import Tracing
 from gateway.observability.tracing import enabled as tracing_enabled
-from gateway.orca.report import LoadReporter
+from gateway.orca.report import OrcaReporter
 from gateway.orca.service import SERVICE_NAME as ORCA_SERVICE
 from gateway.orca.service import OrcaService
 from gateway.peer.client import Siblings
@@ -167,7 +167,7 @@ class Gateway:
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
         self.identities = Identities(self.auth, certificates=config.tls.client_ca is not None)
         # This process's own load (ORCA), on trailers and StreamCoreMetrics streams.
-        self.reporter = LoadReporter(self.admission, self.rooms, usable_cores())
+        self.reporter = OrcaReporter(self.admission, self.rooms, usable_cores())
         self.orca = OrcaService(
             self.reporter, config.orca, self.identities, refused=self.metrics.orca_refused
         )

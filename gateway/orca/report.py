@@ -79,7 +79,7 @@ def load_report(
     return report
 
 
-class LoadReporter:
+class OrcaReporter:
     """One serving process's load reports: counts the engine calls that end (`observe`,
     beside the metrics) and keeps the serialized report, refreshed at most every
     `refresh_s` (`serialized`, `trailer`)."""

@@ -33,7 +33,7 @@ from grpc import aio
 from gateway.config import OrcaConfig
 from gateway.core.address import peer_host
 from gateway.observability.logs import Throttle
-from gateway.orca.report import LoadReporter
+from gateway.orca.report import OrcaReporter
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from gateway.security.identity import Identities
 
@@ -127,7 +127,7 @@ class OrcaService:
 
     def __init__(
         self,
-        reporter: LoadReporter,
+        reporter: OrcaReporter,
         config: OrcaConfig,
         identities: Identities | None = None,
         refused: Callable[[str], None] | None = None,

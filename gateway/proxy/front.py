@@ -34,7 +34,7 @@ from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadTimeout
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import Metadata, RequestMeta
-from gateway.proxy.reporting import Reporting
+from gateway.proxy.reporting import OrcaContext
 from gateway.proxy.stages import OPENING, PLACED, Door, Env, Routing
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import Outbound, UpstreamFailure
@@ -152,9 +152,9 @@ class EngineFront:
         load = self._door.load
 
         async def run(_requests: Any, context: Context) -> Any:
-            reporting = None
+            orca = None
             if load is not None:  # every way the call ends carries the load report
-                context = reporting = Reporting(context, load)
+                context = orca = OrcaContext(context, load)
             record = CallRecord(rpc=spec.name, service=self.adapter.service_name)
             trace = None
             if tracing is not None:  # the SERVER span: from the stream's opening
@@ -198,8 +198,8 @@ class EngineFront:
                 call.failed()
                 raise
             finally:
-                if reporting is not None:  # first: the report counts this call as in flight
-                    reporting.end()
+                if orca is not None:  # first: the report counts this call as in flight
+                    orca.end()
                 call.end()
                 self._log(call)
 

@@ -10,7 +10,7 @@ A call ends in one of three ways, and each must carry the report once:
 
 grpc sends the trailers it holds when the call ends, from `set_trailing_metadata` or from
 `abort`'s argument, whichever came last. So the front wraps a call's context in
-`Reporting`, which keeps the trailers the code sets and adds the report to them exactly
+`OrcaContext`, which keeps the trailers the code sets and adds the report to them exactly
 once, as the call ends, whichever way it ends. A worker's own load trailer is dropped
 from what is relayed: the balancer in front weighs gateway replicas, and the one trailer
 of that name must describe this one.
@@ -31,12 +31,12 @@ from gateway.proxy.metadata import Metadata
 LOAD_TRAILER = "endpoint-load-metrics-bin"
 
 
-class LoadTrailer(Protocol):
+class OrcaTrailer(Protocol):
     def trailer(self) -> tuple[str, bytes]:
         """(LOAD_TRAILER, the serialized report): current within its refresh period."""
 
 
-class Reporting:
+class OrcaContext:
     """A call's context whose trailers end with the load report, however the call ends.
     Everything but the trailers goes to the context as it is; the methods a call uses
     per message are bound once here, so they cost what the context's own do."""
@@ -54,7 +54,7 @@ class Reporting:
         "write",
     )
 
-    def __init__(self, context: Context, load: LoadTrailer) -> None:
+    def __init__(self, context: Context, load: OrcaTrailer) -> None:
         self._context = context
         self._load = load
         self._trailers: Metadata = ()

@@ -45,7 +45,7 @@ from gateway.proxy.idle import IdleWatch
 from gateway.proxy.intake import ReadGate, read_request
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import read_request_meta
-from gateway.proxy.reporting import LoadTrailer
+from gateway.proxy.reporting import OrcaTrailer
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.waiting import WaitingRooms
 from gateway.security.identity import Identities
@@ -66,7 +66,7 @@ class Door:
     gate: ReadGate
     idle: IdleWatch  # the process's streams, each ended once idle too long
     rates: RateLimits | None = None  # tenants' requests and tokens per minute
-    load: LoadTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
+    load: OrcaTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
 
 
 @dataclass(frozen=True, slots=True)

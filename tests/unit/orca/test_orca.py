@@ -13,12 +13,12 @@ from structlog.testing import capture_logs
 
 from gateway.config import build_config
 from gateway.observability.record import CallRecord
-from gateway.orca.report import IN_FLIGHT, QUEUE_DEPTH, LoadReporter, Sample, load_report
+from gateway.orca.report import IN_FLIGHT, QUEUE_DEPTH, OrcaReporter, Sample, load_report
 from gateway.orca.service import OrcaService, Share, StreamShares, interval_s
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from gateway.proxy.admission import Admission
-from gateway.proxy.reporting import LOAD_TRAILER, Reporting
+from gateway.proxy.reporting import LOAD_TRAILER, OrcaContext
 
 
 class Clock:
@@ -65,14 +65,14 @@ def record(code: str = "OK") -> CallRecord:
     return CallRecord(rpc="Generate", service="s", code=code)
 
 
-def decoded(reporter: LoadReporter) -> OrcaLoadReport:
+def decoded(reporter: OrcaReporter) -> OrcaLoadReport:
     return OrcaLoadReport.FromString(reporter.serialized())
 
 
 def test_the_reporter_counts_calls_and_failures_over_its_window() -> None:
     clock, cpu = Clock(100.0), Clock(50.0)
     admission = Admission(4, clock=clock)
-    reporter = LoadReporter(admission, None, cores=2, clock=clock, cpu_clock=cpu)
+    reporter = OrcaReporter(admission, None, cores=2, clock=clock, cpu_clock=cpu)
     admission.enter("a")
     clock.now, cpu.now = 102.0, 51.0
     for code in ("OK", "OK", "CANCELLED", "UNAVAILABLE"):
@@ -95,14 +95,14 @@ class Rooms:
 def test_with_flow_control_the_queue_depth_is_every_waiting_call() -> None:
     clock = Clock(100.0)
     rooms: Any = Rooms()
-    reporter = LoadReporter(Admission(4, clock=clock), rooms, cores=1, clock=clock)
+    reporter = OrcaReporter(Admission(4, clock=clock), rooms, cores=1, clock=clock)
     assert decoded(reporter).named_metrics[QUEUE_DEPTH] == 6
 
 
 def test_the_serialized_report_is_kept_for_the_refresh_period() -> None:
     clock = Clock(100.0)
     admission = Admission(4, clock=clock)
-    reporter = LoadReporter(admission, None, cores=1, clock=clock, cpu_clock=Clock(0.0))
+    reporter = OrcaReporter(admission, None, cores=1, clock=clock, cpu_clock=Clock(0.0))
     clock.now = 101.0
     first = reporter.trailer()
     assert first[0] == LOAD_TRAILER
@@ -116,7 +116,7 @@ def test_the_serialized_report_is_kept_for_the_refresh_period() -> None:
 def test_the_window_keeps_the_newest_sample_a_window_old() -> None:
     clock = Clock(0.0)
     admission = Admission(4, clock=clock)
-    reporter = LoadReporter(
+    reporter = OrcaReporter(
         admission, None, cores=1, clock=clock, cpu_clock=Clock(0.0), refresh_s=0.05
     )
     for step in range(1, 31):  # a call ends every 0.1 s, a report is asked for each time
@@ -130,7 +130,7 @@ def test_the_window_keeps_the_newest_sample_a_window_old() -> None:
 def test_an_idle_gap_is_not_averaged_into_the_next_window() -> None:
     clock = Clock(0.0)
     admission = Admission(4, clock=clock)
-    reporter = LoadReporter(
+    reporter = OrcaReporter(
         admission, None, cores=1, clock=clock, cpu_clock=Clock(0.0), refresh_s=0.05
     )
     clock.now = 60.0  # a minute with no call: the first report after it spans the minute
@@ -144,7 +144,7 @@ def test_an_idle_gap_is_not_averaged_into_the_next_window() -> None:
 
 
 class FakeContext:
-    """What `Reporting` passes on to grpc's context."""
+    """What `OrcaContext` passes on to grpc's context."""
 
     def __init__(self) -> None:
         self.aborted: tuple[Any, ...] | None = None
@@ -185,7 +185,7 @@ LOAD = (LOAD_TRAILER, b"report")
 
 def test_an_answer_ends_with_the_relayed_trailers_and_one_report() -> None:
     real = FakeContext()
-    context = Reporting(real, FixedLoad())
+    context = OrcaContext(real, FixedLoad())
     context.set_trailing_metadata((("x-worker", "a"), (LOAD_TRAILER, b"the worker's own")))
     assert real.trailers is None  # kept until the call ends
     context.end()
@@ -196,13 +196,13 @@ def test_an_answer_ends_with_the_relayed_trailers_and_one_report() -> None:
 
 def test_a_call_that_sets_no_trailers_still_carries_the_report() -> None:
     real = FakeContext()
-    Reporting(real, FixedLoad()).end()
+    OrcaContext(real, FixedLoad()).end()
     assert real.trailers == (LOAD,)
 
 
 async def test_an_abort_carries_its_trailers_and_the_report_once() -> None:
     real = FakeContext()
-    context = Reporting(real, FixedLoad())
+    context = OrcaContext(real, FixedLoad())
     with pytest.raises(RuntimeError):
         await context.abort(grpc.StatusCode.NOT_FOUND, "no", (("x-http-status", "404"),))
     context.end()  # the status went out with the abort: nothing more is set
@@ -212,7 +212,7 @@ async def test_an_abort_carries_its_trailers_and_the_report_once() -> None:
 
 async def test_an_abort_without_trailers_sends_those_set_before() -> None:
     real = FakeContext()
-    context = Reporting(real, FixedLoad())
+    context = OrcaContext(real, FixedLoad())
     context.set_trailing_metadata((("x-worker", "a"),))
     with pytest.raises(RuntimeError):
         await context.abort(grpc.StatusCode.INTERNAL, "oops")
@@ -288,7 +288,7 @@ class Principals:
 
 
 def orca_service(refused: list[str], **settings: Any) -> OrcaService:
-    reporter = LoadReporter(Admission(4), None, cores=1)
+    reporter = OrcaReporter(Admission(4), None, cores=1)
     config = build_config({"orca": settings}).orca
     caller: Any = Principals()
     return OrcaService(reporter, config, caller, refused=refused.append)
