@@ -2,12 +2,13 @@
 
 A client that stops reading (so writes stop completing) and a worker that stops sending
 both leave a stream that holds a slot, a worker's attention and memory while nothing
-happens. Each call runs under one deadline of its own (`Call.limit`: the read timeout,
-then this one); nothing is done per message or per call here but a dict entry. One
-process-wide look every half period moves the deadline of each stream whose message
-count changed since the last look, so an idle stream ends between 1 and 1.5 periods
-after its last message. A look at many streams is cut into slices, so the event loop
-never runs one for long.
+happens. Each call runs under one deadline of its own (the front's: the read timeout
+until its request is read); a stream's is then left unset, and nothing is done per
+message or per call here but a dict entry. One process-wide look every half period notes
+each stream whose message count changed since the last look, and ends (its deadline set
+to now) each one on which nothing moved for the whole period: an idle stream ends
+between 1 and 1.5 periods after its last message. A look at many streams is cut into
+slices, so the event loop never runs one for long.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ class StreamIdle(Exception):
 
 
 class _Seen:
-    __slots__ = ("count", "record")
+    """A stream's message count at the last look, and when it last changed (loop time)."""
 
-    def __init__(self, record: CallRecord) -> None:
-        self.record, self.count = record, record.messages
+    __slots__ = ("count", "moved_at", "record")
+
+    def __init__(self, record: CallRecord, now: float) -> None:
+        self.record, self.count, self.moved_at = record, record.messages, now
 
 
 class IdleWatch:
@@ -47,10 +50,10 @@ class IdleWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def watch(self, record: CallRecord, limit: asyncio.Timeout) -> None:
-        """From now, `limit` ends the stream `idle_s` after its last message."""
+        """From now, `limit` ends the stream once no message moved on it for `idle_s`."""
         loop = self._loop = asyncio.get_running_loop()
-        limit.reschedule(loop.time() + self.idle_s)
-        self._streams[limit] = _Seen(record)
+        limit.reschedule(None)
+        self._streams[limit] = _Seen(record, loop.time())
         if self._looking is None:
             self._looking = loop.call_later(self.idle_s / 2, self._look)
 
@@ -68,13 +71,15 @@ class IdleWatch:
         loop = self._loop
         assert loop is not None
         due, self._due = self._due[:SLICE], self._due[SLICE:]
-        deadline = loop.time() + self.idle_s
+        now = loop.time()
+        idle_since = now - self.idle_s
         streams = self._streams
         for limit, seen in due:
             count = seen.record.messages
-            if count != seen.count and limit in streams and not limit.expired():
-                seen.count = count
-                limit.reschedule(deadline)
+            if count != seen.count:
+                seen.count, seen.moved_at = count, now
+            elif seen.moved_at <= idle_since and limit in streams and not limit.expired():
+                limit.reschedule(now)  # ends it: the handler's deadline has passed
         if self._due:
             self._looking = loop.call_soon(self._slice)
         elif streams:

@@ -59,21 +59,28 @@ async def test_a_look_at_many_streams_is_cut_into_slices(monkeypatch: pytest.Mon
     monkeypatch.setattr(idle, "SLICE", 3)
     watch = IdleWatch(3600.0)
     records = [CallRecord(rpc="Generate", service="s") for _ in range(8)]
-    limits = []
-    for record in records:
-        limit = asyncio.timeout(None)
-        await limit.__aenter__()
-        watch.watch(record, limit)
-        limits.append(limit)
-        record.messages = 1  # every one moved since it was watched
-    before = [limit.when() for limit in limits]
-    watch._look()
-    moved = sum(limit.when() != b for limit, b in zip(limits, before, strict=True))
-    assert moved == 3  # one slice this turn; the rest on the next turns
-    for _ in range(3):
+
+    async def idle_stream(record: CallRecord) -> None:
+        async with asyncio.timeout(None) as limit:
+            watch.watch(record, limit)
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                watch.forget(limit)
+
+    streams = [asyncio.ensure_future(idle_stream(record)) for record in records]
+    try:
         await asyncio.sleep(0)
-    assert sum(limit.when() != b for limit, b in zip(limits, before, strict=True)) == 8
-    for limit in limits:
-        watch.forget(limit)
-        limit.reschedule(None)
-    watch.close()
+        assert len(watch) == 8
+        for seen in watch._streams.values():
+            seen.moved_at -= 3600.0
+        limits = list(watch._streams)  # each stream's deadline
+        watch._look()  # the look, now rather than in half an hour
+        assert sum(limit.when() is not None for limit in limits) == 3  # one slice this turn
+        await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), 60)
+        assert all(isinstance(s.exception(), TimeoutError) for s in streams)
+        assert len(watch) == 0
+    finally:
+        for stream in streams:
+            stream.cancel()
+        watch.close()
