@@ -162,8 +162,8 @@ class EngineFront:
             call = Call(spec, context, record, UNREAD, "", trace=trace)
             opened = False
             try:
-                # One deadline per call: the read timeout from the stream's opening, then
-                # (a stream) the idle timeout, moved on as its messages move.
+                # One deadline per call: the read timeout, from the stream's opening; then
+                # a stream's is the idle watch's to set (once nothing moved for a period).
                 limit = asyncio.timeout_at(asyncio.get_running_loop().time() + read_s)
                 try:
                     async with limit:
