@@ -43,6 +43,7 @@ Place = Callable[[Collection[str]], Decision | Verdict]  # an attempt's placemen
 
 log = structlog.get_logger("gateway.proxy")
 USAGE_LINES = Throttle(1.0, 5)  # worker_usage_rejected lines: a worker may cause one a call
+NO_HINTS = Hints()  # a call that names no hints (a frozen value, shared)
 
 
 class Downstream:
@@ -150,7 +151,7 @@ class Call:
     tenant: str = "default"  # whose budget and queue share (`classify`)
     klass: int = 0  # its class with flow control (`classify`)
     cost: int = 0  # tokens: the prompt and what its choices may generate (`classify`)
-    hints: Hints = field(default_factory=Hints)  # where it wants to go, prompt included
+    hints: Hints = NO_HINTS  # where it wants to go, prompt included (a value: shared)
     legs: tuple[Role, ...] = ()  # the legs its model needs (`wait`)
     place: Place | None = None  # how each attempt is placed (`wait`)
     placed_ahead: Reserved | None = None  # the first attempt, placed by a waiting room (`wait`)
