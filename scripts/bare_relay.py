@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +28,35 @@ from gateway.config import build_config
 from gateway.upstream.channels import open_channel
 
 
+def relaying(method: Callable[..., Any]) -> Callable[[bytes, Any], Awaitable[None]]:
+    """The handler of one method: `method(request, metadata=, timeout=)` starts the
+    upstream call (a channel's unary_stream callable). scripts/bench_call.py runs it too."""
+
+    async def stream(request: bytes, context: aio.ServicerContext) -> None:
+        call = method(
+            request, metadata=context.invocation_metadata(), timeout=context.time_remaining()
+        )
+        # What any transparent relay does: the worker's headers as soon as they come,
+        # its messages, its trailers.
+        headers = await call.initial_metadata()
+        if headers:
+            await context.send_initial_metadata(headers)
+        read, write = call.read, context.write
+        message = await read()
+        while message is not aio.EOF:
+            await write(message)
+            message = await read()
+        context.set_trailing_metadata(await call.trailing_metadata())
+
+    return stream
+
+
 async def relay(upstream: str) -> None:
     config = build_config()
     channel = open_channel(upstream, config.max_message_bytes, config.upstream)
 
     def streaming(path: str) -> Any:
-        method = channel.unary_stream(path)
-
-        async def stream(request: bytes, context: aio.ServicerContext) -> None:
-            call = method(
-                request, metadata=context.invocation_metadata(), timeout=context.time_remaining()
-            )
-            # What any transparent relay does: the worker's headers as soon as they come,
-            # its messages, its trailers.
-            headers = await call.initial_metadata()
-            if headers:
-                await context.send_initial_metadata(headers)
-            read, write = call.read, context.write
-            message = await read()
-            while message is not aio.EOF:
-                await write(message)
-                message = await read()
-            context.set_trailing_metadata(await call.trailing_metadata())
-
+        stream = relaying(channel.unary_stream(path))
         return grpc.unary_stream_rpc_method_handler(stream)
 
     class Everything(grpc.GenericRpcHandler):  # type: ignore[misc]

@@ -32,6 +32,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bare_relay import relaying
+
 from gateway.app.server import Gateway
 from gateway.config import build_config
 from gateway.upstream.worker import WorkerStatus
@@ -151,23 +153,7 @@ class FakeContext:
 
 def bare_handler(messages: list[bytes]) -> Handler:
     """`scripts/bare_relay.py`'s handler, on the fake upstream stream."""
-
-    def method(request: bytes, metadata: Any, timeout: Any) -> FakeStream:
-        return FakeStream(messages)
-
-    async def stream(request: bytes, context: Any) -> None:
-        call = method(
-            request, metadata=context.invocation_metadata(), timeout=context.time_remaining()
-        )
-        headers = await call.initial_metadata()
-        if headers:
-            await context.send_initial_metadata(headers)
-        read, write = call.read, context.write
-        message = await read()
-        while message is not aio.EOF:
-            await write(message)
-            message = await read()
-        context.set_trailing_metadata(await call.trailing_metadata())
+    stream = relaying(lambda request, metadata, timeout: FakeStream(messages))
 
     async def handler(_requests: Any, context: Any) -> None:
         await stream(await context.read(), context)  # grpc reads a unary request itself
