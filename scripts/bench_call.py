@@ -33,6 +33,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bare_relay import relaying
+from bench import request_bytes
 
 from gateway.app.server import Gateway
 from gateway.config import build_config
@@ -43,15 +44,6 @@ from gateway_sim.server import serve as serve_sim
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 METADATA = (("user-agent", "grpc-c/1.0 bench"), ("content-type", "application/grpc"))
 Handler = Callable[[Any, Any], Awaitable[Any]]
-
-
-def request_bytes(tokens: int) -> bytes:
-    return sgl.GenerateRequest(
-        request_id="bench",
-        tokenized=sgl.TokenizedInput(input_ids=list(range(1, 65))),
-        sampling_params=sgl.SamplingParams(max_new_tokens=tokens),
-        stream=True,
-    ).SerializeToString()
 
 
 def answer_messages(tokens: int) -> list[bytes]:
