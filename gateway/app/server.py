@@ -47,6 +47,7 @@ from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.legs import BootstrapRooms
 from gateway.proxy.metadata import MetadataRelay
+from gateway.proxy.migration import Migrations
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
 from gateway.security.auth import ApiKeyAuth
@@ -137,7 +138,8 @@ class Gateway:
             waiting = self.rooms
             self.fleet.on_capacity(lambda worker: waiting.kick(worker.model))
         self.rates = rate_limits(config)
-        self.dispatcher = Dispatcher(self.upstreams, config.max_attempts)
+        migrations = Migrations(config.migration, config.limits.max_prompt_tokens)
+        self.dispatcher = Dispatcher(self.upstreams, config.max_attempts, migrations)
         limits = config.limits
         self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
         self.trimmer = Trimmer(lambda: self.admission.active, self.offload)
@@ -248,6 +250,7 @@ class Gateway:
             report=self.metrics.connections,
         )
         self.fleet.registry.subscribe(self._on_fleet_event)
+        self.fleet.registry.subscribe(self.upstreams.on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)
         await self._discover()

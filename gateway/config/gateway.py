@@ -13,6 +13,7 @@ from gateway.config.discovery import DiscoverySource
 from gateway.config.fields import (
     SETTINGS,
     AtLeastOne,
+    Flag,
     HeaderName,
     ModelName,
     Name,
@@ -57,6 +58,19 @@ class DisaggConfig:
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
+class MigrationConfig:
+    """A Generate stream whose worker fails or leaves after tokens reached the client
+    continues on another worker: the prompt and the tokens relayed so far are sent there,
+    and the client's stream goes on. `max_migrations` per call (per choice of a split
+    n > 1); `max_resent_tokens`: the longest prompt + relayed tokens a continuation
+    re-sends (also what the gateway keeps of a stream's tokens)."""
+
+    enabled: Flag = True
+    max_migrations: Whole = 2
+    max_resent_tokens: AtLeastOne = 131_072
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
 class AdminConfig:
     # HOST:PORT, checked by build_config (a serving process's is its `unix:` control socket)
     listen: Text = "127.0.0.1:50052"
@@ -94,6 +108,7 @@ class GatewayConfig:
     loads: LoadsConfig = dataclasses.field(default_factory=LoadsConfig)
     drain: DrainConfig = dataclasses.field(default_factory=DrainConfig)
     disagg: DisaggConfig = dataclasses.field(default_factory=DisaggConfig)
+    migration: MigrationConfig = dataclasses.field(default_factory=MigrationConfig)
     limits: LimitsConfig = dataclasses.field(default_factory=LimitsConfig)
     upstream: UpstreamConfig = dataclasses.field(default_factory=UpstreamConfig)
     tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
@@ -127,6 +142,7 @@ SECTIONS: dict[str, type] = {
     "loads": LoadsConfig,
     "drain": DrainConfig,
     "disagg": DisaggConfig,
+    "migration": MigrationConfig,
     "limits": LimitsConfig,
     "upstream": UpstreamConfig,
     "tls": TlsConfig,

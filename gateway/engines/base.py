@@ -19,6 +19,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
 from gateway.core.roles import Role, Runtime
+from gateway.core.wire import LENGTH_DELIMITED, VARINT, encode_varint
 from gateway.engines.tokens import TokenIds, Unusual, split_tokens
 
 # A Generate request this long has its token ids decoded apart (numpy, off the loop).
@@ -191,6 +192,10 @@ class GenerateInfo:
     namespace: str = ""  # what else keys the prompt's KV cache (a LoRA adapter)
     max_new_tokens: int | None = None  # the most each choice may generate, if the call says
     stream: bool = True  # answered in chunks, not one closing message per choice
+    min_new_tokens: int = 0  # what each choice must generate before it may stop
+    # Why a continuation on another worker could not resume it ("": it could): the engine
+    # cannot resume a grammar's state, nor give prompt logprobs for the original prompt.
+    unresumable: str = ""
 
 
 class PrefillStream(Protocol):
@@ -244,6 +249,9 @@ class EngineAdapter(ABC):
     handoff: Handoff  # how its prefill hands KV to its decode
     service: ServiceDescriptor
     kinds: Mapping[str, RpcKind]
+    # SamplingParams' fields for the most and the least new tokens of a choice.
+    max_tokens_field: str
+    min_tokens_field: str
 
     def __init__(self) -> None:
         self.service_name: str = self.service.full_name
@@ -339,6 +347,64 @@ class EngineAdapter(ABC):
         response: Any = self.rpcs["Generate"].response_type.FromString(message)
         part = getattr(response, response.WhichOneof("response") or "chunk")
         part.index = index
+        self._set_response_id(response, request_id)
+        return bytes(response.SerializeToString())
+
+    # -- continuing a stream on another worker (migration) ----------------------------
+
+    def relayed(self, message: bytes) -> tuple[Sequence[int], bool]:
+        """A streamed answer's new token ids, and whether it is the choice's closing one
+        (whose ids repeat the last chunk's, when streamed)."""
+        response: Any = self.rpcs["Generate"].response_type.FromString(message)
+        kind = response.WhichOneof("response")
+        if kind == "chunk":
+            return response.chunk.token_ids, False
+        return (), kind == "complete"
+
+    def continuation(
+        self, raw: bytes, info: GenerateInfo, generated: Sequence[int], request_id: str
+    ) -> bytes:
+        """The request that continues `raw` after `generated`: those tokens appended to
+        its prompt, its most and least new tokens reduced by them, under `request_id`;
+        every other field (sampling, stops, ...) as the client sent it. A patch appended
+        to the bytes (repeated fields concatenate), so it costs what the new tokens do."""
+        request_type = self.rpcs["Generate"].request_type
+        patch: Any = request_type(request_id=request_id)
+        patch.tokenized.input_ids.extend(generated)
+        params = patch.sampling_params
+        if info.max_new_tokens is not None:
+            setattr(params, self.max_tokens_field, max(0, info.max_new_tokens - len(generated)))
+        least = max(0, info.min_new_tokens - len(generated))
+        if least:
+            setattr(params, self.min_tokens_field, least)
+        out = raw + bytes(patch.SerializeToString())
+        if info.min_new_tokens and not least:  # 0 is not serialized: written by hand
+            sampling = request_type.DESCRIPTOR.fields_by_name["sampling_params"]
+            number = sampling.message_type.fields_by_name[self.min_tokens_field].number  # type: ignore[union-attr]
+            inner = encode_varint(number << 3 | VARINT) + b"\x00"
+            out += encode_varint(sampling.number << 3 | LENGTH_DELIMITED)
+            out += encode_varint(len(inner)) + inner
+        return out
+
+    def response_id(self, message: bytes) -> str:
+        """The request id a Generate answer carries ("" for engines whose answers carry
+        none)."""
+        return ""
+
+    def continued(self, message: bytes, prompt_tokens: int, before: int, request_id: str) -> bytes:
+        """A continuation's answer as the client's: the original prompt's length, the
+        completion count going on from the `before` tokens relayed earlier (where the
+        engine counts running totals), cached tokens as reported (at most the prompt),
+        the original request id."""
+        response: Any = self.rpcs["Generate"].response_type.FromString(message)
+        kind = response.WhichOneof("response")
+        if kind not in ("chunk", "complete"):
+            return message
+        part = getattr(response, kind)
+        part.prompt_tokens = prompt_tokens
+        part.cached_tokens = min(part.cached_tokens, prompt_tokens)
+        if self.counting(True) is Counting.TOTALS:
+            part.completion_tokens += before
         self._set_response_id(response, request_id)
         return bytes(response.SerializeToString())
 

@@ -67,10 +67,24 @@ def with_input_logprobs(decode_message: bytes, prefill_messages: list[bytes]) ->
     return bytes(response.SerializeToString())
 
 
+def _unresumable(request: Any, multimodal: bool) -> str:
+    """Why a continuation could not resume it: a grammar's state is the engine's; with
+    `return_logprob` the prompt's logprobs come too unless `logprob_start_len` is -1."""
+    if request.sampling_params.WhichOneof("constraint"):
+        return "constrained"
+    if request.return_logprob and request.logprob_start_len != -1:
+        return "prompt_logprobs"
+    if multimodal or not request.tokenized.input_ids:
+        return "multimodal" if multimodal else "no_token_ids"
+    return ""
+
+
 class SglangAdapter(EngineAdapter):
     runtime = Runtime.SGLANG
     handoff = BootstrapHandoff()
     service = pb.DESCRIPTOR.services_by_name["SglangScheduler"]
+    max_tokens_field = "max_new_tokens"
+    min_tokens_field = "min_new_tokens"
     kinds = {
         "Generate": RpcKind.GENERATE,
         "Embed": RpcKind.EMBED,
@@ -111,7 +125,12 @@ class SglangAdapter(EngineAdapter):
                 else None
             ),
             stream=request.stream,
+            min_new_tokens=request.sampling_params.min_new_tokens,
+            unresumable=_unresumable(request, multimodal),
         )
+
+    def response_id(self, message: bytes) -> str:
+        return str(pb.GenerateResponse.FromString(message).request_id)
 
     def _set_response_id(self, response: Any, request_id: str) -> None:
         response.request_id = request_id

@@ -60,10 +60,26 @@ def kv_transfer_params(prefill_messages: list[bytes]) -> str | None:
     return None
 
 
+def _unresumable(request: Any, multimodal: bool) -> str:
+    """Why a continuation could not resume it: a grammar's state is the engine's, and a
+    text prompt has no token ids to append to."""
+    if request.sampling_params.WhichOneof("constraint"):
+        return "constrained"
+    if request.sampling_params.HasField("prompt_logprobs"):
+        return "prompt_logprobs"
+    if multimodal:
+        return "multimodal"
+    if request.WhichOneof("input") != "tokenized":
+        return "text_prompt"
+    return ""
+
+
 class VllmAdapter(EngineAdapter):
     runtime = Runtime.VLLM
     handoff = KvParamsHandoff()
     service = pb.DESCRIPTOR.services_by_name["VllmEngine"]
+    max_tokens_field = "max_tokens"
+    min_tokens_field = "min_tokens"
     kinds = {
         "Generate": RpcKind.GENERATE,
         "Embed": RpcKind.EMBED,
@@ -97,6 +113,8 @@ class VllmAdapter(EngineAdapter):
                 else None
             ),
             stream=request.stream,
+            min_new_tokens=request.sampling_params.min_tokens,
+            unresumable=_unresumable(request, multimodal),
         )
 
     def counting(self, stream: bool) -> Counting:

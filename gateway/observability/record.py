@@ -50,6 +50,15 @@ class CallRecord:
     lowered: bool = False  # asked for a class above its tenant's max_class
     queued_s: float | None = None
     trace_id: str | None = None  # tracing on: the call's trace, to find it from its log line
+    # Streams whose worker failed after tokens reached the client: (cause, outcome) each,
+    # outcome `continued` (on another worker) or why not; and the tokens re-sent for them.
+    migrations: list[tuple[str, str]] = field(default_factory=list)
+    resent_tokens: int = 0
+
+    @property
+    def continued(self) -> int:
+        """How many times its stream went on on another worker."""
+        return sum(1 for _, outcome in self.migrations if outcome == "continued")
 
     def called(self, leg: Role, worker: str) -> None:
         self.legs.setdefault(leg, []).append(worker)
@@ -77,6 +86,7 @@ class CallRecord:
             "expected_cached_tokens": self.expected_cached_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
+            "migrations": self.continued,
         }
         if self.trace_id is not None:  # tracing on
             fields["trace_id"] = self.trace_id

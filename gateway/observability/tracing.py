@@ -258,6 +258,19 @@ class CallTrace:
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return span, tuple(carrier.items())
 
+    def migration(self, worker: str, cause: str, outcome: str, relayed: int) -> None:
+        """A stream's worker failed after `relayed` tokens reached the client: whether it
+        went on elsewhere (an event on the call's span)."""
+        self.span.add_event(
+            "migration",
+            {
+                "gateway.worker": worker,
+                "gateway.migration.cause": cause,
+                "gateway.migration.outcome": outcome,
+                "gateway.migration.relayed_tokens": relayed,
+            },
+        )
+
     def finish(self, record: CallRecord) -> None:
         """The call ended: what it did, from its record."""
         span = self.span

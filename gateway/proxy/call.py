@@ -234,6 +234,16 @@ class Call:
         if answers:
             self.record.worker = worker
 
+    def migrated(
+        self, worker: str, cause: str, outcome: str, relayed: int, resent: int = 0
+    ) -> None:
+        """Its stream's `worker` failed after `relayed` tokens reached the client: went on
+        elsewhere (`outcome` continued, re-sending `resent` tokens), or why not."""
+        self.record.migrations.append((cause, outcome))
+        self.record.resent_tokens += resent
+        if self.trace is not None:
+            self.trace.migration(worker, cause, outcome, relayed)
+
     def room(self, room: int) -> None:
         self.record.rooms.append(room)
 

@@ -76,6 +76,7 @@ class DisaggregatedDispatch:
                 raw=job.adapter.single_choice(job.raw, upstream_id),
                 upstream_id=upstream_id,
                 sink=ChoiceSink(job.sink, lock, job, index),
+                choices=1,
             )
 
         run = self.dispatcher.run

@@ -3,10 +3,11 @@
 Placement and reservation happen in one step (nothing awaits in between), so the next
 request's placement already sees this one on every worker it picked. Before the client
 has seen a response message, a retryable upstream failure (no connection, UNAVAILABLE,
-the worker's own CANCELLED) is tried again on a placement without that worker; any other
-status, and any failure after the first message, reaches the client as it is, with the
-worker's trailing metadata. The client's remaining deadline goes on every upstream call;
-a client cancel cancels them all at once (each call's `close`).
+the worker's own CANCELLED) is tried again on a placement without that worker. After it,
+a Generate stream whose worker failed goes on on another worker where it can (see
+`proxy/migration.py`); any other status reaches the client as it is, with the worker's
+trailing metadata. The client's remaining deadline goes on every upstream call; a client
+cancel cancels them all at once (each call's `close`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Place, abort_with_failure
 from gateway.proxy.job import Job
+from gateway.proxy.migration import Migrations
 from gateway.proxy.upstream import (
     RETRYABLE,
     Reserved,
@@ -29,9 +32,12 @@ Attempt = Callable[[Job, Reserved], Awaitable[bytes | None]]
 
 
 class Dispatcher:
-    def __init__(self, upstreams: Upstreams, max_attempts: int) -> None:
+    def __init__(
+        self, upstreams: Upstreams, max_attempts: int, migrations: Migrations | None = None
+    ) -> None:
         self.upstreams = upstreams
         self._max_attempts = max_attempts
+        self._migrations = migrations
 
     async def serve(
         self, job: Job, place: Place, attempt: Attempt, placed_ahead: Reserved | None = None
@@ -46,36 +52,68 @@ class Dispatcher:
         self, job: Job, place: Place, attempt: Attempt, placed_ahead: Reserved | None = None
     ) -> bytes | None:
         """The attempt loop: place and reserve, run the attempt; a retryable failure before
-        anything reached the client is tried again without the worker that failed.
-        `placed_ahead`: the first attempt's placement, made and reserved already (by a waiting
-        room, as capacity came free)."""
+        anything reached the client is tried again without the worker that failed, and a
+        stream whose worker failed after it goes on elsewhere if it can (a new stretch,
+        with attempts of its own). `placed_ahead`: the first attempt's placement, made and
+        reserved already (by a waiting room, as capacity came free)."""
+        migrations = self._migrations
+        if migrations is not None:
+            job = migrations.watch(job)
         tried: list[str] = []
-        failure: UpstreamFailure | None = None
-        for _ in range(self._max_attempts):
+        failure: UpstreamFailure | None = None  # the answer when nobody else can take it
+        broke: UpstreamFailure | None = None  # the failure the stream went on after
+        attempts = migrated = 0
+        retry = False
+        while attempts < self._max_attempts:
+            attempts += 1
             if placed_ahead is not None:
                 reserved, placed_ahead = placed_ahead, None
             else:
-                started_ns = time.time_ns()
-                placed = place(tried)
-                if job.call.trace is not None:
-                    job.call.trace.placement(started_ns, placed, tried)
+                placed = self._place(job, place, tried)
                 if isinstance(placed, Verdict):
                     if failure is None:
                         await job.call.refuse(placed)
                     break  # nobody else to try: the last worker's own failure is the answer
                 reserved = self.upstreams.reserve_all(placed)
-            job.call.placed(reserved, retry=failure is not None)
+            job.call.placed(reserved, retry=retry)
             try:
                 return await attempt(job, reserved)
             except UpstreamFailure as error:
-                if error.code not in RETRYABLE or job.sink.delivered:
-                    raise
-                failure = error
                 tried.append(error.worker.id)
+                if not job.sink.delivered:
+                    if error.code not in RETRYABLE:
+                        raise broke or error from None
+                    failure, retry = broke or error, True
+                    continue
+                if migrations is None:
+                    raise
+                outcome = migrations.verdict(job, error, migrated)
+                if outcome is None:
+                    raise
+                if outcome:
+                    migrations.note(job, error, outcome)
+                    raise
+                placed = self._place(job, place, tried)
+                if isinstance(placed, Verdict):
+                    migrations.note(job, error, "unplaced")
+                    raise
+                migrations.note(job, error, "continued")
+                placed_ahead = self.upstreams.reserve_all(placed)
+                job = migrations.continuation(job, migrated)
+                failure = broke = error
+                attempts, retry = 0, False
+                migrated += 1
             finally:
                 reserved.release_unused()
         assert failure is not None
         raise failure
+
+    def _place(self, job: Job, place: Place, tried: list[str]) -> Decision | Verdict:
+        started_ns = time.time_ns()
+        placed = place(tried)
+        if job.call.trace is not None:
+            job.call.trace.placement(started_ns, placed, tried)
+        return placed
 
     # -- regular attempts: one worker answers the whole call ---------------------------
 

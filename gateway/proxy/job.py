@@ -25,8 +25,9 @@ class Job:
     adapter: EngineAdapter
     raw: bytes
     sink: Sink
-    upstream_id: str  # the id the workers know it by: the client's, or `<id>-<i>`
+    upstream_id: str  # the id the workers know it by: the client's, `<id>-<i>`, `<id>~<k>`
     return_logprob: bool = False
+    choices: int = 1  # the choices its one upstream stream carries (n, unless split)
 
     @property
     def context(self) -> Context:

@@ -234,7 +234,12 @@ async def charge(env: Env, call: Call) -> None:
 
 def _settle(rates: RateLimits, charge: Charge, call: Call) -> None:
     record = call.record
-    used = record.prompt_tokens + (record.completion_tokens or 0) if record.attempts else None
+    # What the client received, plus what migrations re-sent (each continuation's prompt).
+    used = (
+        record.prompt_tokens + (record.completion_tokens or 0) + record.resent_tokens
+        if record.attempts
+        else None
+    )
     rates.settle(charge, used, time.monotonic())
 
 
@@ -304,7 +309,9 @@ async def dispatch(env: Env, call: Call) -> None:
         most = info.max_new_tokens or env.config.limits.max_completion_tokens
         bounds = UsageBounds(completion_tokens=info.n * most, cached_tokens=record.prompt_tokens)
         tally = env.adapter.tally(info.stream, info.n, bounds)
-    job = Job(call, env.adapter, call.request, call.client(tally), record.request_id)
+    choices = info.n if info is not None else 1
+    sink = call.client(tally)
+    job = Job(call, env.adapter, call.request, sink, record.request_id, choices=choices)
     assert call.place is not None
     if info is not None and disaggregated(call):
         job = replace(job, return_logprob=info.return_logprob)

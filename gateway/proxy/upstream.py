@@ -32,6 +32,7 @@ from gateway.observability.tracing import CallTrace, Span, end_leg
 from gateway.placement.decision import Decision
 from gateway.proxy.inflight import Hold, Holder, InflightTable
 from gateway.proxy.metadata import Metadata, MetadataRelay, bounded_details
+from gateway.upstream.registry import FleetEvent
 from gateway.upstream.signals.outlier import Outcome, outcome_of
 from gateway.upstream.worker import Worker
 
@@ -68,9 +69,11 @@ class UpstreamFailure(Exception):
         details: str,
         trailers: Metadata = (),
         label: str = "",
+        cause: str = "",
     ) -> None:
         self.leg, self.worker, self.code = leg, worker, code
         self.details, self.trailers, self.label = details, trailers, label
+        self.cause = cause  # why, when the status alone does not say (`worker_removed`)
         super().__init__(self.message)
 
     @property
@@ -191,6 +194,7 @@ class Upstreams:
         # its call's `close`, and whatever is left when the gateway stops, by `close`.
         # Their outcomes are their calls' business: not logged here.
         self.tasks = TaskScope(log_failures=False)
+        self._live: dict[Worker, set[UpstreamCall]] = {}  # each worker's calls not settled
 
     def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
         return Reservation(worker, self._fleet, judge=judge)
@@ -236,7 +240,35 @@ class Upstreams:
             self.inflight.add(hold.request_id, holder)
         key = hold.request_id if hold is not None else ""
         deadline = None if timeout is None else time.monotonic() + timeout
-        return UpstreamCall(self, reservation, leg, rpc, label, key, holder, deadline, span)
+        call = UpstreamCall(self, reservation, leg, rpc, label, key, holder, deadline, span)
+        live = self._live.get(worker)
+        if live is None:
+            live = self._live[worker] = set()
+        live.add(call)
+        return call
+
+    def evict(self, worker: Worker, cause: str) -> int:
+        """The worker leaves service with calls still running (removed after its drain
+        timed out): each is cut, and its failure (UNAVAILABLE, `cause`) is the request's
+        to handle, as a stream's worker dying would be: tried again or continued
+        elsewhere. Returns how many were cut."""
+        calls = self._live.pop(worker, set())
+        for call in calls:
+            call.evict(cause)
+        return len(calls)
+
+    def on_fleet_event(self, event: FleetEvent) -> None:
+        """A worker left the registry (removed, or dropped by discovery, after its drain):
+        the calls it still has are cut, so each fails over instead of hanging."""
+        if event.kind == "removed":
+            self.evict(event.worker, "worker_removed")
+
+    def settled(self, call: UpstreamCall) -> None:
+        live = self._live.get(call.worker)
+        if live is not None:
+            live.discard(call)
+            if not live:
+                del self._live[call.worker]
 
     def ask(self, reservation: Reservation, outbound: Outbound) -> UpstreamCall:
         """A unary call to one of several workers (a fan-out target, an abort holder):
@@ -301,6 +333,7 @@ class UpstreamCall:
         # the worker's doing, so it neither counts against it nor decides a trial.
         self._blameless = False
         self._span = span  # tracing on: this RPC's CLIENT span, ended as it settles
+        self._evicted = ""  # why the gateway cut it (its worker left service), if it did
 
     def __enter__(self) -> UpstreamCall:
         return self
@@ -336,6 +369,9 @@ class UpstreamCall:
             reply: bytes = await self._rpc
         except aio.AioRpcError as error:
             raise self._failure(error) from None
+        except asyncio.CancelledError:
+            self._raise_if_cut()
+            raise
         self.code = grpc.StatusCode.OK
         return reply
 
@@ -363,6 +399,9 @@ class UpstreamCall:
                 messages.append(message)
         except aio.AioRpcError as error:
             raise self._failure(error) from None
+        except asyncio.CancelledError:
+            self._raise_if_cut()
+            raise
         self.code = grpc.StatusCode.OK
         self._leave_table()
         return messages
@@ -376,6 +415,9 @@ class UpstreamCall:
                 return await self._headers_and_first(sink)
             except aio.AioRpcError as error:
                 raise self._failure(error) from None
+            except asyncio.CancelledError:
+                self._raise_if_cut()
+                raise
         read = self._first = self._upstreams.tasks.spawn(self._headers_and_first(sink), "first")
         watching: set[asyncio.Future[Any]] = {read, *watch}
         while not read.done():
@@ -392,6 +434,9 @@ class UpstreamCall:
             return read.result()  # type: ignore[no-any-return]
         except aio.AioRpcError as error:
             raise self._failure(error) from None
+        except asyncio.CancelledError:
+            self._raise_if_cut()
+            raise
 
     async def _headers_and_first(self, sink: Sink) -> bytes | None:
         # A Trailers-Only failure also resolves the headers, empty, sometimes before the
@@ -423,10 +468,32 @@ class UpstreamCall:
                     message = await read()
             except aio.AioRpcError as error:
                 raise self._failure(error) from None
+            except asyncio.CancelledError:
+                self._raise_if_cut()
+                raise
         self.code = grpc.StatusCode.OK
         sink.trailers(await self.trailers())
 
+    def _raise_if_cut(self) -> None:
+        """A read was cancelled under it: by the gateway, when its worker left service,
+        that is a failure of the call (blamed on no one); else it is the client's own
+        cancel, left to go on as it is."""
+        task = asyncio.current_task()
+        if not self._evicted or (task is not None and task.cancelling()):
+            return
+        self._blameless = True
+        message = f"worker {self.worker.id} left service during the call ({self._evicted})"
+        failure = self._ended(grpc.StatusCode.UNAVAILABLE, message, ())
+        failure.cause = self._evicted
+        raise failure from None
+
     # -- ending ------------------------------------------------------------------------
+
+    def evict(self, cause: str) -> None:
+        """Cut by the gateway: its worker leaves service (see `Upstreams.evict`)."""
+        self._evicted = cause
+        if not self._rpc.done():
+            self._rpc.cancel()
 
     def close(self) -> None:
         """Cancel the RPC if it still runs, leave the in-flight table, release the
@@ -448,6 +515,7 @@ class UpstreamCall:
             self.settle()
 
     def settle(self) -> None:
+        self._upstreams.settled(self)
         try:
             if not self._rpc.done():
                 self._rpc.cancel()

@@ -62,15 +62,31 @@ _SLICE_TOKENS = 65_536
 def output_tokens(
     input_ids: Sequence[int], count: int, vocab_size: int = DEFAULT_VOCAB_SIZE
 ) -> list[int]:
-    """Deterministic output: token k is (sum(input_ids) + k) % vocab_size."""
-    base = sum(input_ids)
+    """Deterministic output, as a greedy model's: token k is (first_output(input_ids) + k)
+    % vocab_size, so the output continued from any point (the prompt and the tokens so
+    far sent again) is the same output."""
+    base = first_output(input_ids)
     return [(base + k) % vocab_size for k in range(count)]
+
+
+def first_output(input_ids: Sequence[int]) -> int:
+    """The first output token: the prompt's first token plus its length. The output goes
+    up by one a token, so a prompt that ends with the first j outputs gets output j next."""
+    return (input_ids[0] + len(input_ids)) if len(input_ids) else 0
 
 
 def tokens_from(first_token: int, count: int, vocab_size: int = DEFAULT_VOCAB_SIZE) -> list[int]:
     """The same output continued from its first token alone, as a PD decode must:
     it never computes the prompt, it only has what the prefill handed over."""
     return [(first_token + k) % vocab_size for k in range(count)]
+
+
+def shown_ids(ids: Sequence[int], most: int = 64) -> str:
+    """Token ids as a log line shows them: all of a short list, else both ends."""
+    if len(ids) <= most:
+        return str(list(ids))
+    half = most // 2
+    return f"{list(ids[:half])} ... {list(ids[-half:])}"
 
 
 def input_logprobs_for(input_ids: Sequence[int]) -> list[float | None]:
@@ -465,7 +481,7 @@ class SimEngine:
         else:
             count = min(sampling.max_tokens, room)
         vocab = self.config.vocab_size
-        base = sum(input_ids) if first_token is None else first_token
+        base = first_output(input_ids) if first_token is None else first_token
         finish = Finish("length")
         if stops_by_itself:
             finish = Finish("stop", EOS_TOKEN_IDS[0] if dialect.names_eos else None)
@@ -499,6 +515,14 @@ class SimEngine:
         other full blocks are stored once the prefill is done.
         """
         behaviour = view.behaviour
+        if log.isEnabledFor(logging.INFO):  # `--log-level info`: what each call was given
+            log.info(
+                "%s: generate %s: %d input tokens %s",
+                self.name,
+                entry.request_id,
+                len(input_ids or ()),
+                shown_ids(input_ids or ()),
+            )
         trigger = behaviour.trigger_at
         if trigger == 0:
             await self._trigger(context, behaviour, 0)

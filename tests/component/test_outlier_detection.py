@@ -82,6 +82,7 @@ async def test_outlier_detection_ejects_admits_one_trial_and_ignores_client_erro
         "outlier_detection.cooldown_s": COOLDOWN_S,
         "outlier_detection.success_threshold": 1,
         "probe.interval_s": 0.2,
+        "migration.enabled": False,  # each INTERNAL reaches the client (none goes on)
     }
     bad_flags = ("--model", "m", "--name", "bad", "--fail-code", "INTERNAL", "--fail-after", "1")
     with capture_logs() as logs:

@@ -153,10 +153,11 @@ async def test_non_retryable_worker_status_passes_through_unchanged(code: str) -
 
 
 async def test_unavailable_after_the_first_message_is_not_retried() -> None:
+    """Without migration (tests/component/test_migration.py has it on)."""
     async with (
         sim("--model", "m", "--name", "a") as a,
         sim("--model", "m", "--name", "b") as b,
-        gateway(url(a), url(b)) as gw,
+        gateway(url(a), url(b), **{"migration.enabled": False}) as gw,
         channel(address(gw)) as ch,
     ):
         with capture_logs() as logs:

@@ -1,5 +1,6 @@
 """The series fed by each finished call's record: answers by code, placement's verdicts,
-time to first message, retries, PD hand-off failures, prompt and cached tokens."""
+time to first message, retries, migrations, PD hand-off failures, prompt and cached
+tokens."""
 
 from __future__ import annotations
 
@@ -103,6 +104,15 @@ class CallSeries:
             ["model", "figure"],
             registry=prometheus,
         )
+        self._migrations = Counter(
+            "gateway_migrations",
+            "Generate streams whose worker failed or left after tokens reached the client, "
+            "by cause (unavailable, internal, cancelled, worker_removed) and outcome "
+            "(continued on another worker, unplaced, or why not: constrained, "
+            "prompt_logprobs, choices, too_long, limit, finished, disabled, ...)",
+            ["model", "reason", "outcome"],
+            registry=prometheus,
+        )
         self._prompt_children: dict[tuple[str, ...], Any] = {}
         self._hit_children: dict[tuple[str, ...], Any] = {}
         self._request_children: dict[tuple[str, ...], Any] = {}
@@ -138,6 +148,8 @@ class CallSeries:
             counter.inc(record.cached_tokens)
         for figure in record.usage_rejected:
             self._usage_rejected.labels(model, figure).inc()
+        for cause, outcome in record.migrations:
+            self._migrations.labels(model, cause, outcome).inc()
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
 
