@@ -32,6 +32,8 @@ from tests.support.helpers import (
 from tests.support.inproc import Sim, gateway, sim, worker
 from tests.support.waits import until
 
+NO_MIGRATION: dict[str, Any] = {"migration.enabled": False}
+
 
 def url(worker: Sim) -> str:
     return worker.url(model="m", runtime="sglang")
@@ -157,7 +159,7 @@ async def test_unavailable_after_the_first_message_is_not_retried() -> None:
     async with (
         sim("--model", "m", "--name", "a") as a,
         sim("--model", "m", "--name", "b") as b,
-        gateway(url(a), url(b), **{"migration.enabled": False}) as gw,
+        gateway(url(a), url(b), **NO_MIGRATION) as gw,
         channel(address(gw)) as ch,
     ):
         with capture_logs() as logs:
