@@ -93,6 +93,9 @@ class Dispatcher:
                 if outcome:
                     migrations.note(job, error, outcome)
                     raise
+                # Without the worker that just failed; one that failed the stream before
+                # may serve again (a rolling restart brings each worker back in turn).
+                tried = [error.worker.id]
                 placed = self._place(job, place, tried)
                 if isinstance(placed, Verdict):
                     migrations.note(job, error, "unplaced")
