@@ -326,3 +326,47 @@ async def test_after_a_forced_miss_the_follower_follows_again_within_one_resubsc
     counted = resyncs(gw, engine)
     print(f"resyncs after the forced miss: {counted}")
     assert sum(counted.values()) <= 3, counted
+
+
+# -- migration ---------------------------------------------------------------------------
+
+
+async def test_a_greedy_stream_whose_worker_is_killed_goes_on_token_for_token(
+    engine: EngineWorker, restartable: EngineWorker, gateway: Launcher
+) -> None:
+    """Two real workers serve model `mig`; a greedy stream's worker is SIGKILLed some
+    tokens in: the client's stream goes on on the other worker, and its tokens are exactly
+    what an uninterrupted greedy run of the same request gives."""
+    tokens = prompt(40, 21)
+    length = 1500  # long enough to be running when its worker is found and killed
+    expected, error = await generate(engine.address, request("mig-ref", tokens, length))
+    assert error is None and len(expected) == length
+    gw = gateway(
+        "--worker", f"{engine.url}?model=mig&runtime=vllm",
+        "--worker", f"{restartable.url}?model=mig&runtime=vllm",
+    )  # fmt: skip
+    admin = admin_address(gw)
+    for worker in (engine, restartable):
+        await wait_worker(admin, worker.address, is_ready, within_s=WAIT_S)
+    got: list[int] = []
+    async with channel(gw.address) as ch:
+        call = vllm_grpc.VllmEngineStub(ch).Generate(
+            request("mig-1", tokens, length), metadata=model_md("mig"), timeout=300
+        )
+        while len(got) < 16:
+            reply = await call.read()
+            assert reply is not aio.EOF
+            got.extend(reply.chunk.token_ids)
+        loads = {w: await running_on(w) for w in (engine, restartable)}
+        [serving] = [w for w, running in loads.items() if running]
+        serving.kill()  # kill -9, some tokens into the stream
+        async for reply in call:
+            if reply.HasField("chunk"):
+                got.extend(reply.chunk.token_ids)
+        assert await call.code() is grpc.StatusCode.OK
+    line = logged(gw.log_path, "mig-1")
+    print(f"killed {serving.address} after {len(got)} tokens were read; {line['migrations']=}")
+    assert got == expected  # token for token, none twice, none lost
+    assert (line["migrations"], line["completion_tokens"]) == (1, length)
+    if serving is restartable:  # the shared `engine` is started again by engine_alive
+        restartable.start()
