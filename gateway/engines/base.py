@@ -352,10 +352,12 @@ class EngineAdapter(ABC):
 
     # -- continuing a stream on another worker (migration) ----------------------------
 
-    def relayed(self, message: bytes) -> tuple[Sequence[int], bool]:
-        """A streamed answer's new token ids, and whether it is the choice's closing one
-        (whose ids repeat the last chunk's, when streamed)."""
-        response: Any = self.rpcs["Generate"].response_type.FromString(message)
+    def relayed(self, messages: list[bytes]) -> tuple[Sequence[int], bool]:
+        """The new token ids of consecutive streamed answers, and whether the last was the
+        choice's closing one (whose ids repeat the last chunk's). One parse for them all:
+        protobuf merges concatenated messages, so the chunks' repeated `token_ids`
+        concatenate, at C speed, without a Python step per answer."""
+        response: Any = self.rpcs["Generate"].response_type.FromString(b"".join(messages))
         kind = response.WhichOneof("response")
         if kind == "chunk":
             return response.chunk.token_ids, False

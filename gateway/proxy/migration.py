@@ -9,8 +9,8 @@ Its answers are rewritten so every counter the client reads goes on (the engine 
 knows how its engine counts): one uninterrupted stream, no token twice, none lost.
 
 What a stream relayed is kept raw (no message is parsed as it passes) and read for its
-token ids in batches, or when a migration needs them, so the relay costs next to nothing
-more when no worker fails. A stream that cannot be continued ends as it would without
+token ids in batches, one parse each, or when a migration needs them, so the relay costs
+next to nothing more when no worker fails. A stream that cannot be continued ends as it would without
 migration, with the worker's status, and the reason is logged and counted.
 """
 
@@ -42,18 +42,18 @@ KEEP_BYTES = 64 * 1024  # ... or this many bytes of them
 
 class Progress:
     """What one job's stream has relayed: its token ids (read in batches from the raw
-    answers kept meanwhile), whether a closing answer went, and the first answer (its
-    request id is the one the client knows). At most `room` token ids are kept: past
-    them the stream can no longer be continued (`overflow`)."""
+    answers kept meanwhile, `pending`), whether a closing answer went, and the first
+    answer (its request id is the one the client knows). At most `room` token ids are
+    kept: past them the stream can no longer be continued (`overflow`)."""
 
     __slots__ = (
         "_adapter",
-        "_bytes",
-        "_pending",
         "_room",
         "closed",
         "first",
         "overflow",
+        "pending",
+        "pending_bytes",
         "raw",
         "tokens",
         "upstream_id",
@@ -64,35 +64,30 @@ class Progress:
         self.raw = job.raw  # the client's request (one choice's, when n>1 is split)
         self.upstream_id = job.upstream_id  # the id its first worker knew it by
         self._room = room
-        self._pending: list[bytes] = []
-        self._bytes = 0
+        self.pending: list[bytes] = []  # relayed, not read yet (`Relayed.write` adds)
+        self.pending_bytes = 0
         self.tokens: list[int] = []
         self.closed = False
         self.overflow = False
         self.first: bytes | None = None
 
-    def keep(self, message: bytes) -> None:
-        """One relayed answer (runs once per message: an append, nothing parsed)."""
-        pending = self._pending
-        if self.first is None:
-            self.first = message
-        pending.append(message)
-        self._bytes += len(message)
-        if len(pending) >= KEEP_MESSAGES or self._bytes >= KEEP_BYTES:
-            self.read()
-
     def read(self) -> None:
-        """The kept answers read for their token ids."""
-        pending, self._pending, self._bytes = self._pending, [], 0
-        relayed, tokens = self._adapter.relayed, self.tokens
-        for message in pending:
-            ids, closing = relayed(message)
-            if closing:
-                self.closed = True
-            elif len(tokens) + len(ids) > self._room:
-                self.overflow = True
-            elif not self.overflow:
-                tokens.extend(ids)
+        """The kept answers read for their token ids (one parse for them all)."""
+        pending = self.pending
+        if not pending:
+            return
+        if self.first is None:
+            self.first = pending[0]
+        ids, closing = self._adapter.relayed(pending)
+        pending.clear()
+        self.pending_bytes = 0
+        tokens = self.tokens
+        if closing:
+            self.closed = True
+        elif len(tokens) + len(ids) > self._room:
+            self.overflow = True
+        elif not self.overflow:
+            tokens.extend(ids)
 
 
 class Relayed:
@@ -115,9 +110,15 @@ class Relayed:
         await self.client.headers(metadata, always=always)
 
     def write(self, message: bytes) -> Awaitable[None]:
-        """Kept, then written (the client's awaitable returned as it is)."""
+        """Kept (an append: nothing is parsed here, once per message), then written (the
+        client's awaitable returned as it is)."""
         self.delivered = True
-        self.progress.keep(message)
+        progress = self.progress
+        pending = progress.pending
+        pending.append(message)
+        progress.pending_bytes += len(message)
+        if len(pending) >= KEEP_MESSAGES or progress.pending_bytes >= KEEP_BYTES:
+            progress.read()
         rewrite = self._rewrite
         return self.client.write(message if rewrite is None else rewrite(message))
 

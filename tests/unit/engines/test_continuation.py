@@ -119,8 +119,19 @@ def test_vllm_answers_keep_their_deltas() -> None:
     assert VLLM.response_id(chunk) == ""
 
 
-def test_relayed_tokens_are_a_chunks_own_and_a_complete_closes() -> None:
-    chunk = sgl.GenerateResponse(chunk=sgl.GenerateStreamChunk(token_ids=[4, 5]))
-    complete = sgl.GenerateResponse(complete=sgl.GenerateComplete(output_ids=[5]))
-    assert SGLANG.relayed(chunk.SerializeToString()) == ([4, 5], False)
-    assert SGLANG.relayed(complete.SerializeToString()) == ((), True)
+def test_relayed_tokens_are_the_chunks_own_and_a_complete_closes() -> None:
+    chunks = [
+        sgl.GenerateResponse(request_id="r1", chunk=sgl.GenerateStreamChunk(
+            token_ids=ids, completion_tokens=total)).SerializeToString()
+        for ids, total in (([4, 5], 2), ([6], 3), ([], 3), ([7], 4))
+    ]  # fmt: skip
+    complete = sgl.GenerateResponse(complete=sgl.GenerateComplete(output_ids=[7]))
+    ids, closing = SGLANG.relayed(chunks)
+    assert (list(ids), closing) == ([4, 5, 6, 7], False)
+    ids, closing = SGLANG.relayed([*chunks, complete.SerializeToString()])
+    assert (list(ids), closing) == ([], True)
+    vllm_chunks = [
+        vllm.GenerateResponse(chunk=vllm.GenerateStreamChunk(token_ids=[i])).SerializeToString()
+        for i in (1, 2, 3)
+    ]
+    assert list(VLLM.relayed(vllm_chunks)[0]) == [1, 2, 3]
