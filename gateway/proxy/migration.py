@@ -10,8 +10,8 @@ knows how its engine counts): one uninterrupted stream, no token twice, none los
 
 What a stream relayed is kept raw (no message is parsed as it passes) and read for its
 token ids in batches, one parse each, or when a migration needs them, so the relay costs
-next to nothing more when no worker fails. A stream that cannot be continued ends as it would without
-migration, with the worker's status, and the reason is logged and counted.
+next to nothing more when no worker fails. A stream that cannot be continued ends as it
+would without migration, with the worker's status, and the reason is logged and counted.
 """
 
 from __future__ import annotations
