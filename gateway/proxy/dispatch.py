@@ -82,7 +82,12 @@ class Dispatcher:
                 tried.append(error.worker.id)
                 if not job.sink.delivered:
                     if error.code not in RETRYABLE:
-                        raise broke or error from None
+                        if broke is not None and migrations is not None:
+                            # The continuation refused (its prompt past the new worker's
+                            # context, say): the stream ends with what broke it.
+                            migrations.note(job, broke, "refused_by_worker")
+                            raise broke from None
+                        raise
                     failure, retry = broke or error, True
                     continue
                 if migrations is None:

@@ -31,6 +31,7 @@ from tests.support.helpers import (
     wait_idle,
 )
 from tests.support.inproc import Sim, client, gateway, idle, recorded, sim, worker
+from tests.support.tracing import receiver
 from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(60)
@@ -371,3 +372,69 @@ async def test_a_client_cancel_is_never_migrated() -> None:
         assert records[0].code == "CANCELLED" and records[0].migrations == []
         await idle(gw)
         assert await wait_idle(a.address) == await wait_idle(b.address) == 0
+
+
+async def test_a_tenant_is_charged_what_it_received_and_the_resent_prompt() -> None:
+    """130 tokens a minute; two calls of 3 + 50 at once, one of them migrated 20 tokens
+    in: 53 + (53 + 23 re-sent) = 129 used, so a call of 13 more is over the budget (it
+    would fit if the re-sent prompt were not charged: 106 used)."""
+    async with (
+        sim("--model", "m", "--name", "a", *FAILS) as a,
+        sim("--model", "m", "--name", "b") as b,
+        gateway(url(a), url(b), tenants={"default": {"tokens_per_minute": 130}}) as gw,
+        client(gw) as ch,
+    ):
+        records = recorded(gw)
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        results = await both(stub, lambda i: sgl_request(i, 50))
+        assert [error for _, error in results] == [None, None]
+        await until(lambda: len(records) == 2)
+        assert sorted(r.resent_tokens for r in records) == [0, len(PROMPT) + 20]
+        _, error = await collect(stub.Generate(sgl_request("r3", 10), metadata=model_md("m")))
+        assert error is not None and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        await idle(gw)
+
+
+async def test_a_migration_is_an_event_on_the_calls_span() -> None:
+    async with (
+        receiver() as (kept, _, port),
+        sim("--model", "m", "--name", "a", *FAILS) as a,
+        sim("--model", "m", "--name", "b") as b,
+        gateway(url(a), url(b), tracing={"endpoint": f"http://127.0.0.1:{port}",
+                                         "schedule_delay_ms": 20}) as gw,
+        client(gw) as ch,
+    ):  # fmt: skip
+        results = await both(sgl_grpc.SglangSchedulerStub(ch), sgl_request)
+        assert [error for _, error in results] == [None, None]
+        await idle(gw)
+        await until(lambda: len(kept.named("sglang")) == 2)
+    events = [e for span in kept.named("sglang") for e in span.events if e.name == "migration"]
+    [event] = events
+    found = {kv.key: kv.value for kv in event.attributes}
+    assert found["gateway.migration.cause"].string_value == "unavailable"
+    assert found["gateway.migration.outcome"].string_value == "continued"
+    assert found["gateway.migration.relayed_tokens"].int_value == 20
+    assert found["gateway.worker"].string_value == a.address
+
+
+async def test_a_continuation_the_new_worker_refuses_ends_with_what_broke_the_stream() -> None:
+    refuses = ("--fail-code", "INVALID_ARGUMENT", "--fail-after", "0")
+    async with (
+        sim("--model", "m", "--name", "a", *FAILS) as a,
+        sim("--model", "m", "--name", "b", *refuses) as b,
+        gateway(url(a), url(b)) as gw,
+        client(gw) as ch,
+    ):
+        records = recorded(gw)
+        results = await both(sgl_grpc.SglangSchedulerStub(ch), sgl_request)
+        codes = sorted(error.code().name for _, error in results if error is not None)
+        assert codes == ["INVALID_ARGUMENT", "UNAVAILABLE"]  # b's own call; a's stream
+        [broken] = [m for m, e in results if e is not None and e.code().name == "UNAVAILABLE"]
+        assert len(broken) == 20
+        await until(lambda: len(records) == 2)
+        [record] = migrated(records)
+        assert record.migrations == [
+            ("unavailable", "continued"),
+            ("unavailable", "refused_by_worker"),
+        ]
+        await idle(gw)

@@ -108,8 +108,8 @@ class CallSeries:
             "gateway_migrations",
             "Generate streams whose worker failed or left after tokens reached the client, "
             "by cause (unavailable, internal, cancelled, worker_removed) and outcome "
-            "(continued on another worker, unplaced, or why not: constrained, "
-            "prompt_logprobs, choices, too_long, limit, finished, disabled, ...)",
+            "(continued on another worker, unplaced, refused_by_worker, or why not: "
+            "constrained, prompt_logprobs, choices, too_long, limit, finished, disabled, ...)",
             ["model", "reason", "outcome"],
             registry=prometheus,
         )
