@@ -94,11 +94,12 @@ async def test_both_protocols_relay_exact_message_counts(ready: Fleet) -> None:
         messages, error = await collect(call)
         assert error is None
         assert len(messages) == 6  # 5 chunks + complete
-        assert [m.chunk.token_ids[0] for m in messages[:5]] == [6, 7, 8, 9, 10]
+        # The simulator's output: the prompt's first token + its length, counting up.
+        assert [m.chunk.token_ids[0] for m in messages[:5]] == [4, 5, 6, 7, 8]
         assert all(m.request_id == "s1" for m in messages)
         assert messages[-1].complete.finish_reason == "length"
         # SGLang's streamed Complete repeats its last chunk's tokens, with the totals.
-        assert list(messages[-1].complete.output_ids) == [10]
+        assert list(messages[-1].complete.output_ids) == [8]
         assert messages[-1].complete.completion_tokens == 5
         assert dict(await call.initial_metadata())["x-sim-worker"] == "sgl-0"
 
@@ -106,7 +107,7 @@ async def test_both_protocols_relay_exact_message_counts(ready: Fleet) -> None:
         messages, error = await collect(call)
         assert error is None
         assert len(messages) == 1
-        assert list(messages[0].complete.output_ids) == [6, 7, 8, 9, 10]
+        assert list(messages[0].complete.output_ids) == [4, 5, 6, 7, 8]
 
         call = sgl_stub.Generate(sgl_generate("s3", tokens=3, n=2), metadata=model_md("s"))
         messages, error = await collect(call)
