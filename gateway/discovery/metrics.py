@@ -37,18 +37,31 @@ class DiscoveryCollector(Collector):
                 labels=["source"],
             ),
             GaugeMetricFamily(
+                "gateway_discovery_last_success_timestamp_seconds",
+                "unix time a source last answered (0 if it never did)",
+                labels=["source"],
+            ),
+            GaugeMetricFamily(
                 "gateway_discovery_seconds_since_success",
-                "seconds since a source last answered (since start if it never did)",
+                "deprecated, removed in the next release: use time() - "
+                "gateway_discovery_last_success_timestamp_seconds. Seconds since a source "
+                "last answered (since start if it never did)",
                 labels=["source"],
             ),
         ]
 
     def collect(self) -> Iterable[Any]:
-        hosts, updates, errors, age = families = self._families()
-        now = time.monotonic()
+        hosts, updates, errors, last, age = families = self._families()
+        now, wall = time.monotonic(), time.time()
         for stats in list(self._stats()):
             hosts.add_metric([stats.name], float(stats.hosts))
             updates.add_metric([stats.name], float(stats.updates))
             errors.add_metric([stats.name], float(stats.errors))
+            last.add_metric([stats.name], wall_time(stats.last_success, now, wall))
             age.add_metric([stats.name], stats.seconds_since_success(now))
         return families
+
+
+def wall_time(stamp: float | None, now: float, wall: float) -> float:
+    """A `time.monotonic()` stamp as unix time, given both clocks read now (0 for None)."""
+    return 0.0 if stamp is None else wall - (now - stamp)

@@ -63,6 +63,10 @@ class CallRecord:
     def called(self, leg: Role, worker: str) -> None:
         self.legs.setdefault(leg, []).append(worker)
 
+    def duration_s(self) -> float:
+        """From the call's start until now (the call ended: its line and its metrics)."""
+        return time.perf_counter() - self.started
+
     def log_fields(self) -> dict[str, object]:
         first = self.first_message_s
         fields: dict[str, object] = {
@@ -79,7 +83,7 @@ class CallRecord:
             "code": self.code,
             "reason": self.verdict.reason.name if self.verdict else None,
             "first_message_ms": round(first * 1000, 3) if first is not None else None,
-            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "duration_ms": round(self.duration_s() * 1000, 3),
             "messages": self.messages,
             "request_id": self.request_id or None,
             "rooms": self.rooms or None,

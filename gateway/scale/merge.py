@@ -5,6 +5,9 @@ and must show each process's numbers exactly once. What a process counts for its
 tokens, latency histograms, its own in-flight calls) adds up across processes. What every
 process reports about the same worker (up, status, outlier state, the worker's load) does not: two
 processes saying "up = 1" mean one worker that is up, so those gauges come from one process.
+The processes' own resources (`process_*`: memory, CPU time, open file descriptors) add up
+to the gateway's; of their start times the earliest is the gateway's, and of their file
+descriptor limits the largest is shown.
 
 `_created` samples are dropped. A sum of counters from processes that started at different
 times has no single creation time: the earliest one would claim the merged series existed
@@ -16,7 +19,8 @@ Sample timestamps are dropped too: the merged value is the value as of this scra
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import operator
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -25,18 +29,27 @@ from prometheus_client.parser import text_string_to_metric_families
 
 log = structlog.get_logger("gateway.scale")
 
-# Gauges every process reports about the same worker: summing them would say "2 = up".
+# Gauges every process reports alike (about the same worker, or the build): summing them
+# would say "2 = up".
 FIRST_WINS: frozenset[str] = frozenset(
     {
         "gateway_worker_up",
         "gateway_worker_status",
+        "gateway_worker_outlier",
         "gateway_worker_outlier_state",
         "gateway_worker_load_running",
         "gateway_worker_load_waiting",
         "gateway_worker_kv_token_usage",
         "gateway_kv_index_blocks",
+        "gateway_build_info",  # the same build everywhere: 1, not N
     }
 )
+# Gauges that are neither summed nor first-wins: how two processes' values combine.
+Combine = Callable[[float, float], float]
+COMBINED: Mapping[str, Combine] = {
+    "process_start_time_seconds": min,  # since the oldest process: the gateway's start
+    "process_max_fds": max,  # a limit, not an amount: a sum would be no one's limit
+}
 
 # Types whose text exposition carries `_created` timestamps (as a separate gauge family).
 _WITH_CREATED = frozenset({"counter", "histogram", "summary"})
@@ -51,20 +64,32 @@ class _Family:
     name: str
     documentation: str
     type: str
-    first_wins: bool
+    combine: Combine
     values: dict[_SampleKey, float] = field(default_factory=dict)
 
     def add(self, key: _SampleKey, value: float) -> None:
-        if key not in self.values:
-            self.values[key] = value
-        elif not self.first_wins:
-            self.values[key] += value
+        kept = self.values.get(key)
+        self.values[key] = value if kept is None else self.combine(kept, value)
 
     def metric(self) -> Metric:
         out = Metric(self.name, self.documentation, self.type)
         for (sample_name, labels), value in self.values.items():
             out.add_sample(sample_name, dict(labels), value)
         return out
+
+
+def _first(kept: float, later: float) -> float:
+    return kept
+
+
+def _combine(family: Metric, first_wins: Collection[str]) -> Combine:
+    """How one family's samples from two processes combine: summed unless it is a gauge
+    named in `first_wins` or `COMBINED`."""
+    if family.type != "gauge":
+        return operator.add
+    if family.name in first_wins:
+        return _first
+    return COMBINED.get(family.name, operator.add)
 
 
 def _parse(text: str, index: int) -> list[Metric] | None:
@@ -85,10 +110,11 @@ def merge_expositions(
     """Merge the processes' exposition texts (text format 0.0.4, index 0 first) into families.
 
     Families match by name, samples by (sample name, sorted labels). Gauges named in
-    `first_wins` take each sample from the lowest-index process that has it; everything else
-    (counters, histograms, summaries, untyped, other gauges) is summed, and summed histogram
-    buckets, `_sum` and `_count` are again a valid histogram as long as the processes share a
-    bucket layout (they run the same code). Summary quantiles do not add up, so they are
+    `first_wins` take each sample from the lowest-index process that has it, those named in
+    `COMBINED` the minimum or maximum; everything else (counters, histograms, summaries,
+    untyped, other gauges) is summed, and summed histogram buckets, `_sum` and `_count` are
+    again a valid histogram as long as the processes share a bucket layout (they run the
+    same code). Summary quantiles do not add up, so they are
     dropped; `_count` and `_sum` are summed. `_created` is dropped (see the module docstring).
 
     A text that fails to parse is skipped whole: that process contributes nothing, the others
@@ -111,7 +137,7 @@ def merge_expositions(
                     family.name,
                     family.documentation,
                     family.type,
-                    first_wins=family.type == "gauge" and family.name in first_wins,
+                    _combine(family, first_wins),
                 )
             elif entry.type != family.type:
                 log.warning(

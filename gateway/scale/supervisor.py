@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import structlog
 from grpc import aio
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -40,6 +40,7 @@ from gateway.core.tasks import TaskScope
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.observability.corelog import real_stderr
 from gateway.observability.metrics import Endpoint
+from gateway.observability.metrics.process import build_series, process_series
 from gateway.peer.v1 import peer_pb2 as peer_pb
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.child import Launch
@@ -415,8 +416,10 @@ class Supervisor:
         )
 
     def prometheus_registry(self) -> CollectorRegistry:
-        registry = CollectorRegistry()
-        registry.register(ProcessesCollector(self.control_addresses, self.positions))
+        registry, own = CollectorRegistry(), CollectorRegistry()
+        process_series(own)  # merged with the serving processes' (same names)
+        build_series(own)  # there even while no serving process answers
+        registry.register(ProcessesCollector(self.control_addresses, self.positions, own=own))
         relay = self.relay
         if relay is not None:
             registry.register(DiscoveryCollector(lambda: relay.sources.stats))
@@ -429,17 +432,20 @@ def _nobody(address: str) -> list[str]:
 
 class ProcessesCollector(Collector):
     """Every serving process's metrics, merged (counters summed, worker states once),
-    read at scrape time in the HTTP thread over the processes' control sockets."""
+    read at scrape time in the HTTP thread over the processes' control sockets; with
+    `own`, the supervisor's own series are merged in too (its `process_*`, build)."""
 
     def __init__(
         self,
         addresses: Callable[[], list[str]],
         positions: Iterable[Position],
         timeout_s: float = SCRAPE_TIMEOUT_S,
+        own: CollectorRegistry | None = None,
     ) -> None:
         self._addresses = addresses
         self._positions = list(positions)
         self._timeout_s = timeout_s
+        self._own = own
 
     def describe(self) -> list[Any]:
         return []
@@ -472,7 +478,8 @@ class ProcessesCollector(Collector):
         )
         for position in self._positions:
             restarts.add_metric([str(position.index)], float(position.restarts))
-        return [*merge_expositions(texts), serving, restarts]
+        own = [generate_latest(self._own).decode()] if self._own is not None else []
+        return [*merge_expositions([*texts, *own]), serving, restarts]
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:

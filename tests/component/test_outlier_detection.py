@@ -138,6 +138,10 @@ async def test_outlier_detection_ejects_admits_one_trial_and_ignores_client_erro
             assert workers[good.address].breaker_state == admin_pb.BREAKER_STATE_CLOSED
             assert metric("gateway_worker_outlier_state", {"worker": bad.address}) == 2.0
             assert metric("gateway_worker_outlier_state", {"worker": good.address}) == 0.0
+            for address, current in ((bad.address, "open"), (good.address, "closed")):
+                for state in ("closed", "half_open", "open"):
+                    labels = {"worker": address, "state": state}
+                    assert metric("gateway_worker_outlier", labels) == (state == current)
 
             # 3. While it is open, every request goes to the other worker.
             for i in range(6):

@@ -160,6 +160,8 @@ async def test_a_dns_outage_keeps_every_host_and_every_call_succeeds(
     assert errors >= 2
     assert _sample(text, "gateway_discovery_hosts", f"dns:{NAME}") == 2
     assert _sample(text, "gateway_discovery_seconds_since_success", f"dns:{NAME}") >= 9
+    last = _sample(text, "gateway_discovery_last_success_timestamp_seconds", f"dns:{NAME}")
+    assert 9 <= time.time() - last < 600
 
 
 def _get(url: str) -> str:

@@ -95,6 +95,13 @@ async def test_both_processes_serve_generate_and_the_log_names_each(
         == 1.0
     )
     assert samples["gateway_serving_processes"] == 2.0
+    closed = f'gateway_worker_outlier{{state="closed",worker="{worker.address}"}}'
+    assert samples[closed] == 1.0
+    assert [v for k, v in samples.items() if k.startswith("gateway_build_info{")] == [1.0]
+    # The supervisor's and both serving processes' own series, merged (process_*).
+    assert samples["process_resident_memory_bytes"] > 0
+    assert samples["process_start_time_seconds"] > 0
+    assert not [k for k in samples if "_created" in k]
     assert gw.stop(STOP_S) == 0
 
 

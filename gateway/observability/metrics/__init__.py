@@ -8,6 +8,7 @@ collector only copies what it reads and never changes fleet state.
 By subject: `calls` (the series fed by each call's record), `flow` (flow control's: by
 class and tenant, and its queues), `fleet` (the workers' gauges), `kv` (the prefix index
 and KV event streams), `counts` (counts kept elsewhere: spans, metadata not relayed),
+`process` (the process's resources and build),
 `exposition` (`Metrics`, which holds them all in one registry, and the /metrics endpoint).
 """
 

@@ -1,6 +1,6 @@
-"""The series fed by each finished call's record: answers by code, placement's verdicts,
-time to first message, retries, migrations, PD hand-off failures, prompt and cached
-tokens."""
+"""The series fed by each finished call's record: answers by code and their duration,
+placement's verdicts, time to first message and between messages, retries, migrations, PD
+hand-off failures, prompt, cached and generated tokens."""
 
 from __future__ import annotations
 
@@ -35,6 +35,47 @@ TTFT_BUCKETS = (
     20.0,
     30.0,
 )
+# A whole call: an Embed or a refusal takes milliseconds, a long generation minutes.
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+# Between two messages of a stream: a decode step is a few to a hundred milliseconds; a
+# message may carry several tokens, and a loaded engine stalls streams for seconds.
+INTER_TOKEN_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
 # A model no worker serves is named by the client: labelling it would let any client
 # create series, so such calls carry model="" (the log line has the name).
 CLIENT_NAMED = frozenset({Reason.MODEL_NOT_FOUND, Reason.MODEL_REQUIRED})
@@ -51,6 +92,13 @@ class CallSeries:
             ["model", "service", "rpc", "code"],
             registry=prometheus,
         )
+        self._duration = Histogram(
+            "gateway_request_duration_seconds",
+            "calls answered: time from the call's start to its end, by final gRPC status code",
+            ["model", "service", "rpc", "code"],
+            buckets=DURATION_BUCKETS,
+            registry=prometheus,
+        )
         self._verdicts = Counter(
             "gateway_verdicts",
             "calls refused by placement, by verdict reason and leg",
@@ -62,6 +110,21 @@ class CallSeries:
             "time from call start to the first response message relayed (Generate)",
             ["model", "service"],
             buckets=TTFT_BUCKETS,
+            registry=prometheus,
+        )
+        self._inter_token = Histogram(
+            "gateway_inter_token_seconds",
+            "Generate streams of 2 or more messages, one observation per call: the mean gap "
+            "between its messages after the first, (end - first message) / (messages - 1) "
+            "(a message may carry several tokens)",
+            ["model", "service"],
+            buckets=INTER_TOKEN_BUCKETS,
+            registry=prometheus,
+        )
+        self._generated = Counter(
+            "gateway_generated_tokens",
+            "completion tokens of Generate calls, as the engines reported them",
+            ["model"],
             registry=prometheus,
         )
         self._retries = Counter(
@@ -116,6 +179,9 @@ class CallSeries:
         self._prompt_children: dict[tuple[str, ...], Any] = {}
         self._hit_children: dict[tuple[str, ...], Any] = {}
         self._request_children: dict[tuple[str, ...], Any] = {}
+        self._duration_children: dict[tuple[str, ...], Any] = {}
+        self._inter_token_children: dict[tuple[str, ...], Any] = {}
+        self._generated_children: dict[tuple[str, ...], Any] = {}
         self._verdict_children: dict[tuple[str, ...], Any] = {}
         self._first_children: dict[tuple[str, ...], Any] = {}
         self._retry_children: dict[tuple[str, ...], Any] = {}
@@ -127,16 +193,24 @@ class CallSeries:
         model = record.model
         if verdict is not None and verdict.reason in CLIENT_NAMED:
             model = ""
-        child(
-            self._request_children, self._requests, (model, record.service, record.rpc, record.code)
-        ).inc()
+        answered = (model, record.service, record.rpc, record.code)
+        child(self._request_children, self._requests, answered).inc()
+        duration = record.duration_s()
+        child(self._duration_children, self._duration, answered).observe(duration)
         if verdict is not None:
             reason = (model, verdict.reason.name, verdict.leg)
             child(self._verdict_children, self._verdicts, reason).inc()
         first = record.first_message_s
-        if first is not None and record.rpc == STREAMING_RPC:
+        streamed = record.rpc == STREAMING_RPC
+        if first is not None and streamed:
             where = (model, record.service)
             child(self._first_children, self._first_message, where).observe(first)
+            gap = mean_gap(duration, first, record.messages)
+            if gap is not None:
+                child(self._inter_token_children, self._inter_token, where).observe(gap)
+        if record.completion_tokens is not None and streamed:
+            tokens = child(self._generated_children, self._generated, (model,))
+            tokens.inc(record.completion_tokens)
         if record.retries:
             child(self._retry_children, self._retries, (model, record.service)).inc(record.retries)
         expected = record.expected_cached_tokens
@@ -152,6 +226,15 @@ class CallSeries:
             self._migrations.labels(model, cause, outcome).inc()
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
+
+
+def mean_gap(duration_s: float, first_message_s: float, messages: int) -> float | None:
+    """The mean time between a stream's messages after the first (its end counts as the
+    last message's time), or None under 2 messages: one figure per call, so relaying a
+    message costs nothing more."""
+    if messages < 2:
+        return None
+    return max(0.0, duration_s - first_message_s) / (messages - 1)
 
 
 def child(cache: dict[tuple[str, ...], Any], metric: Any, key: tuple[str, ...]) -> Any:

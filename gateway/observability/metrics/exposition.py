@@ -1,5 +1,9 @@
 """The gateway's metrics in one registry, the process's own counters, and /metrics over
-HTTP."""
+HTTP.
+
+No series has a `_created` sample: every process that serves metrics imports this module,
+which turns them off for the whole process. They would double the series of every counter
+and histogram, and a sum over serving processes has no single creation time anyway."""
 
 from __future__ import annotations
 
@@ -7,7 +11,13 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    start_http_server,
+)
 
 from gateway.config import DEFAULT_TENANT_LABELS, parse_address
 from gateway.discovery.metrics import DiscoveryCollector
@@ -17,8 +27,12 @@ from gateway.observability.metrics.counts import RelayedMetadataCollector, Traci
 from gateway.observability.metrics.fleet import FleetCollector
 from gateway.observability.metrics.flow import FlowCollector, FlowQueues, FlowSeries
 from gateway.observability.metrics.kv import KvCollector, KvSource
+from gateway.observability.metrics.process import build_series, process_series
 from gateway.observability.record import CallRecord
 from gateway.upstream.registry import Registry
+
+# Read at every scrape: this holds for every registry. (prometheus_client leaves it unannotated.)
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Metrics:
@@ -42,6 +56,8 @@ class Metrics:
         self.prometheus.register(FleetCollector(registry))
         if kv is not None:
             self.prometheus.register(KvCollector(kv))
+        process_series(self.prometheus)
+        build_series(self.prometheus)
         self.endpoint = Endpoint(self.prometheus)
         # Failed authentications on the main port (gateway.security.auth), by reason: every reason
         # shown from the start, at 0, so an alert can rate() it.

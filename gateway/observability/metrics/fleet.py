@@ -13,6 +13,7 @@ from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import OutlierState
 from gateway.upstream.worker import Worker, WorkerStatus
 
+# gateway_worker_outlier_state's codes (deprecated: gateway_worker_outlier is the state set).
 OUTLIER_VALUE = {OutlierState.CLOSED: 0.0, OutlierState.HALF_OPEN: 1.0, OutlierState.OPEN: 2.0}
 
 
@@ -27,9 +28,8 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterable[Any]:
         families = self._families()
-        up, status, outlier, inflight, running, waiting, usage, rejected = families
         for worker in self._workers():
-            self._add(worker, up, status, outlier, inflight, running, waiting, usage, rejected)
+            self._add(worker, *families)  # in _families' order
         return families
 
     def _workers(self) -> list[Worker]:
@@ -55,8 +55,15 @@ class FleetCollector(Collector):
                 labels=["worker", "status"],
             ),
             GaugeMetricFamily(
+                "gateway_worker_outlier",
+                "outlier detection: 1 for the worker's current state, 0 for the others "
+                "(closed, half_open: one trial call, open: ejected)",
+                labels=["worker", "state"],
+            ),
+            GaugeMetricFamily(
                 "gateway_worker_outlier_state",
-                "outlier detection: 0 closed, 1 half_open (one trial call), 2 open (ejected)",
+                "deprecated, removed in the next release: use gateway_worker_outlier. Outlier "
+                "detection: 0 closed, 1 half_open (one trial call), 2 open (ejected)",
                 labels=["worker"],
             ),
             GaugeMetricFamily(
@@ -93,6 +100,7 @@ class FleetCollector(Collector):
         up: GaugeMetricFamily,
         status: GaugeMetricFamily,
         outlier: GaugeMetricFamily,
+        outlier_code: GaugeMetricFamily,
         inflight: GaugeMetricFamily,
         running: GaugeMetricFamily,
         waiting: GaugeMetricFamily,
@@ -104,7 +112,10 @@ class FleetCollector(Collector):
         up.add_metric([wid, worker.model, str(worker.runtime), str(worker.role)], ready)
         for each in WorkerStatus:
             status.add_metric([wid, each.value], 1.0 if each is current else 0.0)
-        outlier.add_metric([wid], OUTLIER_VALUE.get(worker.outlier.state, 0.0))
+        state = worker.outlier.state
+        for other in OutlierState:
+            outlier.add_metric([wid, other.value], 1.0 if other is state else 0.0)
+        outlier_code.add_metric([wid], OUTLIER_VALUE.get(state, 0.0))
         inflight.add_metric([wid], float(worker.inflight))
         if load is not None:  # no report yet: absent, not zero
             # Reports are checked when made (LoadReport.checked); a number that is not
