@@ -1,7 +1,25 @@
-"""`gateway workers list|add|remove|drain|watch`: the admin API from the command line.
+"""`gateway workers list|add|remove|drain|watch` and `gateway queues`: the admin API from
+the command line.
 
 Talks to a running gateway's admin port with the generated stub; prints a table (or JSON
-lines with --json), and on an RPC error prints `gateway: <CODE>: <details>` and returns 1.
+lines with --json), and on an RPC error prints `gateway: <CODE>: <details>` and exits
+with a status that tells the cases apart (`EXIT_STATUSES`, in `--help` too):
+
+exit status:
+  0    done
+  1    any other error (its gRPC code and message on stderr)
+  2    usage error, or a value the gateway refused (INVALID_ARGUMENT: a bad worker URL,
+       a negative duration)
+  3    no such worker (NOT_FOUND)
+  4    that worker is already registered (ALREADY_EXISTS)
+  5    unreachable: the admin port did not answer (connection refused, no answer in
+       time), or, for add, the worker did not tell its model and runtime in time
+       (UNAVAILABLE, DEADLINE_EXCEEDED): trying again later may work
+  6    the admin token is missing or was not accepted (UNAUTHENTICATED,
+       PERMISSION_DENIED)
+  7    not in the worker's state (FAILED_PRECONDITION: removing a worker a discovery
+       source lists; drain it, or remove it from the source)
+  130  interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
@@ -11,6 +29,7 @@ import asyncio
 import json
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -19,7 +38,7 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
-from grpc import aio
+from grpc import StatusCode, aio
 
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
@@ -27,6 +46,64 @@ from gateway.admin.v1 import admin_pb2_grpc
 DEFAULT_ADMIN = "127.0.0.1:50052"
 TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
 CALL_TIMEOUT_S = 30.0  # for calls that do not wait on purpose (list, add, drain)
+
+# (exit status, what it means, the gRPC codes that end in it), the table of `--help` and
+# of this module's docstring. A code not listed exits 1; a usage error exits 2 (argparse).
+EXIT_STATUSES: tuple[tuple[int, str, tuple[StatusCode, ...]], ...] = (
+    (0, "done", ()),
+    (1, "any other error (its gRPC code and message on stderr)", ()),
+    (
+        2,
+        "usage error, or a value the gateway refused (INVALID_ARGUMENT: a bad worker URL,"
+        " a negative duration)",
+        (StatusCode.INVALID_ARGUMENT,),
+    ),
+    (3, "no such worker (NOT_FOUND)", (StatusCode.NOT_FOUND,)),
+    (4, "that worker is already registered (ALREADY_EXISTS)", (StatusCode.ALREADY_EXISTS,)),
+    (
+        5,
+        "unreachable: the admin port did not answer (connection refused, no answer in time),"
+        " or, for add, the worker did not tell its model and runtime in time (UNAVAILABLE,"
+        " DEADLINE_EXCEEDED): trying again later may work",
+        (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED),
+    ),
+    (
+        6,
+        "the admin token is missing or was not accepted (UNAUTHENTICATED, PERMISSION_DENIED)",
+        (StatusCode.UNAUTHENTICATED, StatusCode.PERMISSION_DENIED),
+    ),
+    (
+        7,
+        "not in the worker's state (FAILED_PRECONDITION: removing a worker a discovery"
+        " source lists; drain it, or remove it from the source)",
+        (StatusCode.FAILED_PRECONDITION,),
+    ),
+    (130, "interrupted (Ctrl-C)", ()),
+)
+EXIT_FOR_CODE = {code: status for status, _, codes in EXIT_STATUSES for code in codes}
+OTHER_ERROR = 1
+INTERRUPTED = 130
+
+
+def exit_status(code: StatusCode) -> int:
+    """The exit status of a call that ended with gRPC status `code`."""
+    return EXIT_FOR_CODE.get(code, OTHER_ERROR)
+
+
+def exit_status_help(width: int = 88) -> str:
+    """The exit status table, as `--help` and the module's docstring show it."""
+    lines = ["exit status:"]
+    for status, meaning, _ in EXIT_STATUSES:
+        wrapped = textwrap.wrap(meaning, width - 7)
+        lines.append(f"  {status:<4} {wrapped[0]}")
+        lines += [f"       {more}" for more in wrapped[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def _with_exit_statuses(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.epilog = exit_status_help()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
 
 
 def _add_common(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -44,11 +121,11 @@ def _add_common(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_queues_arguments(parser: argparse.ArgumentParser) -> None:
     """The CLI's `queues` command: what waits, by model, class and tenant."""
-    _add_common(parser)
+    _add_common(_with_exit_statuses(parser))
 
 
 def run_queues(args: argparse.Namespace) -> int:
-    """0 on success, 1 on an RPC error (told on stderr), 130 on Ctrl-C."""
+    """0 on success, else the error's exit status (`EXIT_STATUSES`), told on stderr."""
     return _guarded(_queues(args))
 
 
@@ -90,21 +167,26 @@ def _guarded(work: Any) -> int:
         return int(asyncio.run(work))
     except aio.AioRpcError as error:
         print(f"gateway: {error.code().name}: {error.details()}", file=sys.stderr)
-        return 1
+        return exit_status(error.code())
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
 
 
 def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
     """Mount the verbs on `parser` (the CLI's `workers` sub-command)."""
     common = _add_common(argparse.ArgumentParser(add_help=False))
+    _with_exit_statuses(parser)
     verbs = parser.add_subparsers(dest="workers_command", metavar="VERB", required=True)
-    verbs.add_parser("list", parents=[common], help="list every worker and its state")
-    add = verbs.add_parser("add", parents=[common], help="register a worker")
+
+    def verb(name: str, text: str) -> argparse.ArgumentParser:
+        return _with_exit_statuses(verbs.add_parser(name, parents=[common], help=text))
+
+    verb("list", "list every worker and its state")
+    add = verb("add", "register a worker")
     add.add_argument(
         "url", metavar="URL", help="grpc://HOST:PORT?model=M&runtime=sglang|vllm&role=R"
     )
-    remove = verbs.add_parser("remove", parents=[common], help="drain a worker, then forget it")
+    remove = verb("remove", "drain a worker, then forget it")
     remove.add_argument("worker_id", metavar="ID", help="worker id (HOST:PORT)")
     remove.add_argument(
         "--drain-timeout",
@@ -112,9 +194,7 @@ def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds in-flight requests get to finish (default: the gateway's)",
     )
-    drain = verbs.add_parser(
-        "drain", parents=[common], help="stop new requests to a worker, keep it registered"
-    )
+    drain = verb("drain", "stop new requests to a worker, keep it registered")
     drain.add_argument("worker_id", metavar="ID", help="worker id (HOST:PORT)")
     drain.add_argument(
         "--wait",
@@ -123,14 +203,15 @@ def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="wait up to S seconds for in-flight requests to finish (default 0)",
     )
-    watch = verbs.add_parser("watch", parents=[common], help="stream worker events")
+    watch = verb("watch", "stream worker events")
     watch.add_argument(
         "--count", type=int, metavar="N", help="stop after N events (snapshot included)"
     )
 
 
 def run_workers(args: argparse.Namespace) -> int:
-    """Run one verb; 0 on success, 1 on an RPC error (told on stderr), 130 on Ctrl-C."""
+    """Run one verb; 0 on success, else the error's exit status (`EXIT_STATUSES`), told
+    on stderr."""
     return _guarded(_run(args))
 
 
@@ -331,4 +412,13 @@ def _event_line(event: pb.WatchWorkersResponse) -> str:
     return f"{stamp} {kind:<8} {worker.id} {what}{cause}"
 
 
-__all__ = ["add_workers_arguments", "format_table", "run_workers"]
+__all__ = [
+    "EXIT_STATUSES",
+    "add_queues_arguments",
+    "add_workers_arguments",
+    "exit_status",
+    "exit_status_help",
+    "format_table",
+    "run_queues",
+    "run_workers",
+]

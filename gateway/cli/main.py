@@ -1,4 +1,8 @@
-"""`gateway serve | demo | sim | workers | queues`: the command line.
+"""`gateway serve | check-config | demo | sim | workers | queues`: the command line.
+
+`gateway check-config` reads and checks a configuration exactly as `gateway serve` does
+(`checked_config`, shared by both: the file, the flags, validation, and every file a
+serving process reads at start-up), then prints it instead of serving.
 
 `gateway serve`, `--version` and `--help` import what serving needs and nothing else: the
 simulated workers and the demo (package `gateway_sim`, its own distribution
@@ -19,6 +23,8 @@ from typing import Any
 
 from gateway.app.run import own_signals, run_until_done, say
 from gateway.config import (
+    LOG_FORMATS,
+    LOG_LEVELS,
     ConfigError,
     GatewayConfig,
     build_config,
@@ -28,29 +34,89 @@ from gateway.config import (
 )
 from gateway.core.policy_names import policy_names
 
-__all__ = ["build_parser", "config_from_args", "main", "run_until_done", "say"]
+__all__ = ["build_parser", "checked_config", "config_from_args", "main", "run_until_done", "say"]
 
-EPILOG = """\
-worker URL: grpc://HOST:PORT?model=NAME&runtime=sglang|vllm&role=regular|prefill|decode|encode
-            &bootstrap_port=N   (every query key optional: a missing model or runtime is
-            asked from the worker)
+WORKER_URL_HELP = """\
+worker URL (--worker, a `workers:` entry, `gateway workers add`):
+  grpc://HOST:PORT, or grpcs://HOST:PORT for TLS to the worker (see upstream_tls:), then
+  query keys, each optional:
+    model=NAME            the model it serves (default: asked from the worker)
+    runtime=sglang|vllm   its engine's protocol (default: asked from the worker)
+    role=regular|prefill|decode|encode
+                          its part in disaggregated serving (default: asked from the
+                          worker, else regular)
+    bootstrap_port=N      a prefill's SGLang PD bootstrap port
+    bootstrap_host=HOST   a prefill's bootstrap host (default: the URL's host)
+    embedding_port=N      a prefill's port for encoder embeddings (EPD)
+  e.g. grpc://10.0.0.5:30000?model=llama-3-8b&runtime=sglang
 """
 
+ENVIRONMENT_HELP = """\
+environment:
+  GATEWAY_ADMIN_TOKEN   the admin token, unless --admin-token or --admin-token-file
+                        gives one (it wins over admin.token in the file)
+  GATEWAY_LOOP=uvloop   run on uvloop instead of asyncio's own event loop
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT
+                        turn tracing on, exporting there over OTLP/gRPC
+                        (tracing.endpoint wins)
+  OTEL_SDK_DISABLED=true
+                        tracing off, whatever is configured
+  OTEL_SERVICE_NAME     the spans' service name (tracing.service_name wins; default
+                        model-gateway)
+  OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG
+                        sampling, without tracing.sample_ratio (default: parent-based,
+                        always on)
+  OTEL_EXPORTER_OTLP_(TRACES_)INSECURE, _HEADERS, _CERTIFICATE, _TIMEOUT, _COMPRESSION
+                        the OTLP exporter's other settings (read by the OpenTelemetry SDK)
+  OTEL_RESOURCE_ATTRIBUTES
+                        attributes added to every span's resource
+  GRPC_VERBOSITY, GRPC_TRACE
+                        grpc core's own logging (its lines are not throttled while
+                        GRPC_TRACE is set)
+  KUBECONFIG            kubernetes discovery's credentials outside a cluster, without
+                        discovery[].kubeconfig (else ~/.kube/config)
+"""
 
-def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="run the gateway in front of a fleet of workers",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+SERVE_EPILOG = WORKER_URL_HELP + "\n" + ENVIRONMENT_HELP
+
+CHECK_CONFIG_DESCRIPTION = """\
+Read and check a configuration exactly as `gateway serve` would (the same file, the same
+flags, every check serve makes before it listens: the values, the addresses, the worker
+URLs, the API keys file and the certificates read), without listening on any port or
+starting anything; then print the effective configuration as YAML: every key, with its
+value after the defaults and the flags (secrets such as admin.token shown as ***).
+FILE is optional: without it (or --config), the flags and the defaults alone are
+checked, as `gateway serve` without a file would run."""
+
+CHECK_CONFIG_EPILOG = (
+    """\
+exit status:
+  0  the configuration is valid: the effective configuration is on stdout (and on
+     stderr, any warning serve would log, such as a renamed key)
+  2  it is not: one line on stderr, the very line `gateway serve` would print
+     (`gateway: config error: ...`), or a usage error
+
+"""
+    + ENVIRONMENT_HELP
+)
+
+
+def _add_serve_flags(
+    p: argparse.ArgumentParser, files: argparse._ActionsContainer | None = None
+) -> None:
+    """The flags of `gateway serve`, which `gateway check-config` takes too (`files`: the
+    group --config goes in, by default `p`)."""
+    (files or p).add_argument(
+        "--config", metavar="FILE", help="YAML config file (flags override it)"
     )
-    p.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
     p.add_argument("--listen", metavar="HOST:PORT", help="main port (default 127.0.0.1:50051)")
     p.add_argument(
         "--worker", metavar="URL", action="append", default=[], help="a worker (repeatable)"
     )
     p.add_argument("--policy", choices=policy_names(), help="default policy (default round_robin)")
-    p.add_argument("--max-attempts", type=int, help="upstream attempts per request (default 3)")
+    p.add_argument(
+        "--max-attempts", type=int, metavar="N", help="upstream attempts per request (default 3)"
+    )
     p.add_argument(
         "--probe-interval", type=float, metavar="S", help="worker probe interval (default 1 s)"
     )
@@ -94,10 +160,33 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="serving processes sharing the main port (default 1; auto: usable cores, "
         "within the container's CPU limit)",
     )
-    p.add_argument("--log-format", choices=("console", "json"), help="log format (console)")
-    p.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), help="log level (info)"
+    p.add_argument("--log-format", choices=LOG_FORMATS, help="log format (console)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="log level (info)")
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway in front of a fleet of workers",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_serve_flags(p)
+
+
+def _add_check_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "check-config",
+        help="check a configuration as serve would, print it, start nothing",
+        description=CHECK_CONFIG_DESCRIPTION,
+        epilog=CHECK_CONFIG_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    files = p.add_mutually_exclusive_group()  # FILE or --config FILE, not both
+    files.add_argument(
+        "file", metavar="FILE", nargs="?", help="YAML config file (the same as --config FILE)"
+    )
+    _add_serve_flags(p, files)
 
 
 def admin_token(args: argparse.Namespace) -> str | None:
@@ -170,40 +259,78 @@ NO_SIMULATOR = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """`gateway` with `serve`; the other sub-commands are listed here but parsed by
-    `main`, which hands their flags to their own modules."""
+    """`gateway` with `serve` and `check-config`; the other sub-commands are listed here
+    but parsed by `main`, which hands their flags to their own modules."""
     parser = argparse.ArgumentParser(
         prog="gateway", description="A gRPC-native model gateway for SGLang and vLLM workers."
     )
     parser.add_argument("--version", action="version", version=f"gateway {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
+    _add_check_config(sub)
     for name, text in LAZY.items():
         sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from gateway.app.server import serve
-    from gateway.observability.corelog import install
+def checked_config(
+    args: argparse.Namespace, set_up_logs: Callable[[str, str, str | None], None]
+) -> GatewayConfig | None:
+    """What `serve` and `check-config` both run before anything listens: the file read,
+    the flags applied, everything validated, the logs set up (`set_up_logs(format,
+    level, process)`: grpc core's own lines are routed through them before the files
+    below bring grpc up), and every file a serving process reads at start-up read once
+    (API keys, certificates); then the renamed keys the file still uses are warned
+    about. None once the first problem is told in one line (`config error: ...`, in the
+    configured log format as soon as it is known)."""
+    from gateway.app.server import preflight
     from gateway.observability.logs import prefer
 
     prefer(args.log_format or "console")  # a config error is a JSON line with the flag
     try:
         file_data = load_file(args.config) if args.config else None
         config = config_from_args(args, file_data)
+        set_up_logs(config.log_format, config.log_level, _log_process(config))
+        preflight(config)
     except ConfigError as exc:
         say(f"config error: {exc}")
+        return None
+    warn_renamed(file_data)
+    return config
+
+
+def _log_process(config: GatewayConfig) -> str | None:
+    """The `process` field of every line: the supervisor's, with `--processes N`."""
+    return "supervisor" if config.processes > 1 else None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.app.server import serve
+    from gateway.observability.corelog import install
+
+    config = checked_config(args, install)
+    if config is None:
         return 2
     if config.processes > 1:
         from gateway.scale.supervisor import supervise
 
-        install(config.log_format, config.log_level, process="supervisor")
-        warn_renamed(file_data)
         return run_until_done(supervise(config))
-    install(config.log_format, config.log_level)
-    warn_renamed(file_data)
     return run_until_done(serve(config))
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    """0 with the effective configuration on stdout, or 2 with serve's one line; the
+    logs are set up as serve's, without routing grpc core's stderr (a thread)."""
+    from gateway.cli.effective import effective_yaml
+    from gateway.observability.logs import configure
+
+    args.config = args.file or args.config
+    config = checked_config(args, configure)
+    if config is None:
+        return 2
+    sys.stdout.write(effective_yaml(config))
+    sys.stdout.flush()
+    return 0
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
@@ -284,5 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:  # no option comes before a sub-command but -h/--version
         return COMMANDS[argv[0]](argv[1:])
-    args = build_parser().parse_args(argv)  # --help, --version, serve, or a usage error
-    return _serve(args)
+    args = build_parser().parse_args(
+        argv
+    )  # --help, --version, serve, check-config, or a usage error
+    return _check_config(args) if args.command == "check-config" else _serve(args)

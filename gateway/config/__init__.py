@@ -41,19 +41,28 @@ from gateway.config.loading import (
     warn_renamed,
 )
 from gateway.config.models import ModelSettings
-from gateway.config.observability import MetricsConfig, OrcaConfig, TracingConfig
+from gateway.config.observability import (
+    LOG_FORMATS,
+    LOG_LEVELS,
+    MetricsConfig,
+    OrcaConfig,
+    TracingConfig,
+)
 from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
-from gateway.config.workers import WorkerSpec
+from gateway.config.workers import WORKER_URL_KEYS, WorkerSpec
 from gateway.core.policy_names import POLICIES  # the built-in policies (plugins: policy_names())
 
 __all__ = [
     "DEFAULT_COST_TOKENS",
     "DEFAULT_TENANT_LABELS",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
     "MAX_NAME",
     "POLICIES",
     "SECTIONS",
+    "WORKER_URL_KEYS",
     "AdminConfig",
     "AuthConfig",
     "ConfigError",

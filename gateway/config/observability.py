@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, Field, Strict
 from pydantic.dataclasses import dataclass
@@ -11,6 +11,8 @@ from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Interval, Text
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LogFormat = Literal["console", "json"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)  # `log_level:` and --log-level alike
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 
 
 def _off_is_none(value: Any) -> Any:

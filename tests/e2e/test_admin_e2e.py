@@ -137,11 +137,11 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
             run_cli_async(*cli("add", admin, "http://127.0.0.1:1")),
             run_cli_async(*cli("remove", admin, a.address)),
         )
-        assert (duplicate.returncode, duplicate.stdout) == (1, "")
+        assert (duplicate.returncode, duplicate.stdout) == (4, "")  # ALREADY_EXISTS
         assert duplicate.stderr == (
             f"gateway: ALREADY_EXISTS: worker {b.address} is already registered\n"
         )
-        assert (bad_url.returncode, bad_url.stdout) == (1, "")
+        assert (bad_url.returncode, bad_url.stdout) == (2, "")  # INVALID_ARGUMENT
         assert bad_url.stderr == (
             "gateway: INVALID_ARGUMENT: worker 'http://127.0.0.1:1': scheme must be grpc:// or grpcs://\n"
         )
@@ -152,7 +152,7 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
             run_cli_async(*cli("remove", admin, a.address)),
             run_cli_async(*cli("watch", admin, "--count", "1")),
         )
-        assert gone.returncode == 1
+        assert gone.returncode == 3  # NOT_FOUND
         assert gone.stderr == f"gateway: NOT_FOUND: no worker '{a.address}' is registered\n"
         assert once.returncode == 0, once.stderr
         assert re.fullmatch(
@@ -316,7 +316,7 @@ async def test_admin_token_is_required_on_the_admin_port_only(
         run_cli_async(*cli("list", admin, "--token", token, "--json")),
         run_cli_async(*cli("list", admin, "--json"), env={"GATEWAY_ADMIN_TOKEN": token}),
     )
-    assert (without.returncode, without.stdout) == (1, "")
+    assert (without.returncode, without.stdout) == (6, "")  # UNAUTHENTICATED
     assert without.stderr == f"gateway: UNAUTHENTICATED: {MISSING}\n"
     for ok in (flag, env):
         assert ok.returncode == 0, ok.stderr

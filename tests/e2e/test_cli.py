@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,7 +81,13 @@ def test_help() -> None:
     assert serve.stdout.startswith("usage: gateway serve ")
     for flag in ("--config", "--listen", "--worker", "--policy", "--max-attempts"):
         assert flag in serve.stdout
-    assert "grpc://HOST:PORT?model=NAME&runtime=sglang|vllm" in serve.stdout
+    assert "\nworker URL (--worker, " in serve.stdout  # its query keys, one a line
+    assert "    runtime=sglang|vllm   " in serve.stdout
+    assert "\nenvironment:\n  GATEWAY_ADMIN_TOKEN " in serve.stdout  # (all: tests/unit/cli)
+    check = run_gateway("check-config", "--help")
+    assert check.returncode == 0
+    assert check.stdout.startswith("usage: gateway check-config ")
+    assert "\nexit status:\n" in check.stdout
 
 
 def test_grpcurl_list_describe_and_health(gateway: Launcher) -> None:
@@ -151,8 +158,12 @@ def test_demo_prints_working_grpcurl_lines_and_exits_0(processes: list[Child]) -
     demo = start(list(DEMO), stderr=subprocess.DEVNULL, timeout=START_S)
     processes.append(demo)
     lines = read_lines_until(demo, "NOT_FOUND verdict")
-    commands = [shlex.split(line, comments=True) for line in lines if line.startswith("  grpcurl ")]
+    printed = [shlex.split(line, comments=True) for line in lines if line.startswith("  ")]
+    commands = [argv for argv in printed if Path(argv[0]).name == "grpcurl"]
     assert len(commands) == 9
+    # As printed: `grpcurl` where PATH finds this environment's, else its path.
+    for program in {argv[0] for argv in printed if Path(argv[0]).name in ("grpcurl", "gateway")}:
+        assert shutil.which(program) is not None, program
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:  # independent calls
         replies = list(pool.map(lambda argv: grpcurl(*argv[1:], timeout=WAIT_S), commands))
     results = list(zip(commands, replies, strict=True))

@@ -322,12 +322,12 @@ async def test_cli_verbs(admin: Admin, capsys: pytest.CaptureFixture[str]) -> No
     assert await cli("remove", worker_id, "--drain-timeout", "1", *at) == 0
     assert capsys.readouterr().out == f"removed {worker_id} (drained)\n"
 
-    assert await cli("remove", worker_id, *at) == 1
+    assert await cli("remove", worker_id, *at) == 3  # NOT_FOUND
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"gateway: NOT_FOUND: no worker '{worker_id}' is registered\n"
 
-    assert await cli("add", "grpc://nohost", *at) == 1
+    assert await cli("add", "grpc://nohost", *at) == 2  # INVALID_ARGUMENT
     assert capsys.readouterr().err.startswith("gateway: INVALID_ARGUMENT: worker 'grpc://nohost'")
 
 
@@ -338,7 +338,7 @@ async def test_cli_token_from_flag_or_environment(
     try:
         at = ("--admin", admin.address)
         monkeypatch.delenv("GATEWAY_ADMIN_TOKEN", raising=False)
-        assert await cli("list", *at) == 1
+        assert await cli("list", *at) == 6
         assert capsys.readouterr().err.startswith("gateway: UNAUTHENTICATED: ")
         assert await cli("list", "--token", TOKEN, *at) == 0
         monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", TOKEN)
@@ -349,7 +349,7 @@ async def test_cli_token_from_flag_or_environment(
 
 
 async def test_cli_unreachable_admin_port(capsys: pytest.CaptureFixture[str]) -> None:
-    assert await cli("list", "--admin", f"127.0.0.1:{closed_port()}") == 1
+    assert await cli("list", "--admin", f"127.0.0.1:{closed_port()}") == 5
     assert capsys.readouterr().err.startswith("gateway: UNAVAILABLE: ")
 
 
