@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 STAMP := $(VENV)/.installed
 CODE := gateway sim tests scripts
 
-.PHONY: run test test-timing lint bench clean engines test-engines record-transcripts
+.PHONY: run test test-timing lint bench clean engines test-engines record-transcripts image test-image
 
 # Real engines (tests/engines, scripts/record_transcripts.py): vLLM for CPU and smg's gRPC
 # servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
@@ -37,6 +37,7 @@ run: $(RUN_STAMP)  ## start the simulated fleet and the gateway, print grpcurl e
 test: $(STAMP)  ## lint, type-check and run every test
 	$(VENV)/bin/ruff check $(CODE)
 	$(VENV)/bin/ruff format --check $(CODE)
+	$(VENV)/bin/hadolint Containerfile
 	$(VENV)/bin/lint-imports
 	@# mypy (some 16 s of one core: the gateway, the simulator and the tests) runs beside the
 	@# tests at low priority, so the tests that measure latency keep their cores; its report
@@ -70,6 +71,21 @@ test-engines: $(STAMP) engines  ## the gateway in front of real vLLM workers (mi
 
 record-transcripts: $(STAMP) engines  ## record tests/contract/transcripts from a real worker
 	$(PY) scripts/record_transcripts.py --engines-python $(ENGINES_PY) --model $(ENGINES_MODEL)
+
+# The container image (Containerfile), built with buildah into the project's own image store
+# (.image/, scripts/image/): no registry and no container engine needed; the base is made
+# from Debian's packages once. Its tag is pyproject.toml's version. `make test-image` runs
+# it as the Kubernetes Deployment does (UID 10001, read-only root, writable /tmp) with
+# podman, in front of a simulated worker.
+IMAGE_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE := grpc-model-gateway:$(IMAGE_VERSION)
+
+image:  ## the container image grpc-model-gateway:VERSION, built with buildah (a minute)
+	scripts/image/build.sh $(IMAGE) $(IMAGE_VERSION)
+
+test-image: $(STAMP) image  ## the image, run read-only as UID 10001, in front of a simulated worker
+	scripts/image/install-tools.sh podman runc
+	GATEWAY_IMAGE=localhost/$(IMAGE) $(VENV)/bin/pytest -n 0 -q tests/image
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py
