@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-# The attributes a line shows, when the span has them (the gateway's; see the README's
-# "Traces").
+# The attributes a line shows, when the span has them (the gateway's; see
+# docs/observability.md, "Traces").
 KEY_ATTRIBUTES = (
     "gen_ai.request.model",
     "gateway.worker",

@@ -47,8 +47,9 @@ def _standard_classes() -> tuple[FlowClassConfig, ...]:
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class FlowConfig:
-    """When every worker of a model is at its limits, requests wait (see README "Flow
-    control") instead of being refused at once; without a `flow:` section they are."""
+    """When every worker of a model is at its limits, requests wait (see
+    docs/flow-control.md) instead of being refused at once; without a `flow:` section they
+    are."""
 
     classes: tuple[FlowClassConfig, ...] = dataclasses.field(default_factory=_standard_classes)
     default_class: Name = "standard"

@@ -24,7 +24,7 @@ MetricsListen = Annotated[Text | None, BeforeValidator(_off_is_none)]
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class TracingConfig:
-    """OpenTelemetry traces over OTLP/gRPC (see README "Observability"): on when an
+    """OpenTelemetry traces over OTLP/gRPC (see docs/observability.md): on when an
     endpoint is set here or in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT/OTEL_EXPORTER_OTLP_ENDPOINT;
     what is not set here comes from the standard OTEL_* variables."""
 

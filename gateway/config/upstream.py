@@ -45,7 +45,7 @@ class UpstreamConfig:
     """HTTP/2 keepalive on worker channels: a worker that stops answering pings (frozen,
     or its host gone without a FIN) has its connection closed after `keepalive_time_s`
     + `keepalive_timeout_s`, and its calls fail over. Workers must accept pings that often
-    (see the README); 0 turns keepalive off."""
+    (see docs/configuration.md); 0 turns keepalive off."""
 
     keepalive_time_s: Seconds = 10.0
     keepalive_timeout_s: Seconds = 5.0

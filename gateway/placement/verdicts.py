@@ -1,6 +1,6 @@
 """Placement verdicts: why a request cannot be placed, as data the front turns into a status.
 
-The table is a contract the README publishes: every reason has one gRPC code, one
+The table is a contract docs/routing.md publishes: every reason has one gRPC code, one
 HTTP-equivalent status, one snake_case HTTP error code, and says whether retrying helps.
 """
 

@@ -2,7 +2,7 @@
 
 A custom policy is a `Policy` subclass in an installed distribution that declares it in
 the entry point group `grpc_model_gateway.policies` (`name = "module:Class"`); the
-config then takes `name` as `default_policy` or a model's `policy` (README, "Policies").
+config then takes `name` as `default_policy` or a model's `policy` (docs/routing.md, "Policies").
 This package's root is what a plugin imports.
 """
 

@@ -22,7 +22,7 @@ from gateway.config import (
 )
 from gateway.core.roles import Role, Runtime
 
-# Every default, as the README's configuration example and limits tables give them.
+# Every default, as docs/configuration.md's example and reference table give them.
 DEFAULTS: dict[str, object] = {
     "listen": "127.0.0.1:50051",
     "workers": (),

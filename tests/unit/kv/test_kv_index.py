@@ -102,7 +102,7 @@ def test_events_take_over_from_assumptions() -> None:
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 16}
     # A placement on an exact slot is remembered for the pending TTL (5 s here), also
     # across the worker evicting the blocks meanwhile: sending the prompt back where it
-    # went keeps affinity, which measured better than moving it (see the README). What
+    # went keeps affinity, which measured better than moving it (docs/benchmarks.md). What
     # it expects cached there is what the events show stored, never the memory.
     index.assume(A, Prefix(PROMPT), now=0)
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 1) == {A: 48}
