@@ -11,13 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from gateway_sim.launch import Child, ready, spawn
-from tests.conftest import SERVE_ARGS, Launcher, worker_url
+from tests.conftest import ROOT, SERVE_ARGS, Launcher, worker_url
 from tests.support.helpers import (
     channel,
     dead_worker_url,
@@ -167,7 +168,9 @@ def test_a_signal_during_start_up_stops_quietly(
 
 
 def test_version() -> None:
+    """The installed distribution's version, which is pyproject.toml's."""
     result = subprocess.run(
         [sys.executable, "-m", "gateway", "--version"], capture_output=True, text=True, check=True
     )
-    assert result.stdout == "gateway 0.1.0\n"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert result.stdout == f"gateway {declared}\n"
