@@ -119,6 +119,11 @@ MEANING: dict[str, str] = {
     "models.<model>.max_inflight": "calls the gateway runs at once on one worker of the model",
     "models.<model>.max_waiting": "a worker reporting more waiting requests takes no more calls",
     "models.<model>.max_token_usage": "a worker reporting more KV usage takes no more calls",
+    "models.<model>.route": "makes the name an alias: each call goes to one of these "
+    "models by weight (see docs/routing.md, model aliases)",
+    "models.<model>.route[].model": "a target: a model the config names, or an alias one "
+    "level deep",
+    "models.<model>.route[].weight": "its share of the calls (at least one above 0)",
     "default_policy": "the policy of models without one",
     "model_headers": "request headers naming the model; the first one present wins",
     "routing_key_header": "the `consistent_hash` key",
@@ -197,6 +202,9 @@ MEANING: dict[str, str] = {
     "kv.max_blocks": "stored blocks indexed in all: the index's memory bound",
     "kv.max_event_bytes": "largest KV event message; a bigger one restarts the subscription",
     "kv.resubscribe_max_s": "a failing subscription's backoff grows to this",
+    "affinity.header": "request header naming a call's session; null: affinity off",
+    "affinity.ttl_s": "a session's binding unused this long is forgotten",
+    "affinity.max_sessions": "bindings (session, model, leg) kept; the least recently used go",
     "admin.listen": "the admin API's port (non-loopback needs a token)",
     "admin.token": "bearer token the admin API requires",
     "metrics.listen": "Prometheus `/metrics` endpoint; `off`: none",
@@ -265,6 +273,7 @@ SCOPE: dict[str, str] = {
     "kv.max_blocks_per_worker": "process, per worker",
     "kv.max_blocks": "process",
     "kv.max_event_bytes": "message",
+    "affinity.max_sessions": "process",
     "tracing.max_queue": "process",
     "orca.max_streams": "process",
     "orca.max_streams_per_connection": "connection",
@@ -310,6 +319,7 @@ UNIT_AT: dict[str, str] = {
     "models.<model>.max_token_usage": "fraction",
     "models.<model>.max_waiting": "requests",
     "flow.queue.max_requests": "calls",
+    "affinity.max_sessions": "bindings",
 }
 UNIT_BY_NAME: list[tuple[str, str]] = [  # (pattern, unit): the first that matches a key's name
     (r"_s$", "s"),
@@ -567,6 +577,7 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 BUILDS: list[tuple[str, Mapping[str, Any]]] = [
     ("always", {}),
     ("with `flow:`", {"flow": {}}),
+    ("with `affinity.header`", {"affinity": {"header": "x-session-id"}}),
     ("with tracing on", {"tracing": {"endpoint": "http://127.0.0.1:4317"}}),
     ("with `discovery:`", {"discovery": [{"source": "file", "path": "{workers}"}]}),
 ]

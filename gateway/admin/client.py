@@ -1,5 +1,5 @@
-"""`gateway workers list|add|remove|drain|watch` and `gateway queues`: the admin API from
-the command line.
+"""`gateway workers list|add|remove|drain|watch`, `gateway queues` and `gateway models
+routes|set-route`: the admin API from the command line.
 
 Talks to a running gateway's admin port with the generated stub; prints a table (or JSON
 lines with --json), and on an RPC error prints `gateway: <CODE>: <details>` and exits
@@ -9,8 +9,8 @@ exit status:
   0    done
   1    any other error (its gRPC code and message on stderr)
   2    usage error, or a value the gateway refused (INVALID_ARGUMENT: a bad worker URL,
-       a negative duration)
-  3    no such worker (NOT_FOUND)
+       a negative duration, a route the config's rules refuse)
+  3    no such worker, or no such model alias (NOT_FOUND)
   4    that worker is already registered (ALREADY_EXISTS)
   5    unreachable: the admin port did not answer (connection refused, no answer in
        time), or, for add, the worker did not tell its model and runtime in time
@@ -55,10 +55,10 @@ EXIT_STATUSES: tuple[tuple[int, str, tuple[StatusCode, ...]], ...] = (
     (
         2,
         "usage error, or a value the gateway refused (INVALID_ARGUMENT: a bad worker URL,"
-        " a negative duration)",
+        " a negative duration, a route the config's rules refuse)",
         (StatusCode.INVALID_ARGUMENT,),
     ),
-    (3, "no such worker (NOT_FOUND)", (StatusCode.NOT_FOUND,)),
+    (3, "no such worker, or no such model alias (NOT_FOUND)", (StatusCode.NOT_FOUND,)),
     (4, "that worker is already registered (ALREADY_EXISTS)", (StatusCode.ALREADY_EXISTS,)),
     (
         5,
@@ -155,6 +155,76 @@ def format_queues(listed: pb.ListQueuesResponse) -> str:
         "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[3]])
         for row in rows
     )
+
+
+def route_target(text: str) -> pb.RouteTarget:
+    """`MODEL=WEIGHT` (a whole number) as a route target; else a usage error."""
+    model, equals, weight = text.rpartition("=")
+    if not equals or not model or not weight.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODEL=WEIGHT (a whole number)")
+    return pb.RouteTarget(model=model, weight=int(weight))
+
+
+def add_models_arguments(parser: argparse.ArgumentParser) -> None:
+    """The CLI's `models` command: the model aliases' routes, and changing one."""
+    common = _add_common(argparse.ArgumentParser(add_help=False))
+    _with_exit_statuses(parser)
+    verbs = parser.add_subparsers(dest="models_command", metavar="VERB", required=True)
+    _with_exit_statuses(
+        verbs.add_parser("routes", parents=[common], help="list every model alias and its split")
+    )
+    set_route = _with_exit_statuses(
+        verbs.add_parser(
+            "set-route", parents=[common], help="replace an alias's targets and weights"
+        )
+    )
+    set_route.add_argument("alias", metavar="ALIAS", help="the alias (a models: key with route)")
+    set_route.add_argument(
+        "targets",
+        metavar="MODEL=WEIGHT",
+        nargs="+",
+        type=route_target,
+        help="each target and its weight (whole numbers; at least one above 0)",
+    )
+
+
+def run_models(args: argparse.Namespace) -> int:
+    """0 on success, else the error's exit status (`EXIT_STATUSES`), told on stderr."""
+    return _guarded(_models(args))
+
+
+async def _models(args: argparse.Namespace) -> int:
+    metadata = _auth(args)
+    async with aio.insecure_channel(args.admin) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        if args.models_command == "routes":
+            listed = await stub.ListRoutes(
+                pb.ListRoutesRequest(), metadata=metadata, timeout=CALL_TIMEOUT_S
+            )
+            if args.json:
+                for route in listed.routes:
+                    print(json.dumps(_to_dict(route)))
+            else:
+                print(format_routes(listed.routes))
+        else:
+            request = pb.SetRouteRequest(alias=args.alias, targets=args.targets)
+            answer = await stub.SetRoute(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+            _print(answer, args.json, f"{answer.route.alias} -> {_split(answer.route)}")
+    sys.stdout.flush()
+    return 0
+
+
+def _split(route: pb.Route) -> str:
+    return " ".join(f"{t.model}={t.weight}" for t in route.targets)
+
+
+def format_routes(routes: Sequence[pb.Route]) -> str:
+    """One alias a line: `chat  llama-3-8b-v2=90 llama-3-8b-v3=10`."""
+    if not routes:
+        return "no model aliases (a models: entry with route makes one)"
+    rows = [("ALIAS", "TARGETS"), *((r.alias, _split(r)) for r in routes)]
+    width = max(len(alias) for alias, _ in rows)
+    return "\n".join(f"{alias.ljust(width)}  {split}" for alias, split in rows)
 
 
 def _auth(args: argparse.Namespace) -> tuple[tuple[str, str], ...] | None:
@@ -414,11 +484,13 @@ def _event_line(event: pb.WatchWorkersResponse) -> str:
 
 __all__ = [
     "EXIT_STATUSES",
+    "add_models_arguments",
     "add_queues_arguments",
     "add_workers_arguments",
     "exit_status",
     "exit_status_help",
     "format_table",
+    "run_models",
     "run_queues",
     "run_workers",
 ]

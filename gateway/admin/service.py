@@ -1,4 +1,5 @@
-"""The admin service: add, remove, drain, list and watch workers, on its own port.
+"""The admin service: add, remove, drain, list and watch workers, and change the model
+aliases' splits, on its own port.
 
 It only translates: the fleet does the work, `convert` shapes the answers. Errors are
 gRPC statuses a person can act on: a bad URL is INVALID_ARGUMENT with the config error's
@@ -21,10 +22,18 @@ from gateway.admin import convert
 from gateway.admin.auth import admin_token_interceptor
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway.config import AdminConfig, ConfigError, GatewayConfig, WorkerSpec, parse_worker_url
+from gateway.config import (
+    AdminConfig,
+    ConfigError,
+    GatewayConfig,
+    Route,
+    WorkerSpec,
+    parse_worker_url,
+)
 from gateway.core.listen import bind
 from gateway.core.tasks import TaskScope
 from gateway.peer.service import PeerService, add_peer_service
+from gateway.placement.routes import BadRoute, RouteTable, UnknownAlias
 from gateway.upstream.manager import Fleet, WorkerExists
 from gateway.upstream.registry import FleetEvent
 from gateway.upstream.worker import Worker, discovered_sources
@@ -100,6 +109,31 @@ def queues_message(queues: Queues | None) -> pb.ListQueuesResponse:
     )
 
 
+def route_message(alias: str, route: Route) -> pb.Route:
+    targets = [pb.RouteTarget(model=model, weight=weight) for model, weight in route]
+    return pb.Route(alias=alias, targets=targets)
+
+
+def routes_message(routes: RouteTable) -> pb.ListRoutesResponse:
+    return pb.ListRoutesResponse(
+        routes=[route_message(alias, route) for alias, route in routes.routes().items()]
+    )
+
+
+async def set_route(routes: RouteTable, request: pb.SetRouteRequest, context: Context) -> Route:
+    """The alias's new route, set; NOT_FOUND for a name that is no alias, INVALID_ARGUMENT
+    for a route the config would refuse."""
+    route = tuple((t.model, t.weight) for t in request.targets)
+    try:
+        routes.set(request.alias, route)
+    except UnknownAlias as exc:
+        await abort(context, grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+    except BadRoute as exc:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    log.info("admin_set_route", alias=request.alias, route=[f"{m}={w}" for m, w in route])
+    return route
+
+
 class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     """AdminService over a running Fleet (and its waiting rooms, with flow control)."""
 
@@ -110,8 +144,10 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         *,
         watch_queue_size: int = WATCH_QUEUE_SIZE,
         queues: Queues | None = None,
+        routes: RouteTable | None = None,
     ) -> None:
         self._fleet = fleet
+        self._routes = routes if routes is not None else RouteTable({})
         self._queues = queues
         self._config = config
         self._watch_queue_size = watch_queue_size
@@ -202,6 +238,15 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     ) -> pb.ListQueuesResponse:
         return queues_message(self._queues)
 
+    async def ListRoutes(
+        self, request: pb.ListRoutesRequest, context: Context
+    ) -> pb.ListRoutesResponse:
+        return routes_message(self._routes)
+
+    async def SetRoute(self, request: pb.SetRouteRequest, context: Context) -> pb.SetRouteResponse:
+        route = await set_route(self._routes, request, context)
+        return pb.SetRouteResponse(route=route_message(request.alias, route))
+
     async def WatchWorkers(
         self, request: pb.WatchWorkersRequest, context: Context
     ) -> AsyncIterator[pb.WatchWorkersResponse]:
@@ -244,11 +289,12 @@ async def start_admin_server(
     config: GatewayConfig,
     peer: PeerService | None = None,
     queues: Queues | None = None,
+    routes: RouteTable | None = None,
 ) -> tuple[aio.Server, int, AdminService]:
-    """Serve AdminService over `fleet` (and `queues`) on `config.admin.listen`, with the
-    `peer` service of a serving process beside it (see `serve_admin`); the service is
-    closed after the server stops."""
-    service = AdminService(fleet, config, queues=queues)
+    """Serve AdminService over `fleet` (and `queues`, `routes`) on `config.admin.listen`,
+    with the `peer` service of a serving process beside it (see `serve_admin`); the
+    service is closed after the server stops."""
+    service = AdminService(fleet, config, queues=queues, routes=routes)
     server, port = await serve_admin(service, config.admin, peer)
     return server, port, service
 

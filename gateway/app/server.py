@@ -17,7 +17,14 @@ from gateway.admin.service import AdminService, start_admin_server
 from gateway.app.connections import ConnectionWatch, raise_fd_limit
 from gateway.app.memory import Trimmer
 from gateway.app.transport import server_options
-from gateway.config import DEFAULT_TENANT_LABELS, GatewayConfig, usable_cores
+from gateway.config import (
+    DEFAULT_TENANT_LABELS,
+    GatewayConfig,
+    named_models,
+    routes_of,
+    served_models,
+    usable_cores,
+)
 from gateway.core.listen import CannotListen, bind
 from gateway.core.member import Member
 from gateway.core.offload import Offload
@@ -36,8 +43,10 @@ from gateway.orca.service import SERVICE_NAME as ORCA_SERVICE
 from gateway.orca.service import OrcaService
 from gateway.peer.client import Siblings
 from gateway.peer.service import PeerService
+from gateway.placement.affinity import Affinity
 from gateway.placement.placer import Placer
 from gateway.placement.policies import build_policy
+from gateway.placement.routes import RouteTable
 from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
@@ -114,6 +123,7 @@ class Gateway:
             self.sources = Sources(config.discovery, self.offload)
         self._discovered = dict(discovered or {})
         self.inflight = InflightTable()
+        self.affinity = Affinity(config.affinity) if config.affinity.enabled else None
         self.placer = Placer(
             self.fleet.registry,
             config.model,
@@ -121,6 +131,11 @@ class Gateway:
             config.loads.interval_s,
             config.loads.stale_after_s,
             adapters,
+            self.affinity,
+        )
+        served = served_models(config)  # model aliases: changed by the admin API only
+        self.routes = RouteTable(
+            routes_of(config.models), named_models(config.models, served), served
         )
         upstream = config.upstream
         relay = MetadataRelay(
@@ -164,6 +179,8 @@ class Gateway:
             self.metrics.flow(self.rooms)
         if self.tracing is not None:
             self.metrics.tracing(self.tracing.counts)
+        if self.affinity is not None:
+            self.metrics.affinity(self.affinity)
         self.metrics.relayed_metadata(lambda: relay.dropped)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
@@ -216,6 +233,7 @@ class Gateway:
             self.disagg,
             self.offload,
             self.rooms,
+            self.routes,
         )
         self.fronts = fronts = [
             EngineFront(
@@ -250,6 +268,7 @@ class Gateway:
             report=self.metrics.connections,
         )
         self.fleet.registry.subscribe(self._on_fleet_event)
+        self.routes.subscribe(self._refresh_health)
         self.fleet.registry.subscribe(self.upstreams.on_fleet_event)
         self._refresh_health()
         await self.fleet.start(self.config.workers)
@@ -263,7 +282,7 @@ class Gateway:
             by_service = {front.adapter.service_name: front for front in self.fronts}
             peer = PeerService(by_service, self.metrics.prometheus, self.membership)
         self.admin_server, self.admin_port, self.admin = await start_admin_server(
-            self.fleet, self.config, peer, self.rooms
+            self.fleet, self.config, peer, self.rooms, self.routes
         )
         if self.config.metrics.listen:
             try:
@@ -301,7 +320,9 @@ class Gateway:
         if self.member is not None and self.member.index != 0:
             return
         registry = self.fleet.registry
-        models = sorted(set(registry.models()) | set(self.config.models))
+        models = sorted(
+            set(registry.models()) | set(self.config.models) - set(self.routes.routes())
+        )
         unusable = [model for model in models if not self.placer.servable(model)]
         if unusable or not len(registry):
             log.warning(
@@ -354,8 +375,11 @@ class Gateway:
         self._health_due = False
         registry = self.fleet.registry
         by_runtime = {rt: registry.models(rt) for rt in self.adapters if registry.models(rt)}
+        aliases = {alias: self.routes.leaves(alias) for alias in self.routes.routes()}
         self.health.update(
-            desired_statuses(self.draining, by_runtime, self.placer.servable, self.adapters)
+            desired_statuses(
+                self.draining, by_runtime, self.placer.servable, self.adapters, aliases
+            )
         )
 
     @property

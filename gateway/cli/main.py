@@ -1,4 +1,5 @@
-"""`gateway serve | check-config | demo | sim | workers | queues`: the command line.
+"""`gateway serve | check-config | demo | sim | workers | queues | models`: the command
+line.
 
 `gateway check-config` reads and checks a configuration exactly as `gateway serve` does
 (`checked_config`, shared by both: the file, the flags, validation, and every file a
@@ -251,6 +252,7 @@ LAZY = {
     "sim": "run one simulated SGLang or vLLM worker (needs gateway_sim)",
     "workers": "list, add, remove, drain or watch workers (admin API)",
     "queues": "show the calls waiting for a worker, by model, class and tenant (admin API)",
+    "models": "list the model aliases' splits, or change one (admin API)",
 }
 NO_SIMULATOR = (
     "the simulator is not installed (package gateway_sim, distribution "
@@ -399,11 +401,22 @@ def _queues(argv: Sequence[str]) -> int:
     return run_queues(args)
 
 
+def _models(argv: Sequence[str]) -> int:
+    from gateway.admin.client import add_models_arguments, run_models
+
+    parser = _parser("models", "Model aliases: list their splits, or change one (admin API).")
+    add_models_arguments(parser)
+    args = parser.parse_args(argv)
+    own_signals()
+    return run_models(args)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "demo": _demo,
     "sim": _sim,
     "workers": _workers,
     "queues": _queues,
+    "models": _models,
 }
 
 

@@ -9,12 +9,13 @@ once, next to its default, and checked whether the value comes from the file, fr
 prints it and exits with status 2.
 
 This package's root is its API: what the rest of the tree imports. The modules hold one
-section each (workers, models, upstream, limits, kv, security, observability, discovery,
-flow), the field types (fields), `GatewayConfig` and `SECTIONS` (gateway), and reading,
+section each (workers, models, upstream, limits, kv, affinity, security, observability,
+discovery, flow), the field types (fields), `GatewayConfig` and `SECTIONS` (gateway), and reading,
 merging and the one-line errors (loading, errors).
 """
 
 from gateway.config.addresses import parse_address
+from gateway.config.affinity import AffinityConfig
 from gateway.config.discovery import (
     DiscoverySource,
     DnsDiscovery,
@@ -38,9 +39,10 @@ from gateway.config.loading import (
     load_file,
     parse_worker_list,
     parse_worker_url,
+    served_models,
     warn_renamed,
 )
-from gateway.config.models import ModelSettings
+from gateway.config.models import ModelSettings, Route, named_models, route_problem, routes_of
 from gateway.config.observability import (
     LOG_FORMATS,
     LOG_LEVELS,
@@ -64,6 +66,7 @@ __all__ = [
     "SECTIONS",
     "WORKER_URL_KEYS",
     "AdminConfig",
+    "AffinityConfig",
     "AuthConfig",
     "ConfigError",
     "DiscoverySource",
@@ -81,6 +84,7 @@ __all__ = [
     "OrcaConfig",
     "OutlierDetectionConfig",
     "ProbeConfig",
+    "Route",
     "TenantConfig",
     "TlsConfig",
     "TracingConfig",
@@ -89,10 +93,14 @@ __all__ = [
     "WorkerSpec",
     "build_config",
     "load_file",
+    "named_models",
     "parse_address",
     "parse_processes",
     "parse_worker_list",
     "parse_worker_url",
+    "route_problem",
+    "routes_of",
+    "served_models",
     "usable_cores",
     "warn_renamed",
 ]

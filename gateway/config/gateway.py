@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from pydantic.dataclasses import dataclass
 
+from gateway.config.affinity import AffinityConfig
 from gateway.config.discovery import DiscoverySource
 from gateway.config.fields import (
     SETTINGS,
@@ -115,6 +116,7 @@ class GatewayConfig:
     upstream_tls: UpstreamTlsConfig = dataclasses.field(default_factory=UpstreamTlsConfig)
     auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
     kv: KvConfig = dataclasses.field(default_factory=KvConfig)
+    affinity: AffinityConfig = dataclasses.field(default_factory=AffinityConfig)
     admin: AdminConfig = dataclasses.field(default_factory=AdminConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
@@ -149,6 +151,7 @@ SECTIONS: dict[str, type] = {
     "upstream_tls": UpstreamTlsConfig,
     "auth": AuthConfig,
     "kv": KvConfig,
+    "affinity": AffinityConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
     "tracing": TracingConfig,

@@ -19,7 +19,7 @@ from gateway.config.discovery import DISCOVERY_TAGS
 from gateway.config.errors import ConfigError, show
 from gateway.config.flow import check_tenant_classes
 from gateway.config.gateway import SECTIONS, GatewayConfig
-from gateway.config.models import ModelSettings
+from gateway.config.models import ModelSettings, named_models, route_problem, routes_of
 from gateway.config.workers import MAX_URL, WorkerEntry, WorkerSpec, check_workers
 from gateway.core.policy_names import policy_names
 
@@ -358,4 +358,22 @@ def build_config(
     _check_addresses(config)
     check_workers(config.workers)
     check_tenant_classes(config.flow, config.tenants)
+    _check_routes(config)
     return config
+
+
+def served_models(config: GatewayConfig) -> frozenset[str]:
+    """The models the configured workers and discovery sources name."""
+    found = [spec.model for spec in config.workers]
+    found += [getattr(source, "model", None) for source in config.discovery]
+    return frozenset(m for m in found if m)
+
+
+def _check_routes(config: GatewayConfig) -> None:
+    """Aliases (`models.<name>.route`) send only to models the config names."""
+    served = served_models(config)
+    named = named_models(config.models, served)
+    problem = route_problem(routes_of(config.models), named, served)
+    if problem is not None:
+        where, message = problem
+        raise ConfigError(f"{_path(('models', *where))}: {message}")

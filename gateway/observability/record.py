@@ -20,7 +20,8 @@ from gateway.placement.verdicts import Verdict
 class CallRecord:
     rpc: str
     service: str
-    model: str = ""
+    model: str = ""  # the model the call named
+    target: str | None = None  # the model an alias sent it to (named an alias: only then)
     request_id: str = ""
     code: str = "OK"
     started: float = field(default_factory=time.perf_counter)
@@ -92,6 +93,8 @@ class CallRecord:
             "completion_tokens": self.completion_tokens,
             "migrations": self.continued,
         }
+        if self.target is not None:  # the call named an alias
+            fields["target"] = self.target
         if self.trace_id is not None:  # tracing on
             fields["trace_id"] = self.trace_id
         if self.suppressed:  # refused calls' lines, bounded (gateway.proxy.front)

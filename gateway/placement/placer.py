@@ -18,6 +18,7 @@ from gateway.config import ModelSettings
 from gateway.core.roles import ENGINE_ROLES, Role, Runtime
 from gateway.engines import Adapters
 from gateway.placement import verdicts
+from gateway.placement.affinity import NO_BINDING, Affinity
 from gateway.placement.decision import NO_RANKS, Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
 from gateway.placement.policies import Choice, Hints, Policy, rendezvous_pick
@@ -84,7 +85,9 @@ class Placer:
         load_interval_s: float,
         stale_after_s: float,
         adapters: Adapters,
+        affinity: Affinity | None = None,
     ) -> None:
+        self.affinity = affinity  # session bindings (`affinity:` on), written by `Placing`
         self._adapters = adapters
         self._registry = registry
         self._model_settings = model_settings
@@ -135,10 +138,12 @@ class Placer:
         items: Sequence[str] = (),
         exclude: Collection[str] = (),
         legs: tuple[Role, ...] | None = None,
+        bound: Mapping[Role, str] = NO_BINDING,
     ) -> Decision | Verdict:
         """Pick a worker for every leg the request demands (`legs`, when the caller already
         knows them), never one in `exclude` (workers that already failed this request); or
-        the verdict saying why not."""
+        the verdict saying why not. `bound`: a leg's worker (id) to keep when it is among
+        the leg's candidates and its policy takes it (session affinity)."""
         now = time.monotonic()
         registry = self._registry
         if legs is None:
@@ -174,7 +179,7 @@ class Placer:
             verdicts.append(self._incompatible(model, runtime, legs))
         if verdicts:
             return most_permanent(verdicts)
-        return self._pick(model, runtime, legs, fitting, hints, items)
+        return self._pick(model, runtime, legs, fitting, hints, items, bound)
 
     def _fitting(self, cluster: Cluster, available: list[Worker], now: float) -> list[Worker]:
         """The available workers the cluster's limits let take one more request."""
@@ -206,15 +211,17 @@ class Placer:
         fitting: dict[Role, list[Worker]],
         hints: Hints,
         items: Sequence[str],
+        bound: Mapping[Role, str],
     ) -> Decision | Verdict:
         chosen: dict[Role, Choice[Worker]] = {}
         if Role.REGULAR in fitting:
-            picked = self._choose(model, runtime, Role.REGULAR, fitting[Role.REGULAR], hints)
+            regular = fitting[Role.REGULAR]
+            picked = self._choose(model, runtime, Role.REGULAR, regular, hints, bound)
             if isinstance(picked, Verdict):
                 return picked
             chosen[Role.REGULAR] = picked
         else:
-            pair = self._pair(model, runtime, fitting, hints)
+            pair = self._pair(model, runtime, fitting, hints, bound)
             if isinstance(pair, Verdict):
                 return pair
             chosen.update(pair)
@@ -238,11 +245,19 @@ class Placer:
         runtime: Runtime,
         fitting: dict[Role, list[Worker]],
         hints: Hints,
+        bound: Mapping[Role, str],
     ) -> dict[Role, Choice[Worker]] | Verdict:
         """A prefill and a decode that can hand KV to each other: search every pairing
-        group that has both legs, not just the group of whichever prefill comes first."""
+        group that has both legs, not just the group of whichever prefill comes first (the
+        groups of the bound workers first)."""
+        kept = (
+            {w.pairing for leg in PD_LEGS for w in fitting[leg] if w.id == bound.get(leg)}
+            if bound
+            else set()
+        )
         groups = sorted(
-            {w.pairing for w in fitting[Role.PREFILL]} & {w.pairing for w in fitting[Role.DECODE]}
+            {w.pairing for w in fitting[Role.PREFILL]} & {w.pairing for w in fitting[Role.DECODE]},
+            key=lambda group: (group not in kept, group),
         )
         if not groups:
             return self._incompatible(model, runtime, PD_LEGS)
@@ -251,7 +266,7 @@ class Placer:
             pair: dict[Role, Choice[Worker]] = {}
             for leg in PD_LEGS:
                 candidates = [w for w in fitting[leg] if w.pairing == group]
-                picked = self._choose(model, runtime, leg, candidates, hints)
+                picked = self._choose(model, runtime, leg, candidates, hints, bound)
                 if isinstance(picked, Verdict):
                     declined = declined or picked
                     break
@@ -262,11 +277,26 @@ class Placer:
         return declined
 
     def _choose(
-        self, model: str, runtime: Runtime, leg: Role, candidates: list[Worker], hints: Hints
+        self,
+        model: str,
+        runtime: Runtime,
+        leg: Role,
+        candidates: list[Worker],
+        hints: Hints,
+        bound: Mapping[Role, str] = NO_BINDING,
     ) -> Choice[Worker] | Verdict:
+        """The policy's choice among the candidates; the bound worker's when it is one of
+        them and the policy, offered it alone, takes it (so a cache-aware policy still
+        picks its rank and remembers the prompt there)."""
         # Every cluster's policy was built by placement (the fleet's `build_policy`).
         policy = cast("Policy", self._cluster(model, runtime, leg).policy)
-        picked = policy.choose(candidates, hints)
+        picked = None
+        kept_id = bound.get(leg)
+        if kept_id is not None:
+            kept = [w for w in candidates if w.id == kept_id]
+            picked = policy.choose(kept, hints) if kept else None
+        if picked is None:
+            picked = policy.choose(candidates, hints)
         if picked is None:
             return verdicts.policy_declined(model, leg.value, policy.name, self._retry_after_ms)
         return picked
@@ -319,9 +349,19 @@ class Placer:
 class Placing:
     """How each attempt of one call is placed (what dispatch calls with the workers that
     failed it so far): every leg its model needs, or the receiver only (a call that is not
-    a disaggregated Generate)."""
+    a disaggregated Generate). With `session` (affinity on), each leg goes to the worker
+    the session is bound to when it can, and the session is bound to where it went."""
 
-    __slots__ = ("_hints", "_items", "_legs", "_model", "_placer", "_receiver_only", "_runtime")
+    __slots__ = (
+        "_hints",
+        "_items",
+        "_legs",
+        "_model",
+        "_placer",
+        "_receiver_only",
+        "_runtime",
+        "_session",
+    )
 
     def __init__(
         self,
@@ -333,15 +373,26 @@ class Placing:
         legs: tuple[Role, ...],
         *,
         receiver_only: bool,
+        session: str | None = None,
     ) -> None:
         self._placer, self._model, self._runtime = placer, model, runtime
         self._hints, self._items, self._legs = hints, items, legs
         self._receiver_only = receiver_only
+        self._session = session if placer.affinity is not None else None
 
     def __call__(self, tried: Collection[str]) -> Decision | Verdict:
+        affinity, session, model = self._placer.affinity, self._session, self._model
+        now = time.monotonic()
+        bound = NO_BINDING
+        if affinity is not None and session is not None:
+            bound = affinity.bound(session, model, self._legs, now)
         decided = self._placer.place(
-            self._model, self._runtime, self._hints, self._items, tried, self._legs
+            model, self._runtime, self._hints, self._items, tried, self._legs, bound
         )
-        if self._receiver_only and not isinstance(decided, Verdict):
-            return decided.only(decided.receiver)
+        if isinstance(decided, Verdict):
+            return decided
+        if self._receiver_only:
+            decided = decided.only(decided.receiver)
+        if affinity is not None and session is not None:
+            affinity.placed(session, model, decided.workers, bound, now)
         return decided

@@ -214,8 +214,10 @@ class Call:
         """The workers (or sibling processes) a fan-out or an abort went to."""
         self.record.targets = targets
 
-    def resolved(self, model: str) -> None:
-        self.model = self.record.model = model
+    def resolved(self, model: str, target: str | None = None) -> None:
+        """The model it named; `target`: the one an alias sent it to (it is placed there)."""
+        self.model = model if target is None else target
+        self.record.model, self.record.target = model, target
 
     def placed(self, reserved: Reserved, *, retry: bool) -> None:
         """An attempt starts on `reserved` (a retry: after a retryable failure)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import structlog
 
 from gateway.observability.logs import Throttle
+from gateway.placement.affinity import session_key
 from gateway.placement.policies import Hints
 from gateway.security.bearer import AUTHORIZATION, bearer_token
 
@@ -69,6 +70,7 @@ class RequestMeta:
     bad_key: str | None = None  # the first key whose value cannot go upstream
     bearer: str | None = None  # X of `authorization: Bearer X` (the API key), never forwarded
     flow: tuple[str | None, str | None] = (None, None)  # (priority class, tenant) asked for
+    session: str | None = None  # the session it belongs to (affinity on; see `session_key`)
 
 
 def read_request_meta(
@@ -78,10 +80,14 @@ def read_request_meta(
     target_worker_header: str,
     private_keys: frozenset[str] = frozenset(),
     flow_headers: tuple[str, str] = ("", ""),
+    session_header: str = "",
 ) -> RequestMeta:
     """Routing hints, the caller's bearer token, and what goes upstream: forwardable keys
     but `private_keys` (the caller's own credentials, which are the gateway's business,
-    not the workers'). `flow_headers`: the priority and tenant headers (flow control)."""
+    not the workers'). `flow_headers`: the priority and tenant headers (flow control).
+    `session_header` (affinity on): the header naming the call's session, which is also
+    its routing key when it has none of its own (so `consistent_hash` places a session's
+    first call alike in every serving process and replica)."""
     priority_header, tenant_header = flow_headers
     priority: str | None = None
     tenant: str | None = None
@@ -89,6 +95,7 @@ def read_request_meta(
     model_rank = len(model_headers)
     routing_key: str | None = None
     target: str | None = None
+    session: str | None = None
     token: str | None = None
     forward: list[tuple[str, str | bytes]] = []
     bad_key: str | None = None
@@ -102,6 +109,8 @@ def read_request_meta(
         forward.append((key, value))
         if isinstance(value, bytes):
             continue
+        if key == session_header and session is None:
+            session = session_key(value)
         if key in model_headers:
             rank = model_headers.index(key)
             if rank < model_rank:
@@ -116,11 +125,14 @@ def read_request_meta(
             tenant = value
     return RequestMeta(
         model=model or None,
-        hints=Hints(routing_key=routing_key, target_worker=target),
+        hints=Hints(
+            routing_key=routing_key if routing_key is not None else session, target_worker=target
+        ),
         forward=tuple(forward),
         bad_key=bad_key,
         bearer=token,
         flow=(priority, tenant),
+        session=session,
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -23,11 +23,13 @@ from google.protobuf.message import DecodeError
 from gateway.config import GatewayConfig
 from gateway.core.address import peer_host
 from gateway.core.offload import Offload
-from gateway.core.roles import Role
+from gateway.core.roles import Role, Runtime
 from gateway.engines import EngineAdapter, RpcKind
 from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
 from gateway.flow.budget import Charge, OverBudget, RateLimits
 from gateway.placement.placer import Placer, Placing
+from gateway.placement.policies import Hints
+from gateway.placement.routes import RouteTable, unroutable
 from gateway.placement.verdicts import (
     Verdict,
     bad_metadata,
@@ -80,6 +82,7 @@ class Routing:
     disagg: DisaggregatedDispatch
     offload: Offload
     rooms: WaitingRooms | None = None  # flow control: where busy models' calls wait
+    routes: RouteTable = field(default_factory=lambda: RouteTable({}))  # model aliases
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ async def open_call(env: Env, call: Call) -> None:
         config.target_worker_header,
         env.private_keys,
         (flow.priority_header, flow.tenant_header) if flow else ("", ""),
+        config.affinity.header or "",
     )
     peer = context.peer()
     call.came_from(peer)
@@ -174,13 +178,49 @@ async def decode(env: Env, call: Call) -> None:
 
 
 async def resolve(env: Env, call: Call) -> None:
-    """The model the call is for (named, or the protocol's only one), else refused."""
+    """The model the call is for (named, or the protocol's only one), else refused. An
+    alias is resolved to one of its targets (`placement/routes.py`), and the call is then
+    placed as a call for that target."""
     named_model = call.meta.model
+    if named_model is not None and env.routing.routes.route(named_model) is not None:
+        await _resolve_alias(env, call, named_model)
+        return
     resolved = env.routing.placer.resolve(named_model, env.adapter.runtime)
     if isinstance(resolved, Verdict):
         call.resolved(named_model or "")
         await call.refuse(resolved)
     call.resolved(resolved)
+
+
+async def _resolve_alias(env: Env, call: Call, alias: str) -> None:
+    """A target with a servable worker, by weight (by the routing key, if any); none: the
+    verdict of the heaviest target, naming the alias (an engine HealthCheck is answered
+    for that target instead: not servable)."""
+    routes, placer, runtime = env.routing.routes, env.routing.placer, env.adapter.runtime
+
+    def servable(model: str) -> bool:
+        return placer.servable(model, runtime)
+
+    target = routes.choose(alias, servable, call.meta.hints.routing_key)
+    if target is not None:
+        call.resolved(alias, target)
+        return
+    fallback = routes.heaviest(alias)
+    verdict = _why_not(placer, fallback, runtime)
+    if verdict is None or call.spec.kind is RpcKind.HEALTH_CHECK:
+        call.resolved(alias, fallback)  # placeable after all (load aside): placed there
+        return
+    call.resolved(alias)
+    await call.refuse(unroutable(alias, routes.leaves(alias), verdict))
+
+
+def _why_not(placer: Placer, model: str, runtime: Runtime) -> Verdict | None:
+    """What a call for `model` is refused with now (as if named directly), if it is."""
+    resolved = placer.resolve(model, runtime)
+    if isinstance(resolved, Verdict):
+        return resolved
+    placed = placer.place(model, runtime, Hints())
+    return placed if isinstance(placed, Verdict) else None
 
 
 async def classify(env: Env, call: Call) -> None:
@@ -250,7 +290,7 @@ def disaggregated(call: Call) -> bool:
 
 def placement(env: Env, call: Call) -> Placing:
     """How each attempt is placed: every leg the model needs (the receiver only, for a
-    call that is not a disaggregated Generate)."""
+    call that is not a disaggregated Generate), on its session's workers when it can."""
     info = call.info
     items = info.mm_items if info is not None else ()
     return Placing(
@@ -261,6 +301,7 @@ def placement(env: Env, call: Call) -> Placing:
         items,
         call.legs,
         receiver_only=not disaggregated(call),
+        session=call.meta.session,
     )
 
 

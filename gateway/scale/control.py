@@ -52,6 +52,7 @@ class DesiredFleet:
     specs: dict[str, WorkerSpec]  # by worker id (HOST:PORT), in registration order
     urls: dict[str, str] = field(default_factory=dict)  # the URL each admin AddWorker gave
     drained: set[str] = field(default_factory=set)
+    routes: dict[str, pb.SetRouteRequest] = field(default_factory=dict)  # by alias: the last
 
     @classmethod
     def of(cls, config: GatewayConfig) -> DesiredFleet:
@@ -292,6 +293,33 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
             ],
         )
 
+    async def ListRoutes(
+        self, request: pb.ListRoutesRequest, context: Context
+    ) -> pb.ListRoutesResponse:
+        """The routes as the lowest-numbered process that answers holds them (every
+        process holds the same: SetRoute goes to all)."""
+        answers = await self._everywhere(lambda a: a.ListRoutes(pb.ListRoutesRequest()))
+        for answer in answers:
+            if isinstance(answer, pb.ListRoutesResponse):
+                return answer
+        await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process answered in time")
+
+    async def SetRoute(self, request: pb.SetRouteRequest, context: Context) -> pb.SetRouteResponse:
+        """To every process; each checks the route against the same config, so they all
+        take it or all refuse it. A restarted process is given the last one (`reconcile`)."""
+        answers = await self._everywhere(
+            lambda a: a.SetRoute(request), self._change_slack_s, change="SetRoute"
+        )
+        failed = [e for e in map(_error, answers) if e is not None]
+        if failed:
+            await abort(context, failed[0].code(), str(failed[0].details()))
+        set_routes = [a for a in answers if isinstance(a, pb.SetRouteResponse)]
+        if not set_routes:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process answered in time")
+        self._desired.routes[request.alias] = request
+        log.info("control_set_route", alias=request.alias, processes=len(set_routes))
+        return set_routes[0]
+
     async def merged(self) -> list[pb.Worker]:
         """Every process's list, merged: a process that does not answer within the read
         deadline is left out (the supervisor's liveness check replaces a wedged one)."""
@@ -357,6 +385,8 @@ async def reconcile(
         if worker_id in have and have[worker_id].status != pb.WORKER_STATUS_DRAINING:
             drain = pb.DrainWorkerRequest(worker_id=worker_id)
             await _quiet(admin.DrainWorker(drain, timeout=timeout_s))
+    for route in list(desired.routes.values()):
+        await _quiet(admin.SetRoute(route, timeout=timeout_s))
     log.debug("reconciled", serving_process=str(index), workers=len(desired.specs))
 
 

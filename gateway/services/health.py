@@ -5,7 +5,7 @@ updates when one of several watchers leaves. Names served:
   "" and "liveness"        SERVING while the process runs and is not draining
   "readiness"              SERVING iff at least one model is servable
   <engine service name>    SERVING iff a model served over that protocol is servable
-  "models/<model-id>"      SERVING iff that model is servable
+  "models/<model-id>"      SERVING iff that model is servable (an alias: one of its targets)
 Check answers from memory; Watch streams every change to every watcher; List returns all.
 
 With API keys (`guard`), Check and Watch on any name but the probes' ("", liveness,
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Iterable, Mapping
 
 import grpc
 import structlog
@@ -76,9 +76,11 @@ def desired_statuses(
     models_by_runtime: dict[Runtime, list[str]],
     servable: Callable[[str, Runtime], bool],
     adapters: Adapters,
+    aliases: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, int]:
     """Every health entry's status from the fleet's state (pure); `adapters` name each
-    protocol's entry (its engine service)."""
+    protocol's entry (its engine service); `aliases`: each model alias and the models it
+    may send to (SERVING iff one of them is)."""
     statuses: dict[str, int] = {}
     serving_models: set[str] = set()
     for runtime, models in models_by_runtime.items():
@@ -88,6 +90,9 @@ def desired_statuses(
     for models in models_by_runtime.values():
         for model in models:
             statuses[model_entry(model)] = SERVING if model in serving_models else NOT_SERVING
+    for alias, targets in (aliases or {}).items():
+        routed = any(target in serving_models for target in targets)
+        statuses[model_entry(alias)] = SERVING if routed else NOT_SERVING
     statuses[READINESS] = SERVING if serving_models else NOT_SERVING
     for name in LIVENESS:
         statuses[name] = SERVING

@@ -10,6 +10,7 @@ from gateway.config import KvConfig, ModelSettings, OutlierDetectionConfig, Work
 from gateway.core.roles import Role, Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
+from gateway.placement.affinity import Affinity
 from gateway.placement.placer import Placer
 from gateway.placement.policies import build_policy
 from gateway.upstream.cluster import PolicyContext, cluster_factory
@@ -70,8 +71,10 @@ def make_placer(
     retry_after_ms: int = 1000,
     load_interval_s: float = 1.0,
     stale_after_s: float = 3.0,
+    affinity: Affinity | None = None,
 ) -> Placer:
-    """A placer over `registry` (`model_settings`: which models need the encode leg)."""
+    """A placer over `registry` (`model_settings`: which models need the encode leg;
+    `affinity`: session bindings, none unless given)."""
     return Placer(
         registry,
         model_settings,
@@ -79,4 +82,5 @@ def make_placer(
         load_interval_s=load_interval_s,
         stale_after_s=stale_after_s,
         adapters=engine_adapters(),
+        affinity=affinity,
     )

@@ -257,3 +257,43 @@ class ListQueuesResponse(_message.Message):
     enabled: bool
     queues: _containers.RepeatedCompositeFieldContainer[QueueDepth]
     def __init__(self, enabled: _Optional[bool] = ..., queues: _Optional[_Iterable[_Union[QueueDepth, _Mapping]]] = ...) -> None: ...
+
+class RouteTarget(_message.Message):
+    __slots__ = ("model", "weight")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    weight: int
+    def __init__(self, model: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class Route(_message.Message):
+    __slots__ = ("alias", "targets")
+    ALIAS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    alias: str
+    targets: _containers.RepeatedCompositeFieldContainer[RouteTarget]
+    def __init__(self, alias: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[RouteTarget, _Mapping]]] = ...) -> None: ...
+
+class ListRoutesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListRoutesResponse(_message.Message):
+    __slots__ = ("routes",)
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    routes: _containers.RepeatedCompositeFieldContainer[Route]
+    def __init__(self, routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ...) -> None: ...
+
+class SetRouteRequest(_message.Message):
+    __slots__ = ("alias", "targets")
+    ALIAS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    alias: str
+    targets: _containers.RepeatedCompositeFieldContainer[RouteTarget]
+    def __init__(self, alias: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[RouteTarget, _Mapping]]] = ...) -> None: ...
+
+class SetRouteResponse(_message.Message):
+    __slots__ = ("route",)
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    route: Route
+    def __init__(self, route: _Optional[_Union[Route, _Mapping]] = ...) -> None: ...

@@ -65,6 +65,16 @@ class AdminServiceStub:
                 request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
                 response_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
                 _registered_method=True)
+        self.ListRoutes = channel.unary_unary(
+                '/gateway.admin.v1.AdminService/ListRoutes',
+                request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListRoutesRequest.SerializeToString,
+                response_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListRoutesResponse.FromString,
+                _registered_method=True)
+        self.SetRoute = channel.unary_unary(
+                '/gateway.admin.v1.AdminService/SetRoute',
+                request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.SetRouteRequest.SerializeToString,
+                response_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.SetRouteResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -123,6 +133,24 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRoutes(self, request, context):
+        """ListRoutes returns every model alias (`models.<name>.route`) and its weighted targets,
+        sorted by alias.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRoute(self, request, context):
+        """SetRoute replaces an alias's targets and weights; the next call for the alias uses
+        them. Errors: NOT_FOUND (not an alias of the config), INVALID_ARGUMENT (no weight
+        above 0, a target the config does not name, a target listed twice, a cycle, or an
+        alias nested more than one level deep).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +183,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListQueues,
                     request_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesRequest.FromString,
                     response_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'ListRoutes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRoutes,
+                    request_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListRoutesRequest.FromString,
+                    response_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListRoutesResponse.SerializeToString,
+            ),
+            'SetRoute': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRoute,
+                    request_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.SetRouteRequest.FromString,
+                    response_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.SetRouteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -320,6 +358,60 @@ class AdminService:
             '/gateway.admin.v1.AdminService/ListQueues',
             gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesRequest.SerializeToString,
             gateway_dot_admin_dot_v1_dot_admin__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRoutes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gateway.admin.v1.AdminService/ListRoutes',
+            gateway_dot_admin_dot_v1_dot_admin__pb2.ListRoutesRequest.SerializeToString,
+            gateway_dot_admin_dot_v1_dot_admin__pb2.ListRoutesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRoute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gateway.admin.v1.AdminService/SetRoute',
+            gateway_dot_admin_dot_v1_dot_admin__pb2.SetRouteRequest.SerializeToString,
+            gateway_dot_admin_dot_v1_dot_admin__pb2.SetRouteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -176,6 +176,14 @@ class CallSeries:
             ["model", "reason", "outcome"],
             registry=prometheus,
         )
+        self._route_decisions = Counter(
+            "gateway_route_decisions",
+            "calls for a model alias, by the alias and the target it sent the call to (both "
+            "names from the config)",
+            ["alias", "target"],
+            registry=prometheus,
+        )
+        self._route_children: dict[tuple[str, ...], Any] = {}
         self._prompt_children: dict[tuple[str, ...], Any] = {}
         self._hit_children: dict[tuple[str, ...], Any] = {}
         self._request_children: dict[tuple[str, ...], Any] = {}
@@ -190,7 +198,12 @@ class CallSeries:
         """Count one finished call (a few cached lookups, no allocation beyond the key
         tuples)."""
         verdict = record.verdict
-        model = record.model
+        # A call for an alias is counted as its target's (where it ran: a canary's
+        # series beside the stable one's), and once as the alias's decision.
+        model = record.model if record.target is None else record.target
+        if record.target is not None:
+            decided = (record.model, record.target)
+            child(self._route_children, self._route_decisions, decided).inc()
         if verdict is not None and verdict.reason in CLIENT_NAMED:
             model = ""
         answered = (model, record.service, record.rpc, record.code)

@@ -22,6 +22,7 @@ from prometheus_client import (
 from gateway.config import DEFAULT_TENANT_LABELS, parse_address
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.discovery.source import SourceStats
+from gateway.observability.metrics.affinity import AffinityCollector
 from gateway.observability.metrics.calls import CallSeries
 from gateway.observability.metrics.counts import RelayedMetadataCollector, TracingCollector
 from gateway.observability.metrics.fleet import FleetCollector
@@ -29,6 +30,7 @@ from gateway.observability.metrics.flow import FlowCollector, FlowQueues, FlowSe
 from gateway.observability.metrics.kv import KvCollector, KvSource
 from gateway.observability.metrics.process import build_series, process_series
 from gateway.observability.record import CallRecord
+from gateway.placement.affinity import Affinity
 from gateway.upstream.registry import Registry
 
 # Read at every scrape: this holds for every registry. (prometheus_client leaves it unannotated.)
@@ -133,6 +135,10 @@ class Metrics:
     def tracing(self, counts: Callable[[], tuple[int, int]]) -> None:
         """Spans exported and dropped (`counts`: both, at scrape time)."""
         self.prometheus.register(TracingCollector(counts))
+
+    def affinity(self, affinity: Affinity) -> None:
+        """Session affinity's outcomes and table size, at scrape time."""
+        self.prometheus.register(AffinityCollector(affinity))
 
     def flow(self, queues: FlowQueues) -> None:
         """Queue depth per model and class, and bytes per model, at scrape time."""

@@ -94,6 +94,7 @@ SECTION_DEFAULTS = {
         max_event_bytes=4 * 1024 * 1024,
         resubscribe_max_s=8.0,
     ),
+    "affinity": dict(header=None, ttl_s=600.0, max_sessions=100_000),
     "admin": dict(listen="127.0.0.1:50052", token=None),
     "metrics": dict(listen="127.0.0.1:9464"),
     "tracing": dict(
