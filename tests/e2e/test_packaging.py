@@ -18,6 +18,7 @@ IGNORE = shutil.ignore_patterns(
     ".git",
     ".venv*",  # .venv-engines too: gigabytes of torch (make engines), copied in minutes
     ".engines",
+    ".image",  # make image's store: a root file system or two
     ".import_linter_cache",
     "__pycache__",
     ".mypy_cache",
