@@ -205,6 +205,12 @@ MEANING: dict[str, str] = {
     "affinity.header": "request header naming a call's session; null: affinity off",
     "affinity.ttl_s": "a session's binding unused this long is forgotten",
     "affinity.max_sessions": "bindings (session, model, leg) kept; the least recently used go",
+    "lora.adapters": "LoRA adapter id -> its path on the workers (SGLang); empty: adapters "
+    "are only preferred where held, never loaded or refused",
+    "lora.max_loaded_per_worker": "adapters one worker may hold before the gateway unloads "
+    "its least recently used unused one",
+    "lora.load_on_demand": "load a call's adapter on the chosen worker when it lacks it",
+    "lora.load_timeout_s": "bound on one on-demand load (and the unload before it)",
     "admin.listen": "the admin API's port (non-loopback needs a token)",
     "admin.token": "bearer token the admin API requires",
     "metrics.listen": "Prometheus `/metrics` endpoint; `off`: none",
@@ -274,6 +280,7 @@ SCOPE: dict[str, str] = {
     "kv.max_blocks": "process",
     "kv.max_event_bytes": "message",
     "affinity.max_sessions": "process",
+    "lora.max_loaded_per_worker": "worker report",
     "tracing.max_queue": "process",
     "orca.max_streams": "process",
     "orca.max_streams_per_connection": "connection",
@@ -304,7 +311,11 @@ NAMED_TYPES: list[tuple[Any, str]] = [
     (ContainerPort, "port number \\| port name"),
 ]
 MAPPING_KEYS: dict[str, str] = {"models": "<model>", "tenants": "<tenant>"}  # what a key names
-TYPE_AT: dict[str, str] = {"listen": "`HOST:PORT`", "admin.listen": "`HOST:PORT`"}
+TYPE_AT: dict[str, str] = {
+    "listen": "`HOST:PORT`",
+    "admin.listen": "`HOST:PORT`",
+    "lora.adapters": "mapping: adapter id → path",
+}
 DEFAULT_AT: dict[str, str] = {"models.<model>.policy": "`default_policy`"}
 UNIT_AT: dict[str, str] = {
     "kv.prefill_cost_per_token": "calls per token",
@@ -320,6 +331,7 @@ UNIT_AT: dict[str, str] = {
     "models.<model>.max_waiting": "requests",
     "flow.queue.max_requests": "calls",
     "affinity.max_sessions": "bindings",
+    "lora.max_loaded_per_worker": "adapters",
 }
 UNIT_BY_NAME: list[tuple[str, str]] = [  # (pattern, unit): the first that matches a key's name
     (r"_s$", "s"),
@@ -578,6 +590,7 @@ BUILDS: list[tuple[str, Mapping[str, Any]]] = [
     ("always", {}),
     ("with `flow:`", {"flow": {}}),
     ("with `affinity.header`", {"affinity": {"header": "x-session-id"}}),
+    ("with `lora.adapters`", {"lora": {"adapters": {"sql-lora": "/models/loras/sql"}}}),
     ("with tracing on", {"tracing": {"endpoint": "http://127.0.0.1:4317"}}),
     ("with `discovery:`", {"discovery": [{"source": "file", "path": "{workers}"}]}),
 ]

@@ -55,6 +55,7 @@ from gateway.proxy.idle import IdleWatch
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
 from gateway.proxy.legs import BootstrapRooms
+from gateway.proxy.lora import LoraLoader
 from gateway.proxy.metadata import MetadataRelay
 from gateway.proxy.migration import Migrations
 from gateway.proxy.upstream import Upstreams
@@ -132,6 +133,8 @@ class Gateway:
             config.loads.stale_after_s,
             adapters,
             self.affinity,
+            config.lora,
+            self.fleet.lora_watch,
         )
         served = served_models(config)  # model aliases: changed by the admin API only
         self.routes = RouteTable(
@@ -154,7 +157,11 @@ class Gateway:
             self.fleet.on_capacity(lambda worker: waiting.kick(worker.model))
         self.rates = rate_limits(config)
         migrations = Migrations(config.migration, config.limits.max_prompt_tokens)
-        self.dispatcher = Dispatcher(self.upstreams, config.max_attempts, migrations)
+        # LoRA adapters loaded on demand (`lora.adapters`): before a call's legs open.
+        self.loras = LoraLoader(config.lora, self.fleet) if config.lora.enabled else None
+        self.dispatcher = Dispatcher(
+            self.upstreams, config.max_attempts, migrations, self.loras, config.retry_after_ms
+        )
         limits = config.limits
         self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
         self.trimmer = Trimmer(lambda: self.admission.active, self.offload)
@@ -181,6 +188,8 @@ class Gateway:
             self.metrics.tracing(self.tracing.counts)
         if self.affinity is not None:
             self.metrics.affinity(self.affinity)
+        if self.loras is not None:
+            self.metrics.lora(self.loras, self.fleet.registry)
         self.metrics.relayed_metadata(lambda: relay.dropped)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
@@ -439,6 +448,8 @@ class Gateway:
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.close)
         await self.membership.close()
         await self.upstreams.close()  # the upstream calls' tasks, before their channels
+        if self.loras is not None:
+            await self.loras.close()  # on-demand adapter loads, before their channels
         await self.fleet.close()
 
 

@@ -25,6 +25,7 @@ from gateway.config.fields import (
 from gateway.config.flow import FlowConfig, TenantConfig
 from gateway.config.kv import KvConfig
 from gateway.config.limits import LimitsConfig
+from gateway.config.lora import LoraConfig
 from gateway.config.models import ModelSettings
 from gateway.config.observability import (
     LogFormat,
@@ -117,6 +118,7 @@ class GatewayConfig:
     auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
     kv: KvConfig = dataclasses.field(default_factory=KvConfig)
     affinity: AffinityConfig = dataclasses.field(default_factory=AffinityConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     admin: AdminConfig = dataclasses.field(default_factory=AdminConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
@@ -152,6 +154,7 @@ SECTIONS: dict[str, type] = {
     "auth": AuthConfig,
     "kv": KvConfig,
     "affinity": AffinityConfig,
+    "lora": LoraConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,
     "tracing": TracingConfig,

@@ -15,18 +15,21 @@ from types import MappingProxyType
 from typing import cast
 
 from gateway.config import ModelSettings
+from gateway.config.lora import LoraConfig
 from gateway.core.roles import ENGINE_ROLES, Role, Runtime
 from gateway.engines import Adapters
 from gateway.placement import verdicts
 from gateway.placement.affinity import NO_BINDING, Affinity
 from gateway.placement.decision import NO_RANKS, Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
+from gateway.placement.lora import Holding, adapter_of, preferred
 from gateway.placement.policies import Choice, Hints, Policy, rendezvous_pick
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.placement.policies.round_robin import RoundRobin
 from gateway.placement.verdicts import Verdict
 from gateway.upstream.cluster import Cluster
 from gateway.upstream.load.limits import overload_reason
+from gateway.upstream.load.lora import AdapterWatch
 from gateway.upstream.registry import Registry
 from gateway.upstream.worker import Worker
 
@@ -86,8 +89,12 @@ class Placer:
         stale_after_s: float,
         adapters: Adapters,
         affinity: Affinity | None = None,
+        lora: LoraConfig | None = None,
+        lora_watch: AdapterWatch | None = None,
     ) -> None:
         self.affinity = affinity  # session bindings (`affinity:` on), written by `Placing`
+        self._lora = lora or LoraConfig()
+        self._lora_watch = lora_watch
         self._adapters = adapters
         self._registry = registry
         self._model_settings = model_settings
@@ -148,6 +155,9 @@ class Placer:
         registry = self._registry
         if legs is None:
             legs = self.legs(model, bool(items))
+        adapter = adapter_of(hints.prefix.namespace) if hints.prefix is not None else ""
+        if adapter and self._lora_watch is not None:
+            self._lora_watch.seen()
         verdicts: list[Verdict] = []
         elsewhere: list[Role] = []
         fitting: dict[Role, list[Worker]] = {}
@@ -171,6 +181,11 @@ class Placer:
             verdict = classify_leg(
                 model, leg, pool, available, fits, self._retry_after_ms, self._overload_retry_ms
             )
+            if verdict is None and adapter and leg is not Role.ENCODE:
+                narrowed = self._for_adapter(model, leg, adapter, pool, fits)
+                verdict, fits = (
+                    (narrowed, fits) if isinstance(narrowed, Verdict) else (None, narrowed)
+                )
             if verdict is None:
                 fitting[leg] = fits
             else:
@@ -188,6 +203,25 @@ class Placer:
             return available
         stale = self._stale_after_s
         return [w for w in available if overload_reason(w, limits, now, stale) is None]
+
+    def _for_adapter(
+        self, model: str, leg: Role, adapter: str, pool: Sequence[Worker], fits: list[Worker]
+    ) -> list[Worker] | Verdict:
+        """The fitting workers a call for a LoRA adapter goes to (see placement/lora.py).
+        An adapter the gateway cannot load (not in `lora.adapters`, or loading off) goes
+        only where it is held; with no `lora.adapters` at all the gateway manages none,
+        and holders are only preferred."""
+        config = self._lora
+        holders = [w for w in fits if adapter in w.loras]
+        if config.load_on_demand and adapter in config.adapters:
+            holdings = [Holding(w.loras, w.lora_calls) for w in fits]
+            return preferred(adapter, fits, holdings, config.max_loaded_per_worker).workers
+        if holders or not config.enabled:
+            return holders or fits
+        held = [w for w in pool if adapter in w.loras]
+        if not held:
+            return verdicts.adapter_not_found(model, adapter)
+        return verdicts.workers_unavailable(model, leg.value, len(held), self._retry_after_ms)
 
     def legs(self, model: str, multimodal: bool) -> tuple[Role, ...]:
         registry = self._registry

@@ -30,6 +30,8 @@ class Reason(Enum):
     QUEUE_TIMEOUT = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "queue_timeout", True, True)
     SHUTTING_DOWN = (grpc.StatusCode.UNAVAILABLE, 503, "shutting_down", True, True)
     RATE_LIMITED = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limited", True, True)
+    ADAPTER_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, 404, "adapter_not_found", False, False)
+    ADAPTER_LOAD_FAILED = (grpc.StatusCode.UNAVAILABLE, 503, "adapter_load_failed", True, True)
 
     def __init__(
         self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
@@ -222,5 +224,30 @@ def shutting_down(model: str, retry_after_ms: int) -> Verdict:
         f"The gateway is shutting down; this call for model '{model}' was still waiting "
         "for a worker",
         model=model,
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def adapter_not_found(model: str, adapter: str) -> Verdict:
+    """A LoRA adapter the gateway has no path for (`lora.adapters`) and no worker holds."""
+    adapter = shown(adapter)
+    return Verdict(
+        Reason.ADAPTER_NOT_FOUND,
+        f"LoRA adapter '{adapter}' is not loaded on any worker of model '{model}' and "
+        "the gateway cannot load it (not in lora.adapters, or lora.load_on_demand off)",
+        model=model,
+        extra={"adapter": adapter},
+    )
+
+
+def adapter_load_failed(model: str, adapter: str, why: str, retry_after_ms: int) -> Verdict:
+    """Every worker that could take the adapter failed to load it (`why`: the last error)."""
+    adapter = shown(adapter)
+    return Verdict(
+        Reason.ADAPTER_LOAD_FAILED,
+        f"LoRA adapter '{adapter}' could not be loaded on any worker of model '{model}' "
+        f"({shown(why)})",
+        model=model,
+        extra={"adapter": adapter},
         retry_after_ms=retry_after_ms,
     )

@@ -15,10 +15,12 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway.placement import verdicts
 from gateway.placement.decision import Decision
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Place, abort_with_failure
 from gateway.proxy.job import Job
+from gateway.proxy.lora import LoadFailed, LoraLoader
 from gateway.proxy.migration import Migrations
 from gateway.proxy.upstream import (
     RETRYABLE,
@@ -33,11 +35,18 @@ Attempt = Callable[[Job, Reserved], Awaitable[bytes | None]]
 
 class Dispatcher:
     def __init__(
-        self, upstreams: Upstreams, max_attempts: int, migrations: Migrations | None = None
+        self,
+        upstreams: Upstreams,
+        max_attempts: int,
+        migrations: Migrations | None = None,
+        loras: LoraLoader | None = None,
+        retry_after_ms: int = 1000,
     ) -> None:
         self.upstreams = upstreams
         self._max_attempts = max_attempts
         self._migrations = migrations
+        self._loras = loras  # loads a call's LoRA adapter before its legs open
+        self._retry_after_ms = retry_after_ms
 
     async def serve(
         self, job: Job, place: Place, attempt: Attempt, placed_ahead: Reserved | None = None
@@ -64,6 +73,7 @@ class Dispatcher:
         broke: UpstreamFailure | None = None  # the failure the stream went on after
         attempts = migrated = 0
         retry = False
+        unloaded: LoadFailed | None = None  # the last worker that could not load its adapter
         while attempts < self._max_attempts:
             attempts += 1
             if placed_ahead is not None:
@@ -72,12 +82,19 @@ class Dispatcher:
                 placed = self._place(job, place, tried)
                 if isinstance(placed, Verdict):
                     if failure is None:
-                        await job.call.refuse(placed)
+                        await job.call.refuse(self._unloaded(job, unloaded) or placed)
                     break  # nobody else to try: the last worker's own failure is the answer
                 reserved = self.upstreams.reserve_all(placed)
             job.call.placed(reserved, retry=retry)
             try:
-                return await attempt(job, reserved)
+                if self._loras is None:
+                    return await attempt(job, reserved)
+                with await self._loras.prepare(job, reserved):  # before any leg opens
+                    return await attempt(job, reserved)
+            except LoadFailed as error:  # nothing was sent: another worker may load it
+                tried.append(error.worker.id)
+                unloaded, retry = error, True
+                continue
             except UpstreamFailure as error:
                 tried.append(error.worker.id)
                 if not job.sink.delivered:
@@ -113,8 +130,19 @@ class Dispatcher:
                 migrated += 1
             finally:
                 reserved.release_unused()
-        assert failure is not None
+        if failure is None:  # every attempt's worker failed to load the call's adapter
+            verdict = self._unloaded(job, unloaded)
+            assert verdict is not None
+            await job.call.refuse(verdict)
         raise failure
+
+    def _unloaded(self, job: Job, failed: LoadFailed | None) -> Verdict | None:
+        """The verdict when the call's adapter could be loaded on no worker tried."""
+        if failed is None:
+            return None
+        return verdicts.adapter_load_failed(
+            job.call.model, failed.adapter, failed.why, self._retry_after_ms
+        )
 
     def _place(self, job: Job, place: Place, tried: list[str]) -> Decision | Verdict:
         started_ns = time.time_ns()

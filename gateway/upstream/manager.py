@@ -40,6 +40,7 @@ from gateway.upstream.health.active import ProbeLoop
 from gateway.upstream.health.connection import watch_connection
 from gateway.upstream.identify import DiscoveryError, detect_runtime, served_model, server_facts
 from gateway.upstream.load.kv_events import KvFollower
+from gateway.upstream.load.lora import AdapterWatch, poll_loras
 from gateway.upstream.load.poller import poll_load
 from gateway.upstream.registry import FleetEvent, Registry
 from gateway.upstream.signals.outlier import Outcome, OutlierDetector, OutlierState
@@ -66,6 +67,7 @@ class Fleet:
         self.settings = settings
         self.adapters = adapters
         self.kv_index = KvIndex.from_config(settings.kv)
+        self.lora_watch = AdapterWatch(settings.lora.enabled)  # poll workers' LoRA adapters?
         # With flow control, a worker without a fresh load report waits out its load
         # limits (max_waiting, max_token_usage) instead of being taken as idle.
         context = PolicyContext(self.kv_index, settings.kv, settings.loads.stale_after_s)
@@ -384,6 +386,8 @@ class Fleet:
         waits = stagger.waits(settings.interval_s)  # workers that joined together spread
         while True:
             await poll_load(worker, channel, adapter, settings)
+            if self.lora_watch.polls(adapter):
+                await poll_loras(worker, channel, adapter, settings.timeout_s)
             self.released(worker)  # a fresh report may leave room: whoever waits hears it
             if (worker.load_error is not None) != failing:
                 failing = not failing

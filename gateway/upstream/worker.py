@@ -2,7 +2,8 @@
 
 The worker is the one writer of its signals: the fleet's loops, the KV follower and the
 proxy's reservations tell it what they saw through its methods (`set_connected`,
-`reported`, `load_failed`, `reserve`/`release`, `begin_drain`), and it derives its own
+`reported`, `load_failed`, `reserve`/`release`, `begin_drain`, the `lora_*` and `loras_listed`
+ones for its LoRA adapters), and it derives its own
 status (`restatus`); nothing else assigns its fields (tests/architecture/test_one_writer.py
 checks the source).
 """
@@ -10,6 +11,7 @@ checks the source).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -76,6 +78,9 @@ class Worker:
     load: LoadReport | None = None
     load_error: str | None = None
     inflight: int = 0
+    loras: tuple[str, ...] = ()  # LoRA adapters it holds, the least recently used first
+    lora_calls: dict[str, int] = field(default_factory=dict)  # running calls per adapter
+    lora_changes: int = 0  # the gateway's own loads and unloads here, counted
     idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
     # Its address, built once (the spec is frozen): a call's path reads it many times.
     id: str = field(init=False)
@@ -126,6 +131,43 @@ class Worker:
     def load_failed(self, reason: str) -> None:
         """A load poll that failed: the last report stays (aging), the reason is shown."""
         self.load_error = reason
+
+    def loras_listed(self, ids: Iterable[str], as_of: int) -> None:
+        """The adapters it says it holds (a poll asked when `lora_changes` was `as_of`):
+        known ones keep their recency, new ones count as the most recently used. A list
+        the gateway's own load or unload overtook is dropped (it may miss the load)."""
+        if as_of != self.lora_changes:
+            return
+        listed = set(ids)
+        kept = [a for a in self.loras if a in listed]
+        self.loras = (*kept, *sorted(listed.difference(kept)))
+
+    def lora_loaded(self, adapter: str) -> None:
+        """The gateway loaded it here: the most recently used."""
+        self._touch(adapter)
+        self.lora_changes += 1
+
+    def lora_unloaded(self, adapter: str) -> None:
+        self.loras = tuple(a for a in self.loras if a != adapter)
+        self.lora_changes += 1
+
+    def _touch(self, adapter: str) -> None:
+        self.loras = (*(a for a in self.loras if a != adapter), adapter)
+
+    def lora_used(self, adapter: str) -> None:
+        """A call for the adapter starts here (counted before its load: nothing evicts
+        it meanwhile); a held adapter becomes the most recently used."""
+        self.lora_calls[adapter] = self.lora_calls.get(adapter, 0) + 1
+        if adapter in self.loras:
+            self._touch(adapter)
+
+    def lora_freed(self, adapter: str) -> None:
+        """A call for the adapter ended here."""
+        left = self.lora_calls.get(adapter, 0) - 1
+        if left > 0:
+            self.lora_calls[adapter] = left
+        else:
+            self.lora_calls.pop(adapter, None)
 
     def begin_drain(self) -> asyncio.Event | None:
         """No new requests from now on; the event set once in-flight ones are done (None:

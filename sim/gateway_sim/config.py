@@ -187,6 +187,17 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV token usage (0..1) GetLoads reports at least",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    parser.add_argument(
+        "--max-loras",
+        type=_non_negative,
+        default=None,
+        metavar="N",
+        help="SGLang: hold at most N LoRA adapters (a load past it fails) and refuse a "
+        "Generate naming an adapter not loaded (default: no adapter checks at all)",
+    )
+    parser.add_argument(
+        "--lora-load-ms", type=_millis, default=0.0, help="SGLang: time a LoRA adapter load takes"
+    )
     _add_model_arguments(parser)
     _add_cache_arguments(parser)
     parser.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate")
@@ -395,6 +406,8 @@ class SimConfig:
     kv_heartbeat_backoff_s: float = 5.0
     kv_queue: int = 1024
     kv_events: bool = True
+    max_loras: int | None = None  # None: any lora_id is taken, loads never refused
+    lora_load_s: float = 0.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimConfig:
@@ -447,6 +460,8 @@ class SimConfig:
             kv_heartbeat_backoff_s=args.kv_heartbeat_backoff_ms / 1000.0,
             kv_queue=args.kv_queue,
             kv_events=args.kv_events,
+            max_loras=args.max_loras,
+            lora_load_s=args.lora_load_ms / 1000.0,
         )
 
     def worker_name(self, port: int) -> str:

@@ -9,13 +9,19 @@ as smg-grpc-servicer 0.14.1's SGLang servicer does.
 - The scheduler's checks: a prompt of ``max_req_input_len`` tokens or more is refused
   (INVALID_ARGUMENT, its words); ``max_new_tokens`` is clamped to what the context
   leaves; a stop on EOS names the token.
+- LoRA adapters, with ``--max-loras N``: at most N loaded (a load past it fails, as
+  SGLang's ``max_loaded_loras``), each load taking ``--lora-load-ms``; a Generate naming
+  an adapter not loaded is refused (INVALID_ARGUMENT). Without it, any ``lora_id`` is
+  taken as if loaded.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
@@ -103,6 +109,13 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
         self._loras: dict[str, Any] = {}
 
     async def Generate(self, request: Any, context: ServicerContext[Any, Any]) -> None:
+        lora_id = request.lora_id
+        if lora_id and self._engine.config.max_loras is not None and lora_id not in self._loras:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"The following requested LoRA adapters are not loaded: {{'{lora_id}'}}\n"
+                f"Loaded adapters: {set(self._lora_ids()) or '{}'}.",
+            )
         await self._engine.generate(
             context,
             DIALECT,
@@ -183,6 +196,17 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
             return sgl_pb2.LoadLoRAAdapterResponse(
                 success=False,
                 message="lora_name and lora_id are required",
+                loaded_lora_ids=self._lora_ids(),
+            )
+        config = self._engine.config
+        if config.lora_load_s:
+            await asyncio.sleep(config.lora_load_s)
+        limit = config.max_loras
+        if limit is not None and request.lora_id not in self._loras and len(self._loras) >= limit:
+            return sgl_pb2.LoadLoRAAdapterResponse(
+                success=False,
+                message=f"Failed to load LoRA adapter {request.lora_name}: the maximum number "
+                f"of loaded LoRA adapters ({limit}) is reached; unload one first",
                 loaded_lora_ids=self._lora_ids(),
             )
         self._loras[request.lora_id] = sgl_pb2.LoadedLoRAAdapter(

@@ -23,6 +23,9 @@ SIGNALS = frozenset(
         "outlier",
         "sources",
         "in_service",
+        "loras",
+        "lora_calls",
+        "lora_changes",
     }
 )
 CLUSTER_FIELDS = frozenset({"workers", "policy", "limits", "key"})

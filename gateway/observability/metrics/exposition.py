@@ -28,6 +28,7 @@ from gateway.observability.metrics.counts import RelayedMetadataCollector, Traci
 from gateway.observability.metrics.fleet import FleetCollector
 from gateway.observability.metrics.flow import FlowCollector, FlowQueues, FlowSeries
 from gateway.observability.metrics.kv import KvCollector, KvSource
+from gateway.observability.metrics.lora import LoraCollector, LoraCounts
 from gateway.observability.metrics.process import build_series, process_series
 from gateway.observability.record import CallRecord
 from gateway.placement.affinity import Affinity
@@ -139,6 +140,10 @@ class Metrics:
     def affinity(self, affinity: Affinity) -> None:
         """Session affinity's outcomes and table size, at scrape time."""
         self.prometheus.register(AffinityCollector(affinity))
+
+    def lora(self, loader: LoraCounts, registry: Registry) -> None:
+        """LoRA adapter loads and evictions, and each worker's adapters, at scrape time."""
+        self.prometheus.register(LoraCollector(loader, registry))
 
     def flow(self, queues: FlowQueues) -> None:
         """Queue depth per model and class, and bytes per model, at scrape time."""

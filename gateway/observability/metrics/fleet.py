@@ -33,13 +33,7 @@ class FleetCollector(Collector):
         return families
 
     def _workers(self) -> list[Worker]:
-        """Copy the worker list; the event loop may change the registry meanwhile."""
-        for _ in range(3):
-            try:
-                return list(self._registry)
-            except RuntimeError:  # "dictionary changed size during iteration"
-                continue
-        return []
+        return workers_of(self._registry)
 
     @staticmethod
     def _families() -> list[Any]:
@@ -128,3 +122,14 @@ class FleetCollector(Collector):
                 if math.isfinite(value):
                     family.add_metric([wid], value)
             rejected.add_metric([wid], float(load.rejected))
+
+
+def workers_of(registry: Iterable[Worker]) -> list[Worker]:
+    """A copy of the registry's workers for a scrape (which runs off the event loop: the
+    loop may change the registry meanwhile)."""
+    for _ in range(3):
+        try:
+            return list(registry)
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return []

@@ -95,6 +95,7 @@ SECTION_DEFAULTS = {
         resubscribe_max_s=8.0,
     ),
     "affinity": dict(header=None, ttl_s=600.0, max_sessions=100_000),
+    "lora": dict(adapters={}, max_loaded_per_worker=4, load_on_demand=True, load_timeout_s=30.0),
     "admin": dict(listen="127.0.0.1:50052", token=None),
     "metrics": dict(listen="127.0.0.1:9464"),
     "tracing": dict(

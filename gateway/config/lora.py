@@ -1,0 +1,28 @@
+"""`lora:`: LoRA adapters (SGLang workers), placed where they are loaded, loaded on demand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pydantic.dataclasses import dataclass
+
+from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Interval, Name
+
+
+@dataclass(frozen=True, slots=True, config=SETTINGS)
+class LoraConfig:
+    """Off unless `adapters` names some. A call naming an adapter (`lora_id`) goes to a
+    worker that has it loaded; else, with `load_on_demand`, to one with room for it (or
+    where the least recently used adapter no running call uses can be unloaded), where the
+    gateway loads it from its path first (within `load_timeout_s`). `adapters`: adapter id
+    -> its path on the workers; `max_loaded_per_worker`: how many the gateway lets one
+    worker hold before it unloads one."""
+
+    adapters: dict[Name, Name] = dataclasses.field(default_factory=dict)
+    max_loaded_per_worker: AtLeastOne = 4
+    load_on_demand: Flag = True
+    load_timeout_s: Interval = 30.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.adapters)

@@ -1,0 +1,170 @@
+"""LoRA adapters, in process: 4 simulated SGLang workers holding at most 2 adapters each
+(`--max-loras 2`, loads taking 20 ms), 6 adapters the gateway may load on demand. A
+simulated worker refuses a Generate naming an adapter it does not hold, so a call that
+succeeds was served where its adapter was loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
+
+from gateway.app.server import Gateway
+from tests.support.helpers import collect, model_md, rich_status, sgl_generate, sgl_grpc
+from tests.support.inproc import Sim, client, gateway, sim, worker
+from tests.support.waits import until
+
+pytestmark = pytest.mark.timeout(120)
+
+ADAPTERS = [f"a{i}" for i in range(6)]
+LORA: dict[str, Any] = {
+    "lora.adapters": {name: f"/models/loras/{name}" for name in ADAPTERS},
+    "lora.max_loaded_per_worker": 2,
+}
+POLLED: dict[str, Any] = {**LORA, "loads.interval_s": 0.05}
+SIM_FLAGS = ("--max-loras", "2", "--lora-load-ms", "20")
+
+
+def loads(gw: Gateway, outcome: str = "loaded") -> float:
+    labels = {"model": "m", "outcome": outcome}
+    return gw.metrics.prometheus.get_sample_value("gateway_lora_loads_total", labels) or 0.0
+
+
+def evictions(gw: Gateway) -> float:
+    labels = {"model": "m"}
+    return gw.metrics.prometheus.get_sample_value("gateway_lora_evictions_total", labels) or 0.0
+
+
+@contextlib.asynccontextmanager
+async def sims(flags: Sequence[Sequence[str]]) -> AsyncIterator[list[Sim]]:
+    """One simulated worker of model m per entry, with its flags."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(sim("--model", "m", "--name", f"w{i}", *extra))
+            for i, extra in enumerate(flags)
+        ]
+
+
+def lora_call(request_id: str, adapter: str) -> Any:
+    request = sgl_generate(request_id, 2, False)
+    request.lora_id = adapter
+    return request
+
+
+async def call(gw: Gateway, request_id: str, adapter: str) -> grpc.aio.AioRpcError | None:
+    async with client(gw) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        _, error = await collect(
+            stub.Generate(lora_call(request_id, adapter), metadata=model_md("m"))
+        )
+    return error
+
+
+async def test_calls_go_where_their_adapter_is_and_load_only_on_a_miss() -> None:
+    async with (
+        sims([SIM_FLAGS] * 4) as workers,
+        gateway(*(w.url(model="m") for w in workers), **LORA) as gw,
+    ):
+        for i in range(10):  # two adapters, one after the other: one load each
+            for adapter in ADAPTERS[:2]:
+                assert await call(gw, f"warm{i}{adapter}", adapter) is None
+        assert loads(gw) == 2
+        for i in range(5):  # all six fit (4 workers x 2): each loaded once, never again
+            results = await asyncio.gather(
+                *(call(gw, f"all{i}{adapter}", adapter) for adapter in ADAPTERS)
+            )
+            assert results == [None] * len(ADAPTERS)
+        assert loads(gw) == len(ADAPTERS) and evictions(gw) == 0
+        held = [a for w in workers for a in worker(gw, w).loras]
+        assert sorted(held) == ADAPTERS
+        gauge = gw.metrics.prometheus.get_sample_value(
+            "gateway_worker_lora_adapters", {"worker": workers[0].address}
+        )
+        assert gauge == len(worker(gw, workers[0]).loras)
+
+
+async def test_a_full_fleet_evicts_the_least_recently_used_adapter() -> None:
+    async with (
+        sims([SIM_FLAGS] * 2) as workers,
+        gateway(*(w.url(model="m") for w in workers), **LORA) as gw,
+    ):
+        for i in range(3):
+            for adapter in ADAPTERS:  # 6 adapters over 4 slots, one call at a time
+                assert await call(gw, f"r{i}{adapter}", adapter) is None
+        assert evictions(gw) > 0
+        assert loads(gw) == 4 + evictions(gw)  # every load past the first four made room
+        assert all(len(worker(gw, w).loras) == 2 for w in workers)
+
+
+async def test_a_worker_that_cannot_load_never_fails_a_call_another_can_serve() -> None:
+    flags = [("--max-loras", "0"), SIM_FLAGS, SIM_FLAGS, SIM_FLAGS]
+    async with (
+        sims(flags) as workers,
+        gateway(*(w.url(model="m") for w in workers), **LORA) as gw,
+    ):
+        for i in range(4):
+            results = await asyncio.gather(
+                *(call(gw, f"r{i}{adapter}", adapter) for adapter in ADAPTERS[:4])
+            )
+            assert results == [None] * 4
+        assert loads(gw, "failed") >= 1
+        assert worker(gw, workers[0]).loras == ()
+
+
+async def test_no_worker_can_load_it_is_adapter_load_failed() -> None:
+    async with (
+        sims([("--max-loras", "0")] * 2) as workers,
+        gateway(*(w.url(model="m") for w in workers), **LORA) as gw,
+    ):
+        error = await call(gw, "r", "a0")
+        assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
+        _, details = rich_status(error)
+        assert details["ErrorInfo"].reason == "ADAPTER_LOAD_FAILED"
+        assert details["RetryInfo"].retry_delay.ToMilliseconds() == 1000
+        assert loads(gw, "failed") == 2
+
+
+async def test_an_unknown_adapter_is_not_found() -> None:
+    async with (
+        sims([SIM_FLAGS] * 2) as workers,
+        gateway(*(w.url(model="m") for w in workers), **LORA) as gw,
+    ):
+        error = await call(gw, "r", "nope")
+        assert error is not None and error.code() is grpc.StatusCode.NOT_FOUND
+        _, details = rich_status(error)
+        assert details["ErrorInfo"].reason == "ADAPTER_NOT_FOUND"
+        assert "nope" in (error.details() or "")
+        assert loads(gw) == 0
+
+
+async def test_concurrent_calls_for_one_adapter_share_one_load() -> None:
+    flags = ("--max-loras", "2", "--lora-load-ms", "200")
+    async with (
+        sims([flags] * 4) as workers,
+        gateway(*(w.url(model="m") for w in workers), **LORA) as gw,
+    ):
+        results = await asyncio.gather(*(call(gw, f"r{i}", "a0") for i in range(8)))
+        assert results == [None] * 8
+        assert loads(gw) == 1
+        assert [w.name for w in workers if "a0" in worker(gw, w).loras] != []
+
+
+async def test_an_adapter_loaded_elsewhere_is_polled_and_served_where_it_is() -> None:
+    async with (
+        sims([SIM_FLAGS] * 3) as workers,
+        gateway(*(w.url(model="m") for w in workers), **POLLED) as gw,
+    ):
+        async with grpc.aio.insecure_channel(workers[1].address) as ch:  # not via the gateway
+            reply = await sgl_grpc.SglangSchedulerStub(ch).LoadLoRAAdapter(
+                sgl_pb2.LoadLoRAAdapterRequest(lora_name="ext", lora_path="/x", lora_id="ext")
+            )
+        assert reply.success
+        await until(lambda: worker(gw, workers[1]).loras == ("ext",))
+        results = await asyncio.gather(*(call(gw, f"r{i}", "ext") for i in range(6)))
+        assert results == [None] * 6  # only w1 holds it: the others would refuse
+        assert loads(gw) == 0
