@@ -301,6 +301,8 @@ async def _run(args: argparse.Namespace) -> int:
                 pb.ListWorkersRequest(), metadata=metadata, timeout=CALL_TIMEOUT_S
             )
             _print_list(listed.workers, args.json)
+            if listed.sessions and not args.json:
+                print(f"sessions bound (session affinity): {listed.sessions}")
         elif verb == "add":
             added = await stub.AddWorker(
                 pb.AddWorkerRequest(url=args.url), metadata=metadata, timeout=CALL_TIMEOUT_S
@@ -406,6 +408,7 @@ COLUMNS = (
     "RUN",
     "WAIT",
     "KV",
+    "LORA",
     "LAST PROBE",
     "CAUSE",
 )
@@ -436,9 +439,21 @@ def _row(worker: pb.Worker, now: float) -> list[str]:
         run,
         wait,
         kv,
+        shown_adapters(worker.lora_adapters),
         probe,
         cause,
     ]
+
+
+MAX_SHOWN_ADAPTERS = 3  # a table row names this many adapters, then counts the rest
+
+
+def shown_adapters(adapters: Sequence[str]) -> str:
+    """The LoRA adapters a worker holds, as a table cell: a few, then how many more."""
+    if not adapters:
+        return "-"
+    more = len(adapters) - MAX_SHOWN_ADAPTERS
+    return ",".join(adapters[:MAX_SHOWN_ADAPTERS]) + (f",+{more}" if more > 0 else "")
 
 
 def format_table(workers: Sequence[pb.Worker], now: float | None = None) -> str:

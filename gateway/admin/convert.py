@@ -86,6 +86,7 @@ def worker_message(worker: Worker, kv: pb.KvIndexState | None = None) -> pb.Work
         connected=worker.connected,
         sources=worker.sources,
         in_service=worker.in_service,
+        lora_adapters=list(worker.loras),
     )
     if worker.spec.bootstrap_port is not None:
         message.bootstrap_port = worker.spec.bootstrap_port

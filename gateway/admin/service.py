@@ -9,7 +9,7 @@ one line, a duplicate ALREADY_EXISTS, an unknown worker id NOT_FOUND.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NoReturn, Protocol, TypeAlias
 
 import grpc
@@ -145,8 +145,10 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         watch_queue_size: int = WATCH_QUEUE_SIZE,
         queues: Queues | None = None,
         routes: RouteTable | None = None,
+        sessions: Callable[[], int] | None = None,
     ) -> None:
         self._fleet = fleet
+        self._sessions = sessions  # session affinity on: how many sessions are bound
         self._routes = routes if routes is not None else RouteTable({})
         self._queues = queues
         self._config = config
@@ -231,7 +233,10 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
         workers = sorted(self._fleet.registry, key=lambda w: w.id)
-        return pb.ListWorkersResponse(workers=[self._message(w) for w in workers])
+        sessions = self._sessions() if self._sessions is not None else 0
+        return pb.ListWorkersResponse(
+            workers=[self._message(w) for w in workers], sessions=sessions
+        )
 
     async def ListQueues(
         self, request: pb.ListQueuesRequest, context: Context
@@ -290,11 +295,12 @@ async def start_admin_server(
     peer: PeerService | None = None,
     queues: Queues | None = None,
     routes: RouteTable | None = None,
+    sessions: Callable[[], int] | None = None,
 ) -> tuple[aio.Server, int, AdminService]:
-    """Serve AdminService over `fleet` (and `queues`, `routes`) on `config.admin.listen`,
-    with the `peer` service of a serving process beside it (see `serve_admin`); the
-    service is closed after the server stops."""
-    service = AdminService(fleet, config, queues=queues, routes=routes)
+    """Serve AdminService over `fleet` (and `queues`, `routes`, the count of `sessions`)
+    on `config.admin.listen`, with the `peer` service of a serving process beside it (see
+    `serve_admin`); the service is closed after the server stops."""
+    service = AdminService(fleet, config, queues=queues, routes=routes, sessions=sessions)
     server, port = await serve_admin(service, config.admin, peer)
     return server, port, service
 

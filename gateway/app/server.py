@@ -290,8 +290,10 @@ class Gateway:
         if self.member is not None:
             by_service = {front.adapter.service_name: front for front in self.fronts}
             peer = PeerService(by_service, self.metrics.prometheus, self.membership)
+        affinity = self.placer.affinity
+        sessions = (lambda: len(affinity.table)) if affinity is not None else None
         self.admin_server, self.admin_port, self.admin = await start_admin_server(
-            self.fleet, self.config, peer, self.rooms, self.routes
+            self.fleet, self.config, peer, self.rooms, self.routes, sessions
         )
         if self.config.metrics.listen:
             try:

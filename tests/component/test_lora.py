@@ -168,3 +168,35 @@ async def test_an_adapter_loaded_elsewhere_is_polled_and_served_where_it_is() ->
         results = await asyncio.gather(*(call(gw, f"r{i}", "ext") for i in range(6)))
         assert results == [None] * 6  # only w1 holds it: the others would refuse
         assert loads(gw) == 0
+
+
+async def test_the_admin_api_lists_each_workers_adapters_and_the_bound_sessions() -> None:
+    """ListWorkers names the adapters each worker holds (and the CLI's table has them);
+    with session affinity on, how many sessions are bound."""
+    from gateway.admin.client import format_table
+    from gateway.admin.v1 import admin_pb2 as admin_pb
+    from gateway.admin.v1 import admin_pb2_grpc
+
+    settings = {**LORA, "affinity": {"header": "x-session-id"}}
+    async with (
+        sims([SIM_FLAGS] * 2) as workers,
+        gateway(*(w.url(model="m") for w in workers), **settings) as gw,
+        client(gw) as ch,
+    ):
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        for i, adapter in enumerate(ADAPTERS[:2]):
+            metadata = model_md("m", ("x-session-id", f"s{i}"))
+            _, error = await collect(stub.Generate(lora_call(f"r{i}", adapter), metadata=metadata))
+            assert error is None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.admin_port}") as admin_ch:
+            listed = await admin_pb2_grpc.AdminServiceStub(admin_ch).ListWorkers(
+                admin_pb.ListWorkersRequest()
+            )
+    held = sorted(a for w in listed.workers for a in w.lora_adapters)
+    assert held == sorted(ADAPTERS[:2])
+    for w in listed.workers:
+        assert set(w.lora_adapters) == set(worker(gw, next(
+            s for s in workers if s.address == w.id)).loras)  # fmt: skip
+    assert listed.sessions == 2
+    table = format_table(list(listed.workers))
+    assert "LORA" in table.splitlines()[0] and all(a in table for a in ADAPTERS[:2])

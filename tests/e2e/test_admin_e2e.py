@@ -104,12 +104,12 @@ async def test_cli_list_add_remove_and_watch(workers: Workers, gateway: Launcher
         header, *rows = listed.stdout.splitlines()
         assert header.split() == [
             "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "OUTLIER",
-            "RUN", "WAIT", "KV", "LAST", "PROBE", "CAUSE",
+            "RUN", "WAIT", "KV", "LORA", "LAST", "PROBE", "CAUSE",
         ]  # fmt: skip
         [row] = rows
-        assert row.split()[:12] == [
+        assert row.split()[:13] == [
             a.address, "m", "sglang", "regular", "static", "ready", "0", "closed", "0", "0", "0%",
-            "serving",
+            "-", "serving",
         ]  # fmt: skip
         assert row.endswith("ago  probe: grpc.health SERVING")
 

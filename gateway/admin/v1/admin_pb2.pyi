@@ -97,7 +97,7 @@ class Load(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., token_usage: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Worker(_message.Message):
-    __slots__ = ("id", "url", "model", "runtime", "role", "status", "status_cause", "inflight", "breaker_state", "last_probe", "load", "load_error", "connected", "bootstrap_port", "kv_index", "sources", "in_service")
+    __slots__ = ("id", "url", "model", "runtime", "role", "status", "status_cause", "inflight", "breaker_state", "last_probe", "load", "load_error", "connected", "bootstrap_port", "kv_index", "sources", "in_service", "lora_adapters")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class Worker(_message.Message):
     KV_INDEX_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     IN_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     model: str
@@ -132,7 +133,8 @@ class Worker(_message.Message):
     kv_index: KvIndexState
     sources: _containers.RepeatedScalarFieldContainer[str]
     in_service: bool
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., model: _Optional[str] = ..., runtime: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., status: _Optional[_Union[WorkerStatus, str]] = ..., status_cause: _Optional[str] = ..., inflight: _Optional[int] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., last_probe: _Optional[_Union[Probe, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., load_error: _Optional[str] = ..., connected: _Optional[bool] = ..., bootstrap_port: _Optional[int] = ..., kv_index: _Optional[_Union[KvIndexState, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., in_service: _Optional[bool] = ...) -> None: ...
+    lora_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., model: _Optional[str] = ..., runtime: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., status: _Optional[_Union[WorkerStatus, str]] = ..., status_cause: _Optional[str] = ..., inflight: _Optional[int] = ..., breaker_state: _Optional[_Union[BreakerState, str]] = ..., last_probe: _Optional[_Union[Probe, _Mapping]] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., load_error: _Optional[str] = ..., connected: _Optional[bool] = ..., bootstrap_port: _Optional[int] = ..., kv_index: _Optional[_Union[KvIndexState, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., in_service: _Optional[bool] = ..., lora_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KvIndexState(_message.Message):
     __slots__ = ("blocks", "subscription", "exact")
@@ -193,10 +195,12 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListWorkersResponse(_message.Message):
-    __slots__ = ("workers",)
+    __slots__ = ("workers", "sessions")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[Worker]
-    def __init__(self, workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ...) -> None: ...
+    sessions: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ..., sessions: _Optional[int] = ...) -> None: ...
 
 class WatchWorkersRequest(_message.Message):
     __slots__ = ()

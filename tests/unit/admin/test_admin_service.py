@@ -373,7 +373,7 @@ def test_table_shows_load_probe_and_errors() -> None:
     assert row.split("  ")[0] == "h:1"
     assert row.split() == [
         "h:1", "m", "vllm", "decode", "dns:w.llm,static", "ready", "2", "half_open", "5", "1",
-        "42%", "serving", "2.5s", "ago", "probe:", "grpc.health", "SERVING;", "load:",
+        "42%", "-", "serving", "2.5s", "ago", "probe:", "grpc.health", "SERVING;", "load:",
         "UNAVAILABLE:", "gone",
     ]  # fmt: skip
 
