@@ -237,13 +237,9 @@ def config_from_args(
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
+    from gateway.core.version import installed_version
 
-    try:
-        return installed("grpc-model-gateway")
-    except PackageNotFoundError:
-        return "unknown"
+    return installed_version()
 
 
 # The sub-commands whose modules are imported only when they run (each parses its own flags).

@@ -4,12 +4,11 @@ it runs (the gateway's version, Python's, grpcio's)."""
 from __future__ import annotations
 
 import platform
-from importlib.metadata import PackageNotFoundError, version
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 
-DISTRIBUTION = "grpc-model-gateway"
+from gateway.core.version import installed_version
 
 
 def process_series(prometheus: CollectorRegistry) -> None:
@@ -27,11 +26,3 @@ def build_series(prometheus: CollectorRegistry) -> None:
         registry=prometheus,
     )
     info.labels(installed_version(), platform.python_version(), grpc.__version__).set(1)
-
-
-def installed_version() -> str:
-    """The installed gateway's version ("unknown" when run from a tree never installed)."""
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "unknown"
