@@ -31,7 +31,7 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -509,3 +509,15 @@ __all__ = [
     "run_queues",
     "run_workers",
 ]
+
+
+# The admin CLI's commands (`gateway workers|queues|models`): how each adds its arguments
+# and runs, for the command line to dispatch to.
+ADMIN_COMMANDS: dict[
+    str,
+    tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]],
+] = {
+    "workers": (add_workers_arguments, run_workers),
+    "queues": (add_queues_arguments, run_queues),
+    "models": (add_models_arguments, run_models),
+}

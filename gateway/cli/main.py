@@ -375,44 +375,31 @@ def _sim(argv: Sequence[str]) -> int:
     return run_until_done(run_sim(parser.parse_args(argv)))
 
 
-def _workers(argv: Sequence[str]) -> int:
-    from gateway.admin.client import add_workers_arguments, run_workers
+def _admin(name: str, description: str) -> Callable[[Sequence[str]], int]:
+    """An admin CLI command (`gateway workers|queues|models`): the admin client, imported
+    only when the command runs, gives its arguments and runs it."""
 
-    parser = _parser("workers", "List, add, remove, drain or watch workers (admin API).")
-    add_workers_arguments(parser)
-    args = parser.parse_args(argv)
-    own_signals()
-    return run_workers(args)
+    def command(argv: Sequence[str]) -> int:
+        from gateway.admin.client import ADMIN_COMMANDS
 
+        add_arguments, run = ADMIN_COMMANDS[name]
+        parser = _parser(name, description)
+        add_arguments(parser)
+        args = parser.parse_args(argv)
+        own_signals()
+        return run(args)
 
-def _queues(argv: Sequence[str]) -> int:
-    from gateway.admin.client import add_queues_arguments, run_queues
-
-    parser = _parser(
-        "queues", "Calls waiting for a worker (flow control), by model, class and tenant."
-    )
-    add_queues_arguments(parser)
-    args = parser.parse_args(argv)
-    own_signals()
-    return run_queues(args)
-
-
-def _models(argv: Sequence[str]) -> int:
-    from gateway.admin.client import add_models_arguments, run_models
-
-    parser = _parser("models", "Model aliases: list their splits, or change one (admin API).")
-    add_models_arguments(parser)
-    args = parser.parse_args(argv)
-    own_signals()
-    return run_models(args)
+    return command
 
 
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "demo": _demo,
     "sim": _sim,
-    "workers": _workers,
-    "queues": _queues,
-    "models": _models,
+    "workers": _admin("workers", "List, add, remove, drain or watch workers (admin API)."),
+    "queues": _admin(
+        "queues", "Calls waiting for a worker (flow control), by model, class and tenant."
+    ),
+    "models": _admin("models", "Model aliases: list their splits, or change one (admin API)."),
 }
 
 
