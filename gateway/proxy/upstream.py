@@ -247,15 +247,13 @@ class Upstreams:
         live.add(call)
         return call
 
-    def evict(self, worker: Worker, cause: str) -> int:
+    def evict(self, worker: Worker, cause: str) -> None:
         """The worker leaves service with calls still running (removed after its drain
         timed out): each is cut, and its failure (UNAVAILABLE, `cause`) is the request's
         to handle, as a stream's worker dying would be: tried again or continued
-        elsewhere. Returns how many were cut."""
-        calls = self._live.pop(worker, set())
-        for call in calls:
+        elsewhere."""
+        for call in self._live.pop(worker, set()):
             call.evict(cause)
-        return len(calls)
 
     def on_fleet_event(self, event: FleetEvent) -> None:
         """A worker left the registry (removed, or dropped by discovery, after its drain):
