@@ -11,11 +11,13 @@ worker that fails (whichever that is) and the other is the control."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 import pytest
+from grpc import aio
 from structlog.testing import capture_logs
 
 from gateway.app.server import Gateway
@@ -74,6 +76,21 @@ def migration_lines(logs: Sequence[Mapping[str, Any]], event: str) -> list[Mappi
     return [e for e in logs if e.get("event") == event]
 
 
+@contextlib.asynccontextmanager
+async def two_workers(
+    a_flags: Sequence[str], b_flags: Sequence[str], **config: Any
+) -> AsyncIterator[tuple[Sim, Sim, Gateway, aio.Channel]]:
+    """Simulated SGLang workers `a` and `b` of model m (with their flags) behind a gateway
+    (with `config`), and a client channel to it."""
+    async with (
+        sim("--model", "m", "--name", "a", *a_flags) as a,
+        sim("--model", "m", "--name", "b", *b_flags) as b,
+        gateway(url(a), url(b), **config) as gw,
+        client(gw) as ch,
+    ):
+        yield a, b, gw, ch
+
+
 def migrations(gw: Gateway, reason: str, outcome: str) -> float:
     labels = {"model": "m", "reason": reason, "outcome": outcome}
     return gw.metrics.prometheus.get_sample_value("gateway_migrations_total", labels) or 0.0
@@ -90,12 +107,7 @@ def migrated(records: Sequence[CallRecord]) -> list[CallRecord]:
 
 
 async def test_an_sglang_stream_goes_on_where_its_worker_failed() -> None:
-    async with (
-        sim("--model", "m", "--name", "a", *FAILS) as a,
-        sim("--model", "m", "--name", "b") as b,
-        gateway(url(a), url(b)) as gw,
-        client(gw) as ch,
-    ):
+    async with two_workers(FAILS, ()) as (a, b, gw, ch):
         records = recorded(gw)
         with capture_logs() as logs:
             results = await both(sgl_grpc.SglangSchedulerStub(ch), sgl_request)
@@ -164,12 +176,7 @@ REFUSALS = [
 async def test_a_stream_that_cannot_go_on_ends_as_it_would_without_migration(
     reason: str, extra: dict[str, Any], config: dict[str, Any]
 ) -> None:
-    async with (
-        sim("--model", "m", "--name", "a", *FAILS) as a,
-        sim("--model", "m", "--name", "b") as b,
-        gateway(url(a), url(b), **config) as gw,
-        client(gw) as ch,
-    ):
+    async with two_workers(FAILS, (), **config) as (a, _b, gw, ch):
         records = recorded(gw)
         with capture_logs() as logs:
             results = await both(
@@ -287,13 +294,8 @@ async def test_each_choice_of_a_split_request_goes_on_on_its_own() -> None:
 
 async def test_an_abort_reaches_a_stream_where_it_went_on() -> None:
     slow = ("--token-ms", "20")
-    async with (
-        sim("--model", "m", "--name", "a", *slow, "--fail-code", "UNAVAILABLE",
-            "--fail-after", "3") as a,
-        sim("--model", "m", "--name", "b", *slow) as b,
-        gateway(url(a), url(b)) as gw,
-        client(gw) as ch,
-    ):  # fmt: skip
+    fails_early = (*slow, "--fail-code", "UNAVAILABLE", "--fail-after", "3")
+    async with two_workers(fails_early, slow) as (_a, b, gw, ch):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         with capture_logs() as logs:
             calls = {
@@ -318,12 +320,7 @@ async def test_an_abort_reaches_a_stream_where_it_went_on() -> None:
 
 async def test_a_removed_workers_streams_go_on_instead_of_hanging() -> None:
     slow = ("--token-ms", "5")
-    async with (
-        sim("--model", "m", "--name", "a", *slow) as a,
-        sim("--model", "m", "--name", "b", *slow) as b,
-        gateway(url(a), url(b)) as gw,
-        client(gw) as ch,
-    ):
+    async with two_workers(slow, slow) as (a, b, gw, ch):
         records = recorded(gw)
         stub = sgl_grpc.SglangSchedulerStub(ch)
         running = asyncio.ensure_future(both(stub, sgl_request))
@@ -357,12 +354,7 @@ async def test_a_removed_workers_stream_that_cannot_go_on_ends_at_once() -> None
 
 
 async def test_a_client_cancel_is_never_migrated() -> None:
-    async with (
-        sim("--model", "m", "--name", "a", "--token-ms", "5") as a,
-        sim("--model", "m", "--name", "b", "--token-ms", "5") as b,
-        gateway(url(a), url(b)) as gw,
-        client(gw) as ch,
-    ):
+    async with two_workers(("--token-ms", "5"), ("--token-ms", "5")) as (a, b, gw, ch):
         records = recorded(gw)
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_request("r1"), metadata=model_md("m"))
         async for _ in call:
@@ -378,11 +370,11 @@ async def test_a_tenant_is_charged_what_it_received_and_the_resent_prompt() -> N
     """130 tokens a minute; two calls of 3 + 50 at once, one of them migrated 20 tokens
     in: 53 + (53 + 23 re-sent) = 129 used, so a call of 13 more is over the budget (it
     would fit if the re-sent prompt were not charged: 106 used)."""
-    async with (
-        sim("--model", "m", "--name", "a", *FAILS) as a,
-        sim("--model", "m", "--name", "b") as b,
-        gateway(url(a), url(b), tenants={"default": {"tokens_per_minute": 130}}) as gw,
-        client(gw) as ch,
+    async with two_workers(FAILS, (), tenants={"default": {"tokens_per_minute": 130}}) as (
+        _a,
+        _b,
+        gw,
+        ch,
     ):
         records = recorded(gw)
         stub = sgl_grpc.SglangSchedulerStub(ch)
@@ -396,18 +388,13 @@ async def test_a_tenant_is_charged_what_it_received_and_the_resent_prompt() -> N
 
 
 async def test_a_migration_is_an_event_on_the_calls_span() -> None:
-    async with (
-        receiver() as (kept, _, port),
-        sim("--model", "m", "--name", "a", *FAILS) as a,
-        sim("--model", "m", "--name", "b") as b,
-        gateway(url(a), url(b), tracing={"endpoint": f"http://127.0.0.1:{port}",
-                                         "schedule_delay_ms": 20}) as gw,
-        client(gw) as ch,
-    ):  # fmt: skip
-        results = await both(sgl_grpc.SglangSchedulerStub(ch), sgl_request)
-        assert [error for _, error in results] == [None, None]
-        await idle(gw)
-        await until(lambda: len(kept.named("sglang")) == 2)
+    async with receiver() as (kept, _, port):
+        tracing = {"endpoint": f"http://127.0.0.1:{port}", "schedule_delay_ms": 20}
+        async with two_workers(FAILS, (), tracing=tracing) as (a, _b, gw, ch):
+            results = await both(sgl_grpc.SglangSchedulerStub(ch), sgl_request)
+            assert [error for _, error in results] == [None, None]
+            await idle(gw)
+            await until(lambda: len(kept.named("sglang")) == 2)
     events = [e for span in kept.named("sglang") for e in span.events if e.name == "migration"]
     [event] = events
     found = {kv.key: kv.value for kv in event.attributes}
@@ -419,12 +406,7 @@ async def test_a_migration_is_an_event_on_the_calls_span() -> None:
 
 async def test_a_continuation_the_new_worker_refuses_ends_with_what_broke_the_stream() -> None:
     refuses = ("--fail-code", "INVALID_ARGUMENT", "--fail-after", "0")
-    async with (
-        sim("--model", "m", "--name", "a", *FAILS) as a,
-        sim("--model", "m", "--name", "b", *refuses) as b,
-        gateway(url(a), url(b)) as gw,
-        client(gw) as ch,
-    ):
+    async with two_workers(FAILS, refuses) as (_a, _b, gw, ch):
         records = recorded(gw)
         results = await both(sgl_grpc.SglangSchedulerStub(ch), sgl_request)
         codes = sorted(error.code().name for _, error in results if error is not None)

@@ -5,6 +5,7 @@ target with no servable worker, and follows a route set through the admin API at
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -35,6 +36,21 @@ CALLS = 40
 
 def split(**weights: int) -> dict[str, Any]:
     return {"chat": {"route": [{"model": m, "weight": w} for m, w in weights.items()]}}
+
+
+@contextlib.asynccontextmanager
+async def two_versions(**weights: int) -> AsyncIterator[tuple[Sim, Sim, Gateway]]:
+    """A worker of v2 and one of v3 behind a gateway splitting alias `chat` over them."""
+    async with (
+        sim("--model", "v2") as v2,
+        sim("--model", "v3") as v3,
+        gateway(
+            v2.url(model="v2", runtime="sglang"),
+            v3.url(model="v3", runtime="sglang"),
+            models=split(**weights),
+        ) as gw,
+    ):
+        yield v2, v3, gw
 
 
 def pd_pair(prefill: Sim, decode: Sim, model: str) -> list[str]:
@@ -70,13 +86,7 @@ def targets(records: list[Any]) -> list[str]:
 
 async def test_a_split_sends_calls_to_both_targets_and_logs_the_target() -> None:
     async with (
-        sim("--model", "v2") as v2,
-        sim("--model", "v3") as v3,
-        gateway(
-            v2.url(model="v2", runtime="sglang"),
-            v3.url(model="v3", runtime="sglang"),
-            models=split(v2=50, v3=50),
-        ) as gw,
+        two_versions(v2=50, v3=50) as (v2, v3, gw),
     ):
         seen = recorded(gw)
         await generate(gw, CALLS)
@@ -111,13 +121,7 @@ async def test_a_split_sends_calls_to_both_targets_and_logs_the_target() -> None
 
 async def test_a_routing_key_keeps_its_target() -> None:
     async with (
-        sim("--model", "v2") as v2,
-        sim("--model", "v3") as v3,
-        gateway(
-            v2.url(model="v2", runtime="sglang"),
-            v3.url(model="v3", runtime="sglang"),
-            models=split(v2=50, v3=50),
-        ) as gw,
+        two_versions(v2=50, v3=50) as (_v2, _v3, gw),
     ):
         seen = recorded(gw)
         await generate(gw, 10, ("x-routing-key", "user-7"))
@@ -200,13 +204,7 @@ async def test_health_of_the_alias_follows_its_targets() -> None:
 
 async def test_set_route_through_the_admin_api_takes_effect_at_once() -> None:
     async with (
-        sim("--model", "v2") as v2,
-        sim("--model", "v3") as v3,
-        gateway(
-            v2.url(model="v2", runtime="sglang"),
-            v3.url(model="v3", runtime="sglang"),
-            models=split(v2=100, v3=0),
-        ) as gw,
+        two_versions(v2=100, v3=0) as (_v2, _v3, gw),
         aio.insecure_channel(f"127.0.0.1:{gw.admin_port}") as admin_channel,
     ):
         admin = admin_pb2_grpc.AdminServiceStub(admin_channel)

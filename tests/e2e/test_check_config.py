@@ -7,8 +7,6 @@ do not stop it, and nothing it names (workers, a trace collector) is connected t
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,20 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import START_S
+from tests.support.availability import run_cli
 
 # serve's flags as the tests run it (every port free), but plain console logs.
 PORTS = ("--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--metrics-listen", "off")
-
-
-def run_gateway(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        timeout=START_S,
-        check=False,
-    )
 
 
 @pytest.fixture
@@ -50,7 +38,7 @@ def config_file(tmp_path: Path, data: Mapping[str, object]) -> str:
 
 def test_a_valid_configuration_exits_0_with_its_effective_yaml(tmp_path: Path) -> None:
     path = config_file(tmp_path, {"max_attempts": 4, "admin": {"token": "hunter2"}})
-    result = run_gateway("check-config", path, "--policy", "least_inflight")
+    result = run_cli("check-config", path, "--policy", "least_inflight")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     shown = yaml.safe_load(result.stdout)
@@ -68,7 +56,7 @@ def test_files_serve_reads_at_start_up_fail_with_the_line_serve_prints(tmp_path:
     }
     runs = [(verb, args) for args in cases.values() for verb in ("check-config", "serve")]
     with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        results = list(pool.map(lambda run: run_gateway(run[0], *PORTS, *run[1]), runs))
+        results = list(pool.map(lambda run: run_cli(run[0], *PORTS, *run[1]), runs))
     by_case = dict(zip(cases, zip(results[::2], results[1::2], strict=True), strict=True))
     for case, (checked, served) in by_case.items():
         assert (checked.returncode, served.returncode) == (2, 2), case
@@ -92,12 +80,12 @@ def test_it_binds_nothing_and_connects_to_nothing(tmp_path: Path, listening: soc
         "tracing": {"endpoint": f"http://{taken}"},
     }
     path = config_file(tmp_path, data)
-    checked = run_gateway("check-config", path)
+    checked = run_cli("check-config", path)
     assert checked.returncode == 0, checked.stderr
     assert yaml.safe_load(checked.stdout)["listen"] == taken
     listening.setblocking(False)
     with pytest.raises(BlockingIOError):
         listening.accept()  # nobody connected
-    served = run_gateway("serve", "--config", path, "--drain-delay", "0")
+    served = run_cli("serve", "--config", path, "--drain-delay", "0")
     assert served.returncode == 2
     assert served.stderr.startswith(f"gateway: cannot listen on {taken}: "), served.stderr
