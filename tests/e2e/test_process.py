@@ -118,7 +118,10 @@ def _wait_connected(sock: socket.socket, process: subprocess.Popen[str]) -> None
     discovery, past its imports and its config): a state, not a sleep."""
     deadline = time.monotonic() + 60  # a safety net only
     while not select.select([sock], [], [], 0.1)[0]:
-        assert process.poll() is None, "the gateway ended before it connected"
+        assert process.poll() is None, (
+            f"the gateway ended ({process.returncode}) before it connected: "
+            f"{process.stderr.read()[-2000:] if process.stderr else ''}"
+        )
         assert time.monotonic() < deadline, "the gateway never connected to its worker"
 
 
@@ -129,18 +132,14 @@ def _start_waiting(ignore: tuple[signal.Signals, ...] = ()) -> tuple[socket.sock
     sock.bind(("127.0.0.1", 0))
     sock.listen()
 
-    def ignored() -> None:
-        for sig in ignore:
-            signal.signal(sig, signal.SIG_IGN)
-
-    command = [*SERVE_ARGS, "--worker", dead_worker_url(sock)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ignored,
-    )
+    command = [sys.executable, "-m", "gateway", *SERVE_ARGS, "--worker", dead_worker_url(sock)]
+    if ignore:
+        # A shell ignores them and execs the gateway, which starts with them ignored (no
+        # preexec_fn: Python code between fork and exec in this threaded process can
+        # abort the child before it runs).
+        names = " ".join(sig.name.removeprefix("SIG") for sig in ignore)
+        command = ["sh", "-c", f'trap "" {names}; exec "$@"', "sh", *command]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return sock, process
 
 
