@@ -1,5 +1,5 @@
 """Regenerate the Python code of the gateway's own protos (its admin API, peer calls,
-and the ORCA load report it serves).
+the ORCA load report it serves, and the external processing protocol its picker serves).
 
     .venv/bin/python scripts/gen_protos.py            # rewrite gateway/*/v*/*_pb2*
     .venv/bin/python scripts/gen_protos.py --out DIR  # write under DIR instead (tests)
@@ -30,6 +30,11 @@ SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 RELOCATED = {
     "xds/data/orca/v3": "gateway/orca/v3",  # ORCA, from github.com/cncf/xds
     "xds/service/orca/v3": "gateway/orca/v3",
+    # Envoy's external processing protocol, from github.com/envoyproxy/envoy (api/)
+    "envoy/config/core/v3": "gateway/picker/v3",
+    "envoy/type/v3": "gateway/picker/v3",
+    "envoy/extensions/filters/http/ext_proc/v3": "gateway/picker/v3",
+    "envoy/service/ext_proc/v3": "gateway/picker/v3",
 }
 
 
