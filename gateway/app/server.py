@@ -43,6 +43,7 @@ from gateway.orca.service import SERVICE_NAME as ORCA_SERVICE
 from gateway.orca.service import OrcaService
 from gateway.peer.client import Siblings
 from gateway.peer.service import PeerService
+from gateway.picker.service import Picker
 from gateway.placement.affinity import Affinity
 from gateway.placement.placer import Placer
 from gateway.placement.policies import build_policy
@@ -86,14 +87,31 @@ def preflight(config: GatewayConfig) -> None:
         channel_credentials(config.upstream_tls)
 
 
-def ready_line(config: GatewayConfig, port: int, admin_port: int, metrics_port: int) -> str:
-    """`READY host:port admin=host:port [metrics=host:port]`: what scripts wait for."""
+def ready_line(
+    config: GatewayConfig, port: int, admin_port: int, metrics_port: int, picker_port: int = 0
+) -> str:
+    """`READY host:port admin=host:port [metrics=host:port] [picker=host:port]`: what
+    scripts wait for."""
     host = config.listen.rpartition(":")[0]
     admin_host = config.admin.listen.rpartition(":")[0]
     line = f"READY {host}:{port} admin={admin_host}:{admin_port}"
     if metrics_port and config.metrics.listen:
         line += f" metrics={config.metrics.listen.rpartition(':')[0]}:{metrics_port}"
+    if picker_port and config.picker.listen:
+        line += f" picker={config.picker.listen.rpartition(':')[0]}:{picker_port}"
     return line
+
+
+WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "localhost"})
+
+
+def relay_address(config: GatewayConfig, port: int) -> str:
+    """Where Envoy reaches the relay (`picker.relay_address`, else the main port's
+    address, a wildcard or `localhost` read as 127.0.0.1)."""
+    if config.picker.relay_address:
+        return config.picker.relay_address
+    host = config.listen.rpartition(":")[0]
+    return f"{'127.0.0.1' if host in WILDCARDS else host}:{port}"
 
 
 class Gateway:
@@ -216,6 +234,13 @@ class Gateway:
             else None,
             options=server_options(config, shared=member is not None),
         )
+        # The endpoint picker's port (`picker.listen`), with the same transport limits.
+        self.picker_server: aio.Server | None = None
+        if config.picker.enabled:
+            self.picker_server = aio.server(
+                options=server_options(config, shared=member is not None)
+            )
+        self.picker_port = 0
         self.admin_server: aio.Server | None = None
         self.admin: AdminService | None = None
         self.connections: ConnectionWatch | None = None
@@ -267,6 +292,8 @@ class Gateway:
         )
         credentials = self.certificates.credentials() if self.certificates else None
         self.port = bind(self.server, self.config.listen, credentials)
+        if self.picker_server is not None:
+            self._start_picker(fronts)
         raise_fd_limit(self.config.limits.max_connections)
         self.trimmer.start()
         limits = self.config.limits
@@ -301,6 +328,8 @@ class Gateway:
             except OSError as exc:
                 raise CannotListen(self.config.metrics.listen, exc.strerror or str(exc)) from None
         await self.server.start()
+        if self.picker_server is not None:
+            await self.picker_server.start()
         self.connections.start()
         if self.auth is not None:
             self.auth.start()
@@ -321,6 +350,16 @@ class Gateway:
         )
         self._warn_unservable()
         return self.port
+
+    def _start_picker(self, fronts: list[EngineFront]) -> None:
+        """The endpoint picker on its own port, with the gateway's health service (what
+        Envoy health-checks), naming this process's relay for the calls it cannot place."""
+        assert self.picker_server is not None and self.config.picker.listen is not None
+        relay = relay_address(self.config, self.port)
+        picker = Picker(fronts, self.config, relay, self._observe, count=self.metrics.picker_answer)
+        self.picker_server.add_generic_rpc_handlers((picker.handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.picker_server)
+        self.picker_port = bind(self.picker_server, self.config.picker.listen)
 
     def _warn_unservable(self) -> None:
         """READY with no usable worker for a model is worth a warning an operator can
@@ -370,7 +409,9 @@ class Gateway:
         log.info("reloaded", certificates=self.certificates is not None)
 
     def ready_line(self) -> str:
-        return ready_line(self.config, self.port, self.admin_port, self.metrics_port)
+        return ready_line(
+            self.config, self.port, self.admin_port, self.metrics_port, self.picker_port
+        )
 
     def _on_fleet_event(self, event: FleetEvent) -> None:
         """Recompute health once per burst of events, after the code that changed the
@@ -392,6 +433,10 @@ class Gateway:
                 self.draining, by_runtime, self.placer.servable, self.adapters, aliases
             )
         )
+
+    def _servers(self) -> list[aio.Server]:
+        """The ports engine calls arrive on: the relay's, and the picker's."""
+        return [self.server] + ([self.picker_server] if self.picker_server else [])
 
     @property
     def busy(self) -> bool:
@@ -419,7 +464,7 @@ class Gateway:
             rooms = self.rooms
             before_end = max(0.0, drain.grace_s - SHUT_MARGIN_S)
             flush = asyncio.get_running_loop().call_later(before_end, rooms.shut)
-        await self.server.stop(drain.grace_s)
+        await asyncio.gather(*(s.stop(drain.grace_s) for s in self._servers()))
         if flush is not None:
             flush.cancel()
         log.info("stopped", waited_s=round(time.monotonic() - started, 3))
@@ -433,7 +478,8 @@ class Gateway:
             await self.connections.stop()
         if self.auth is not None:
             await self.auth.stop()
-        await self.server.stop(None)
+        for server in self._servers():
+            await server.stop(None)
         self.idle.close()
         if self.admin_server is not None:
             await self.admin_server.stop(ADMIN_STOP_GRACE_S)

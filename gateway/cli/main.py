@@ -156,6 +156,12 @@ def _add_serve_flags(
         help="Prometheus endpoint (127.0.0.1:9464; 'off' disables it)",
     )
     p.add_argument(
+        "--picker-listen",
+        metavar="HOST:PORT",
+        help="also serve Envoy's external processing protocol here: the gateway as the "
+        "endpoint picker of an Envoy that relays the calls itself (off by default)",
+    )
+    p.add_argument(
         "--processes",
         metavar="N|auto",
         help="serving processes sharing the main port (default 1; auto: usable cores, "
@@ -231,6 +237,7 @@ def config_from_args(
             "tls.client_ca": args.tls_client_ca,
             "admin.token": admin_token(args),
             "metrics.listen": args.metrics_listen,
+            "picker.listen": args.picker_listen,
             "processes": parse_processes(args.processes) if args.processes else None,
         },
     )

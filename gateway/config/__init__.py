@@ -50,6 +50,7 @@ from gateway.config.observability import (
     OrcaConfig,
     TracingConfig,
 )
+from gateway.config.picker import DESTINATION_HEADER, PickerConfig
 from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
@@ -59,6 +60,7 @@ from gateway.core.policy_names import POLICIES  # the built-in policies (plugins
 __all__ = [
     "DEFAULT_COST_TOKENS",
     "DEFAULT_TENANT_LABELS",
+    "DESTINATION_HEADER",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MAX_NAME",
@@ -83,6 +85,7 @@ __all__ = [
     "ModelSettings",
     "OrcaConfig",
     "OutlierDetectionConfig",
+    "PickerConfig",
     "ProbeConfig",
     "Route",
     "TenantConfig",

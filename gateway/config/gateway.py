@@ -34,6 +34,7 @@ from gateway.config.observability import (
     OrcaConfig,
     TracingConfig,
 )
+from gateway.config.picker import PickerConfig
 from gateway.config.processes import Processes
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
@@ -123,6 +124,7 @@ class GatewayConfig:
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
     orca: OrcaConfig = dataclasses.field(default_factory=OrcaConfig)
+    picker: PickerConfig = dataclasses.field(default_factory=PickerConfig)
     processes: Processes = 1  # serving processes behind the main port (`auto`: usable cores)
 
     def model(self, name: str) -> ModelSettings:
@@ -159,4 +161,5 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsConfig,
     "tracing": TracingConfig,
     "orca": OrcaConfig,
+    "picker": PickerConfig,
 }

@@ -328,6 +328,13 @@ def _check_addresses(config: GatewayConfig) -> None:
     listens = [("listen", config.listen), ("admin.listen", config.admin.listen)]
     if config.metrics.listen is not None:
         listens.append(("metrics.listen", config.metrics.listen))
+    picker = config.picker
+    for path, text in (
+        ("picker.listen", picker.listen),
+        ("picker.relay_address", picker.relay_address),
+    ):
+        if text is not None:
+            listens.append((path, text))
     for path, text in listens:
         if host_port(text) is None:
             raise ConfigError(f"{path}: {text!r} is not HOST:PORT")

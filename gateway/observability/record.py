@@ -55,6 +55,9 @@ class CallRecord:
     # outcome `continued` (on another worker) or why not; and the tokens re-sent for them.
     migrations: list[tuple[str, str]] = field(default_factory=list)
     resent_tokens: int = 0
+    # Placed by the endpoint picker, answered through Envoy: the gateway saw no message
+    # of the answer (no usage, no message count), only its headers and status.
+    picked: bool = False
 
     @property
     def continued(self) -> int:
@@ -95,6 +98,8 @@ class CallRecord:
         }
         if self.target is not None:  # the call named an alias
             fields["target"] = self.target
+        if self.picked:  # answered through Envoy: its messages were not counted here
+            fields["via"] = "picker"
         if self.trace_id is not None:  # tracing on
             fields["trace_id"] = self.trace_id
         if self.suppressed:  # refused calls' lines, bounded (gateway.proxy.front)

@@ -265,6 +265,15 @@ class Call:
         code = self.context.code()
         self.record.code = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
 
+    def answer_began(self) -> None:
+        """The worker's answer began (its headers), relayed by someone else (Envoy)."""
+        self.record.first_message_s = time.perf_counter() - self.record.started
+
+    def ended_with(self, code: str) -> None:
+        """The status its answer ended with, sent by someone else (Envoy relayed the
+        worker's, or answered what the gateway told it to)."""
+        self.record.code = code
+
     def client(self, tally: Tally | None = None) -> Downstream:
         """The call's client side, made once (`tally`: Generate's usage, read as it ends)."""
         if self.downstream is None:

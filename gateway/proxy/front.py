@@ -109,7 +109,7 @@ class EngineFront:
         # own trace context: the client's is not forwarded as it is.
         private = door.identities.private_keys
         flow = config.flow  # a call's output, when it does not say: estimated
-        self._env = Env(
+        self.env = Env(
             adapter,
             config,
             door,
@@ -145,7 +145,7 @@ class EngineFront:
             RpcKind.FAN_OUT: self._fan_out,
         }[spec.kind]
 
-        env, tracing = self._env, self._tracing
+        env, tracing = self.env, self._tracing
         read_s = self._config.limits.request_read_timeout_s
         # Streams are ended once idle too long (0: never).
         idle = self._door.idle if spec.server_streaming and self._door.idle.idle_s > 0 else None
@@ -208,7 +208,7 @@ class EngineFront:
     async def _placed(self, call: Call) -> bytes | None:
         """Generate and Embed: the rest of the pipeline (`proxy/stages.py`)."""
         for stage in PLACED:
-            await stage(self._env, call)
+            await stage(self.env, call)
         return call.reply
 
     def _log(self, call: Call) -> None:
@@ -223,7 +223,7 @@ class EngineFront:
         log.info("request", **record.log_fields())
 
     async def _model(self, call: Call) -> str:
-        await stages.resolve(self._env, call)
+        await stages.resolve(self.env, call)
         return call.model
 
     async def _forward_one(self, call: Call) -> bytes | None:

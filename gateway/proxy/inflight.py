@@ -19,6 +19,9 @@ class Holder:
     # Decode legs only: set at the leg's first message. An abort waits for it (bounded) so
     # that the KV handoff from prefill to decode is not torn in the middle.
     started: asyncio.Event | None = None
+    # Placed by the endpoint picker: Envoy relays it straight to the worker, under the
+    # client's own request id (an Abort of it alone can go there too).
+    direct: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,9 @@ class ReadGate:
         return sum(1 for queue in self._queues.values() for turn in queue if not turn.done())
 
 
+NO_REQUEST = "The call carried no request message"
+
+
 class ReadTimeout(Exception):
     def __init__(self, timeout_s: float) -> None:
         super().__init__(
@@ -128,5 +131,5 @@ async def read_request(context: aio.ServicerContext, gate: ReadGate, caller: str
     finally:
         gate.leave(caller)
     if message is aio.EOF or message is None:
-        await abort_invalid(context, "The call carried no request message")
+        await abort_invalid(context, NO_REQUEST)
     return message  # type: ignore[no-any-return]

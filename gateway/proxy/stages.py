@@ -274,12 +274,13 @@ async def charge(env: Env, call: Call) -> None:
 
 def _settle(rates: RateLimits, charge: Charge, call: Call) -> None:
     record = call.record
-    # What the client received, plus what migrations re-sent (each continuation's prompt).
-    used = (
-        record.prompt_tokens + (record.completion_tokens or 0) + record.resent_tokens
-        if record.attempts
-        else None
-    )
+    # What the client received, plus what migrations re-sent (each continuation's prompt);
+    # a call the picker placed answered through Envoy, unseen: what it may have used.
+    used: int | None = None
+    if record.picked and record.attempts:
+        used = call.cost
+    elif record.attempts:
+        used = record.prompt_tokens + (record.completion_tokens or 0) + record.resent_tokens
     rates.settle(charge, used, time.monotonic())
 
 

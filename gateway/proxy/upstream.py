@@ -52,6 +52,8 @@ LOCAL_FAILURES = frozenset({(grpc.StatusCode.INTERNAL, "Invalid metadata")})
 # carries) is the client's deadline: it says nothing about the worker.
 CLIENT_DEADLINE_SLACK_S = 0.05
 
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
 
 class UpstreamFailure(Exception):
     """An upstream call failed: the one failure type of every path.
@@ -195,6 +197,7 @@ class Upstreams:
         # Their outcomes are their calls' business: not logged here.
         self.tasks = TaskScope(log_failures=False)
         self._live: dict[Worker, set[UpstreamCall]] = {}  # each worker's calls not settled
+        self._checks: dict[Worker, asyncio.Task[bool]] = {}  # `answers`, one per worker
 
     def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
         return Reservation(worker, self._fleet, judge=judge)
@@ -273,6 +276,40 @@ class Upstreams:
         its failure names the worker."""
         worker = reservation.worker
         return self.call(reservation, worker.role, outbound, label=label(worker))
+
+    def release_checked(self, reservation: Reservation, timeout_s: float) -> None:
+        """Release once the worker answered a grpc.health Check, or failed to: for a
+        stream relayed by Envoy that ended with no status, which is the client leaving
+        (no verdict) or the worker failing (UNAVAILABLE, if it does not answer). One
+        check per worker at a time; the reservations that wait on it share it."""
+        worker = reservation.worker
+        pending = self._checks.get(worker)
+        if pending is None:
+            pending = self._checks[worker] = self.tasks.spawn(
+                self._check(worker, timeout_s), "worker_check"
+            )
+            pending.add_done_callback(lambda _: self._checks.pop(worker, None))
+
+        def settle(done: asyncio.Task[bool]) -> None:
+            gone = not done.cancelled() and done.exception() is None and not done.result()
+            reservation.release(grpc.StatusCode.UNAVAILABLE if gone else None)
+
+        pending.add_done_callback(settle)
+
+    async def _check(self, worker: Worker, timeout_s: float) -> bool:
+        """Whether the worker answers a grpc.health Check (any answer but UNAVAILABLE or
+        no answer in time)."""
+        try:
+            check = self._fleet.method(worker, HEALTH_CHECK, streaming=False)
+            await check(b"", timeout=timeout_s)  # HealthCheckRequest(service=""): no bytes
+        except aio.AioRpcError as error:
+            return error.code() not in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
+        except KeyError:  # no longer registered: its channel is closed
+            return False
+        return True
 
     def defer(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
         self.tasks.spawn(self._settle_after_start(call, first), "settle_after_start")

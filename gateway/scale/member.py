@@ -12,15 +12,20 @@ from gateway.core.member import Member as Member  # re-exported: supervisor and 
 
 
 def serving_config(
-    config: GatewayConfig, member: Member, port: int, workers: Iterable[WorkerSpec]
+    config: GatewayConfig,
+    member: Member,
+    port: int,
+    workers: Iterable[WorkerSpec],
+    picker_port: int = 0,
 ) -> GatewayConfig:
     """What a serving process runs with: the main port the supervisor holds, its control
     socket for the admin API (no token: only the gateway's user can open it), no metrics
     endpoint of its own, the fleet as the admin API left it, and its share of every bound
     that counts the gateway's own calls, reads or connections (gateway-wide, per caller or
     per worker), so that N processes together stay within the configured numbers (plus
-    at most N - 1)."""
+    at most N - 1); with the endpoint picker on, the picker's port the supervisor holds."""
     host, limits = config.listen.rpartition(":")[0], config.limits
+    picker_host = (config.picker.listen or "").rpartition(":")[0]
     models = {
         name: replace(settings, max_inflight=member.share(settings.max_inflight))
         if settings.max_inflight is not None
@@ -54,5 +59,8 @@ def serving_config(
         ),
         admin=AdminConfig(listen=member.control_address(), token=None),
         metrics=MetricsConfig(listen=None),
+        picker=replace(config.picker, listen=f"{picker_host}:{picker_port}")
+        if config.picker.listen is not None
+        else config.picker,
         processes=1,
     )

@@ -103,6 +103,7 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._dir = ""
         self.port = 0
+        self.picker_port = 0
         self._tasks = TaskScope()  # per process: its keeper, liveness check, output drain
         self.liveness_interval_s = LIVENESS_INTERVAL_S
         self.liveness_timeout_s = LIVENESS_TIMEOUT_S
@@ -126,7 +127,9 @@ class Supervisor:
     def _launch(self, position: Position) -> Path:
         """Write what the process starts with: the fleet as the admin API left it."""
         member = self.member(position.index)
-        config = serving_config(self.config, member, self.port, self.desired.specs.values())
+        config = serving_config(
+            self.config, member, self.port, self.desired.specs.values(), self.picker_port
+        )
         discovered = dict(self.relay.claims) if self.relay is not None else {}
         drained = tuple(sorted(self.desired.drained))
         launch = Launch(config, member, drained, os.getpid(), discovered)
@@ -321,6 +324,9 @@ class Supervisor:
         if a process could not start at all."""
         preflight(self.config)
         holder, self.port = hold_port(self.config.listen)
+        picker_holder = None
+        if self.config.picker.listen is not None:  # the endpoint picker's port, shared too
+            picker_holder, self.picker_port = hold_port(self.config.picker.listen)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -376,7 +382,8 @@ class Supervisor:
                 self._tasks.spawn(self._keep(position), "process_keeper", serving_process=which)
                 self._tasks.spawn(self._watch(position), "process_liveness", serving_process=which)
             log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
-            print(ready_line(self.config, self.port, admin_port, metrics_port), flush=True)
+            line = ready_line(self.config, self.port, admin_port, metrics_port, self.picker_port)
+            print(line, flush=True)
             await self._stop.wait()
             log.info("draining", processes=sum(s.running for s in self.positions))
             codes = await self._wait_all()
@@ -404,6 +411,8 @@ class Supervisor:
             if self._dir:
                 shutil.rmtree(self._dir, ignore_errors=True)
             holder.close()
+            if picker_holder is not None:
+                picker_holder.close()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 

@@ -128,10 +128,15 @@ def config(upstream_ports: list[int]) -> dict[str, object]:
 
 
 def start_envoy(binary: str, upstream_ports: list[int], directory: Path) -> Child:
+    """Envoy in front of gateway replicas (`config`)."""
+    return run_envoy(binary, config(upstream_ports), directory)
+
+
+def run_envoy(binary: str, bootstrap: dict[str, object], directory: Path) -> Child:
     """Envoy on one worker thread, its listener's port found through its admin API
     (bounded wait); killed if it does not come up."""
     config_path = directory / "envoy.yaml"
-    config_path.write_text(yaml.safe_dump(config(upstream_ports)))
+    config_path.write_text(yaml.safe_dump(bootstrap))
     admin_path = directory / "admin-address"
     log = open(directory / "envoy.log", "w")  # noqa: SIM115 - the child owns it
     args = (

@@ -99,6 +99,18 @@ class Metrics:
         self._orca_refused_children = {
             share: self._orca_refused.labels(share) for share in ("gateway", "connection", "peer")
         }
+        # The endpoint picker's answers (gateway.picker), by what it answered.
+        self._picker_answers = Counter(
+            "gateway_picker_answers",
+            "calls the endpoint picker answered, by answer: worker (Envoy sends it to the "
+            "worker named), relay (to the gateway's relay, whole), verdict (refused by the "
+            "picker itself, as the relay would)",
+            ["answer"],
+            registry=self.prometheus,
+        )
+        self._picker_children = {
+            answer: self._picker_answers.labels(answer) for answer in ("worker", "relay", "verdict")
+        }
 
     def discovery(self, stats: Callable[[], Iterable[SourceStats]]) -> None:
         """Series per discovery source (this process runs the sources)."""
@@ -119,6 +131,12 @@ class Metrics:
     def relayed_metadata(self, dropped: Callable[[], Mapping[str, int]]) -> None:
         """Entries of workers' metadata not relayed, by kind (`dropped`: at scrape time)."""
         self.prometheus.register(RelayedMetadataCollector(dropped))
+
+    def picker_answer(self, answer: str) -> None:
+        """Count one answer of the endpoint picker (`Picker(count=metrics.picker_answer)`)."""
+        child = self._picker_children.get(answer)
+        if child is not None:
+            child.inc()
 
     def auth_failure(self, reason: str) -> None:
         """Count one refused authentication (`ApiKeyAuth(count=metrics.auth_failure)`)."""

@@ -90,7 +90,7 @@ class BodyResponse(_message.Message):
     def __init__(self, response: _Optional[_Union[CommonResponse, _Mapping]] = ...) -> None: ...
 
 class CommonResponse(_message.Message):
-    __slots__ = ("status", "header_mutation", "clear_route_cache")
+    __slots__ = ("status", "header_mutation", "body_mutation", "clear_route_cache")
     class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         CONTINUE: _ClassVar[CommonResponse.ResponseStatus]
@@ -99,11 +99,13 @@ class CommonResponse(_message.Message):
     CONTINUE_AND_REPLACE: CommonResponse.ResponseStatus
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEADER_MUTATION_FIELD_NUMBER: _ClassVar[int]
+    BODY_MUTATION_FIELD_NUMBER: _ClassVar[int]
     CLEAR_ROUTE_CACHE_FIELD_NUMBER: _ClassVar[int]
     status: CommonResponse.ResponseStatus
     header_mutation: HeaderMutation
+    body_mutation: BodyMutation
     clear_route_cache: bool
-    def __init__(self, status: _Optional[_Union[CommonResponse.ResponseStatus, str]] = ..., header_mutation: _Optional[_Union[HeaderMutation, _Mapping]] = ..., clear_route_cache: _Optional[bool] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[CommonResponse.ResponseStatus, str]] = ..., header_mutation: _Optional[_Union[HeaderMutation, _Mapping]] = ..., body_mutation: _Optional[_Union[BodyMutation, _Mapping]] = ..., clear_route_cache: _Optional[bool] = ...) -> None: ...
 
 class ImmediateResponse(_message.Message):
     __slots__ = ("status", "headers", "body", "grpc_status", "details")
@@ -124,6 +126,14 @@ class GrpcStatus(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     status: int
     def __init__(self, status: _Optional[int] = ...) -> None: ...
+
+class BodyMutation(_message.Message):
+    __slots__ = ("body", "clear_body")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_BODY_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    clear_body: bool
+    def __init__(self, body: _Optional[bytes] = ..., clear_body: _Optional[bool] = ...) -> None: ...
 
 class HeaderMutation(_message.Message):
     __slots__ = ("set_headers", "remove_headers")

@@ -115,6 +115,12 @@ SECTION_DEFAULTS = {
         max_streams_per_connection=4,
         max_streams_per_peer=None,
     ),
+    "picker": dict(
+        listen=None,
+        relay_address=None,
+        header="x-gateway-destination-endpoint",
+        migrate_streams=False,
+    ),
 }
 
 

@@ -1,0 +1,136 @@
+"""One call Envoy relays, seen through its external processing stream: the stand-in for
+a grpc ServicerContext that the relay's stages read (metadata, peer, deadline, the
+request message) and end (abort), so a call passes the same stages, and gets the same
+verdicts, whichever way it came."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import grpc
+from grpc import aio
+
+from gateway.picker import wire
+from gateway.picker.v3 import external_processor_pb2 as ext_proc
+
+TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+MAX_TIMEOUT_DIGITS = 8  # the gRPC spec's bound on grpc-timeout's value
+# Headers that are the call's transport, not its metadata (grpc gives a servicer none of
+# them either); pseudo-headers (`:path`) are left out too.
+TRANSPORT = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "content-length"})
+
+
+class Answered(Exception):
+    """The call was answered by the picker itself (a verdict, an invalid request): the
+    answer to send Envoy, an ImmediateResponse."""
+
+    def __init__(self, code: grpc.StatusCode, answer: bytes) -> None:
+        super().__init__(code.name)
+        self.code = code
+        self.answer = answer
+
+
+def timeout_s(value: str) -> float | None:
+    """A `grpc-timeout` header's seconds (`10S`, `250m`); None if it is not one."""
+    digits, unit = value[:-1], value[-1:]
+    scale = TIMEOUT_UNITS.get(unit)
+    if scale is None or not digits.isdigit() or len(digits) > MAX_TIMEOUT_DIGITS:
+        return None
+    return int(digits) * scale
+
+
+def client_peer(headers: Sequence[tuple[str, str]], stream_peer: str) -> str:
+    """The client's address as grpc would name it: the one Envoy saw (with
+    `use_remote_address` it sets `x-envoy-external-address`, removing any a client sent;
+    else the last `x-forwarded-for` entry), else the stream's own peer (Envoy)."""
+    external = forwarded = ""
+    for key, value in headers:
+        if key == "x-envoy-external-address":
+            external = value
+        elif key == "x-forwarded-for":
+            forwarded = value
+    address = external.strip() or forwarded.rpartition(",")[2].strip()
+    if not address:
+        return stream_peer
+    return f"ipv6:[{address}]:0" if ":" in address else f"ipv4:{address}:0"
+
+
+class PickerContext:
+    """What the stages ask of a call's context, answered from the external processing
+    stream: the request headers as its metadata, the buffered body as its one message,
+    the `grpc-timeout` as its deadline; `abort` raises `Answered` with the answer."""
+
+    __slots__ = ("_code", "_deadline", "_metadata", "_peer", "headers", "stream")
+
+    def __init__(self, stream: aio.ServicerContext, headers: wire.Headers) -> None:
+        self.stream = stream
+        self.headers = headers
+        self._metadata: tuple[tuple[str, str], ...] = tuple(
+            (k, v) for k, v in headers if not k.startswith(":") and k not in TRANSPORT
+        )
+        deadline = None
+        for key, value in headers:
+            if key == "grpc-timeout":
+                left = timeout_s(value)
+                deadline = None if left is None else time.monotonic() + left
+        self._deadline = deadline
+        self._peer = client_peer(headers, stream.peer())
+        self._code: grpc.StatusCode | None = None
+
+    # -- read by the stages ---------------------------------------------------------------
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, Any]:
+        return {}  # the client's TLS ends at Envoy: no certificate reaches the picker
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    async def read(self) -> Any:
+        """The request message: the next part of the stream must be the buffered body
+        (EOF if the request had none, or the stream ended)."""
+        while True:
+            request = await self.stream.read()
+            if request is aio.EOF:
+                return aio.EOF
+            part = request.WhichOneof("request")
+            if part == "request_body":
+                message = wire.grpc_message(request.request_body.body)
+                if message is None:
+                    raise Unreadable()
+                return message
+            if part != "request_trailers":
+                return aio.EOF
+            await self.stream.write(wire.GO_ON_REQUEST_TRAILERS)
+
+    async def next_part(self) -> ext_proc.ProcessingRequest | None:
+        """The stream's next part (None: Envoy closed it)."""
+        request = await self.stream.read()
+        return None if request is aio.EOF else request
+
+    async def answer(self, answer: bytes) -> None:
+        await self.stream.write(answer)
+
+    # -- what ends it ---------------------------------------------------------------------
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: wire.Trailers = ()
+    ) -> NoReturn:
+        self._code = code
+        raise Answered(code, wire.immediate(code, details, trailing_metadata))
+
+
+class Unreadable(Exception):
+    """The body is not one uncompressed gRPC message: the relay reads it itself."""

