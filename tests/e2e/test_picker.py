@@ -424,3 +424,26 @@ async def test_cache_aware_hits_as_much_through_envoy_as_through_the_relay() -> 
     assert relay.failures == picked.failures == 0
     assert relay.hit_rate > 0.5
     assert abs(relay.hit_rate - picked.hit_rate) <= 0.02
+
+
+async def test_serving_processes_share_the_picker_port(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    """`--processes 2`: the supervisor holds the picker's port as it holds the main
+    port; Envoy's streams to it are spread over both processes, and every call works."""
+    worker = sim("--model", "m")
+    gw = picker_gateway(
+        gateway, "--processes", "2", "--worker", worker_url(worker, model="m", runtime="sglang")
+    )
+    await wait_health(gw.address, "m")
+    envoy = with_envoy(gw, processes, tmp_path)
+    async with channel(f"127.0.0.1:{envoy.port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        results = await asyncio.gather(
+            *(
+                collect(stub.Generate(sgl_generate(f"p{i}"), metadata=model_md("m")))
+                for i in range(20)
+            )
+        )
+    assert [(len(m), e) for m, e in results] == [(5, None)] * 20
+    assert scrape(gw)['gateway_picker_answers_total{answer="worker"}'] == 20

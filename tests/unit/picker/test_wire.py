@@ -1,0 +1,113 @@
+"""The picker's side of the external processing protocol, as bytes Envoy reads."""
+
+from __future__ import annotations
+
+import base64
+
+import grpc
+
+from gateway.picker import wire
+from gateway.picker.context import client_peer, timeout_s
+from gateway.picker.destinations import endpoint, literal
+from gateway.picker.v3 import base_pb2
+from gateway.picker.v3 import external_processor_pb2 as ext_proc
+
+
+def test_a_request_body_is_one_uncompressed_grpc_message_or_nothing() -> None:
+    message = b"\x08\x01"
+    assert wire.grpc_message(wire.framed(message)) == message
+    assert wire.grpc_message(wire.framed(b"")) == b""
+    assert wire.grpc_message(b"\x01" + wire.framed(message)[1:]) is None  # compressed
+    assert wire.grpc_message(wire.framed(message) + wire.framed(message)) is None  # two
+    assert wire.grpc_message(wire.framed(message)[:-1]) is None  # cut short
+    assert wire.grpc_message(b"\0\0") is None
+
+
+def test_headers_are_read_from_raw_values_or_values() -> None:
+    header_map = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=":path", raw_value=b"/a/B"),
+            base_pb2.HeaderValue(key="x-old", value="v"),
+        ]
+    )
+    assert wire.header_list(header_map) == ((":path", "/a/B"), ("x-old", "v"))
+
+
+def test_grpc_status_of_trailers() -> None:
+    assert wire.grpc_status([("grpc-status", "0")]) is grpc.StatusCode.OK
+    assert wire.grpc_status([("x", "1"), ("grpc-status", "14")]) is grpc.StatusCode.UNAVAILABLE
+    assert wire.grpc_status([("grpc-status", "99")]) is None
+    assert wire.grpc_status([("grpc-status", "x")]) is None
+    assert wire.grpc_status([]) is None
+
+
+def test_the_destination_goes_in_the_header_and_the_lb_metadata() -> None:
+    answer = ext_proc.ProcessingResponse.FromString(
+        wire.destination("x-dest", "10.0.0.1:8000", ["authorization"], body=b"\x08\x02")
+    )
+    common = answer.request_body.response
+    (option,) = common.header_mutation.set_headers
+    assert (option.header.key, option.header.raw_value) == ("x-dest", b"10.0.0.1:8000")
+    assert option.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    assert list(common.header_mutation.remove_headers) == ["authorization"]
+    assert common.body_mutation.body == wire.framed(b"\x08\x02")
+    assert answer.dynamic_metadata["envoy.lb"]["x-dest"] == "10.0.0.1:8000"
+    unchanged = ext_proc.ProcessingResponse.FromString(wire.destination("x-dest", "1.2.3.4:5"))
+    assert not unchanged.request_body.response.HasField("body_mutation")
+
+
+def test_a_call_handed_to_the_relay_whole_asks_for_nothing_more() -> None:
+    answer = ext_proc.ProcessingResponse.FromString(wire.whole_to("x-dest", "127.0.0.1:50051"))
+    assert answer.WhichOneof("response") == "request_headers"
+    mode = answer.mode_override
+    assert mode.request_body_mode == mode.NONE
+    assert mode.response_header_mode == mode.response_trailer_mode == mode.SKIP
+
+
+def test_an_immediate_response_carries_the_status_message_and_trailers() -> None:
+    details = b"\x08\x05\x12\x01x"
+    answer = ext_proc.ProcessingResponse.FromString(
+        wire.immediate(
+            grpc.StatusCode.NOT_FOUND,
+            "Model 'x' is not served",
+            (("x-http-status", "404"), ("grpc-status-details-bin", details)),
+        )
+    )
+    reply = answer.immediate_response
+    assert reply.status.code == 200  # a gRPC answer: its status is grpc-status
+    assert reply.grpc_status.status == grpc.StatusCode.NOT_FOUND.value[0]
+    assert reply.body == "Model 'x' is not served"
+    headers = {o.header.key: o.header.raw_value for o in reply.headers.set_headers}
+    assert headers["x-http-status"] == b"404"
+    # A -bin value goes as grpc metadata does on the wire: base64, unpadded.
+    assert headers["grpc-status-details-bin"] == base64.b64encode(details).rstrip(b"=")
+
+
+def test_the_answers_that_change_nothing_answer_their_part() -> None:
+    for part, answer in wire.GO_ON.items():
+        assert ext_proc.ProcessingResponse.FromString(answer).WhichOneof("response") == part
+
+
+def test_grpc_timeouts() -> None:
+    assert timeout_s("10S") == 10.0
+    assert timeout_s("250m") == 0.25
+    assert timeout_s("2H") == 7200.0
+    assert timeout_s("5") is None
+    assert timeout_s("123456789S") is None  # over 8 digits
+    assert timeout_s("-1S") is None
+
+
+def test_the_clients_address_is_the_one_envoy_saw() -> None:
+    own = "ipv4:127.0.0.1:5000"
+    assert client_peer([("x-envoy-external-address", "10.1.2.3")], own) == "ipv4:10.1.2.3:0"
+    assert client_peer([("x-forwarded-for", "1.1.1.1, 10.0.0.9")], own) == "ipv4:10.0.0.9:0"
+    assert client_peer([("x-envoy-external-address", "::1")], own) == "ipv6:[::1]:0"
+    assert client_peer([], own) == own
+
+
+def test_destinations_are_addresses() -> None:
+    assert literal("10.0.0.1") == "10.0.0.1"
+    assert literal("[::1]") == "::1"
+    assert literal("worker-0.svc") is None
+    assert endpoint("10.0.0.1", 80) == "10.0.0.1:80"
+    assert endpoint("::1", 80) == "[::1]:80"
