@@ -24,7 +24,9 @@ from gateway.picker.envoy import envoy_config
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, worker_url
 from tests.e2e.envoy import envoy_binary, run_envoy
+from tests.e2e.test_flow_e2e import QUEUE_FULL_META, flow_gateway, hold, until_waiting
 from tests.support.helpers import (
+    assert_verdict,
     channel,
     closed_port,
     collect,
@@ -447,3 +449,41 @@ async def test_serving_processes_share_the_picker_port(
         )
     assert [(len(m), e) for m, e in results] == [(5, None)] * 20
     assert scrape(gw)['gateway_picker_answers_total{answer="worker"}'] == 20
+
+
+async def test_flow_control_queues_calls_in_the_picker(
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    """One slot, one place in the queue, every call through Envoy: the second waits in
+    the picker (before Envoy hears where it goes), the third is QUEUE_FULL as the relay
+    says it, and once the first call's client leaves, the waiting call is served."""
+    worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
+    settings = {"models": {"m": {"max_inflight": 1}}, "flow": {"queue": {"max_requests": 1}}}
+    gw = flow_gateway(gateway, tmp_path, [worker], settings, "--picker-listen", "127.0.0.1:0")
+    await wait_health(gw.address, "m")
+    envoy = with_envoy(gw, processes, tmp_path)
+    async with channel(f"127.0.0.1:{envoy.port}") as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        held = await hold(stub)
+        queued = asyncio.ensure_future(
+            collect(stub.Generate(sgl_generate("queued"), metadata=model_md("m"), timeout=20))
+        )
+        await until_waiting(gw, 1)
+        messages, error = await collect(
+            stub.Generate(sgl_generate("third"), metadata=model_md("m"), timeout=20)
+        )
+        assert messages == [] and error is not None
+        assert_verdict(
+            error,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUEUE_FULL",
+            "Every worker for model 'm' is busy and its queue is full "
+            "(1 waiting, flow.queue.max_requests 1)",
+            QUEUE_FULL_META,
+            retry_s=1,
+            pushback_ms=1000,
+        )
+        assert not queued.done()
+        held.cancel()
+        messages, error = await queued
+    assert error is None and len(messages) == 5
