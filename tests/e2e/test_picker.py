@@ -31,11 +31,14 @@ from tests.support.helpers import (
     closed_port,
     collect,
     dead_worker_url,
+    generate_for,
     model_md,
+    pb_for,
     sgl,
     sgl_generate,
     sgl_grpc,
     start_many,
+    stub_for,
     vllm_generate,
     wait_health,
     write_config,
@@ -380,21 +383,28 @@ async def test_nothing_is_left_reserved_after_calls_clients_cancel(
         assert samples[f'gateway_worker_outlier{{state="open",worker="{worker.address}"}}'] == 0
 
 
+@pytest.mark.parametrize("runtime", ["sglang", "vllm"])
 async def test_abort_reaches_the_worker_the_picker_placed_the_stream_on(
-    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path, runtime: str
 ) -> None:
-    worker = sim("--model", "m", "--tokens", "2000", "--token-ms", "5")
-    gw = picker_gateway(gateway, "--worker", worker_url(worker, model="m", runtime="sglang"))
+    """A stream the picker placed, then its Abort through Envoy: sent straight to that
+    worker (the picker's in-flight table), which stops the stream."""
+    worker = sim("--runtime", runtime, "--model", "m", "--tokens", "2000", "--token-ms", "5")
+    gw = picker_gateway(gateway, "--worker", worker_url(worker, model="m", runtime=runtime))
     envoy = with_envoy(gw, processes, tmp_path)
     async with channel(f"127.0.0.1:{envoy.port}") as ch:
-        stub = sgl_grpc.SglangSchedulerStub(ch)
-        call = stub.Generate(sgl_generate("long", tokens=2000), metadata=model_md("m"))
+        stub = stub_for(ch, runtime)
+        call = stub.Generate(generate_for(runtime, "long", tokens=2000), metadata=model_md("m"))
         async for _ in call:
             break
-        reply = await stub.Abort(sgl.AbortRequest(request_id="long"), metadata=model_md("m"))
-        assert reply.success
-        messages, error = await collect(call)
-    assert error is None
+        pb = pb_for(runtime)
+        abort = (
+            pb.AbortRequest(request_ids=["long"])
+            if runtime == "vllm"
+            else pb.AbortRequest(request_id="long")
+        )
+        await stub.Abort(abort, metadata=model_md("m"))
+        messages, _ = await collect(call)
     assert len(messages) < 1999  # the worker stopped it
     assert scrape(gw)['gateway_picker_answers_total{answer="worker"}'] == 2  # the stream, the abort
 
