@@ -193,7 +193,7 @@ class Picker:
             request = job.for_worker(job.raw, decision, worker)
             body = None if request is job.raw else request
             private = env.private_keys
-            remove = [k for k, _ in context.invocation_metadata() if k in private]
+            remove = tuple(k for k, _ in context.invocation_metadata() if k in private)
             upstreams.inflight.add(job.upstream_id, holder)
             await context.answer(wire.destination(self._header, address, remove, body))
             self._count("worker")
@@ -254,8 +254,9 @@ async def _follow(call: Call, context: PickerContext) -> grpc.StatusCode | None:
         part = request.WhichOneof("request")
         if part == "response_headers":
             await context.answer(wire.GO_ON_RESPONSE_HEADERS)
-            if request.response_headers.end_of_stream:  # Trailers-Only
-                return wire.grpc_status(wire.header_list(request.response_headers.headers))
+            headers = request.response_headers
+            if headers.end_of_stream:  # Trailers-Only
+                return wire.grpc_status(wire.header_list(headers.headers))
             call.answer_began()
         elif part == "response_trailers":
             await context.answer(wire.GO_ON_RESPONSE_TRAILERS)

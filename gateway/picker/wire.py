@@ -5,6 +5,7 @@ every answer the picker sends, built as bytes (the constant ones once)."""
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Iterable, Sequence
 
 import grpc
@@ -106,11 +107,25 @@ def _metadata(header: str, address: str) -> struct_pb2.Struct:
 
 
 def destination(
-    header: str, address: str, remove: Sequence[str] = (), body: bytes | None = None
+    header: str, address: str, remove: tuple[str, ...] = (), body: bytes | None = None
 ) -> bytes:
     """The answer to a request's buffered body: go to `address` (`IP:PORT`), in `header`
     and in the `envoy.lb` dynamic metadata; `remove`: headers that must not go upstream;
-    `body`: a new request message (the request as the worker gets it)."""
+    `body`: a new request message (the request as the worker gets it). Without a body,
+    the answer is the same for every call to a worker: built once."""
+    if body is None:
+        return _destination(header, address, remove)
+    return _build_destination(header, address, remove, body)
+
+
+@functools.lru_cache(maxsize=4096)
+def _destination(header: str, address: str, remove: tuple[str, ...]) -> bytes:
+    return _build_destination(header, address, remove, None)
+
+
+def _build_destination(
+    header: str, address: str, remove: tuple[str, ...], body: bytes | None
+) -> bytes:
     response = ext_proc.CommonResponse(
         header_mutation=ext_proc.HeaderMutation(
             set_headers=[_header(header, address)], remove_headers=remove

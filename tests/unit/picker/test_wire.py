@@ -43,7 +43,7 @@ def test_grpc_status_of_trailers() -> None:
 
 def test_the_destination_goes_in_the_header_and_the_lb_metadata() -> None:
     answer = ext_proc.ProcessingResponse.FromString(
-        wire.destination("x-dest", "10.0.0.1:8000", ["authorization"], body=b"\x08\x02")
+        wire.destination("x-dest", "10.0.0.1:8000", ("authorization",), body=b"\x08\x02")
     )
     common = answer.request_body.response
     (option,) = common.header_mutation.set_headers
