@@ -122,12 +122,13 @@ def connections_per_process(port: int, pids: list[int]) -> list[int]:
 
 
 def request_bytes(tokens: int) -> bytes:
-    return sgl.GenerateRequest(
+    request = sgl.GenerateRequest(
         request_id="bench",
         tokenized=sgl.TokenizedInput(input_ids=list(range(1, 65))),
         sampling_params=sgl.SamplingParams(max_new_tokens=tokens),
         stream=True,
-    ).SerializeToString()
+    )
+    return bytes(request.SerializeToString())
 
 
 @dataclass
@@ -140,6 +141,7 @@ class Result:
     failures: int
     cpu: dict[str, float]
     spread: list[int] = field(default_factory=list)  # connections per serving process
+    data: int = 0  # response bytes h2load counted (gRPC frames), 0 for the python client
 
     @property
     def rate(self) -> float:
@@ -305,9 +307,8 @@ def h2load_client(load: Load, args: argparse.Namespace, label: str, pids: dict[s
         f"{label}: h2load {ok}/{calls} calls ok, {data / max(ok, 1):.1f} response bytes per "
         f"call, {load.connections} connection(s) x {per_conn} streams"
     )
-    result = Result(label, ok, ok * expected, min(seconds, args.duration), [], calls - ok, cpu)
-    result.spread = spread
-    return result
+    seconds = min(seconds, args.duration)
+    return Result(label, ok, ok * expected, seconds, [], calls - ok, cpu, spread, data)
 
 
 def run_one(
@@ -328,22 +329,34 @@ def start_bare_relay(upstream: str) -> Child:
     return ready(process, ["bare_relay", upstream])
 
 
+def alternate(
+    args: argparse.Namespace, phases: dict[str, tuple[str, dict[str, int]]]
+) -> dict[str, list[Result]]:
+    """Each phase (name: address, processes watched) `--rounds` times, in alternation and
+    the order reversed every other round (a, b, b, a, ...): drift on a shared machine
+    falls on every phase alike."""
+    results: dict[str, list[Result]] = {name: [] for name in phases}
+    for round_ in range(args.rounds):
+        order = list(phases) if round_ % 2 == 0 else list(phases)[::-1]
+        for name in order:
+            address, watched = phases[name]
+            results[name].append(run_one(address, args, name, watched))
+    return results
+
+
 def relay_rounds(
     args: argparse.Namespace, relay: Child, gateway: Child, pids: dict[str, int]
 ) -> tuple[Result, Result]:
     """The bare relay and the gateway, `--rounds` each in alternation (bare, gateway,
     gateway, bare, ...: drift on a shared machine falls on both alike); each round pair's
     gateway/bare CPU per message and their median printed. Returns the last of each."""
-    phases = {
-        "bare": (relay.address, {**pids, "bare": relay.process.pid}),
-        "gateway": (gateway.address, {**pids, "gateway": gateway.process.pid}),
-    }
-    results: dict[str, list[Result]] = {"bare": [], "gateway": []}
-    for round_ in range(args.rounds):
-        order = ("bare", "gateway") if round_ % 2 == 0 else ("gateway", "bare")
-        for name in order:
-            address, watched = phases[name]
-            results[name].append(run_one(address, args, name, watched))
+    results = alternate(
+        args,
+        {
+            "bare": (relay.address, {**pids, "bare": relay.process.pid}),
+            "gateway": (gateway.address, {**pids, "gateway": gateway.process.pid}),
+        },
+    )
     ratios = [
         cpu_per_message(g, "gateway") / cpu_per_message(b, "bare")
         for b, g in zip(results["bare"], results["gateway"], strict=True)

@@ -228,6 +228,11 @@ MEANING: dict[str, str] = {
     "orca.max_streams": "`StreamCoreMetrics` streams at once",
     "orca.max_streams_per_connection": "... on one client connection",
     "orca.max_streams_per_peer": "... of one principal or address (null: `max_streams` / 4)",
+    "picker.listen": "the endpoint picker's port (Envoy's ext_proc, `--picker-listen`); null: off",
+    "picker.relay_address": "`IP:PORT` Envoy sends the relay's calls to; null: the main "
+    "`listen` (a wildcard host as 127.0.0.1)",
+    "picker.header": "the request header the picker names each call's destination in",
+    "picker.migrate_streams": "streamed Generates go to the relay too, so they can migrate",
     "processes": "serving processes sharing the main port (`auto`: usable cores)",
 }
 

@@ -1,5 +1,5 @@
-"""`gateway serve | check-config | demo | sim | workers | queues | models`: the command
-line.
+"""`gateway serve | check-config | envoy-config | demo | sim | workers | queues | models`:
+the command line.
 
 `gateway check-config` reads and checks a configuration exactly as `gateway serve` does
 (`checked_config`, shared by both: the file, the flags, validation, and every file a
@@ -24,6 +24,7 @@ from typing import Any
 
 from gateway.app.run import own_signals, run_until_done, say
 from gateway.config import (
+    DESTINATION_HEADER,
     LOG_FORMATS,
     LOG_LEVELS,
     ConfigError,
@@ -33,6 +34,7 @@ from gateway.config import (
     parse_processes,
     warn_renamed,
 )
+from gateway.config.addresses import host_port
 from gateway.core.policy_names import policy_names
 
 __all__ = ["build_parser", "checked_config", "config_from_args", "main", "run_until_done", "say"]
@@ -256,6 +258,7 @@ LAZY = {
     "workers": "list, add, remove, drain or watch workers (admin API)",
     "queues": "show the calls waiting for a worker, by model, class and tenant (admin API)",
     "models": "list the model aliases' splits, or change one (admin API)",
+    "envoy-config": "print Envoy's configuration for the gateway as its endpoint picker",
 }
 NO_SIMULATOR = (
     "the simulator is not installed (package gateway_sim, distribution "
@@ -399,7 +402,146 @@ def _admin(name: str, description: str) -> Callable[[Sequence[str]], int]:
     return command
 
 
+ENVOY_CONFIG_DESCRIPTION = """\
+Print, as YAML, the bootstrap of an Envoy that relays the calls itself with the gateway
+as its endpoint picker (`gateway serve --picker-listen HOST:PORT`): one listener whose
+calls pass Envoy's external processing filter (the picker places each one, or answers it
+as the relay would), then go to the worker the picker named (an original destination
+cluster that reads the address from the picker's header); Envoy health-checks the
+picker. Run it with `envoy -c FILE`. It reads no gateway configuration: give the flags
+that match it (--picker: where picker.listen is reached, --header: picker.header)."""
+
+ENVOY_CONFIG_EPILOG = """\
+--message-timeout-s bounds each answer of the picker, and a call waits in its model's
+queue (flow control) before the picker answers its request: make it at least the longest
+flow.classes[].ttl_s (the default, 330 s, covers the default batch class's 300 s), or
+those calls fail at Envoy instead of waiting their turn.
+
+exit status:
+  0  the configuration is on stdout
+  2  a usage error (a bad flag), told on stderr
+"""
+
+ENVOY_DEFAULTS = {
+    "listen": "0.0.0.0:8080",
+    "picker": "127.0.0.1:9002",
+    "admin": "127.0.0.1:9901",
+    "header": DESTINATION_HEADER,
+    "message_timeout_s": 330.0,
+}
+METADATA_KEY = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")  # gRPC's, lowercase
+# Envoy reads a duration; the picker's answer to a queued call may take this long.
+MESSAGE_TIMEOUT_S = (0.001, 86_400.0)
+
+
+def _host_port(text: str) -> str:
+    """A HOST:PORT flag, checked as the gateway's own addresses are."""
+    if host_port(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return text
+
+
+def _admin_address(text: str) -> str | None:
+    return None if text == "off" else _host_port(text)
+
+
+def _header_name(text: str) -> str:
+    """A header Envoy and gRPC both carry as it is: a gRPC metadata key."""
+    name = text.lower()
+    if not name or not set(name) <= METADATA_KEY:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a header name (a-z 0-9 - _ .)")
+    return name
+
+
+def _message_timeout(text: str) -> float:
+    low, high = MESSAGE_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not low <= seconds <= high:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} is not seconds from {low:g} to {high:g}")
+    return seconds
+
+
+def _envoy_config_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway envoy-config",
+        description=ENVOY_CONFIG_DESCRIPTION,
+        epilog=ENVOY_CONFIG_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(**ENVOY_DEFAULTS)
+    add = parser.add_argument
+    add(
+        "--listen",
+        metavar="HOST:PORT",
+        type=_host_port,
+        help=f"where Envoy listens for clients (default {ENVOY_DEFAULTS['listen']})",
+    )
+    add(
+        "--picker",
+        metavar="HOST:PORT",
+        type=_host_port,
+        help="where Envoy reaches the gateway's picker port (gateway serve "
+        f"--picker-listen; default {ENVOY_DEFAULTS['picker']})",
+    )
+    add(
+        "--admin",
+        metavar="HOST:PORT|off",
+        type=_admin_address,
+        help=f"Envoy's admin port, or none (default {ENVOY_DEFAULTS['admin']})",
+    )
+    add(
+        "--header",
+        metavar="NAME",
+        type=_header_name,
+        help=f"the header the picker names the worker in: picker.header (default "
+        f"{DESTINATION_HEADER})",
+    )
+    add(
+        "--message-timeout-s",
+        metavar="S",
+        type=_message_timeout,
+        help="how long Envoy waits for each answer of the picker (default "
+        f"{ENVOY_DEFAULTS['message_timeout_s']:g})",
+    )
+    return parser
+
+
+def envoy_config_yaml(
+    listen: str, picker: str, admin: str | None, header: str, message_timeout_s: float
+) -> str:
+    """`gateway envoy-config`'s output: the bootstrap, under a comment with the command
+    that made it (a copy kept in a repository then says how to make it again)."""
+    import yaml
+
+    from gateway.picker.envoy import envoy_config
+
+    bootstrap = envoy_config(
+        listen, picker, admin=admin, header=header, message_timeout_s=message_timeout_s
+    )
+    head = (
+        "# Envoy with the gateway as its endpoint picker, made by\n"
+        f"#   gateway envoy-config --listen {listen} --picker {picker} --admin {admin or 'off'}"
+        f" \\\n#     --header {header} --message-timeout-s {message_timeout_s:g}\n"
+        "# Run it with `envoy -c FILE`, the gateway with `gateway serve --picker-listen`.\n"
+    )
+    return head + yaml.safe_dump(bootstrap, sort_keys=False)
+
+
+def _envoy_config(argv: Sequence[str]) -> int:
+    args = _envoy_config_parser().parse_args(argv)
+    text = envoy_config_yaml(
+        args.listen, args.picker, args.admin, args.header, args.message_timeout_s
+    )
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "envoy-config": _envoy_config,
     "demo": _demo,
     "sim": _sim,
     "workers": _admin("workers", "List, add, remove, drain or watch workers (admin API)."),

@@ -47,11 +47,11 @@ def envoy_config(
     *,
     admin: str | None = "127.0.0.1:9901",
     header: str = DESTINATION_HEADER,
-    message_timeout_s: float = 60.0,
+    message_timeout_s: float = 330.0,
 ) -> dict[str, Any]:
     """Envoy's bootstrap: `listen` for clients, `picker` (HOST:PORT) the gateway's picker
     port. `message_timeout_s` bounds each answer of the picker, so it must cover a call's
-    wait in its model's queue (flow control's `queue.timeout_s`)."""
+    wait in its model's queue (with flow control: its class's `ttl_s`)."""
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {

@@ -20,11 +20,13 @@ import grpc
 import pytest
 from grpc import aio
 
+from gateway.admin.v1 import admin_pb2 as admin_pb
+from gateway.admin.v1 import admin_pb2_grpc
 from gateway.picker.envoy import envoy_config
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, worker_url
 from tests.e2e.envoy import envoy_binary, run_envoy
-from tests.e2e.test_flow_e2e import QUEUE_FULL_META, flow_gateway, hold, until_waiting
+from tests.support.availability import admin_address
 from tests.support.helpers import (
     assert_verdict,
     channel,
@@ -44,6 +46,7 @@ from tests.support.helpers import (
     write_config,
 )
 from tests.support.processes import scrape
+from tests.support.waits import until
 
 pytestmark = pytest.mark.skipif(envoy_binary() is None, reason="no envoy binary")
 
@@ -51,6 +54,7 @@ ENVOY_OWN = frozenset({"date"})  # the one header Envoy adds to every answer it 
 ALICE = ("authorization", "Bearer alice-key-0123456789")
 SGL_PATH = "/sglang.grpc.scheduler.SglangScheduler/"
 WAIT_S = 20.0
+HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's slot until cancelled
 CLIENTS = 16
 
 
@@ -409,6 +413,15 @@ async def test_abort_reaches_the_worker_the_picker_placed_the_stream_on(
     assert scrape(gw)['gateway_picker_answers_total{answer="worker"}'] == 2  # the stream, the abort
 
 
+async def queued_calls(gw: Child, count: int) -> bool:
+    """Whether `count` calls wait in the gateway's queues (admin ListQueues)."""
+    async with aio.insecure_channel(admin_address(gw)) as ch:
+        listed = await admin_pb2_grpc.AdminServiceStub(ch).ListQueues(
+            admin_pb.ListQueuesRequest(), timeout=2
+        )
+    return sum(q.waiting for q in listed.queues) == count
+
+
 def bench_routing() -> Any:
     """scripts/bench_routing.py, for its trace and its runs."""
     path = Path(__file__).resolve().parents[2] / "scripts" / "bench_routing.py"
@@ -469,16 +482,18 @@ async def test_flow_control_queues_calls_in_the_picker(
     says it, and once the first call's client leaves, the waiting call is served."""
     worker = sim("--model", "m", "--headers-first")  # a held call shows by its headers
     settings = {"models": {"m": {"max_inflight": 1}}, "flow": {"queue": {"max_requests": 1}}}
-    gw = flow_gateway(gateway, tmp_path, [worker], settings, "--picker-listen", "127.0.0.1:0")
+    url = worker_url(worker, model="m", runtime="sglang")
+    gw = picker_gateway(gateway, "--config", write_config(tmp_path, settings), "--worker", url)
     await wait_health(gw.address, "m")
     envoy = with_envoy(gw, processes, tmp_path)
     async with channel(f"127.0.0.1:{envoy.port}") as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
-        held = await hold(stub)
+        held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD), timeout=60)
+        await held.initial_metadata()  # the worker runs it
         queued = asyncio.ensure_future(
             collect(stub.Generate(sgl_generate("queued"), metadata=model_md("m"), timeout=20))
         )
-        await until_waiting(gw, 1)
+        await until(lambda: queued_calls(gw, 1), what="1 call waiting")
         messages, error = await collect(
             stub.Generate(sgl_generate("third"), metadata=model_md("m"), timeout=20)
         )
@@ -489,7 +504,7 @@ async def test_flow_control_queues_calls_in_the_picker(
             "QUEUE_FULL",
             "Every worker for model 'm' is busy and its queue is full "
             "(1 waiting, flow.queue.max_requests 1)",
-            QUEUE_FULL_META,
+            {"model": "m", "leg": "", "httpStatus": "429", "code": "queue_full"},
             retry_s=1,
             pushback_ms=1000,
         )
