@@ -185,7 +185,11 @@ def _listener_port(process: subprocess.Popen[str], admin_path: Path, deadline: f
                 with urllib.request.urlopen(url, timeout=1) as reply:
                     statuses = json.load(reply)["listener_statuses"]
                 port = int(statuses[0]["local_address"]["socket_address"]["port_value"])
-                if port:
+                # Listening once initialized (its clusters' first health checks done):
+                # until then a listener may be reported before it accepts.
+                with urllib.request.urlopen(f"http://{admin}/ready", timeout=1) as ready:
+                    live = ready.status == 200
+                if port and live:
                     return port
             except (OSError, KeyError, IndexError, ValueError):
                 pass
