@@ -56,6 +56,7 @@ SGL_PATH = "/sglang.grpc.scheduler.SglangScheduler/"
 WAIT_S = 20.0
 HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's slot until cancelled
 CLIENTS = 16
+SLOTS = 2 * CLIENTS
 
 
 def with_envoy(gw: Child, processes: list[Child], directory: Path) -> Child:
@@ -327,10 +328,12 @@ async def test_nothing_is_left_reserved_after_calls_clients_cancel(
     random point (before the answer, mid-stream): every reservation, in-flight count
     and admission slot comes back."""
     workers = start_many(sim, *(("--model", "m", "--tokens", "8", "--token-ms", "1"),) * 2)
-    # As many admission slots as clients: a slot not given back refuses a later call.
+    # Twice as many admission slots as clients (a cancelled call's slot comes back once
+    # Envoy's reset reaches the picker, maybe after its client's next call has begun): at
+    # the end, a slot not given back refuses one of as many calls as there are slots.
     config = write_config(
         tmp_path,
-        {"limits": {"max_inflight_requests": CLIENTS, "max_inflight_per_principal": CLIENTS}},
+        {"limits": {"max_inflight_requests": SLOTS, "max_inflight_per_principal": SLOTS}},
     )
     urls = [a for w in workers for a in ("--worker", worker_url(w, model="m", runtime="sglang"))]
     gw = picker_gateway(gateway, "--config", config, *urls)
@@ -377,11 +380,9 @@ async def test_nothing_is_left_reserved_after_calls_clients_cancel(
             await asyncio.sleep(0.05)
         assert [samples[k] for k in inflight] == [0, 0]
         # Every admission slot is back: as many calls as there are slots all go through.
-        calls = [
-            stub.Generate(sgl_generate(f"a{i}"), metadata=model_md("m")) for i in range(CLIENTS)
-        ]
+        calls = [stub.Generate(sgl_generate(f"a{i}"), metadata=model_md("m")) for i in range(SLOTS)]
         results = await asyncio.gather(*(collect(call) for call in calls))
-        assert [error for _, error in results] == [None] * CLIENTS
+        assert [error for _, error in results] == [None] * SLOTS
     samples = scrape(gw)
     for worker in workers:  # a client's cancel says nothing against its worker
         assert samples[f'gateway_worker_outlier{{state="open",worker="{worker.address}"}}'] == 0
