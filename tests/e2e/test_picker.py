@@ -420,7 +420,8 @@ async def queued_calls(gw: Child, count: int) -> bool:
         listed = await admin_pb2_grpc.AdminServiceStub(ch).ListQueues(
             admin_pb.ListQueuesRequest(), timeout=2
         )
-    return sum(q.waiting for q in listed.queues) == count
+    waiting: int = sum(q.waiting for q in listed.queues)
+    return waiting == count
 
 
 def bench_routing() -> Any:

@@ -51,7 +51,8 @@ def test_the_destination_goes_in_the_header_and_the_lb_metadata() -> None:
     assert option.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
     assert list(common.header_mutation.remove_headers) == ["authorization"]
     assert common.body_mutation.body == wire.framed(b"\x08\x02")
-    assert answer.dynamic_metadata["envoy.lb"]["x-dest"] == "10.0.0.1:8000"
+    lb = answer.dynamic_metadata.fields["envoy.lb"].struct_value
+    assert lb.fields["x-dest"].string_value == "10.0.0.1:8000"
     unchanged = ext_proc.ProcessingResponse.FromString(wire.destination("x-dest", "1.2.3.4:5"))
     assert not unchanged.request_body.response.HasField("body_mutation")
 
