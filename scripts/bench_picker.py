@@ -1,7 +1,8 @@
 """Envoy for scripts/bench.py's picker mode: the bootstrap of Envoy alone (a static
 cluster straight to the worker: the cost of relaying through Envoy, against which Envoy
-with the gateway as its picker is weighed), starting an Envoy, and the check that a mode
-streams every message of a call before it is measured."""
+with the gateway as its picker is weighed), that of Envoy with a picker (the gateway, or
+the floor: scripts/floor_picker.py), starting an Envoy, and the check that a mode streams
+every message of a call before it is measured."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def static_bootstrap(worker: str) -> dict[str, Any]:
 
 
 def picker_bootstrap(picker: str) -> dict[str, Any]:
-    """Envoy with the gateway (its picker port `picker`) as its endpoint picker."""
+    """Envoy with the endpoint picker at `picker` (HOST:PORT): the gateway's picker port,
+    or scripts/floor_picker.py (it answers in the same destination header)."""
     return envoy_config("127.0.0.1:0", picker, admin="127.0.0.1:0")
 
 

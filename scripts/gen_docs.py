@@ -233,6 +233,8 @@ MEANING: dict[str, str] = {
     "`listen` (a wildcard host as 127.0.0.1)",
     "picker.header": "the request header the picker names each call's destination in",
     "picker.migrate_streams": "streamed Generates go to the relay too, so they can migrate",
+    "picker.max_body_bytes": "the most of a request body the picker reads; a longer "
+    "one goes to the relay",
     "processes": "serving processes sharing the main port (`auto`: usable cores)",
 }
 
@@ -241,6 +243,7 @@ SPLIT = "replica ÷ N"  # per gateway replica; each of N serving processes gets 
 SCOPE: dict[str, str] = {
     "max_attempts": "call",
     "max_message_bytes": "message",
+    "picker.max_body_bytes": "call",
     "discovery[dns].max_hosts": "replica",
     "discovery[kubernetes].max_hosts": "replica",
     "discovery[file].max_hosts": "replica",

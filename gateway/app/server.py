@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from gateway.admin.service import AdminService, start_admin_server
 from gateway.app.connections import ConnectionWatch, raise_fd_limit
 from gateway.app.memory import Trimmer
-from gateway.app.transport import server_options
+from gateway.app.transport import picker_options, server_options
 from gateway.config import (
     DEFAULT_TENANT_LABELS,
     GatewayConfig,
@@ -238,7 +238,7 @@ class Gateway:
         self.picker_server: aio.Server | None = None
         if config.picker.enabled:
             self.picker_server = aio.server(
-                options=server_options(config, shared=member is not None)
+                options=picker_options(config, shared=member is not None)
             )
         self.picker_port = 0
         self.admin_server: aio.Server | None = None

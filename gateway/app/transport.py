@@ -6,6 +6,9 @@ from __future__ import annotations
 from gateway.config import GatewayConfig
 
 REQUEST_WINDOW_BYTES = 64 * 1024  # what a client may send ahead on a stream not read yet
+# What an external processing message carries beside a request body: the call's headers
+# (Envoy's own limit for them is 60 KiB by default).
+PICKER_ENVELOPE_BYTES = 256 * 1024
 
 
 def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[str, int]]:
@@ -32,6 +35,17 @@ def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[st
             ("grpc.max_connection_age_grace_ms", _ms(limits.connection_age_grace_s)),
         ]
     return options
+
+
+def picker_options(config: GatewayConfig, shared: bool = False) -> list[tuple[str, int]]:
+    """The picker port's: the main port's, with room for a request of `max_message_bytes`
+    and the headers around it in one message from Envoy (a body past the picker's own
+    bound is handed to the relay, which answers what it answers to a call that big)."""
+    receive = config.max_message_bytes + PICKER_ENVELOPE_BYTES
+    return [
+        (key, receive if key == "grpc.max_receive_message_length" else value)
+        for key, value in server_options(config, shared)
+    ]
 
 
 def _ms(seconds: float) -> int:

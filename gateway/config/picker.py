@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic.dataclasses import dataclass
 
-from gateway.config.fields import SETTINGS, Flag, HeaderName, Text
+from gateway.config.fields import SETTINGS, AtLeastOne, Flag, HeaderName, Text
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"  # the Gateway API Inference Extension's
 
@@ -18,12 +18,15 @@ class PickerConfig:
     the relay would give. Calls Envoy cannot run alone (a prefill-decode or encode pair,
     the other RPCs) are sent to the relay at `relay_address` (default: `listen` of the
     main port, a wildcard host read as 127.0.0.1); with `migrate_streams`, streamed
-    Generates are too, so they can go on on another worker if theirs fails."""
+    Generates are too, so they can go on on another worker if theirs fails. A request
+    body past `max_body_bytes` goes to the relay too (as does one Envoy cut short at
+    its own buffer limit): the picker holds at most that much of a call."""
 
     listen: Text | None = None  # HOST:PORT, checked by build_config
     relay_address: Text | None = None  # HOST:PORT, checked by build_config
     header: HeaderName = DESTINATION_HEADER
     migrate_streams: Flag = False
+    max_body_bytes: AtLeastOne = 1024 * 1024  # Envoy's own default buffer limit
 
     @property
     def enabled(self) -> bool:

@@ -59,14 +59,38 @@ def client_peer(headers: Sequence[tuple[str, str]], stream_peer: str) -> str:
 
 class PickerContext:
     """What the stages ask of a call's context, answered from the external processing
-    stream: the request headers as its metadata, the buffered body as its one message,
-    the `grpc-timeout` as its deadline; `abort` raises `Answered` with the answer."""
+    stream: the request headers as its metadata, the request body as its one message,
+    the `grpc-timeout` as its deadline; `abort` raises `Answered` with the answer. It
+    also sends the call on (`go_to`), as the filter's body mode needs."""
 
-    __slots__ = ("_code", "_deadline", "_metadata", "_peer", "headers", "stream")
+    __slots__ = (
+        "_body",
+        "_code",
+        "_deadline",
+        "_ended",
+        "_header",
+        "_max_body",
+        "_metadata",
+        "_peer",
+        "_trailers",
+        "headers",
+        "modes",
+        "stream",
+    )
 
-    def __init__(self, stream: aio.ServicerContext, headers: wire.Headers) -> None:
+    def __init__(
+        self,
+        stream: aio.ServicerContext,
+        headers: wire.Headers,
+        header: str,
+        modes: wire.Modes,
+        max_body: int,
+    ) -> None:
         self.stream = stream
         self.headers = headers
+        self.modes = modes
+        self._header = header  # where the destination is named
+        self._max_body = max_body  # the most of a body read: a longer one is the relay's
         self._metadata: tuple[tuple[str, str], ...] = tuple(
             (k, v) for k, v in headers if not k.startswith(":") and k not in TRANSPORT
         )
@@ -78,6 +102,9 @@ class PickerContext:
         self._deadline = deadline
         self._peer = client_peer(headers, stream.peer())
         self._code: grpc.StatusCode | None = None
+        self._body = b""  # FULL_DUPLEX_STREAMED: the body read, Envoy holds none of it
+        self._ended = False  # ... and it was the whole body
+        self._trailers = False  # ... and the request's trailers came after it
 
     # -- read by the stages ---------------------------------------------------------------
 
@@ -99,21 +126,55 @@ class PickerContext:
         return self._code
 
     async def read(self) -> Any:
-        """The request message: the next part of the stream must be the buffered body
-        (EOF if the request had none, or the stream ended)."""
+        """The request message (EOF if the request had none, or the stream ended);
+        `Unreadable` if the body is not one uncompressed message of at most the bound,
+        or was cut short (BUFFERED_PARTIAL past Envoy's buffer): the relay's to read."""
+        if self.modes.request_duplex:
+            return await self._read_pieces()
         while True:
             request = await self.stream.read()
             if request is aio.EOF:
                 return aio.EOF
             part = request.WhichOneof("request")
             if part == "request_body":
-                message = wire.grpc_message(request.request_body.body)
-                if message is None:
-                    raise Unreadable()
-                return message
+                return self._message(request.request_body.body)
             if part != "request_trailers":
                 return aio.EOF
             await self.stream.write(wire.GO_ON_REQUEST_TRAILERS)
+
+    async def _read_pieces(self) -> Any:
+        """FULL_DUPLEX_STREAMED: the body's pieces, up to its end or the bound; Envoy
+        waits for the answer to the headers until the picker has read them."""
+        pieces: list[bytes] = []
+        size = 0
+        while True:
+            request = await self.stream.read()
+            if request is aio.EOF:
+                return aio.EOF
+            part = request.WhichOneof("request")
+            if part == "request_trailers":
+                self._trailers = True
+                break
+            if part != "request_body":
+                return aio.EOF
+            piece = request.request_body
+            pieces.append(piece.body)
+            size += len(piece.body)
+            if piece.end_of_stream:
+                self._ended = True
+                break
+            if size > self._max_body:
+                break
+        self._body = b"".join(pieces)
+        if not (self._ended or self._trailers):
+            raise Unreadable()  # past the bound: the relay reads it as it comes
+        return self._message(self._body)
+
+    def _message(self, body: bytes) -> bytes:
+        message = wire.grpc_message(body) if len(body) <= self._max_body else None
+        if message is None:
+            raise Unreadable()
+        return message
 
     async def next_part(self) -> ext_proc.ProcessingRequest | None:
         """The stream's next part (None: Envoy closed it)."""
@@ -122,6 +183,31 @@ class PickerContext:
 
     async def answer(self, answer: bytes) -> None:
         await self.stream.write(answer)
+
+    # -- what sends it on -----------------------------------------------------------------
+
+    async def headers_read(self) -> None:
+        """The headers are read: Envoy may send the body (in FULL_DUPLEX_STREAMED it does
+        without asking, and the headers' answer names the destination: `go_to`)."""
+        if not self.modes.request_duplex:
+            await self.stream.write(wire.GO_ON_REQUEST_HEADERS)
+
+    async def go_to(
+        self, address: str, remove: tuple[str, ...] = (), body: bytes | None = None
+    ) -> None:
+        """Send the call to `address` (`IP:PORT`), without the `remove` headers, with
+        `body` as its request message if given: the answer to the body (the headers are
+        still Envoy's to change); in FULL_DUPLEX_STREAMED, the answer to the headers,
+        then the body handed back (and the request's trailers, if they came)."""
+        if not self.modes.request_duplex:
+            await self.stream.write(wire.destination(self._header, address, remove, body))
+            return
+        write = self.stream.write
+        await write(wire.headers_to(self._header, address, remove))
+        sent = self._body if body is None else wire.framed(body)
+        await write(wire.streamed("request_body", sent, self._ended))
+        if self._trailers:
+            await write(wire.GO_ON_REQUEST_TRAILERS)
 
     # -- what ends it ---------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """An Envoy configuration that runs the gateway as its endpoint picker (`gateway
 envoy-config`): one listener whose calls pass the external processing filter (the
-picker: request headers, the buffered request body, response headers and trailers; never
-the response body), then go to the address the picker named, through an original
-destination cluster that reads it from the request's header. Envoy health-checks the
-picker (the gateway's gRPC health service on the picker's port)."""
+picker: request headers, the request body buffered up to Envoy's limit, response headers
+and trailers; never the response body), then go to the address the picker named,
+through an original destination cluster that reads it from the request's header. Envoy
+health-checks the picker (the gateway's gRPC health service on the picker's port)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,12 @@ WIDE_OPEN = {"thresholds": [{"max_connections": 100_000, "max_pending_requests":
                              "max_requests": 100_000, "max_retries": 1_000}]}  # fmt: skip
 PICKED, PICKER = "picked", "gateway_picker"
 # What the filter sends the picker: everything it needs to place a call and see how it
-# ended, and never a response message (relaying those is Envoy's job).
+# ended, and never a response message (relaying those is Envoy's job). The request body
+# whole, up to Envoy's buffer limit: a longer one comes cut short, and the picker sends
+# it to the relay, which reads it as it comes.
 PROCESSING_MODE = {
     "request_header_mode": "SEND",
-    "request_body_mode": "BUFFERED",
+    "request_body_mode": "BUFFERED_PARTIAL",
     "request_trailer_mode": "SKIP",
     "response_header_mode": "SEND",
     "response_body_mode": "NONE",
@@ -58,7 +60,7 @@ def envoy_config(
             "@type": f"{TYPES}filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": PICKER}},
             "failure_mode_allow": False,
-            "processing_mode": PROCESSING_MODE,
+            "processing_mode": dict(PROCESSING_MODE),
             "message_timeout": f"{message_timeout_s:g}s",
             # Calls the picker hands to the relay whole need nothing more sent.
             "allow_mode_override": True,

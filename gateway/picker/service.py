@@ -2,18 +2,21 @@
 relays.
 
 A call passes the relay's own stages (`proxy/stages.py`) on the stream's parts: its
-request headers open it (authenticated, admitted), its buffered body is its request
-(decoded, resolved, classified, charged, waiting in its model's queue with flow
-control), and the dispatcher's one attempt loop places it, with an attempt that hands
-the placement to Envoy instead of opening an upstream call: the answer to the body names
-the worker's `IP:PORT`, and the attempt then follows the response's headers and trailers
-to learn how the worker answered. The call ends with the stream: its reservation goes
+request headers open it (authenticated, admitted), its body is its request (decoded,
+resolved, classified, charged, waiting in its model's queue with flow control), and the
+dispatcher's one attempt loop places it, with an attempt that hands the placement to
+Envoy instead of opening an upstream call: the answer names the worker's `IP:PORT` (the
+body's, or in FULL_DUPLEX_STREAMED the headers', with the body handed back), and the
+attempt then follows the response's headers and trailers to learn how the worker
+answered. The call ends with the stream: its reservation goes
 back with the worker's grpc-status (outlier detection hears it), or with none if the
 client or Envoy ended the stream first (a cancel says nothing about the worker).
 
 What Envoy cannot run alone goes to the relay, whole: the other RPCs at their headers,
 a disaggregated Generate (and with `picker.migrate_streams`, every streamed Generate)
-once its model is known. Every other answer the picker gives is the relay's: a verdict
+once its model is known, a body the picker does not hold whole (past
+`picker.max_body_bytes`, cut short by Envoy, or one Envoy sends only once the call is
+routed). Every other answer the picker gives is the relay's: a verdict
 travels as an ImmediateResponse with the same grpc-status, message and trailers.
 """
 
@@ -74,7 +77,7 @@ class Picker:
         self._header = picker.header
         self._relay = relay_address
         self._whole_to_relay = wire.whole_to(picker.header, relay_address)
-        self._body_to_relay = wire.destination(picker.header, relay_address)
+        self._max_body = picker.max_body_bytes
         self._migrate_streams = picker.migrate_streams
         self._observe = observe
         self._count = count  # each call's answer: `worker`, `relay` or `verdict`
@@ -102,21 +105,24 @@ class Picker:
         request = await stream.read()
         if request is aio.EOF:
             return
+        modes = wire.modes(request)
         part = request.WhichOneof("request")
         if part != "request_headers":  # a filter not set to send the request's headers
-            await stream.write(wire.GO_ON.get(part or "", wire.GO_ON_REQUEST_HEADERS))
-            await _go_on(stream)
+            await stream.write(wire.go_on(request, modes) or wire.GO_ON_REQUEST_HEADERS)
+            await _go_on(stream, modes)
             return
         headers = wire.header_list(request.request_headers.headers)
         path = next((v for k, v in headers if k == ":path"), "")
         found = self._by_path.get(path)
-        if found is None or found[1].kind not in PICKED_KINDS:
-            await stream.write(self._whole_to_relay)  # it answers as it would anyway
+        if found is None or found[1].kind not in PICKED_KINDS or not modes.placeable:
+            # The relay answers it as it would anyway (and reads a body the picker
+            # would see only once the call is routed: STREAMED, NONE).
+            await stream.write(self._to_relay(modes))
             self._count("relay")
-            await _go_on(stream)
+            await _go_on(stream, modes)
             return
         front, spec = found
-        context = PickerContext(stream, headers)
+        context = PickerContext(stream, headers, self._header, modes, self._max_body)
         record = CallRecord(rpc=spec.name, service=front.adapter.service_name, picked=True)
         call = Call(spec, context, record, UNREAD, "")
         try:
@@ -138,10 +144,10 @@ class Picker:
             await stages.admit(env, call)
             if bodiless:  # refused as the relay refuses a call with no request message
                 await abort_invalid(context, NO_REQUEST)
-            await context.answer(wire.GO_ON_REQUEST_HEADERS)
+            await context.headers_read()
             await stages.read(env, call)
             if call.spec.kind is RpcKind.ABORT:
-                await context.answer(self._abort_destination(env, call))
+                await context.go_to(self._abort_destination(env, call))
             else:
                 for stage in self._placed:
                     await stage(env, call)
@@ -152,14 +158,20 @@ class Picker:
                 return  # the response's trailers were the last part
         except (ToRelay, Unreadable):
             call.end()  # what it took goes back first: the relay takes its own
-            await context.answer(self._body_to_relay)
+            await context.go_to(self._relay)
             self._count("relay")
         except Answered as answered:  # Envoy answers the client: it sends nothing more
             call.ended_with(answered.code.name)
             await context.answer(answered.answer)
             self._count("verdict")
             return
-        await _go_on(context.stream)
+        await _go_on(context.stream, context.modes)
+
+    def _to_relay(self, modes: wire.Modes) -> bytes:
+        """The answer to the headers of a call the relay runs whole."""
+        if modes.request_duplex:  # the body may be on its way: handed back as it comes
+            return wire.headers_to(self._header, self._relay)
+        return self._whole_to_relay
 
     async def _regular_only(self, env: Env, call: Call) -> None:
         """A stage: a call Envoy cannot run alone goes to the relay whole (a disaggregated
@@ -195,7 +207,7 @@ class Picker:
             private = env.private_keys
             remove = tuple(k for k, _ in context.invocation_metadata() if k in private)
             upstreams.inflight.add(job.upstream_id, holder)
-            await context.answer(wire.destination(self._header, address, remove, body))
+            await context.go_to(address, remove, body)
             self._count("worker")
             code = await _follow(call, context)
             broken = code is None and call.record.first_message_s is not None
@@ -216,7 +228,7 @@ class Picker:
             else:
                 reservation.release(code)
 
-    def _abort_destination(self, env: Env, call: Call) -> bytes:
+    def _abort_destination(self, env: Env, call: Call) -> str:
         """Where an Abort goes: straight to the one worker that runs every request it
         names, if the picker placed them all there; else to the relay, which finds every
         holder (the picker's too) and asks the sibling processes."""
@@ -235,7 +247,7 @@ class Picker:
         ip = literal(worker.spec.host)
         if ip is None:
             raise ToRelay()
-        return wire.destination(self._header, endpoint(ip, worker.spec.port))
+        return endpoint(ip, worker.spec.port)
 
     def _log(self, call: Call) -> None:
         self._observe(call.record)
@@ -262,16 +274,16 @@ async def _follow(call: Call, context: PickerContext) -> grpc.StatusCode | None:
             await context.answer(wire.GO_ON_RESPONSE_TRAILERS)
             return wire.grpc_status(wire.header_list(request.response_trailers.trailers))
         else:
-            await context.answer(wire.GO_ON.get(part or "", wire.GO_ON_RESPONSE_BODY))
+            await context.answer(wire.go_on(request, context.modes) or wire.GO_ON_RESPONSE_BODY)
 
 
-async def _go_on(stream: aio.ServicerContext) -> None:
+async def _go_on(stream: aio.ServicerContext, modes: wire.Modes) -> None:
     """Answer every further part unchanged, until Envoy closes the stream."""
     while True:
         request = await stream.read()
         if request is aio.EOF:
             return
-        await stream.write(wire.GO_ON.get(request.WhichOneof("request") or "", b""))
+        await stream.write(wire.go_on(request, modes))
 
 
 def _clients_deadline(context: PickerContext) -> bool:

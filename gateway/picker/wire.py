@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import functools
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf import struct_pb2
@@ -53,6 +54,59 @@ NOTHING_MORE = Mode(
     response_body_mode=Mode.NONE,
     response_trailer_mode=Mode.SKIP,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Modes:
+    """How the filter sends a call's bodies, as Envoy says on the stream's first part
+    (an Envoy that does not say: the modes `gateway envoy-config` sets). A request body
+    the picker sees before the call is routed (BUFFERED, BUFFERED_PARTIAL, or
+    FULL_DUPLEX_STREAMED) is what placement reads; in FULL_DUPLEX_STREAMED Envoy keeps
+    nothing of a body it sent, so the picker hands every piece back."""
+
+    placeable: bool = True  # the request body comes before the call is routed
+    request_duplex: bool = False
+    response_duplex: bool = False
+
+
+DEFAULT_MODES = Modes()
+PLACEABLE = frozenset({Mode.BUFFERED, Mode.BUFFERED_PARTIAL, Mode.FULL_DUPLEX_STREAMED})
+
+
+def modes(request: ext_proc.ProcessingRequest) -> Modes:
+    """The body modes of the stream whose first part is `request`."""
+    if not request.HasField("protocol_config"):
+        return DEFAULT_MODES
+    config = request.protocol_config
+    return Modes(
+        placeable=config.request_body_mode in PLACEABLE,
+        request_duplex=config.request_body_mode == Mode.FULL_DUPLEX_STREAMED,
+        response_duplex=config.response_body_mode == Mode.FULL_DUPLEX_STREAMED,
+    )
+
+
+def go_on(request: ext_proc.ProcessingRequest, modes: Modes) -> bytes:
+    """The answer that changes nothing to a part of the call: in FULL_DUPLEX_STREAMED,
+    a body piece handed back as it came."""
+    part = request.WhichOneof("request") or ""
+    if part == "request_body" and modes.request_duplex:
+        return streamed(
+            "request_body", request.request_body.body, request.request_body.end_of_stream
+        )
+    if part == "response_body" and modes.response_duplex:
+        body = request.response_body
+        return streamed("response_body", body.body, body.end_of_stream)
+    return GO_ON.get(part, b"")
+
+
+def streamed(part: str, body: bytes, end: bool) -> bytes:
+    """The answer to a body piece in FULL_DUPLEX_STREAMED: the bytes Envoy sends on."""
+    mutation = ext_proc.BodyMutation(
+        streamed_response=ext_proc.StreamedBodyResponse(body=body, end_of_stream=end)
+    )
+    return _answer(
+        **{part: ext_proc.BodyResponse(response=ext_proc.CommonResponse(body_mutation=mutation))}
+    )
 
 
 def header_list(header_map: base_pb2.HeaderMap) -> Headers:
@@ -126,11 +180,7 @@ def _destination(header: str, address: str, remove: tuple[str, ...]) -> bytes:
 def _build_destination(
     header: str, address: str, remove: tuple[str, ...], body: bytes | None
 ) -> bytes:
-    response = ext_proc.CommonResponse(
-        header_mutation=ext_proc.HeaderMutation(
-            set_headers=[_header(header, address)], remove_headers=remove
-        )
-    )
+    response = _to(header, address, remove)
     if body is not None:
         response.body_mutation.body = framed(body)
     return _answer(
@@ -139,14 +189,32 @@ def _build_destination(
     )
 
 
+def _to(header: str, address: str, remove: tuple[str, ...] = ()) -> ext_proc.CommonResponse:
+    return ext_proc.CommonResponse(
+        header_mutation=ext_proc.HeaderMutation(
+            set_headers=[_header(header, address)], remove_headers=remove
+        )
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def headers_to(header: str, address: str, remove: tuple[str, ...] = ()) -> bytes:
+    """The answer to a request's headers that sends the call to `address`: in
+    FULL_DUPLEX_STREAMED the headers wait for the body, so the destination goes there
+    (the same for every call to a worker: built once)."""
+    return _answer(
+        request_headers=ext_proc.HeadersResponse(response=_to(header, address, remove)),
+        dynamic_metadata=_metadata(header, address),
+    )
+
+
 def whole_to(header: str, address: str) -> bytes:
     """The answer to a request's headers that hands the whole call to `address` (the
-    relay): nothing more of the call comes to the picker."""
-    mutation = ext_proc.HeaderMutation(set_headers=[_header(header, address)])
+    relay): nothing more of the call comes to the picker. (Not in FULL_DUPLEX_STREAMED:
+    pieces of the body may be on their way already, and the picker must hand them
+    back: `headers_to`.)"""
     return _answer(
-        request_headers=ext_proc.HeadersResponse(
-            response=ext_proc.CommonResponse(header_mutation=mutation)
-        ),
+        request_headers=ext_proc.HeadersResponse(response=_to(header, address)),
         dynamic_metadata=_metadata(header, address),
         mode_override=NOTHING_MORE,
     )

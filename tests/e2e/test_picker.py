@@ -59,11 +59,35 @@ CLIENTS = 16
 SLOTS = 2 * CLIENTS
 
 
-def with_envoy(gw: Child, processes: list[Child], directory: Path) -> Child:
-    """Envoy in front of `gw`'s picker port."""
+# The body modes of the filter: `gateway envoy-config`'s, and the one the Gateway API
+# implementations (Istio, kgateway) set for their InferencePool filters.
+MODES: dict[str, dict[str, str]] = {
+    "buffered": {},
+    "full duplex": {
+        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_body_mode": "FULL_DUPLEX_STREAMED",
+        "request_trailer_mode": "SEND",
+        "response_trailer_mode": "SEND",
+    },
+}
+
+
+def with_envoy(
+    gw: Child,
+    processes: list[Child],
+    directory: Path,
+    mode: dict[str, str] | None = None,
+    manager_options: dict[str, Any] | None = None,
+) -> Child:
+    """Envoy in front of `gw`'s picker port (its filter's processing mode changed by
+    `mode`, its connection manager's options by `manager_options`)."""
     binary = envoy_binary()
     assert binary is not None
     bootstrap = envoy_config("127.0.0.1:0", gw.extra["picker"], admin="127.0.0.1:0")
+    listener = bootstrap["static_resources"]["listeners"][0]
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    manager["http_filters"][0]["typed_config"]["processing_mode"].update(mode or {})
+    manager.update(manager_options or {})
     envoy = run_envoy(binary, bootstrap, directory)
     processes.append(envoy)
     return envoy
@@ -155,8 +179,9 @@ CASES: dict[str, Case] = {
 }
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 async def test_every_verdict_and_error_path_is_the_relays(
-    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+    mode: str, sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
 ) -> None:
     ok, failing = start_many(
         sim,
@@ -188,7 +213,7 @@ async def test_every_verdict_and_error_path_is_the_relays(
         "--worker",
         worker_url(vllm_worker, model="v", runtime="vllm"),
     )
-    envoy = with_envoy(gw, processes, tmp_path)
+    envoy = with_envoy(gw, processes, tmp_path, MODES[mode])
     async with channel(gw.address) as relay, channel(f"127.0.0.1:{envoy.port}") as picked:
         for name, case in CASES.items():
             direct = await case(relay)
@@ -199,6 +224,45 @@ async def test_every_verdict_and_error_path_is_the_relays(
     assert answers['gateway_picker_answers_total{answer="worker"}'] >= 2
     assert answers['gateway_picker_answers_total{answer="relay"}'] >= 3
     dead.close()
+
+
+# Where each request goes, by body mode: `small` is placed by the picker; `medium` is past
+# Envoy's buffer limit for a call (its HTTP/2 stream window, set to 1 MiB here: in
+# BUFFERED_PARTIAL it comes cut short) but within the picker's bound (read whole in
+# FULL_DUPLEX_STREAMED); `huge` is past both and past the relay's `max_message_bytes`.
+WENT_TO = {"buffered": {"worker": 1, "relay": 2}, "full duplex": {"worker": 2, "relay": 1}}
+WINDOW = {"http2_protocol_options": {"initial_stream_window_size": 1 << 20}}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_a_request_too_large_for_the_picker_is_the_relays(
+    mode: str, sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+) -> None:
+    """A request body the picker does not hold whole (past `picker.max_body_bytes`, or
+    cut short by Envoy) is the relay's to read: it is served as the relay serves it, and
+    one past `max_message_bytes` gets the relay's own RESOURCE_EXHAUSTED."""
+    worker = sim("--model", "m")
+    config = write_config(
+        tmp_path, {"max_message_bytes": 2 << 20, "picker": {"max_body_bytes": 3 << 19}}
+    )
+    gw = picker_gateway(
+        gateway, "--config", config, "--worker", worker_url(worker, model="m", runtime="sglang")
+    )
+    envoy = with_envoy(gw, processes, tmp_path, MODES[mode], WINDOW)
+    md = model_md("m")
+    sizes = {"small": 1_000, "medium": 400_000, "huge": 800_000}
+    requests = {name: long_prompt(tokens).SerializeToString() for name, tokens in sizes.items()}
+    assert 1 << 20 < len(requests["medium"]) < 3 << 19 < 2 << 20 < len(requests["huge"])
+    async with channel(gw.address) as relay, channel(f"127.0.0.1:{envoy.port}") as picked:
+        for name, request in requests.items():
+            direct = await streamed(relay, request, md)
+            through_envoy = await streamed(picked, request, md)
+            assert through_envoy == direct, name
+            assert (direct[0] == grpc.StatusCode.RESOURCE_EXHAUSTED) == (name == "huge")
+    answers = scrape(gw)
+    for answer, count in WENT_TO[mode].items():
+        assert answers[f'gateway_picker_answers_total{{answer="{answer}"}}'] == count, answer
+    assert answers[f'gateway_worker_inflight{{worker="{worker.address}"}}'] == 0
 
 
 async def test_streams_go_from_the_worker_through_envoy(

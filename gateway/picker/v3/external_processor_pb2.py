@@ -28,7 +28,7 @@ from gateway.picker.v3 import http_status_pb2 as envoy_dot_type_dot_v3_dot_http_
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2envoy/service/ext_proc/v3/external_processor.proto\x12\x19\x65nvoy.service.ext_proc.v3\x1a\x1f\x65nvoy/config/core/v3/base.proto\x1a?envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto\x1a\x1f\x65nvoy/type/v3/http_status.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xab\x03\n\x11ProcessingRequest\x12\x41\n\x0frequest_headers\x18\x02 \x01(\x0b\x32&.envoy.service.ext_proc.v3.HttpHeadersH\x00\x12\x42\n\x10response_headers\x18\x03 \x01(\x0b\x32&.envoy.service.ext_proc.v3.HttpHeadersH\x00\x12;\n\x0crequest_body\x18\x04 \x01(\x0b\x32#.envoy.service.ext_proc.v3.HttpBodyH\x00\x12<\n\rresponse_body\x18\x05 \x01(\x0b\x32#.envoy.service.ext_proc.v3.HttpBodyH\x00\x12\x43\n\x10request_trailers\x18\x06 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.HttpTrailersH\x00\x12\x44\n\x11response_trailers\x18\x07 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.HttpTrailersH\x00\x42\t\n\x07request\"\x96\x05\n\x12ProcessingResponse\x12\x45\n\x0frequest_headers\x18\x01 \x01(\x0b\x32*.envoy.service.ext_proc.v3.HeadersResponseH\x00\x12\x46\n\x10response_headers\x18\x02 \x01(\x0b\x32*.envoy.service.ext_proc.v3.HeadersResponseH\x00\x12?\n\x0crequest_body\x18\x03 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.BodyResponseH\x00\x12@\n\rresponse_body\x18\x04 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.BodyResponseH\x00\x12G\n\x10request_trailers\x18\x05 \x01(\x0b\x32+.envoy.service.ext_proc.v3.TrailersResponseH\x00\x12H\n\x11response_trailers\x18\x06 \x01(\x0b\x32+.envoy.service.ext_proc.v3.TrailersResponseH\x00\x12J\n\x12immediate_response\x18\x07 \x01(\x0b\x32,.envoy.service.ext_proc.v3.ImmediateResponseH\x00\x12\x31\n\x10\x64ynamic_metadata\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12P\n\rmode_override\x18\t \x01(\x0b\x32\x39.envoy.extensions.filters.http.ext_proc.v3.ProcessingModeB\n\n\x08response\"V\n\x0bHttpHeaders\x12\x30\n\x07headers\x18\x01 \x01(\x0b\x32\x1f.envoy.config.core.v3.HeaderMap\x12\x15\n\rend_of_stream\x18\x03 \x01(\x08\"/\n\x08HttpBody\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x15\n\rend_of_stream\x18\x02 \x01(\x08\"A\n\x0cHttpTrailers\x12\x31\n\x08trailers\x18\x01 \x01(\x0b\x32\x1f.envoy.config.core.v3.HeaderMap\"N\n\x0fHeadersResponse\x12;\n\x08response\x18\x01 \x01(\x0b\x32).envoy.service.ext_proc.v3.CommonResponse\"V\n\x10TrailersResponse\x12\x42\n\x0fheader_mutation\x18\x01 \x01(\x0b\x32).envoy.service.ext_proc.v3.HeaderMutation\"K\n\x0c\x42odyResponse\x12;\n\x08response\x18\x01 \x01(\x0b\x32).envoy.service.ext_proc.v3.CommonResponse\"\xb3\x02\n\x0e\x43ommonResponse\x12H\n\x06status\x18\x01 \x01(\x0e\x32\x38.envoy.service.ext_proc.v3.CommonResponse.ResponseStatus\x12\x42\n\x0fheader_mutation\x18\x02 \x01(\x0b\x32).envoy.service.ext_proc.v3.HeaderMutation\x12>\n\rbody_mutation\x18\x03 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.BodyMutation\x12\x19\n\x11\x63lear_route_cache\x18\x05 \x01(\x08\"8\n\x0eResponseStatus\x12\x0c\n\x08\x43ONTINUE\x10\x00\x12\x18\n\x14\x43ONTINUE_AND_REPLACE\x10\x01\"\xd5\x01\n\x11ImmediateResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.envoy.type.v3.HttpStatus\x12:\n\x07headers\x18\x02 \x01(\x0b\x32).envoy.service.ext_proc.v3.HeaderMutation\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\x12:\n\x0bgrpc_status\x18\x04 \x01(\x0b\x32%.envoy.service.ext_proc.v3.GrpcStatus\x12\x0f\n\x07\x64\x65tails\x18\x05 \x01(\t\"\x1c\n\nGrpcStatus\x12\x0e\n\x06status\x18\x01 \x01(\r\"@\n\x0c\x42odyMutation\x12\x0e\n\x04\x62ody\x18\x01 \x01(\x0cH\x00\x12\x14\n\nclear_body\x18\x02 \x01(\x08H\x00\x42\n\n\x08mutation\"f\n\x0eHeaderMutation\x12<\n\x0bset_headers\x18\x01 \x03(\x0b\x32\'.envoy.config.core.v3.HeaderValueOption\x12\x16\n\x0eremove_headers\x18\x02 \x03(\t2\x81\x01\n\x11\x45xternalProcessor\x12l\n\x07Process\x12,.envoy.service.ext_proc.v3.ProcessingRequest\x1a-.envoy.service.ext_proc.v3.ProcessingResponse\"\x00(\x01\x30\x01\x42\x90\x01\n\'io.envoyproxy.envoy.service.ext_proc.v3B\x16\x45xternalProcessorProtoP\x01ZKgithub.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3;ext_procv3b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2envoy/service/ext_proc/v3/external_processor.proto\x12\x19\x65nvoy.service.ext_proc.v3\x1a\x1f\x65nvoy/config/core/v3/base.proto\x1a?envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto\x1a\x1f\x65nvoy/type/v3/http_status.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xf6\x03\n\x11ProcessingRequest\x12\x41\n\x0frequest_headers\x18\x02 \x01(\x0b\x32&.envoy.service.ext_proc.v3.HttpHeadersH\x00\x12\x42\n\x10response_headers\x18\x03 \x01(\x0b\x32&.envoy.service.ext_proc.v3.HttpHeadersH\x00\x12;\n\x0crequest_body\x18\x04 \x01(\x0b\x32#.envoy.service.ext_proc.v3.HttpBodyH\x00\x12<\n\rresponse_body\x18\x05 \x01(\x0b\x32#.envoy.service.ext_proc.v3.HttpBodyH\x00\x12\x43\n\x10request_trailers\x18\x06 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.HttpTrailersH\x00\x12\x44\n\x11response_trailers\x18\x07 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.HttpTrailersH\x00\x12I\n\x0fprotocol_config\x18\x0b \x01(\x0b\x32\x30.envoy.service.ext_proc.v3.ProtocolConfigurationB\t\n\x07request\"\xde\x01\n\x15ProtocolConfiguration\x12\x61\n\x11request_body_mode\x18\x01 \x01(\x0e\x32\x46.envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode\x12\x62\n\x12response_body_mode\x18\x02 \x01(\x0e\x32\x46.envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode\"\x96\x05\n\x12ProcessingResponse\x12\x45\n\x0frequest_headers\x18\x01 \x01(\x0b\x32*.envoy.service.ext_proc.v3.HeadersResponseH\x00\x12\x46\n\x10response_headers\x18\x02 \x01(\x0b\x32*.envoy.service.ext_proc.v3.HeadersResponseH\x00\x12?\n\x0crequest_body\x18\x03 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.BodyResponseH\x00\x12@\n\rresponse_body\x18\x04 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.BodyResponseH\x00\x12G\n\x10request_trailers\x18\x05 \x01(\x0b\x32+.envoy.service.ext_proc.v3.TrailersResponseH\x00\x12H\n\x11response_trailers\x18\x06 \x01(\x0b\x32+.envoy.service.ext_proc.v3.TrailersResponseH\x00\x12J\n\x12immediate_response\x18\x07 \x01(\x0b\x32,.envoy.service.ext_proc.v3.ImmediateResponseH\x00\x12\x31\n\x10\x64ynamic_metadata\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12P\n\rmode_override\x18\t \x01(\x0b\x32\x39.envoy.extensions.filters.http.ext_proc.v3.ProcessingModeB\n\n\x08response\"V\n\x0bHttpHeaders\x12\x30\n\x07headers\x18\x01 \x01(\x0b\x32\x1f.envoy.config.core.v3.HeaderMap\x12\x15\n\rend_of_stream\x18\x03 \x01(\x08\"/\n\x08HttpBody\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x15\n\rend_of_stream\x18\x02 \x01(\x08\"A\n\x0cHttpTrailers\x12\x31\n\x08trailers\x18\x01 \x01(\x0b\x32\x1f.envoy.config.core.v3.HeaderMap\"N\n\x0fHeadersResponse\x12;\n\x08response\x18\x01 \x01(\x0b\x32).envoy.service.ext_proc.v3.CommonResponse\"V\n\x10TrailersResponse\x12\x42\n\x0fheader_mutation\x18\x01 \x01(\x0b\x32).envoy.service.ext_proc.v3.HeaderMutation\"K\n\x0c\x42odyResponse\x12;\n\x08response\x18\x01 \x01(\x0b\x32).envoy.service.ext_proc.v3.CommonResponse\"\xb3\x02\n\x0e\x43ommonResponse\x12H\n\x06status\x18\x01 \x01(\x0e\x32\x38.envoy.service.ext_proc.v3.CommonResponse.ResponseStatus\x12\x42\n\x0fheader_mutation\x18\x02 \x01(\x0b\x32).envoy.service.ext_proc.v3.HeaderMutation\x12>\n\rbody_mutation\x18\x03 \x01(\x0b\x32\'.envoy.service.ext_proc.v3.BodyMutation\x12\x19\n\x11\x63lear_route_cache\x18\x05 \x01(\x08\"8\n\x0eResponseStatus\x12\x0c\n\x08\x43ONTINUE\x10\x00\x12\x18\n\x14\x43ONTINUE_AND_REPLACE\x10\x01\"\xd5\x01\n\x11ImmediateResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.envoy.type.v3.HttpStatus\x12:\n\x07headers\x18\x02 \x01(\x0b\x32).envoy.service.ext_proc.v3.HeaderMutation\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\x12:\n\x0bgrpc_status\x18\x04 \x01(\x0b\x32%.envoy.service.ext_proc.v3.GrpcStatus\x12\x0f\n\x07\x64\x65tails\x18\x05 \x01(\t\"\x1c\n\nGrpcStatus\x12\x0e\n\x06status\x18\x01 \x01(\r\"\x8e\x01\n\x0c\x42odyMutation\x12\x0e\n\x04\x62ody\x18\x01 \x01(\x0cH\x00\x12\x14\n\nclear_body\x18\x02 \x01(\x08H\x00\x12L\n\x11streamed_response\x18\x03 \x01(\x0b\x32/.envoy.service.ext_proc.v3.StreamedBodyResponseH\x00\x42\n\n\x08mutation\";\n\x14StreamedBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x15\n\rend_of_stream\x18\x02 \x01(\x08\"f\n\x0eHeaderMutation\x12<\n\x0bset_headers\x18\x01 \x03(\x0b\x32\'.envoy.config.core.v3.HeaderValueOption\x12\x16\n\x0eremove_headers\x18\x02 \x03(\t2\x81\x01\n\x11\x45xternalProcessor\x12l\n\x07Process\x12,.envoy.service.ext_proc.v3.ProcessingRequest\x1a-.envoy.service.ext_proc.v3.ProcessingResponse\"\x00(\x01\x30\x01\x42\x90\x01\n\'io.envoyproxy.envoy.service.ext_proc.v3B\x16\x45xternalProcessorProtoP\x01ZKgithub.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3;ext_procv3b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,33 +37,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\'io.envoyproxy.envoy.service.ext_proc.v3B\026ExternalProcessorProtoP\001ZKgithub.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3;ext_procv3'
   _globals['_PROCESSINGREQUEST']._serialized_start=243
-  _globals['_PROCESSINGREQUEST']._serialized_end=670
-  _globals['_PROCESSINGRESPONSE']._serialized_start=673
-  _globals['_PROCESSINGRESPONSE']._serialized_end=1335
-  _globals['_HTTPHEADERS']._serialized_start=1337
-  _globals['_HTTPHEADERS']._serialized_end=1423
-  _globals['_HTTPBODY']._serialized_start=1425
-  _globals['_HTTPBODY']._serialized_end=1472
-  _globals['_HTTPTRAILERS']._serialized_start=1474
-  _globals['_HTTPTRAILERS']._serialized_end=1539
-  _globals['_HEADERSRESPONSE']._serialized_start=1541
-  _globals['_HEADERSRESPONSE']._serialized_end=1619
-  _globals['_TRAILERSRESPONSE']._serialized_start=1621
-  _globals['_TRAILERSRESPONSE']._serialized_end=1707
-  _globals['_BODYRESPONSE']._serialized_start=1709
-  _globals['_BODYRESPONSE']._serialized_end=1784
-  _globals['_COMMONRESPONSE']._serialized_start=1787
-  _globals['_COMMONRESPONSE']._serialized_end=2094
-  _globals['_COMMONRESPONSE_RESPONSESTATUS']._serialized_start=2038
-  _globals['_COMMONRESPONSE_RESPONSESTATUS']._serialized_end=2094
-  _globals['_IMMEDIATERESPONSE']._serialized_start=2097
-  _globals['_IMMEDIATERESPONSE']._serialized_end=2310
-  _globals['_GRPCSTATUS']._serialized_start=2312
-  _globals['_GRPCSTATUS']._serialized_end=2340
-  _globals['_BODYMUTATION']._serialized_start=2342
-  _globals['_BODYMUTATION']._serialized_end=2406
-  _globals['_HEADERMUTATION']._serialized_start=2408
-  _globals['_HEADERMUTATION']._serialized_end=2510
-  _globals['_EXTERNALPROCESSOR']._serialized_start=2513
-  _globals['_EXTERNALPROCESSOR']._serialized_end=2642
+  _globals['_PROCESSINGREQUEST']._serialized_end=745
+  _globals['_PROTOCOLCONFIGURATION']._serialized_start=748
+  _globals['_PROTOCOLCONFIGURATION']._serialized_end=970
+  _globals['_PROCESSINGRESPONSE']._serialized_start=973
+  _globals['_PROCESSINGRESPONSE']._serialized_end=1635
+  _globals['_HTTPHEADERS']._serialized_start=1637
+  _globals['_HTTPHEADERS']._serialized_end=1723
+  _globals['_HTTPBODY']._serialized_start=1725
+  _globals['_HTTPBODY']._serialized_end=1772
+  _globals['_HTTPTRAILERS']._serialized_start=1774
+  _globals['_HTTPTRAILERS']._serialized_end=1839
+  _globals['_HEADERSRESPONSE']._serialized_start=1841
+  _globals['_HEADERSRESPONSE']._serialized_end=1919
+  _globals['_TRAILERSRESPONSE']._serialized_start=1921
+  _globals['_TRAILERSRESPONSE']._serialized_end=2007
+  _globals['_BODYRESPONSE']._serialized_start=2009
+  _globals['_BODYRESPONSE']._serialized_end=2084
+  _globals['_COMMONRESPONSE']._serialized_start=2087
+  _globals['_COMMONRESPONSE']._serialized_end=2394
+  _globals['_COMMONRESPONSE_RESPONSESTATUS']._serialized_start=2338
+  _globals['_COMMONRESPONSE_RESPONSESTATUS']._serialized_end=2394
+  _globals['_IMMEDIATERESPONSE']._serialized_start=2397
+  _globals['_IMMEDIATERESPONSE']._serialized_end=2610
+  _globals['_GRPCSTATUS']._serialized_start=2612
+  _globals['_GRPCSTATUS']._serialized_end=2640
+  _globals['_BODYMUTATION']._serialized_start=2643
+  _globals['_BODYMUTATION']._serialized_end=2785
+  _globals['_STREAMEDBODYRESPONSE']._serialized_start=2787
+  _globals['_STREAMEDBODYRESPONSE']._serialized_end=2846
+  _globals['_HEADERMUTATION']._serialized_start=2848
+  _globals['_HEADERMUTATION']._serialized_end=2950
+  _globals['_EXTERNALPROCESSOR']._serialized_start=2953
+  _globals['_EXTERNALPROCESSOR']._serialized_end=3082
 # @@protoc_insertion_point(module_scope)

@@ -12,20 +12,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProcessingRequest(_message.Message):
-    __slots__ = ("request_headers", "response_headers", "request_body", "response_body", "request_trailers", "response_trailers")
+    __slots__ = ("request_headers", "response_headers", "request_body", "response_body", "request_trailers", "response_trailers", "protocol_config")
     REQUEST_HEADERS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_HEADERS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_BODY_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_BODY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TRAILERS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TRAILERS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     request_headers: HttpHeaders
     response_headers: HttpHeaders
     request_body: HttpBody
     response_body: HttpBody
     request_trailers: HttpTrailers
     response_trailers: HttpTrailers
-    def __init__(self, request_headers: _Optional[_Union[HttpHeaders, _Mapping]] = ..., response_headers: _Optional[_Union[HttpHeaders, _Mapping]] = ..., request_body: _Optional[_Union[HttpBody, _Mapping]] = ..., response_body: _Optional[_Union[HttpBody, _Mapping]] = ..., request_trailers: _Optional[_Union[HttpTrailers, _Mapping]] = ..., response_trailers: _Optional[_Union[HttpTrailers, _Mapping]] = ...) -> None: ...
+    protocol_config: ProtocolConfiguration
+    def __init__(self, request_headers: _Optional[_Union[HttpHeaders, _Mapping]] = ..., response_headers: _Optional[_Union[HttpHeaders, _Mapping]] = ..., request_body: _Optional[_Union[HttpBody, _Mapping]] = ..., response_body: _Optional[_Union[HttpBody, _Mapping]] = ..., request_trailers: _Optional[_Union[HttpTrailers, _Mapping]] = ..., response_trailers: _Optional[_Union[HttpTrailers, _Mapping]] = ..., protocol_config: _Optional[_Union[ProtocolConfiguration, _Mapping]] = ...) -> None: ...
+
+class ProtocolConfiguration(_message.Message):
+    __slots__ = ("request_body_mode", "response_body_mode")
+    REQUEST_BODY_MODE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_BODY_MODE_FIELD_NUMBER: _ClassVar[int]
+    request_body_mode: _processing_mode_pb2.ProcessingMode.BodySendMode
+    response_body_mode: _processing_mode_pb2.ProcessingMode.BodySendMode
+    def __init__(self, request_body_mode: _Optional[_Union[_processing_mode_pb2.ProcessingMode.BodySendMode, str]] = ..., response_body_mode: _Optional[_Union[_processing_mode_pb2.ProcessingMode.BodySendMode, str]] = ...) -> None: ...
 
 class ProcessingResponse(_message.Message):
     __slots__ = ("request_headers", "response_headers", "request_body", "response_body", "request_trailers", "response_trailers", "immediate_response", "dynamic_metadata", "mode_override")
@@ -128,12 +138,22 @@ class GrpcStatus(_message.Message):
     def __init__(self, status: _Optional[int] = ...) -> None: ...
 
 class BodyMutation(_message.Message):
-    __slots__ = ("body", "clear_body")
+    __slots__ = ("body", "clear_body", "streamed_response")
     BODY_FIELD_NUMBER: _ClassVar[int]
     CLEAR_BODY_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     body: bytes
     clear_body: bool
-    def __init__(self, body: _Optional[bytes] = ..., clear_body: _Optional[bool] = ...) -> None: ...
+    streamed_response: StreamedBodyResponse
+    def __init__(self, body: _Optional[bytes] = ..., clear_body: _Optional[bool] = ..., streamed_response: _Optional[_Union[StreamedBodyResponse, _Mapping]] = ...) -> None: ...
+
+class StreamedBodyResponse(_message.Message):
+    __slots__ = ("body", "end_of_stream")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    END_OF_STREAM_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    end_of_stream: bool
+    def __init__(self, body: _Optional[bytes] = ..., end_of_stream: _Optional[bool] = ...) -> None: ...
 
 class HeaderMutation(_message.Message):
     __slots__ = ("set_headers", "remove_headers")

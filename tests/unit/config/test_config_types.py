@@ -120,6 +120,7 @@ SECTION_DEFAULTS = {
         relay_address=None,
         header="x-gateway-destination-endpoint",
         migrate_streams=False,
+        max_body_bytes=1024 * 1024,
     ),
 }
 

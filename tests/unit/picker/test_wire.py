@@ -112,3 +112,52 @@ def test_destinations_are_addresses() -> None:
     assert literal("worker-0.svc") is None
     assert endpoint("10.0.0.1", 80) == "10.0.0.1:80"
     assert endpoint("::1", 80) == "[::1]:80"
+
+
+def _first_part(request_body_mode: int, response_body_mode: int) -> ext_proc.ProcessingRequest:
+    return ext_proc.ProcessingRequest(
+        request_headers=ext_proc.HttpHeaders(),
+        protocol_config=ext_proc.ProtocolConfiguration(
+            request_body_mode=request_body_mode,  # type: ignore[arg-type]
+            response_body_mode=response_body_mode,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def test_body_modes_come_from_the_streams_first_part() -> None:
+    mode = wire.Mode
+    assert wire.modes(ext_proc.ProcessingRequest(request_headers=ext_proc.HttpHeaders())) == (
+        wire.DEFAULT_MODES
+    )
+    duplex = wire.modes(_first_part(mode.FULL_DUPLEX_STREAMED, mode.FULL_DUPLEX_STREAMED))
+    assert duplex == wire.Modes(placeable=True, request_duplex=True, response_duplex=True)
+    assert wire.modes(_first_part(mode.BUFFERED_PARTIAL, mode.NONE)) == wire.DEFAULT_MODES
+    assert not wire.modes(_first_part(mode.STREAMED, mode.NONE)).placeable  # routed first
+    assert not wire.modes(_first_part(mode.NONE, mode.NONE)).placeable
+
+
+def test_in_full_duplex_every_body_piece_is_handed_back_as_it_came() -> None:
+    duplex = wire.Modes(request_duplex=True, response_duplex=True)
+    piece = ext_proc.ProcessingRequest(
+        response_body=ext_proc.HttpBody(body=b"\0\0\0\0\1x", end_of_stream=True)
+    )
+    answer = ext_proc.ProcessingResponse.FromString(wire.go_on(piece, duplex))
+    streamed = answer.response_body.response.body_mutation.streamed_response
+    assert (streamed.body, streamed.end_of_stream) == (b"\0\0\0\0\1x", True)
+    assert wire.go_on(piece, wire.DEFAULT_MODES) == wire.GO_ON_RESPONSE_BODY
+    trailers = ext_proc.ProcessingRequest(response_trailers=ext_proc.HttpTrailers())
+    assert wire.go_on(trailers, duplex) == wire.GO_ON_RESPONSE_TRAILERS
+
+
+def test_in_full_duplex_the_headers_answer_names_the_destination() -> None:
+    answer = ext_proc.ProcessingResponse.FromString(
+        wire.headers_to("x-dest", "10.0.0.1:8000", ("authorization",))
+    )
+    mutation = answer.request_headers.response.header_mutation
+    assert [(h.header.key, h.header.raw_value) for h in mutation.set_headers] == [
+        ("x-dest", b"10.0.0.1:8000")
+    ]
+    assert list(mutation.remove_headers) == ["authorization"]
+    lb = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert lb["x-dest"].string_value == "10.0.0.1:8000"
+    assert not answer.HasField("mode_override")  # pieces of the body may be on their way
