@@ -43,6 +43,7 @@ from gateway.orca.service import SERVICE_NAME as ORCA_SERVICE
 from gateway.orca.service import OrcaService
 from gateway.peer.client import Siblings
 from gateway.peer.service import PeerService
+from gateway.picker.service import SERVICE as PICKER_SERVICE
 from gateway.picker.service import Picker
 from gateway.placement.affinity import Affinity
 from gateway.placement.placer import Placer
@@ -430,7 +431,12 @@ class Gateway:
         aliases = {alias: self.routes.leaves(alias) for alias in self.routes.routes()}
         self.health.update(
             desired_statuses(
-                self.draining, by_runtime, self.placer.servable, self.adapters, aliases
+                self.draining,
+                by_runtime,
+                self.placer.servable,
+                self.adapters,
+                aliases,
+                live=(PICKER_SERVICE,) if self.config.picker.enabled else (),
             )
         )
 

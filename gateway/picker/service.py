@@ -117,8 +117,8 @@ class Picker:
         if found is None or found[1].kind not in PICKED_KINDS or not modes.placeable:
             # The relay answers it as it would anyway (and reads a body the picker
             # would see only once the call is routed: STREAMED, NONE).
+            self._count("relay")  # counted as decided: the call may end before the write does
             await stream.write(self._to_relay(modes))
-            self._count("relay")
             await _go_on(stream, modes)
             return
         front, spec = found
@@ -157,13 +157,14 @@ class Picker:
                 await env.routing.dispatcher.serve(job, call.place, attempt, call.placed_ahead)
                 return  # the response's trailers were the last part
         except (ToRelay, Unreadable):
+            call.handed_over()
             call.end()  # what it took goes back first: the relay takes its own
-            await context.go_to(self._relay)
             self._count("relay")
+            await context.go_to(self._relay)
         except Answered as answered:  # Envoy answers the client: it sends nothing more
             call.ended_with(answered.code.name)
-            await context.answer(answered.answer)
             self._count("verdict")
+            await context.answer(answered.answer)
             return
         await _go_on(context.stream, context.modes)
 
@@ -192,10 +193,9 @@ class Picker:
         decision = reserved.decision
         worker = decision.lone
         reservation = reserved.take(worker)
-        code: grpc.StatusCode | None = None
         upstreams = env.routing.dispatcher.upstreams
         holder = Holder(worker, job.upstream_id, call.record.principal, direct=True)
-        broken = False  # ended after the worker's headers, with no status
+        ended = Ended()
         try:
             try:
                 address = await self._destinations.address(worker.spec.host, worker.spec.port)
@@ -207,23 +207,21 @@ class Picker:
             private = env.private_keys
             remove = tuple(k for k, _ in context.invocation_metadata() if k in private)
             upstreams.inflight.add(job.upstream_id, holder)
-            await context.go_to(address, remove, body)
             self._count("worker")
-            code = await _follow(call, context)
-            broken = code is None and call.record.first_message_s is not None
-        except asyncio.CancelledError:
-            broken = call.record.first_message_s is not None
-            raise
+            await context.go_to(address, remove, body)
+            await _follow(call, context, ended)
         finally:
             upstreams.inflight.discard(job.upstream_id, holder)
-            if code is not None:
+            code = ended.code
+            if ended.known and code is not None:
                 call.ended_with(code.name)
                 if code is grpc.StatusCode.DEADLINE_EXCEEDED and _clients_deadline(context):
                     code = None  # the client's own deadline: not the worker's doing
-            if broken:
-                # The client left, or the worker's stream broke: Envoy then resets the
-                # client's stream and this one alike. A worker that is gone does not
-                # answer a health check: its reservation goes back with UNAVAILABLE.
+            if not ended.known and call.record.first_message_s is not None:
+                # The client left, or the worker's stream broke after its headers: Envoy
+                # then resets the client's stream and this one alike. A worker that is
+                # gone does not answer a health check: its reservation goes back with
+                # UNAVAILABLE.
                 upstreams.release_checked(reservation, self._check_s)
             else:
                 reservation.release(code)
@@ -243,10 +241,10 @@ class Picker:
         if len(workers) != 1 or found != set(ids) or not all(h.direct for h in holders):
             raise ToRelay()
         (worker,) = workers
-        self._count("worker")
         ip = literal(worker.spec.host)
         if ip is None:
             raise ToRelay()
+        self._count("worker")
         return endpoint(ip, worker.spec.port)
 
     def _log(self, call: Call) -> None:
@@ -255,24 +253,43 @@ class Picker:
             log.info("request", **call.record.log_fields())
 
 
-async def _follow(call: Call, context: PickerContext) -> grpc.StatusCode | None:
-    """The response's headers and trailers, answered unchanged: the worker's grpc-status
-    (None: the stream ended before one came: the client left, or Envoy reset it)."""
+class Ended:
+    """How the worker's answer ended, once Envoy has told (`known`): its grpc-status
+    (None: it sent none). Known before the picker's last answer goes out, so Envoy
+    closing the stream as soon as it has that answer changes nothing."""
+
+    __slots__ = ("code", "known")
+
+    def __init__(self) -> None:
+        self.known = False
+        self.code: grpc.StatusCode | None = None
+
+    def told(self, code: grpc.StatusCode | None) -> None:
+        self.known, self.code = True, code
+
+
+async def _follow(call: Call, context: PickerContext, ended: Ended) -> None:
+    """The response's headers and trailers, answered unchanged, until the worker's
+    grpc-status is known (`ended`), or the stream ends without one: the client left, or
+    Envoy reset it."""
     while True:
         request = await context.next_part()
         if request is None:
             call.ended_with("CANCELLED")
-            return None
+            return
         part = request.WhichOneof("request")
         if part == "response_headers":
-            await context.answer(wire.GO_ON_RESPONSE_HEADERS)
             headers = request.response_headers
             if headers.end_of_stream:  # Trailers-Only
-                return wire.grpc_status(wire.header_list(headers.headers))
+                ended.told(wire.grpc_status(wire.header_list(headers.headers)))
+                await context.answer(wire.GO_ON_RESPONSE_HEADERS)
+                return
+            await context.answer(wire.GO_ON_RESPONSE_HEADERS)
             call.answer_began()
         elif part == "response_trailers":
+            ended.told(wire.grpc_status(wire.header_list(request.response_trailers.trailers)))
             await context.answer(wire.GO_ON_RESPONSE_TRAILERS)
-            return wire.grpc_status(wire.header_list(request.response_trailers.trailers))
+            return
         else:
             await context.answer(wire.go_on(request, context.modes) or wire.GO_ON_RESPONSE_BODY)
 

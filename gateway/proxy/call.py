@@ -158,6 +158,7 @@ class Call:
     reply: bytes | None = None  # a unary call's answer (`dispatch`)
     downstream: Downstream | None = None  # the client side, once dispatch starts
     ending: list[Callable[[], object]] = field(default_factory=list)  # `on_end`'s
+    told: bool = False  # its status came from whoever answered the client (`ended_with`)
 
     # -- the record, written here only ----------------------------------------------
 
@@ -256,14 +257,23 @@ class Call:
         """The client went, or its deadline passed (grpc cancels the handler then). The
         gateway's copy of the deadline started as the call arrived, a little after the
         client's: a cancel within that slack of it is the deadline."""
+        if self.told:  # its answer had ended: a cancel then changes nothing
+            return
         left = self.context.time_remaining()
         expired = left is not None and left <= CLIENT_DEADLINE_SLACK_S
         self.record.code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
 
     def failed(self) -> None:
         """Ended by an exception: the status the handler set (abort), else UNKNOWN."""
+        if self.told:
+            return
         code = self.context.code()
         self.record.code = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+
+    def handed_over(self) -> None:
+        """Sent whole to the relay, which admits, charges, places and logs it as its own
+        call: no placement here counts (its charge all back as it ends, no log line)."""
+        self.record.attempts = 0
 
     def answer_began(self) -> None:
         """The worker's answer began (its headers), relayed by someone else (Envoy)."""
@@ -273,6 +283,7 @@ class Call:
         """The status its answer ended with, sent by someone else (Envoy relayed the
         worker's, or answered what the gateway told it to)."""
         self.record.code = code
+        self.told = True
 
     def client(self, tally: Tally | None = None) -> Downstream:
         """The call's client side, made once (`tally`: Generate's usage, read as it ends)."""

@@ -6,6 +6,8 @@ updates when one of several watchers leaves. Names served:
   "readiness"              SERVING iff at least one model is servable
   <engine service name>    SERVING iff a model served over that protocol is servable
   "models/<model-id>"      SERVING iff that model is servable (an alias: one of its targets)
+  "envoy.service.ext_proc.v3.ExternalProcessor"
+                           with the endpoint picker on: as "" (it answers every call)
 Check answers from memory; Watch streams every change to every watcher; List returns all.
 
 With API keys (`guard`), Check and Watch on any name but the probes' ("", liveness,
@@ -77,10 +79,12 @@ def desired_statuses(
     servable: Callable[[str, Runtime], bool],
     adapters: Adapters,
     aliases: Mapping[str, Collection[str]] | None = None,
+    live: Collection[str] = (),
 ) -> dict[str, int]:
     """Every health entry's status from the fleet's state (pure); `adapters` name each
     protocol's entry (its engine service); `aliases`: each model alias and the models it
-    may send to (SERVING iff one of them is)."""
+    may send to (SERVING iff one of them is); `live`: more names SERVING as liveness is
+    (the endpoint picker's service: it answers every call, a verdict if need be)."""
     statuses: dict[str, int] = {}
     serving_models: set[str] = set()
     for runtime, models in models_by_runtime.items():
@@ -94,7 +98,7 @@ def desired_statuses(
         routed = any(target in serving_models for target in targets)
         statuses[model_entry(alias)] = SERVING if routed else NOT_SERVING
     statuses[READINESS] = SERVING if serving_models else NOT_SERVING
-    for name in LIVENESS:
+    for name in (*LIVENESS, *live):
         statuses[name] = SERVING
     if draining:
         statuses = dict.fromkeys(statuses, NOT_SERVING)
