@@ -349,8 +349,9 @@ async def test_disaggregated_calls_go_to_the_relay(
 
 
 @pytest.mark.sim_processes  # the worker exits mid-stream
+@pytest.mark.parametrize("mode", list(MODES))
 async def test_a_worker_killed_mid_stream_counts_against_it(
-    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+    mode: str, sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
 ) -> None:
     """The stream breaks after the worker's headers, with no status (Envoy resets the
     client's stream): the picker's check finds the worker gone, and outlier detection
@@ -369,7 +370,7 @@ async def test_a_worker_killed_mid_stream_counts_against_it(
         "--worker",
         worker_url(steady, model="s", runtime="sglang"),
     )
-    envoy = with_envoy(gw, processes, tmp_path)
+    envoy = with_envoy(gw, processes, tmp_path, MODES[mode])
     async with channel(f"127.0.0.1:{envoy.port}") as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         # A client that leaves mid-stream: nothing against the worker.
@@ -393,8 +394,9 @@ async def test_a_worker_killed_mid_stream_counts_against_it(
     assert samples[f'gateway_worker_inflight{{worker="{steady.address}"}}'] == 0
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 async def test_nothing_is_left_reserved_after_calls_clients_cancel(
-    sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
+    mode: str, sim: Launcher, gateway: Launcher, processes: list[Child], tmp_path: Path
 ) -> None:
     """1,000 calls through Envoy, a random part of them cancelled by their clients at a
     random point (before the answer, mid-stream): every reservation, in-flight count
@@ -409,7 +411,7 @@ async def test_nothing_is_left_reserved_after_calls_clients_cancel(
     )
     urls = [a for w in workers for a in ("--worker", worker_url(w, model="m", runtime="sglang"))]
     gw = picker_gateway(gateway, "--config", config, *urls)
-    envoy = with_envoy(gw, processes, tmp_path)
+    envoy = with_envoy(gw, processes, tmp_path, MODES[mode])
     rng = random.Random(29)
     plan = [rng.choice((None, 0, 1, 4)) for _ in range(1000)]  # cancel after k messages
     ok = cancelled = 0
