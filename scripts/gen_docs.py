@@ -229,8 +229,8 @@ MEANING: dict[str, str] = {
     "orca.max_streams_per_connection": "... on one client connection",
     "orca.max_streams_per_peer": "... of one principal or address (null: `max_streams` / 4)",
     "picker.listen": "the endpoint picker's port (Envoy's ext_proc, `--picker-listen`); null: off",
-    "picker.relay_address": "`IP:PORT` Envoy sends the relay's calls to; null: the main "
-    "`listen` (a wildcard host as 127.0.0.1)",
+    "picker.relay_address": "`IP:PORT` Envoy sends the relay's calls to "
+    "(`--picker-relay-address`); null: the main `listen` (a wildcard host as 127.0.0.1)",
     "picker.header": "the request header the picker names each call's destination in",
     "picker.migrate_streams": "streamed Generates go to the relay too, so they can migrate",
     "picker.max_body_bytes": "the most of a request body the picker reads; a longer "

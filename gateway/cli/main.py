@@ -164,6 +164,13 @@ def _add_serve_flags(
         "endpoint picker of an Envoy that relays the calls itself (off by default)",
     )
     p.add_argument(
+        "--picker-relay-address",
+        metavar="IP:PORT",
+        help="where the picker sends Envoy for the calls the relay runs (picker."
+        "relay_address; default: the main port's listen address, a wildcard host as "
+        "127.0.0.1)",
+    )
+    p.add_argument(
         "--processes",
         metavar="N|auto",
         help="serving processes sharing the main port (default 1; auto: usable cores, "
@@ -240,6 +247,7 @@ def config_from_args(
             "admin.token": admin_token(args),
             "metrics.listen": args.metrics_listen,
             "picker.listen": args.picker_listen,
+            "picker.relay_address": args.picker_relay_address,
             "processes": parse_processes(args.processes) if args.processes else None,
         },
     )

@@ -457,16 +457,14 @@ def test_the_patched_command_makes_the_pod_ip_the_relay_address(
 ) -> None:
     """The container's script, run with its paths in `tmp_path` and `gateway serve` as
     `gateway check-config` (the same flags, checked as serve would, nothing started)."""
-    mounted, written = "/etc/gateway/config.yaml", "/tmp/gateway.yaml"
+    mounted = "/etc/gateway/config.yaml"
     serve = "exec gateway serve"
     script = _picker_script()
-    # read once, written then served, run once: what is replaced below is all there is
-    assert [script.count(part) for part in (mounted, written, serve)] == [1, 2, 1]
+    # the mounted config served, run once: what is replaced below is all there is
+    assert [script.count(part) for part in (mounted, serve)] == [1, 1]
     (tmp_path / "config.yaml").write_text(_config_text())
-    script = (
-        script.replace(mounted, str(tmp_path / "config.yaml"))
-        .replace(written, str(tmp_path / "gateway.yaml"))
-        .replace(serve, f"exec {shlex.quote(sys.executable)} -m gateway check-config")
+    script = script.replace(mounted, str(tmp_path / "config.yaml")).replace(
+        serve, f"exec {shlex.quote(sys.executable)} -m gateway check-config"
     )
     result = subprocess.run(
         ["sh", "-c", script],

@@ -198,3 +198,16 @@ def test_health_entries_from_the_fleet() -> None:
     }
     draining = desired_statuses(True, {Runtime.SGLANG: ["a"]}, lambda m, r: True, engine_adapters())
     assert set(draining.values()) == {NOT_SERVING}
+
+
+def test_the_pickers_entry_is_live_whatever_the_fleet() -> None:
+    picker = "envoy.service.ext_proc.v3.ExternalProcessor"
+    statuses = desired_statuses(
+        False, {Runtime.SGLANG: ["a"]}, lambda m, r: False, engine_adapters(), live=(picker,)
+    )
+    assert statuses[picker] == SERVING  # it answers every call: a verdict if need be
+    assert statuses["readiness"] == NOT_SERVING
+    draining = desired_statuses(
+        True, {Runtime.SGLANG: ["a"]}, lambda m, r: True, engine_adapters(), live=(picker,)
+    )
+    assert draining[picker] == NOT_SERVING
