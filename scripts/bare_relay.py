@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,6 +22,7 @@ from grpc import aio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gateway.app.run import on_loop
 from gateway.app.transport import server_options
 from gateway.config import build_config
 from gateway.upstream.channels import open_channel
@@ -78,12 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", required=True, help="HOST:PORT of the worker")
     args = parser.parse_args()
-    if os.environ.get("GATEWAY_LOOP") == "uvloop":
-        import uvloop
-
-        uvloop.run(relay(args.upstream))
-    else:
-        asyncio.run(relay(args.upstream))
+    on_loop(relay(args.upstream))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
-import os
 import signal
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gateway.app.run import on_loop
 from gateway.app.transport import server_options
 from gateway.config import build_config
 from gateway.config.picker import DESTINATION_HEADER
@@ -93,12 +93,7 @@ def main() -> None:
         "--upstream", required=True, type=ip_port, help="IP:PORT of the worker, named to Envoy"
     )
     args = parser.parse_args()
-    if os.environ.get("GATEWAY_LOOP") == "uvloop":
-        import uvloop
-
-        uvloop.run(serve(args.upstream))
-    else:
-        asyncio.run(serve(args.upstream))
+    on_loop(serve(args.upstream))
 
 
 if __name__ == "__main__":

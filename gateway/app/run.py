@@ -69,10 +69,21 @@ def own_signals() -> None:
     _saved.clear()
 
 
+def on_loop(coro: object) -> object:
+    """Run `coro` on the event loop `GATEWAY_LOOP` names (`uvloop`, else asyncio's own);
+    the scripts measured against the gateway run on the same one."""
+    import asyncio
+
+    if os.environ.get("GATEWAY_LOOP") == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)  # type: ignore[arg-type]
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
 def run_until_done(coro: object) -> int:
     """Run to the end; 2 with one line if a port cannot be bound, 130 on a Ctrl-C that
     arrived before the process took over its signals (never a traceback)."""
-    import asyncio
 
     from gateway.config import ConfigError
     from gateway.core.listen import CannotListen
@@ -80,12 +91,7 @@ def run_until_done(coro: object) -> int:
     result: object = None
     own_signals()
     try:
-        if os.environ.get("GATEWAY_LOOP") == "uvloop":
-            import uvloop
-
-            result = uvloop.run(coro)  # type: ignore[arg-type]
-        else:
-            result = asyncio.run(coro)  # type: ignore[arg-type]
+        result = on_loop(coro)
     except CannotListen as exc:
         say(str(exc))
         return 2
