@@ -5,6 +5,7 @@ takes an address, not a name, so a worker configured by host name is resolved he
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 import time
@@ -16,8 +17,10 @@ def endpoint(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+@functools.lru_cache(maxsize=4096)
 def literal(host: str) -> str | None:
-    """`host` as an IP address, if it is one (`[::1]` too)."""
+    """`host` as an IP address, if it is one (`[::1]` too); a worker's host is asked
+    of every call placed on it, so the answer is kept."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         return str(ipaddress.ip_address(bare))
