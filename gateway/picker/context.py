@@ -132,11 +132,9 @@ class PickerContext:
         if self.modes.request_duplex:
             return await self._read_pieces()
         while True:
-            request = await self.stream.read()
-            if request is aio.EOF:
-                return aio.EOF
-            part = request.WhichOneof("request")
-            if part == "request_body":
+            request = await self.next_part()
+            part = _part(request)
+            if request is not None and part == "request_body":
                 return self._message(request.request_body.body)
             if part != "request_trailers":
                 return aio.EOF
@@ -148,14 +146,12 @@ class PickerContext:
         pieces: list[bytes] = []
         size = 0
         while True:
-            request = await self.stream.read()
-            if request is aio.EOF:
-                return aio.EOF
-            part = request.WhichOneof("request")
+            request = await self.next_part()
+            part = _part(request)
             if part == "request_trailers":
                 self._trailers = True
                 break
-            if part != "request_body":
+            if request is None or part != "request_body":
                 return aio.EOF
             piece = request.request_body
             pieces.append(piece.body)
@@ -216,6 +212,11 @@ class PickerContext:
     ) -> NoReturn:
         self._code = code
         raise Answered(code, wire.immediate(code, details, trailing_metadata))
+
+
+def _part(request: ext_proc.ProcessingRequest | None) -> str:
+    """Which part of the call `request` is ("" once the stream has ended)."""
+    return "" if request is None else request.WhichOneof("request") or ""
 
 
 class Unreadable(Exception):
