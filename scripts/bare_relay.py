@@ -65,6 +65,12 @@ async def relay(upstream: str) -> None:
 
     server = aio.server(options=server_options(config))
     server.add_generic_rpc_handlers((Everything(),))
+    await serve_until_terminated(server)
+
+
+async def serve_until_terminated(server: aio.Server) -> None:
+    """Serve on a free loopback port, announced as `READY 127.0.0.1:PORT` (what
+    scripts/bench.py waits for), until SIGTERM. scripts/floor_picker.py serves so too."""
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(f"READY 127.0.0.1:{port}", flush=True)

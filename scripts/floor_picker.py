@@ -12,9 +12,7 @@ body with the one upstream named: no decoding, no placement, no call followed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ipaddress
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,10 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bare_relay import serve_until_terminated
+
 from gateway.app.run import on_loop
-from gateway.app.transport import server_options
+from gateway.app.transport import picker_options
 from gateway.config import build_config
 from gateway.config.picker import DESTINATION_HEADER
 from gateway.picker import wire
@@ -60,19 +60,13 @@ def processing(upstream: str) -> grpc.RpcMethodHandler:
 
 
 async def serve(upstream: str) -> None:
-    server = aio.server(options=server_options(build_config()))
+    server = aio.server(options=picker_options(build_config()))
     method = processing(upstream)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE, {"Process": method}),)
     )
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)  # SERVING
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(f"READY 127.0.0.1:{port}", flush=True)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    await server.stop(None)
+    await serve_until_terminated(server)
 
 
 def ip_port(value: str) -> str:

@@ -84,7 +84,6 @@ def on_loop(coro: object) -> object:
 def run_until_done(coro: object) -> int:
     """Run to the end; 2 with one line if a port cannot be bound, 130 on a Ctrl-C that
     arrived before the process took over its signals (never a traceback)."""
-
     from gateway.config import ConfigError
     from gateway.core.listen import CannotListen
 
