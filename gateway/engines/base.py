@@ -12,10 +12,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from google.protobuf import message_factory
-from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.descriptor import Descriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
 from gateway.core.roles import Role, Runtime
@@ -43,14 +43,29 @@ class RpcKind(Enum):
     FAN_OUT = "fan_out"  # per-worker admin: every worker of the model, answers merged
 
 
+class MessageClass(Protocol):
+    """A generated message class as the gateway uses it: its messages are made with
+    their fields as keywords (the protobuf stubs type `Message()` as taking none)."""
+
+    DESCRIPTOR: Descriptor
+
+    def __call__(self, **fields: Any) -> Message: ...
+
+    def FromString(self, s: bytes) -> Message: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RpcSpec:
     name: str
     path: str  # "/package.Service/Method"
     kind: RpcKind
     server_streaming: bool
-    request_type: type[Message]
-    response_type: type[Message]
+    request_type: MessageClass
+    response_type: MessageClass
+
+
+def _message_class(descriptor: Descriptor) -> MessageClass:
+    return cast(MessageClass, message_factory.GetMessageClass(descriptor))
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,8 +277,8 @@ class EngineAdapter(ABC):
                 path=f"/{self.service_name}/{method.name}",
                 kind=self.kinds.get(method.name, RpcKind.FORWARD_ONE),
                 server_streaming=method.server_streaming,
-                request_type=message_factory.GetMessageClass(method.input_type),
-                response_type=message_factory.GetMessageClass(method.output_type),
+                request_type=_message_class(method.input_type),
+                response_type=_message_class(method.output_type),
             )
 
     def path(self, name: str) -> str:
@@ -477,7 +492,7 @@ class EngineAdapter(ABC):
         return bytes(merged.SerializeToString())
 
 
-def merge_outcomes(response_type: type[Message], replies: Sequence[Any]) -> bytes:
+def merge_outcomes(response_type: MessageClass, replies: Sequence[Any]) -> bytes:
     """Merge `{success, message, ...}` answers: success only if every worker succeeded.
 
     Repeated id lists (LoRA) keep the ids every worker reports: an adapter is usable
