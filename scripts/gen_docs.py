@@ -124,6 +124,8 @@ MEANING: dict[str, str] = {
     "models.<model>.route[].model": "a target: a model the config names, or an alias one "
     "level deep",
     "models.<model>.route[].weight": "its share of the calls (at least one above 0)",
+    "models.<model>.vocab_size": "prompt token ids must be below it, else INVALID_ARGUMENT "
+    "(default: the smallest vocabulary its workers report)",
     "default_policy": "the policy of models without one",
     "model_headers": "request headers naming the model; the first one present wins",
     "routing_key_header": "the `consistent_hash` key",
@@ -258,6 +260,7 @@ SCOPE: dict[str, str] = {
     "models.<model>.max_inflight": f"{SPLIT}, per worker",
     "models.<model>.max_waiting": "worker report",
     "models.<model>.max_token_usage": "worker report",
+    "models.<model>.vocab_size": "call",
     "migration.max_migrations": "call",
     "migration.max_resent_tokens": "call",
     "limits.max_choices": "call",
@@ -337,6 +340,7 @@ UNIT_AT: dict[str, str] = {
     "tracing.sample_ratio": "fraction",
     "models.<model>.max_token_usage": "fraction",
     "models.<model>.max_waiting": "requests",
+    "models.<model>.vocab_size": "token ids",
     "flow.queue.max_requests": "calls",
     "affinity.max_sessions": "bindings",
     "lora.max_loaded_per_worker": "adapters",

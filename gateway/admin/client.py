@@ -427,11 +427,11 @@ def _row(worker: pb.Worker, now: float) -> list[str]:
     cause = worker.status_cause
     if worker.load_error:
         cause = f"{cause}; load: {worker.load_error}" if cause else f"load: {worker.load_error}"
-    return [
+    return [  # what an unidentified worker's URL leaves open: "?"
         worker.id,
-        worker.model,
-        worker.runtime,
-        role_name(worker.role),
+        worker.model or "?",
+        worker.runtime or "?",
+        role_name(worker.role) if worker.role else "?",
         ",".join(worker.sources) or "-",
         status_name(worker.status),
         str(worker.inflight),

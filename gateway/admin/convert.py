@@ -14,7 +14,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.core.roles import Role
-from gateway.upstream.registry import FleetEvent
+from gateway.upstream.registry import FleetEvent, Unidentified
 from gateway.upstream.signals.outlier import OutlierState
 from gateway.upstream.signals.probe import ProbeKind
 from gateway.upstream.worker import Worker, WorkerStatus
@@ -109,6 +109,22 @@ def worker_message(worker: Worker, kv: pb.KvIndexState | None = None) -> pb.Work
         # The report carries monotonic time; the API speaks wall-clock time.
         message.load.time.CopyFrom(timestamp(time.time() - (time.monotonic() - load.at)))
     return message
+
+
+def unidentified_message(entry: Unidentified) -> pb.Worker:
+    """A named worker that has not said what it serves: what its URL says, and why the
+    last question failed."""
+    spec = entry.spec
+    return pb.Worker(
+        id=spec.address,
+        url=spec.full_url(),
+        model=spec.model or "",
+        runtime=str(spec.runtime or ""),
+        role=ROLE.get(str(spec.role), pb.ROLE_UNSPECIFIED),
+        status=pb.WORKER_STATUS_UNIDENTIFIED,
+        status_cause=entry.error or "being asked what it serves",
+        sources=entry.sources,
+    )
 
 
 def snapshot_event(worker: Worker) -> pb.WatchWorkersResponse:

@@ -232,11 +232,11 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
-        workers = sorted(self._fleet.registry, key=lambda w: w.id)
+        registry = self._fleet.registry
+        listed = [self._message(w) for w in sorted(registry, key=lambda w: w.id)]
+        listed += [convert.unidentified_message(entry) for entry in registry.unidentified()]
         sessions = self._sessions() if self._sessions is not None else 0
-        return pb.ListWorkersResponse(
-            workers=[self._message(w) for w in workers], sessions=sessions
-        )
+        return pb.ListWorkersResponse(workers=listed, sessions=sessions)
 
     async def ListQueues(
         self, request: pb.ListQueuesRequest, context: Context

@@ -20,6 +20,7 @@ from gateway.app.transport import picker_options, server_options
 from gateway.config import (
     DEFAULT_TENANT_LABELS,
     GatewayConfig,
+    declared_models,
     named_models,
     routes_of,
     served_models,
@@ -144,6 +145,7 @@ class Gateway:
         self._discovered = dict(discovered or {})
         self.inflight = InflightTable()
         self.affinity = Affinity(config.affinity) if config.affinity.enabled else None
+        self._declared = declared_models(config)
         self.placer = Placer(
             self.fleet.registry,
             config.model,
@@ -154,6 +156,7 @@ class Gateway:
             self.affinity,
             config.lora,
             self.fleet.lora_watch,
+            self._declared,
         )
         served = served_models(config)  # model aliases: changed by the admin API only
         self.routes = RouteTable(
@@ -437,6 +440,7 @@ class Gateway:
                 self.adapters,
                 aliases,
                 live=(PICKER_SERVICE,) if self.config.picker.enabled else (),
+                declared=self._declared,
             )
         )
 

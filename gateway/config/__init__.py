@@ -35,7 +35,9 @@ from gateway.config.gateway import SECTIONS, AdminConfig, GatewayConfig
 from gateway.config.kv import KvConfig
 from gateway.config.limits import LimitsConfig
 from gateway.config.loading import (
+    Declared,
     build_config,
+    declared_models,
     load_file,
     parse_worker_list,
     parse_worker_url,
@@ -71,6 +73,7 @@ __all__ = [
     "AffinityConfig",
     "AuthConfig",
     "ConfigError",
+    "Declared",
     "DiscoverySource",
     "DnsDiscovery",
     "FileDiscovery",
@@ -95,6 +98,7 @@ __all__ = [
     "UpstreamTlsConfig",
     "WorkerSpec",
     "build_config",
+    "declared_models",
     "load_file",
     "named_models",
     "parse_address",

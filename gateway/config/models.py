@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from pydantic.dataclasses import dataclass
 
-from gateway.config.fields import SETTINGS, Flag, Fraction, ModelName, Whole
+from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Fraction, ModelName, Whole
 from gateway.core.policy_names import PolicyName
 
 Target = tuple[str, int]  # (model, weight)
@@ -31,6 +31,8 @@ class ModelSettings:
     registered (so a missing encoder is LEG_NOT_DEPLOYED, not a silent text-only answer).
     `route`: the name is an alias; each call goes to one of these models, by weight (the
     alias's other settings are unused: each target's own apply).
+    `vocab_size`: prompt token ids must be below it (an engine may crash on one past its
+    vocabulary); None: the smallest its workers report (GetModelInfo).
     """
 
     policy: PolicyName = "round_robin"
@@ -39,6 +41,7 @@ class ModelSettings:
     max_waiting: Whole | None = None
     max_token_usage: Fraction | None = None
     route: tuple[RouteTarget, ...] | None = None
+    vocab_size: AtLeastOne | None = None
 
 
 def routes_of(models: Mapping[str, ModelSettings]) -> dict[str, Route]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol, cast
 
@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 
 from gateway.core.roles import Role, Runtime
 from gateway.core.wire import LENGTH_DELIMITED, VARINT, encode_varint
-from gateway.engines.tokens import TokenIds, Unusual, split_tokens
+from gateway.engines.tokens import TokenIds, Unusual, highest, split_tokens
 
 # A Generate request this long has its token ids decoded apart (numpy, off the loop).
 SPLIT_MIN_BYTES = 256 * 1024
@@ -76,6 +76,14 @@ class ServerFacts:
     bootstrap_port: int | None = None
     pairing: str = ""
     block_size: int | None = None  # tokens per KV block (page), if the worker says
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What GetModelInfo says of the model a worker serves."""
+
+    name: str  # "" if it names none
+    vocab_size: int | None = None  # token ids are 0 .. vocab_size - 1; None: not said
 
 
 class Counting(Enum):
@@ -204,6 +212,7 @@ class GenerateInfo:
     mm_items: tuple[str, ...] = ()  # items an encode worker can take (URLs), in order
     return_logprob: bool = False
     tokens: TokenIds = ()  # the prompt's token ids (not copied)
+    highest_token: int = -1  # the largest of them (-1: none), for the vocabulary bound
     namespace: str = ""  # what else keys the prompt's KV cache (a LoRA adapter)
     max_new_tokens: int | None = None  # the most each choice may generate, if the call says
     stream: bool = True  # answered in chunks, not one closing message per choice
@@ -302,9 +311,11 @@ class EngineAdapter(ABC):
             except Unusual:
                 pass  # any other shape: protobuf decodes all of it
             else:
-                return self._generate_info(request_type.FromString(rest), ids)
+                info = self._generate_info(request_type.FromString(rest), ids)
+                return replace(info, highest_token=highest(ids))
         request: Any = request_type.FromString(raw)
-        return self._generate_info(request, request.tokenized.input_ids)
+        ids = request.tokenized.input_ids
+        return replace(self._generate_info(request, ids), highest_token=highest(ids))
 
     @abstractmethod
     def _generate_info(self, request: Any, tokens: TokenIds) -> GenerateInfo:
@@ -456,10 +467,11 @@ class EngineAdapter(ABC):
     def server_facts(self, server_info: bytes) -> ServerFacts:
         """Role, bootstrap port and pairing key from a GetServerInfo answer."""
 
-    def served_model_name(self, model_info: bytes) -> str:
-        """The model a worker serves, from its GetModelInfo answer."""
+    def model_facts(self, model_info: bytes) -> ModelFacts:
+        """The model a worker serves and its vocabulary, from its GetModelInfo answer."""
         info: Any = self.rpcs["GetModelInfo"].response_type.FromString(model_info)
-        return str(info.served_model_name or info.model_path)
+        vocab = int(info.vocab_size)
+        return ModelFacts(str(info.served_model_name or info.model_path), vocab or None)
 
     def merge(self, name: str, parts: Sequence[bytes]) -> bytes:
         """Merge the answers of a fan-out RPC, one per worker, in worker order."""

@@ -85,3 +85,12 @@ def decode_varints(data: bytes | memoryview) -> Tokens:
         part <<= np.uint32(7 * k)
         values |= part
     return values
+
+
+def highest(tokens: TokenIds) -> int:
+    """The largest token id of a prompt (-1 for none): what a vocabulary bound is checked
+    against. numpy's max for the ids cut out of a long request (no GIL), Python's for a
+    decoded field (short: under SPLIT_MIN_BYTES of ids)."""
+    if isinstance(tokens, np.ndarray):
+        return int(tokens.max()) if tokens.size else -1
+    return max(tokens, default=-1)

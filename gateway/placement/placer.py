@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
-from gateway.config import ModelSettings
+from gateway.config import Declared, ModelSettings
 from gateway.config.lora import LoraConfig
 from gateway.core.roles import ENGINE_ROLES, Role, Runtime
 from gateway.engines import Adapters
@@ -91,6 +91,7 @@ class Placer:
         affinity: Affinity | None = None,
         lora: LoraConfig | None = None,
         lora_watch: AdapterWatch | None = None,
+        declared: Declared = MappingProxyType({}),
     ) -> None:
         self.affinity = affinity  # session bindings (`affinity:` on), written by `Placing`
         self._lora = lora or LoraConfig()
@@ -102,22 +103,58 @@ class Placer:
         self._overload_retry_ms = round(load_interval_s * 1000)
         self._stale_after_s = stale_after_s
         self._any: dict[tuple[str, Runtime], RoundRobin] = {}
+        self._declared = declared  # model -> the runtimes the config declares it on
 
     def resolve(self, model: str | None, runtime: Runtime) -> str | Verdict:
-        """The model a call is for: the named one, or the protocol's only model."""
+        """The model a call is for: the named one, or the protocol's only model. A model
+        no worker serves yet is unavailable, not unknown, when the configuration declares
+        it (its workers down or not yet identified)."""
+        registry = self._registry
         if model is not None:
-            if self._registry.serves(model, runtime):
+            if registry.serves(model, runtime):
                 return model
+            if not registry.runtimes(model) and self.declared(model, runtime):
+                waiting = registry.awaits(model, runtime)
+                return verdicts.not_yet_up(model, "", waiting, self._retry_after_ms)
             return self._not_found(model, runtime)
-        models = self._registry.models(runtime)
+        models = registry.models(runtime)
         if len(models) == 1:
             return models[0]
-        if not models:
-            return verdicts.Verdict(
-                verdicts.Reason.MODEL_NOT_FOUND,
-                f"No model is served over {self._adapters[runtime].service_name}",
-            )
-        return verdicts.model_required(models)
+        if models:
+            return verdicts.model_required(models)
+        service = self._adapters[runtime].service_name
+        declared = [m for m in self._declared if self.declared(m, runtime)]
+        if len(declared) == 1:
+            (only,) = declared
+            waiting = registry.awaits(only, runtime)
+            return verdicts.not_yet_up(only, "", waiting, self._retry_after_ms)
+        waiting = sum(1 for u in registry.unidentified() if u.spec.runtime in (None, runtime))
+        if declared or waiting:
+            return verdicts.nothing_served_yet(service, waiting, self._retry_after_ms)
+        return verdicts.Verdict(
+            verdicts.Reason.MODEL_NOT_FOUND, f"No model is served over {service}"
+        )
+
+    def declared(self, model: str, runtime: Runtime) -> bool:
+        """The configuration names `model` on `runtime`'s protocol (or on any)."""
+        if model not in self._declared:
+            return False
+        runtimes = self._declared[model]
+        return runtimes is None or runtime in runtimes
+
+    def vocabulary(self, model: str, runtime: Runtime) -> tuple[int, str] | None:
+        """The bound on a prompt's token ids for `model` and where it comes from: its
+        `vocab_size` setting, else the smallest vocabulary its engine workers report (a
+        call may land on any of them); None while none has said."""
+        configured = self._model_settings(model).vocab_size
+        if configured is not None:
+            return configured, f"models.{model}.vocab_size"
+        reported = [
+            w.vocab_size
+            for w in self._registry.workers_of(model, runtime, ENGINE_ROLES)
+            if w.vocab_size
+        ]
+        return (min(reported), "as its workers report") if reported else None
 
     def _not_found(self, model: str, runtime: Runtime) -> Verdict:
         adapters = self._adapters
@@ -158,7 +195,7 @@ class Placer:
         adapter = adapter_of(hints.prefix.namespace) if hints.prefix is not None else ""
         if adapter and self._lora_watch is not None:
             self._lora_watch.seen()
-        verdicts: list[Verdict] = []
+        refusals: list[Verdict] = []
         elsewhere: list[Role] = []
         fitting: dict[Role, list[Worker]] = {}
         for leg in legs:
@@ -181,6 +218,10 @@ class Placer:
             verdict = classify_leg(
                 model, leg, pool, available, fits, self._retry_after_ms, self._overload_retry_ms
             )
+            if verdict is not None and verdict.reason is verdicts.Reason.LEG_NOT_DEPLOYED:
+                waiting = registry.awaits(model, None if leg is Role.ENCODE else runtime, leg)
+                if waiting:  # the leg may yet turn up: unavailable, not missing
+                    verdict = verdicts.not_yet_up(model, leg.value, waiting, self._retry_after_ms)
             if verdict is None and adapter and leg is not Role.ENCODE:
                 narrowed = self._for_adapter(model, leg, adapter, pool, fits)
                 verdict, fits = (
@@ -189,11 +230,11 @@ class Placer:
             if verdict is None:
                 fitting[leg] = fits
             else:
-                verdicts.append(verdict)
+                refusals.append(verdict)
         if elsewhere:
-            verdicts.append(self._incompatible(model, runtime, legs))
-        if verdicts:
-            return most_permanent(verdicts)
+            refusals.append(self._incompatible(model, runtime, legs))
+        if refusals:
+            return most_permanent(refusals)
         return self._pick(model, runtime, legs, fitting, hints, items, bound)
 
     def _fitting(self, cluster: Cluster, available: list[Worker], now: float) -> list[Worker]:

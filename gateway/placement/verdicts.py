@@ -83,6 +83,34 @@ def model_not_found(model: str, service: str, elsewhere: list[str]) -> Verdict:
     return Verdict(Reason.MODEL_NOT_FOUND, message, model=model)
 
 
+def not_yet_up(model: str, leg: str, waiting: int, retry_after_ms: int) -> Verdict:
+    """A model the configuration declares, or a leg a worker being identified may turn
+    out to serve, with no worker registered for it yet: its workers are down or have not
+    answered yet, so it is unavailable (503), not unknown (404). `leg` empty: the model."""
+    what = f"no {leg} worker" if leg else "no worker"
+    asking = f"; {waiting} named worker{'s are' if waiting != 1 else ' is'} still being asked "
+    asking += "what it serves" if waiting == 1 else "what they serve"
+    return Verdict(
+        Reason.WORKERS_UNAVAILABLE,
+        f"Model '{shown(model)}' has {what} up or identified yet"
+        + (asking if waiting else " (its workers are down or not yet discovered)"),
+        model=shown(model),
+        leg=leg,
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def nothing_served_yet(service: str, waiting: int, retry_after_ms: int) -> Verdict:
+    """A call that names no model while no model is served over its protocol but some
+    worker may still turn out to serve one (being identified) or one is declared."""
+    return Verdict(
+        Reason.WORKERS_UNAVAILABLE,
+        f"No model is served over {service} yet: its workers are down or not yet "
+        f"identified ({waiting} being asked what they serve)",
+        retry_after_ms=retry_after_ms,
+    )
+
+
 def leg_not_deployed(model: str, leg: str) -> Verdict:
     return Verdict(
         Reason.LEG_NOT_DEPLOYED,
@@ -154,6 +182,21 @@ def over_limit(model: str, path: str, value: int, limit: int, setting: str) -> V
         model=model,
         extra={"field": path, "limit": str(limit)},
         violation=(path, f"must be at most {limit} ({setting})"),
+    )
+
+
+def out_of_vocabulary(model: str, token_id: int, vocab_size: int, source: str) -> Verdict:
+    """A prompt token id no worker of the model knows: refused before it reaches one (an
+    engine may crash on it, SGLang's whole scheduler does). `source`: where the bound
+    comes from (the setting, or the workers' GetModelInfo)."""
+    path = "tokenized.input_ids"
+    return Verdict(
+        Reason.REQUEST_OVER_LIMIT,
+        f"{path} holds token id {token_id}, outside the vocabulary of model "
+        f"'{shown(model)}' ({vocab_size} ids, 0 to {vocab_size - 1}: {source})",
+        model=shown(model),
+        extra={"field": path, "limit": str(vocab_size - 1), "token_id": str(token_id)},
+        violation=(path, f"token ids must be below the vocabulary size {vocab_size}"),
     )
 
 

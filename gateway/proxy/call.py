@@ -147,6 +147,7 @@ class Call:
     trace: CallTrace | None = None  # tracing on: its spans (the front starts and ends them)
     # What the stages learn on the way, for the ones after them (Generate and Embed).
     info: GenerateInfo | None = None  # Generate: the fields routing reads (`decode`)
+    highest_token: int = -1  # its prompt's largest token id, if it has one (`decode`)
     model: str = ""  # the model it is for, resolved (`resolve`)
     tenant: str = "default"  # whose budget and queue share (`classify`)
     klass: int = 0  # its class with flow control (`classify`)
@@ -175,10 +176,13 @@ class Call:
         """Its metadata read, and who it is (`open`)."""
         self.meta, self.caller, self.record.principal = meta, caller, principal
 
-    def decoded(self, prompt_tokens: int, info: GenerateInfo | None = None) -> None:
+    def decoded(
+        self, prompt_tokens: int, info: GenerateInfo | None = None, highest_token: int = -1
+    ) -> None:
         """What routing reads of its request (`decode`): Generate's fields, the prompt
-        among its hints for cache-aware placement."""
+        among its hints for cache-aware placement, its largest token id."""
         self.record.prompt_tokens = prompt_tokens
+        self.highest_token = info.highest_token if info is not None else highest_token
         self.hints = self.meta.hints
         if info is not None:
             self.info, self.record.request_id = info, info.request_id

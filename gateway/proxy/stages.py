@@ -26,6 +26,7 @@ from gateway.core.offload import Offload
 from gateway.core.roles import Role, Runtime
 from gateway.engines import EngineAdapter, RpcKind
 from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
+from gateway.engines.tokens import highest
 from gateway.flow.budget import Charge, OverBudget, RateLimits
 from gateway.placement.placer import Placer, Placing
 from gateway.placement.policies import Hints
@@ -35,6 +36,7 @@ from gateway.placement.verdicts import (
     bad_metadata,
     caller_over_share,
     gateway_overloaded,
+    out_of_vocabulary,
     over_limit,
     rate_limited,
     shown,
@@ -156,7 +158,8 @@ async def decode(env: Env, call: Call) -> None:
             parsed: Any = spec.request_type.FromString(request)
         except DecodeError:
             await abort_invalid(call.context, f"Request bytes are not a valid {spec.name} request")
-        call.decoded(len(parsed.tokenized.input_ids))
+        ids = parsed.tokenized.input_ids
+        call.decoded(len(ids), highest_token=highest(ids))
         return
     adapter = env.adapter
     try:
@@ -180,16 +183,21 @@ async def decode(env: Env, call: Call) -> None:
 async def resolve(env: Env, call: Call) -> None:
     """The model the call is for (named, or the protocol's only one), else refused. An
     alias is resolved to one of its targets (`placement/routes.py`), and the call is then
-    placed as a call for that target."""
+    placed as a call for that target. A prompt token id past the model's vocabulary is
+    refused here, before any worker sees it."""
     named_model = call.meta.model
     if named_model is not None and env.routing.routes.route(named_model) is not None:
         await _resolve_alias(env, call, named_model)
-        return
-    resolved = env.routing.placer.resolve(named_model, env.adapter.runtime)
-    if isinstance(resolved, Verdict):
-        call.resolved(named_model or "")
-        await call.refuse(resolved)
-    call.resolved(resolved)
+    else:
+        resolved = env.routing.placer.resolve(named_model, env.adapter.runtime)
+        if isinstance(resolved, Verdict):
+            call.resolved(named_model or "")
+            await call.refuse(resolved)
+        call.resolved(resolved)
+    if call.highest_token >= 0:
+        bound = env.routing.placer.vocabulary(call.model, env.adapter.runtime)
+        if bound is not None and call.highest_token >= bound[0]:
+            await call.refuse(out_of_vocabulary(call.model, call.highest_token, *bound))
 
 
 async def _resolve_alias(env: Env, call: Call, alias: str) -> None:

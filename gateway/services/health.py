@@ -80,11 +80,14 @@ def desired_statuses(
     adapters: Adapters,
     aliases: Mapping[str, Collection[str]] | None = None,
     live: Collection[str] = (),
+    declared: Collection[str] = (),
 ) -> dict[str, int]:
     """Every health entry's status from the fleet's state (pure); `adapters` name each
     protocol's entry (its engine service); `aliases`: each model alias and the models it
     may send to (SERVING iff one of them is); `live`: more names SERVING as liveness is
-    (the endpoint picker's service: it answers every call, a verdict if need be)."""
+    (the endpoint picker's service: it answers every call, a verdict if need be);
+    `declared`: the models the configuration names, NOT_SERVING while no worker serves
+    them (down or not yet identified: known, not unknown)."""
     statuses: dict[str, int] = {}
     serving_models: set[str] = set()
     for runtime, models in models_by_runtime.items():
@@ -94,6 +97,8 @@ def desired_statuses(
     for models in models_by_runtime.values():
         for model in models:
             statuses[model_entry(model)] = SERVING if model in serving_models else NOT_SERVING
+    for model in declared:
+        statuses.setdefault(model_entry(model), NOT_SERVING)
     for alias, targets in (aliases or {}).items():
         routed = any(target in serving_models for target in targets)
         statuses[model_entry(alias)] = SERVING if routed else NOT_SERVING

@@ -8,7 +8,7 @@ from grpc_health.v1 import health_pb2
 
 from gateway.core.roles import Runtime
 from gateway.engines import Adapters, EngineAdapter
-from gateway.engines.base import ServerFacts
+from gateway.engines.base import ModelFacts, ServerFacts
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
@@ -53,15 +53,19 @@ async def detect_runtime(channel: aio.Channel, adapters: Adapters, call_timeout:
     raise DiscoveryError("serves neither SglangScheduler nor VllmEngine")
 
 
-async def served_model(channel: aio.Channel, adapter: EngineAdapter, call_timeout: float) -> str:
+async def model_facts(
+    channel: aio.Channel, adapter: EngineAdapter, call_timeout: float
+) -> ModelFacts:
+    """The model the worker serves (raises DiscoveryError when it names none) and its
+    vocabulary."""
     try:
         info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
     except aio.AioRpcError as exc:
         raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
-    name = adapter.served_model_name(info)
-    if not name:
+    facts = adapter.model_facts(info)
+    if not facts.name:
         raise DiscoveryError("GetModelInfo names no model (served_model_name and model_path empty)")
-    return name
+    return facts
 
 
 async def server_facts(
@@ -76,3 +80,15 @@ async def server_facts(
             return ServerFacts(role=None)
         raise DiscoveryError(f"GetServerInfo failed: {exc.code().name}: {exc.details()}") from None
     return adapter.server_facts(info)
+
+
+async def vocabulary(
+    channel: aio.Channel, adapter: EngineAdapter, call_timeout: float
+) -> int | None:
+    """The worker's vocabulary size (0: it does not say; None: it did not answer, ask
+    again later): the bound on the token ids placement lets through to it."""
+    try:
+        info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
+    except aio.AioRpcError:
+        return None
+    return adapter.model_facts(info).vocab_size or 0

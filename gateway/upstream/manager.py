@@ -38,7 +38,13 @@ from gateway.upstream.channels import open_channel
 from gateway.upstream.cluster import PolicyBuilder, PolicyContext, cluster_factory
 from gateway.upstream.health.active import ProbeLoop
 from gateway.upstream.health.connection import watch_connection
-from gateway.upstream.identify import DiscoveryError, detect_runtime, served_model, server_facts
+from gateway.upstream.identify import (
+    DiscoveryError,
+    detect_runtime,
+    model_facts,
+    server_facts,
+    vocabulary,
+)
 from gateway.upstream.load.kv_events import KvFollower
 from gateway.upstream.load.lora import AdapterWatch, poll_loras
 from gateway.upstream.load.poller import poll_load
@@ -85,7 +91,6 @@ class Fleet:
         self._scope = TaskScope()  # every task the fleet starts; `close` ends them all
         self._tasks: dict[str, set[asyncio.Task[None]]] = {}  # by worker, for `remove`
         self._timers: dict[str, set[asyncio.TimerHandle]] = {}
-        self._joining: set[str] = set()
         self._credentials: grpc.ChannelCredentials | None = None
         self._capacity: list[Callable[[Worker], None]] = []
 
@@ -98,7 +103,8 @@ class Fleet:
 
     def has(self, address: str) -> bool:
         """Registered, or joining (asking the worker what it is)."""
-        return address in self._joining or self.registry.get(address) is not None
+        registry = self.registry
+        return registry.being_identified(address) or registry.get(address) is not None
 
     async def add(self, spec: WorkerSpec, source: str = "admin") -> Worker:
         """Register a worker at run time; returns once it is registered (not yet ready)."""
@@ -238,7 +244,7 @@ class Fleet:
     ) -> asyncio.Task[None]:
         """Start joining a worker; its address counts as taken from this moment, before
         anything awaits, so two concurrent adds cannot both register it."""
-        self._joining.add(spec.address)
+        self.registry.identifying(spec, sources, time.monotonic())
         join = self._join(spec, sources, wait_settled)
         return self._own(spec.address, self._scope.spawn(join, "join", worker=spec.address))
 
@@ -267,9 +273,9 @@ class Fleet:
         """Discover what the spec leaves open (retrying until the worker answers), then
         register the worker and start its loops."""
         try:  # hundreds joining at once spread over up to a second
-            await asyncio.sleep(stagger.spread(len(self._joining)))
+            await asyncio.sleep(stagger.spread(self.registry.identifying_count))
         except asyncio.CancelledError:
-            self._joining.discard(spec.address)
+            self.registry.identified(spec.address)
             raise
         channel = open_channel(
             spec.address,
@@ -282,9 +288,11 @@ class Fleet:
         try:
             while True:
                 try:
-                    runtime, model, facts = await self._discover(spec, channel, call_timeout)
+                    found = await self._discover(spec, channel, call_timeout)
+                    runtime, model, facts, vocab_size = found
                     break
                 except DiscoveryError as exc:
+                    self.registry.unanswered(spec.address, str(exc))
                     if not warned:
                         log.warning("discovery_failed", worker=spec.address, error=str(exc))
                         warned = True
@@ -293,7 +301,7 @@ class Fleet:
             await channel.close()
             raise
         finally:
-            self._joining.discard(spec.address)
+            self.registry.identified(spec.address)
         worker = Worker(
             spec=spec,
             model=model,
@@ -304,6 +312,7 @@ class Fleet:
             bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
             pairing=facts.pairing,
             block_size=facts.block_size,
+            vocab_size=vocab_size,
         )
         self._channels[worker] = channel
         self.registry.add(worker)
@@ -347,15 +356,22 @@ class Fleet:
 
     async def _discover(
         self, spec: WorkerSpec, channel: aio.Channel, call_timeout: float
-    ) -> tuple[Runtime, str, ServerFacts]:
-        """Runtime, model and (for disaggregated roles) the GetServerInfo facts."""
+    ) -> tuple[Runtime, str, ServerFacts, int | None]:
+        """Runtime, model, (for disaggregated roles) the GetServerInfo facts, and the
+        vocabulary size when GetModelInfo was asked."""
         if spec.role is Role.ENCODE:
             # Encoders speak their own protocol only: nothing to ask, the URL names the model.
-            return spec.runtime or encoder.RUNTIME, spec.model or "", ServerFacts(Role.ENCODE)
+            runtime = spec.runtime or encoder.RUNTIME
+            return runtime, spec.model or "", ServerFacts(Role.ENCODE), None
         discovering = spec.runtime is None or spec.model is None
         runtime = spec.runtime or await detect_runtime(channel, self.adapters, call_timeout)
         adapter = self.adapters[runtime]
-        model = spec.model or await served_model(channel, adapter, call_timeout)
+        vocab_size: int | None
+        if spec.model is None:
+            asked = await model_facts(channel, adapter, call_timeout)
+            model, vocab_size = asked.name, asked.vocab_size or 0
+        else:  # its vocabulary: now if it answers, else by the load loop once it does
+            model, vocab_size = spec.model, await vocabulary(channel, adapter, call_timeout)
         # A URL naming model and runtime but no role means a regular worker: registering
         # it does not wait on a worker that is down (its block size is then not known).
         # Disaggregated roles are asked for their bootstrap port and pairing key, and
@@ -368,7 +384,7 @@ class Fleet:
             if spec.role in (Role.PREFILL, Role.DECODE):
                 log.warning("server_info_failed", worker=spec.address, error=str(exc))
             facts = ServerFacts(role=None)
-        return runtime, model, facts
+        return runtime, model, facts, vocab_size
 
     async def _probe_loop(self, worker: Worker, prober: ProbeLoop, probed: asyncio.Event) -> None:
         result = await prober.probe()
@@ -385,6 +401,8 @@ class Fleet:
         failing = False
         waits = stagger.waits(settings.interval_s)  # workers that joined together spread
         while True:
+            if worker.vocab_size is None:
+                worker.vocab_size = await vocabulary(channel, adapter, settings.timeout_s)
             await poll_load(worker, channel, adapter, settings)
             if self.lora_watch.polls(adapter):
                 await poll_loras(worker, channel, adapter, settings.timeout_s)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from gateway.config import WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.upstream.cluster import Cluster, ClusterFactory, ClusterKey
 from gateway.upstream.worker import Worker, WorkerStatus
@@ -29,6 +30,29 @@ class FleetEvent:
 
 Listener = Callable[[FleetEvent], None]
 
+
+@dataclass(slots=True)
+class Unidentified:
+    """A worker the configuration or a discovery source names that has not yet said what
+    it serves (down at start, or still being asked): not routable, but its model (when
+    its URL names one) is declared, and its leg may be the one a call needs."""
+
+    spec: WorkerSpec
+    sources: tuple[str, ...]
+    since: float  # monotonic
+    error: str = ""  # why the last question failed, if it did
+
+    def could_be(self, model: str, runtime: Runtime | None, role: Role | None) -> bool:
+        """Whether it may turn out to serve `model` (on `runtime`, for leg `role`: None,
+        any): what its URL leaves open may be anything."""
+        spec = self.spec
+        return (
+            spec.model in (None, model)
+            and (runtime is None or spec.runtime in (None, runtime))
+            and (role is None or spec.role in (None, role))
+        )
+
+
 log = structlog.get_logger("gateway.upstream")
 
 
@@ -41,6 +65,7 @@ class Registry:
         self._by_id: dict[str, Worker] = {}
         self._index: dict[str, dict[Runtime, dict[Role, Cluster]]] = {}
         self._listeners: list[Listener] = []
+        self._unidentified: dict[str, Unidentified] = {}
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -58,6 +83,36 @@ class Registry:
             cluster = roles[worker.role] = self._clusters(key)
         cluster.admit(worker)
         self.publish(FleetEvent("added", worker, new=worker.status.value))
+
+    def identifying(self, spec: WorkerSpec, sources: tuple[str, ...], now: float) -> None:
+        """A named worker is being asked what it serves (the fleet's join)."""
+        self._unidentified[spec.address] = Unidentified(spec, sources, now)
+
+    def unanswered(self, address: str, error: str) -> None:
+        """Why asking a worker that is being identified failed, this time."""
+        entry = self._unidentified.get(address)
+        if entry is not None:
+            entry.error = error
+
+    def identified(self, address: str) -> None:
+        """Its join ended: registered (`add`), or given up (removed before it answered)."""
+        self._unidentified.pop(address, None)
+
+    def being_identified(self, address: str) -> bool:
+        return address in self._unidentified
+
+    @property
+    def identifying_count(self) -> int:
+        return len(self._unidentified)
+
+    def unidentified(self) -> list[Unidentified]:
+        """The workers being identified, by address."""
+        return [self._unidentified[a] for a in sorted(self._unidentified)]
+
+    def awaits(self, model: str, runtime: Runtime | None = None, role: Role | None = None) -> int:
+        """How many workers being identified may serve `model` (on `runtime`, leg `role`):
+        while any may, a missing model or leg is not yet known to be missing."""
+        return sum(1 for u in self._unidentified.values() if u.could_be(model, runtime, role))
 
     def remove(self, worker: Worker) -> None:
         if self._by_id.get(worker.id) is not worker:
@@ -156,4 +211,4 @@ class Registry:
         ]
 
 
-__all__ = ["FleetEvent", "Listener", "Registry", "WorkerStatus"]
+__all__ = ["FleetEvent", "Listener", "Registry", "Unidentified", "WorkerStatus"]

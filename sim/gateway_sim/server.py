@@ -30,8 +30,10 @@ SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Accept the gateway's keepalive pings while a call is silent (a long prefill), as an
     # engine behind the gateway must: grpc's default answers pings more often than every
-    # 5 minutes on a connection that sends nothing with GOAWAY "too_many_pings".
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
+    # 5 minutes on a connection that sends nothing with GOAWAY "too_many_pings". The key
+    # is grpc core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, whose string
+    # has no "recv" (a key spelt with it is silently ignored).
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
     ("grpc.http2.max_ping_strikes", 0),
 )
 

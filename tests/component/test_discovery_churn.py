@@ -45,7 +45,7 @@ def leftovers(gw: Gateway, kept: str) -> dict[str, object]:
         "tasks": [key for key in fleet._tasks if key != kept],
         "timers": [key for key in fleet._timers if key != kept],
         "followers": [key for key in fleet.followers if key != kept],
-        "fleet joining": sorted(fleet._joining),
+        "fleet joining": [u.spec.address for u in fleet.registry.unidentified()],
         "kv index": [key for key in fleet.kv_index._workers if key != kept],
         "membership joining": sorted(members._joining),
         "membership leaving": sorted(members._leaving),

@@ -134,8 +134,9 @@ async def unary(ch: aio.Channel, path: str, request: bytes, md: Any) -> Answer:
 
 
 def long_prompt(tokens: int) -> Any:
+    """A prompt of `tokens` ids within the simulated vocabulary (512), two bytes each."""
     request = sgl_generate()
-    request.tokenized.input_ids[:] = list(range(1, tokens + 1))
+    request.tokenized.input_ids[:] = [128 + i % 384 for i in range(tokens)]
     return request
 
 
@@ -252,7 +253,7 @@ async def test_a_request_too_large_for_the_picker_is_the_relays(
     )
     envoy = with_envoy(gw, processes, tmp_path, MODES[mode], WINDOW)
     md = model_md("m")
-    sizes = {"small": 1_000, "medium": 400_000, "huge": 800_000}
+    sizes = {"small": 1_000, "medium": 600_000, "huge": 1_100_000}
     requests = {name: long_prompt(tokens).SerializeToString() for name, tokens in sizes.items()}
     assert 1 << 20 < len(requests["medium"]) < 3 << 19 < 2 << 20 < len(requests["huge"])
     async with channel(gw.address) as relay, channel(f"127.0.0.1:{envoy.port}") as picked:

@@ -5,8 +5,9 @@ only what it is about."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MappingProxyType
 
-from gateway.config import KvConfig, ModelSettings, OutlierDetectionConfig, WorkerSpec
+from gateway.config import Declared, KvConfig, ModelSettings, OutlierDetectionConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
@@ -72,9 +73,11 @@ def make_placer(
     load_interval_s: float = 1.0,
     stale_after_s: float = 3.0,
     affinity: Affinity | None = None,
+    declared: Declared = MappingProxyType({}),
 ) -> Placer:
     """A placer over `registry` (`model_settings`: which models need the encode leg;
-    `affinity`: session bindings, none unless given)."""
+    `affinity`: session bindings, none unless given; `declared`: the models the
+    configuration names, none unless given)."""
     return Placer(
         registry,
         model_settings,
@@ -83,4 +86,5 @@ def make_placer(
         stale_after_s=stale_after_s,
         adapters=engine_adapters(),
         affinity=affinity,
+        declared=declared,
     )

@@ -18,6 +18,7 @@ class WorkerStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKER_STATUS_READY: _ClassVar[WorkerStatus]
     WORKER_STATUS_NOT_READY: _ClassVar[WorkerStatus]
     WORKER_STATUS_DRAINING: _ClassVar[WorkerStatus]
+    WORKER_STATUS_UNIDENTIFIED: _ClassVar[WorkerStatus]
 
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -54,6 +55,7 @@ WORKER_STATUS_PENDING: WorkerStatus
 WORKER_STATUS_READY: WorkerStatus
 WORKER_STATUS_NOT_READY: WorkerStatus
 WORKER_STATUS_DRAINING: WorkerStatus
+WORKER_STATUS_UNIDENTIFIED: WorkerStatus
 ROLE_UNSPECIFIED: Role
 ROLE_REGULAR: Role
 ROLE_PREFILL: Role

@@ -378,6 +378,19 @@ def test_table_shows_load_probe_and_errors() -> None:
     ]  # fmt: skip
 
 
+def test_table_shows_a_worker_not_yet_identified_with_what_its_url_leaves_open() -> None:
+    worker = pb.Worker(
+        id="h:1",
+        model="m",
+        status=pb.WORKER_STATUS_UNIDENTIFIED,
+        status_cause="health check failed: UNAVAILABLE: refused",
+        sources=["static"],
+    )
+    _, row = format_table([worker], now=0).splitlines()
+    assert row.split()[:7] == ["h:1", "m", "?", "?", "static", "unidentified", "0"]
+    assert row.endswith("health check failed: UNAVAILABLE: refused")
+
+
 async def test_add_worker_refuses_oversized_or_odd_model_names(admin: Admin) -> None:
     for url, message in (
         ("grpc://127.0.0.1:1?model=" + "m" * 100_000, "worker URL longer than 2048 characters"),

@@ -124,7 +124,7 @@ def test_several_problems_are_still_one_line_naming_the_first() -> None:
         (
             {"models": {"m": {"polcy": "random"}}},
             "models.m: unknown key 'polcy' (known: policy, encode_leg, max_inflight, "
-            "max_waiting, max_token_usage, route)",
+            "max_waiting, max_token_usage, route, vocab_size)",
         ),
         (
             {"workers": [{"url": "grpc://h:1", "port": 2}]},

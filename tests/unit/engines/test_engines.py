@@ -113,8 +113,10 @@ def test_abort_replies() -> None:
     assert list(forwarded.request_ids) == ["b"]
 
 
-def test_served_model_name_falls_back_to_model_path() -> None:
+def test_model_facts_name_falls_back_to_model_path_and_read_the_vocabulary() -> None:
     info = sgl.GetModelInfoResponse(model_path="/models/llama").SerializeToString()
-    assert SGLANG.served_model_name(info) == "/models/llama"
-    named = vllm.GetModelInfoResponse(served_model_name="q", model_path="/p").SerializeToString()
-    assert VLLM.served_model_name(named) == "q"
+    assert SGLANG.model_facts(info).name == "/models/llama"
+    assert SGLANG.model_facts(info).vocab_size is None  # not said
+    named = vllm.GetModelInfoResponse(served_model_name="q", model_path="/p", vocab_size=512)
+    facts = VLLM.model_facts(named.SerializeToString())
+    assert (facts.name, facts.vocab_size) == ("q", 512)

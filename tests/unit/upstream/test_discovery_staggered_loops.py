@@ -75,6 +75,8 @@ async def test_load_polls_of_workers_that_joined_together_spread_over_the_interv
         build_config(overrides={"loads.interval_s": INTERVAL_S}), engine_adapters(), build_policy
     )
     workers = [make_worker(WorkerSpec("10.0.0.1", p, "m")) for p in range(1, HOSTS + 1)]
+    for worker in workers:
+        worker.vocab_size = 0  # asked as it joined (no channel here)
     tasks = [asyncio.ensure_future(fleet._load_loop(w, None, SGLANG)) for w in workers]
     try:
         await until(lambda: len(polls) == HOSTS and all(len(t) >= 2 for t in polls.values()))
