@@ -179,6 +179,12 @@ class Tally:
         # The prompt's, shared by its choices: each reports the same.
         self._cached = max(self._cached, used.cached_tokens)
 
+    def prompt_cached(self, tokens: int) -> None:
+        """What another leg found of the prompt cached (a PD prefill whose decode does
+        not say it): the call's cached tokens at least."""
+        self._cached = max(self._cached, tokens)
+        self.seen = True
+
     @property
     def completion_tokens(self) -> int:
         counted = self._closed + sum(self._tokens)
@@ -248,6 +254,10 @@ class PlacedPair(Protocol):
 
     async def decode(self, request: bytes, amend_first: AmendFirst | None = None) -> None:
         """Start the decode leg and relay it to the client (its first message amended)."""
+
+    def prompt_cached(self, tokens: int) -> None:
+        """The prompt tokens the prefill found cached (its answer's figure), when the
+        decode's answers, which the client gets, do not carry them."""
 
     def prefill_failed(self, reason: str, details: str) -> Exception:
         """The failure to raise when the prefill's answer cannot be handed over."""

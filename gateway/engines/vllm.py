@@ -31,12 +31,16 @@ class KvParamsHandoff(Handoff):
 
     async def run(self, pair: PlacedPair) -> None:
         prefill = pair.prefill(prefill_request(pair.raw), background=False)
-        params = kv_transfer_params(await prefill.drain())
+        answered = await prefill.drain()
+        params = kv_transfer_params(answered)
         if params is None:
             raise pair.prefill_failed(
                 "missing_kv_params",
                 "returned no kv_transfer_params; the decode cannot fetch the KV cache",
             )
+        # The decode's answers count the prompt as computed remotely, not cached: the
+        # prefill's own figure is the call's.
+        pair.prompt_cached(prefill_cached_tokens(answered))
         patch = pb.GenerateRequest(kv_transfer_params_json=params)
         await pair.decode(pair.raw + bytes(patch.SerializeToString()))
 
@@ -58,6 +62,15 @@ def kv_transfer_params(prefill_messages: list[bytes]) -> str | None:
         if response.HasField("complete") and response.complete.kv_transfer_params_json:
             return str(response.complete.kv_transfer_params_json)
     return None
+
+
+def prefill_cached_tokens(prefill_messages: list[bytes]) -> int:
+    """The prompt tokens the prefill found in its cache, as its Complete says."""
+    for raw in reversed(prefill_messages):
+        response = pb.GenerateResponse.FromString(raw)
+        if response.HasField("complete"):
+            return int(response.complete.cached_tokens)
+    return 0
 
 
 def _unresumable(request: Any, multimodal: bool) -> str:

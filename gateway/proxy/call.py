@@ -116,6 +116,10 @@ class Downstream:
     def trailers(self, metadata: Metadata) -> None:
         self._context.set_trailing_metadata(metadata)
 
+    def prompt_cached(self, tokens: int) -> None:
+        if self._tally is not None:
+            self._tally.prompt_cached(tokens)
+
 
 def _usage_rejected(record: CallRecord) -> None:
     """A worker reported more than the call could have used: counted as the bound (it

@@ -44,6 +44,9 @@ class ChoiceSink:
     def trailers(self, metadata: Metadata) -> None:
         pass
 
+    def prompt_cached(self, tokens: int) -> None:
+        self._client.prompt_cached(tokens)  # every choice's prompt is the same
+
 
 class DisaggregatedDispatch:
     def __init__(self, dispatcher: Dispatcher, rooms: BootstrapRooms | None = None) -> None:

@@ -91,6 +91,9 @@ class PlacedLegs:
             first = await amend_first(first)
         await call.relay(sink, first)
 
+    def prompt_cached(self, tokens: int) -> None:
+        self._job.sink.prompt_cached(tokens)
+
     def prefill_failed(self, reason: str, details: str) -> UpstreamFailure:
         self._job.call.handoff_failed(reason)
         prefill = self._prefill

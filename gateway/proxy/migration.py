@@ -125,6 +125,9 @@ class Relayed:
     def trailers(self, metadata: Metadata) -> None:
         self.client.trailers(metadata)
 
+    def prompt_cached(self, tokens: int) -> None:
+        self.client.prompt_cached(tokens)
+
 
 class Migrations:
     """When a job's stream may go on elsewhere, and its continuation."""

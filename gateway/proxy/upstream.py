@@ -114,6 +114,10 @@ class Sink(Protocol):
 
     def trailers(self, metadata: Metadata) -> None: ...
 
+    def prompt_cached(self, tokens: int) -> None:
+        """The prompt tokens a leg that answers elsewhere (a PD prefill) found cached:
+        the call's cached tokens when the answering leg does not say them."""
+
 
 class Outcomes(Protocol):
     """Where upstream calls report what happened on a worker (the fleet's passive health),

@@ -25,6 +25,9 @@ class Nowhere:
     def trailers(self, metadata: object) -> None:
         return None
 
+    def prompt_cached(self, tokens: int) -> None:
+        return None
+
 
 async def test_the_gateways_own_channel_failure_is_not_the_workers() -> None:
     async with sim("--model", "m") as w, gateway(w.url(model="m", runtime="sglang")) as gw:
