@@ -27,6 +27,14 @@ SPLIT_MIN_BYTES = 256 * 1024
 MAX_BLOCK_TOKENS = 4096  # a KV block size beyond this is not a real engine's
 
 
+MAX_WINDOW = 1_000_000  # more than any engine runs at once: a bogus figure is no window
+
+
+def window_ok(value: float) -> bool:
+    """A running window a worker reports, taken only when it is a plausible count."""
+    return 1 <= value <= MAX_WINDOW and float(value).is_integer()
+
+
 def block_size_ok(size: float) -> bool:
     """A worker's reported KV block size is one a real engine has."""
     return 0 < size <= MAX_BLOCK_TOKENS
@@ -76,6 +84,7 @@ class ServerFacts:
     bootstrap_port: int | None = None
     pairing: str = ""
     block_size: int | None = None  # tokens per KV block (page), if the worker says
+    window: int | None = None  # requests its scheduler runs at once (all its DP ranks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from gateway.engines.base import (
     RpcKind,
     ServerFacts,
     block_size_ok,
+    window_ok,
 )
 from gateway.engines.tokens import TokenIds
 
@@ -148,6 +149,8 @@ class SglangAdapter(EngineAdapter):
         port = int(port_value.number_value) if port_value is not None else 0
         backend = fields.get("disaggregation_transfer_backend")
         page = fields.get("page_size")
+        running = fields.get("max_running_requests")  # the servicer fills in the computed one
+        window = running.number_value if running is not None else 0.0
         return ServerFacts(
             role=role,
             bootstrap_port=port or None,
@@ -157,6 +160,7 @@ class SglangAdapter(EngineAdapter):
                 if page is not None and block_size_ok(page.number_value)
                 else None
             ),
+            window=int(window) if window_ok(window) else None,
         )
 
     def abort_ids(self, raw: bytes) -> list[str]:

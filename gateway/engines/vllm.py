@@ -18,6 +18,7 @@ from gateway.engines.base import (
     RpcKind,
     ServerFacts,
     block_size_ok,
+    window_ok,
 )
 from gateway.engines.tokens import TokenIds
 
@@ -151,10 +152,12 @@ class VllmAdapter(EngineAdapter):
             "block_size": str(info.block_size or ""),
         }
         pairing = " ".join([info.kv_connector, *(f"{k}={v}" for k, v in agree.items() if v)])
+        window = info.max_num_seqs * max(1, info.data_parallel_size)  # max_num_seqs: per rank
         return ServerFacts(
             role=role,
             pairing=pairing if info.kv_connector else "",
             block_size=info.block_size if block_size_ok(info.block_size) else None,
+            window=window if window_ok(window) else None,
         )
 
     def abort_ids(self, raw: bytes) -> list[str]:

@@ -92,7 +92,11 @@ def cluster_factory(
         model = model_settings(key.model)
         policy = build_policy(model.policy, key.role, context)
         limits = WorkerLimits(
-            model.max_inflight, model.max_waiting, model.max_token_usage, stale_saturates
+            model.max_inflight,
+            model.max_waiting,
+            model.max_token_usage,
+            stale_saturates,
+            within_window=key.role is Role.DECODE,
         )
         return Cluster(key, policy, limits)
 

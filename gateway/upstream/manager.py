@@ -313,6 +313,7 @@ class Fleet:
             pairing=facts.pairing,
             block_size=facts.block_size,
             vocab_size=vocab_size,
+            window=facts.window,
         )
         self._channels[worker] = channel
         self.registry.add(worker)

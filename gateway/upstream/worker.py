@@ -67,6 +67,7 @@ class Worker:
     pairing: str = ""  # prefill and decode pair only with equal keys (same KV transfer setup)
     block_size: int | None = None  # tokens per KV block, as its GetServerInfo says
     vocab_size: int | None = None  # as its GetModelInfo says; 0: it does not; None: not asked
+    window: int | None = None  # requests its scheduler runs at once, as its GetServerInfo says
     # Where it came from: `static` (flags, config file), `admin`, or discovery sources
     # (`dns:NAME`, `kubernetes:NAMESPACE/POD`, `file:PATH`); several name one address.
     sources: tuple[str, ...] = ("static",)

@@ -171,6 +171,14 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "--dp-ranks", type=_positive, default=1, help="DP ranks reported by GetLoads"
     )
     parser.add_argument(
+        "--max-running",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="the scheduler's running window it reports (vLLM's max_num_seqs, SGLang's "
+        "max_running_requests; default: the engine's own default)",
+    )
+    parser.add_argument(
         "--health-delay-ms",
         type=_millis,
         default=0.0,
@@ -379,6 +387,7 @@ class SimConfig:
     not_serving: bool = False
     grpc_health: bool = True
     dp_ranks: int = 1
+    max_running: int | None = None
     log_level: str = "warning"
     health_delay_s: float | None = 0.0  # None: never answer
     load_waiting: int = 0
@@ -433,6 +442,7 @@ class SimConfig:
             not_serving=args.not_serving,
             grpc_health=args.grpc_health,
             dp_ranks=args.dp_ranks,
+            max_running=args.max_running,
             health_delay_s=None if args.health_hang else args.health_delay_ms / 1000.0,
             load_waiting=args.load_waiting,
             load_token_usage=args.load_token_usage,

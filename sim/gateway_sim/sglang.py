@@ -151,7 +151,7 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
                 "dp_size": config.dp_ranks,
                 "page_size": config.block_size,
                 "context_length": config.max_model_len,
-                "max_running_requests": DIALECT.max_running_requests,
+                "max_running_requests": self._engine.max_running,
                 "is_embedding": False,
             }
         )

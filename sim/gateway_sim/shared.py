@@ -69,7 +69,7 @@ class SharedRpcs:
 
     def __init__(self, engine: SimEngine) -> None:
         self._engine = engine
-        engine.max_running = self.dialect.max_running_requests
+        engine.max_running = engine.config.max_running or self.dialect.max_running_requests
         engine.kv.load_source = self.load_record
         chunks = tokenizer_chunks(engine.config.model, engine.config.vocab_size)
         digest = hashlib.sha256(b"".join(chunks)).hexdigest()

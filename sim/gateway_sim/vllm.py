@@ -214,7 +214,7 @@ class VllmServicer(SharedRpcs, vllm_grpc.VllmEngineServicer):  # type: ignore[mi
             kv_engine_id="",
             data_parallel_size=config.dp_ranks,
             multimodal_encoder_dtype=MODEL_DTYPE.removeprefix("torch."),
-            max_num_seqs=DIALECT.max_running_requests,
+            max_num_seqs=self._engine.max_running,
             shm_namespace_id=shm_namespace_id(),
             kv_cache_dtype=KV_CACHE_DTYPE,
             block_size=config.block_size,

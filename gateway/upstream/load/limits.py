@@ -28,10 +28,16 @@ class WorkerLimits:
     # With flow control: a worker whose load report is missing or stale counts as
     # saturated for the load limits (calls wait for a fresh report, not guess).
     stale_saturates: bool = False
+    # The worker's own running window (its GetServerInfo) bounds the gateway's calls to
+    # it: a decode leg's. A decode's call past its window waits in the engine for a slot
+    # while its prefill holds the KV on a lease (vLLM NIXL 30 s) or a bootstrap timeout
+    # runs; waiting in the gateway (flow control), or refused WORKERS_OVERLOADED, it
+    # holds nothing.
+    within_window: bool = False
 
     @property
     def any(self) -> bool:
-        return not (
+        return self.within_window or not (
             self.max_inflight is None and self.max_waiting is None and self.max_token_usage is None
         )
 
@@ -42,6 +48,9 @@ def overload_reason(
     """Why the worker is overloaded, or None if it may take another request."""
     if limits.max_inflight is not None and worker.inflight >= limits.max_inflight:
         return f"{worker.inflight} in flight (limit {limits.max_inflight})"
+    window = worker.window
+    if limits.within_window and window is not None and worker.inflight >= window:
+        return f"{worker.inflight} in flight (its running window {window})"
     load = worker.load
     if load is None or now - load.at > stale_after_s:
         by_load = limits.max_waiting is not None or limits.max_token_usage is not None

@@ -120,3 +120,14 @@ def test_model_facts_name_falls_back_to_model_path_and_read_the_vocabulary() -> 
     named = vllm.GetModelInfoResponse(served_model_name="q", model_path="/p", vocab_size=512)
     facts = VLLM.model_facts(named.SerializeToString())
     assert (facts.name, facts.vocab_size) == ("q", 512)
+
+
+def test_the_running_window_is_read_from_server_info_and_bounded() -> None:
+    info = vllm.GetServerInfoResponse(max_num_seqs=4, data_parallel_size=2, kv_role="kv_consumer")
+    assert VLLM.server_facts(info.SerializeToString()).window == 8  # per rank, times ranks
+    assert VLLM.server_facts(vllm.GetServerInfoResponse().SerializeToString()).window is None
+    args = sgl.GetServerInfoResponse()
+    args.server_args.update({"disaggregation_mode": "decode", "max_running_requests": 4})
+    assert SGLANG.server_facts(args.SerializeToString()).window == 4
+    args.server_args.update({"max_running_requests": 1e12})  # not a plausible count
+    assert SGLANG.server_facts(args.SerializeToString()).window is None

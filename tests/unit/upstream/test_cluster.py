@@ -78,7 +78,9 @@ def test_each_cluster_has_its_model_policy_and_limits() -> None:
     assert isinstance(prefill.policy, CacheAware)
     assert isinstance(decode.policy, LeastInflight)  # the prompt's cache is the prefill's
     assert isinstance(batch.policy, RoundRobin)
-    assert prefill.limits == decode.limits == WorkerLimits(max_inflight=2)
+    assert prefill.limits == WorkerLimits(max_inflight=2)
+    # a decode also keeps within its worker's own running window
+    assert decode.limits == WorkerLimits(max_inflight=2, within_window=True)
     assert batch.limits == WorkerLimits() and not batch.limits.any
 
 
@@ -110,3 +112,23 @@ def test_the_limits_are_the_clusters_own_on_every_leg() -> None:
     decision = placer.place("mm", Runtime.SGLANG, Hints(), items=("image",))
     assert not isinstance(decision, Verdict)
     assert [w for w, _ in decision.encoders] == [encoder]
+
+
+def test_a_decode_takes_no_more_calls_than_its_running_window() -> None:
+    """A decode past its window would queue a call whose prefill holds the KV on a lease:
+    the window it reports bounds the gateway's calls to it (a prefill's and a regular
+    worker's queue is the engine's business)."""
+    reg = registry()
+    prefill, decode = ready(reg, 1, "batch", Role.PREFILL), ready(reg, 2, "batch", Role.DECODE)
+    regular = ready(reg, 3, "other")
+    for worker in (prefill, decode, regular):
+        worker.window, worker.inflight = 4, 4
+    placer = make_placer(reg)
+    verdict = placer.place("batch", Runtime.SGLANG, Hints())
+    assert isinstance(verdict, Verdict) and verdict.reason is Reason.WORKERS_OVERLOADED
+    assert verdict.leg == "decode"
+    decode.inflight = 3
+    assert not isinstance(placer.place("batch", Runtime.SGLANG, Hints()), Verdict)
+    assert not isinstance(placer.place("other", Runtime.SGLANG, Hints()), Verdict)
+    decode.window, decode.inflight = None, 100  # a worker that says no window: no bound
+    assert not isinstance(placer.place("batch", Runtime.SGLANG, Hints()), Verdict)
