@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 STAMP := $(VENV)/.installed
 CODE := gateway sim tests scripts
 
-.PHONY: run test test-timing lint bench clean engines test-engines record-transcripts image test-image
+.PHONY: run test test-timing lint bench clean engines engines-sglang test-engines record-transcripts image test-image
 
 # Real engines (tests/engines, scripts/record_transcripts.py): vLLM for CPU and smg's gRPC
 # servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
@@ -60,12 +60,28 @@ $(ENGINES_STAMP):
 	$(ENGINES_PY) -c "import vllm, smg_grpc_servicer; print('vllm', vllm.__version__)"
 	touch $(ENGINES_STAMP)
 
+# SGLang on the CPU (scripts/engines/sglang_worker.py): PyPI's sglang and the few pure-Python
+# packages it imports that the engines venv lacks, installed --no-deps beside the venv,
+# never into it (the worker's PYTHONPATH names them), with the stand-ins of
+# scripts/engines/standins for what cannot run beside torch's CPU build.
+SGLANG_ADDONS ?= .engines/sglang-addons
+SGLANG_STAMP := $(SGLANG_ADDONS)/.installed
+SGLANG_PACKAGES := sglang==0.5.23 orjson==3.13.0 gguf==0.19.0
+
+$(SGLANG_STAMP): | $(ENGINES_STAMP)
+	$(ENGINES_PY) -m pip install -q --no-deps --target $(SGLANG_ADDONS) $(ENGINES_PIP_ARGS) $(SGLANG_PACKAGES)
+	PYTHONPATH=$(SGLANG_ADDONS):scripts/engines/standins SGLANG_USE_CPU_ENGINE=1 \
+	  $(ENGINES_PY) -c "import sglang.launch_server, sglang.srt.entrypoints.grpc_server"
+	touch $(SGLANG_STAMP)
+
+engines-sglang: $(SGLANG_STAMP)  ## SGLang's add-ons beside the engines venv
+
 $(ENGINES_MODEL)/tiny-model.json: scripts/engines/make_model.py | $(ENGINES_STAMP)
 	$(ENGINES_PY) scripts/engines/make_model.py $(ENGINES_MODEL)
 
 engines: $(ENGINES_STAMP) $(ENGINES_MODEL)/tiny-model.json  ## the engines venv and the tiny model
 
-test-engines: $(STAMP) engines  ## the gateway in front of real vLLM workers (minutes)
+test-engines: $(STAMP) engines engines-sglang  ## the gateway in front of real vLLM and SGLang workers (minutes)
 	GATEWAY_ENGINES_PYTHON=$(abspath $(ENGINES_PY)) GATEWAY_ENGINES_MODEL=$(abspath $(ENGINES_MODEL)) \
 	$(VENV)/bin/pytest -n 0 -q tests/engines
 

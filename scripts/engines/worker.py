@@ -125,7 +125,11 @@ def group_alive(pgid: int) -> bool:
 
 class EngineWorker:
     """A real vLLM gRPC worker: start, stop, kill -9 and start again on the same port and
-    KV events endpoint. Not thread-safe; one owner."""
+    KV events endpoint. Not thread-safe; one owner. Another engine's worker overrides
+    `args` and `environment` (scripts/engines/sglang_worker.py)."""
+
+    engine = "vLLM"  # as messages name it
+    engine_service = ENGINE_SERVICE  # whose grpc.health SERVING means it serves
 
     def __init__(
         self,
@@ -252,17 +256,18 @@ class EngineWorker:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise WorkerFailed(
-                    f"vLLM worker {self.address} exited with {self.process.returncode} while "
-                    f"starting; last lines of {self.log_path}:\n{self.log_tail()}"
+                    f"{self.engine} worker {self.address} exited with "
+                    f"{self.process.returncode} while starting; last lines of "
+                    f"{self.log_path}:\n{self.log_tail()}"
                 )
             if (
-                health_status(self.address, ENGINE_SERVICE)
+                health_status(self.address, self.engine_service)
                 == health_pb2.HealthCheckResponse.SERVING
             ):
                 return
             time.sleep(POLL_S)
         raise WorkerFailed(
-            f"vLLM worker {self.address} did not serve within its bound; last lines of "
+            f"{self.engine} worker {self.address} did not serve within its bound; last lines of "
             f"{self.log_path}:\n{self.log_tail()}"
         )
 

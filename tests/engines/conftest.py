@@ -1,5 +1,6 @@
-"""Real-engine tests: the gateway in front of real vLLM gRPC workers (vLLM for CPU with
-smg-grpc-servicer, serving the tiny random-weight Llama of scripts/engines/make_model.py).
+"""Real-engine tests: the gateway in front of real vLLM and SGLang gRPC workers (vLLM for
+CPU and SGLang's CPU engine, each with smg-grpc-servicer, serving the tiny random-weight
+Llama of scripts/engines/make_model.py).
 
 `make test-engines` runs them: it installs the engines venv (.venv-engines) and makes the
 model (.engines/model) once, then runs `pytest -n 0 tests/engines` with
@@ -7,12 +8,13 @@ GATEWAY_ENGINES_PYTHON (the engines venv's python) and GATEWAY_ENGINES_MODEL (th
 directory) set. Without both, nothing here is collected: `make test` does not see these
 tests at all (no pile of skips).
 
-A worker takes a minute or more to start and some 3 GB of memory, so workers are started
-once per session and shared: `engine` is one worker for every test that only sends it
-calls; `engines.start()` starts another (at most MAX_WORKERS at once), for a test that
-kills it (`worker.kill()`, kill -9 of its process group) and starts it again on the same
-port and KV events endpoint (`worker.start()`). Every worker is stopped when the session
-ends, whatever happened. The gateway comes from tests/conftest.py (`gateway` fixture:
+A worker takes half a minute or more to start and 1.5-3.5 GB of memory, so workers are
+started once per session and shared: `engine` (vLLM) and `sglang` are one worker each for
+every test that only sends it calls; `engines.start()` starts another (`kind="sglang"`
+for SGLang; at most MAX_WORKERS at once, counting the shared ones: a test stops what it
+started), for a test that kills it (`worker.kill()`, kill -9 of its process group) and
+starts it again on the same port (`worker.start()`). Every worker is stopped when the
+session ends, whatever happened. The gateway comes from tests/conftest.py (`gateway` fixture:
 a `gateway serve` process per test, stopped after it).
 """
 
@@ -27,13 +29,14 @@ import pytest
 
 ENGINES_PYTHON = os.environ.get("GATEWAY_ENGINES_PYTHON", "")
 ENGINES_MODEL = os.environ.get("GATEWAY_ENGINES_MODEL", "")
-MAX_WORKERS = 2  # ~3 GB each, and start-up takes both cores of a 2-core machine
+MAX_WORKERS = 4  # 1.5-3.5 GB each on a 24 GB, 2-core machine
 # pytest-timeout counts fixtures' setup: a test whose worker starts with it needs minutes.
 TIMEOUT_S = 900
 
 if not (ENGINES_PYTHON and ENGINES_MODEL):
     collect_ignore_glob = ["test_*.py"]
 else:
+    from scripts.engines.sglang_worker import SglangWorker
     from scripts.engines.worker import EngineWorker
 
 
@@ -48,15 +51,17 @@ class Engines:
     def running(self) -> int:
         return sum(1 for worker in self.workers if worker.running)
 
-    def start(self, **kwargs: Any) -> EngineWorker:
-        """A new worker, started (bounded wait until it serves); stopped at the session's
-        end. Keyword arguments go to EngineWorker (name, extra_args, env, warmup, ...)."""
+    def start(self, kind: str = "vllm", **kwargs: Any) -> EngineWorker:
+        """A new worker of `kind` (vllm, sglang), started (bounded wait until it serves);
+        stopped at the session's end. Keyword arguments go to EngineWorker or SglangWorker
+        (name, extra_args, env, port, ...)."""
         if self.running() >= MAX_WORKERS:
             raise RuntimeError(
                 f"at most {MAX_WORKERS} real workers at once: stop one first "
                 "(worker.stop() or worker.kill())"
             )
-        worker = EngineWorker(self.python, self.model, **kwargs)
+        make = SglangWorker if kind == "sglang" else EngineWorker
+        worker = make(self.python, self.model, **kwargs)
         self.workers.append(worker)
         worker.start()
         return worker
@@ -93,11 +98,18 @@ def engine(engines: Engines) -> EngineWorker:
     return engines.start(name="tiny")
 
 
+@pytest.fixture(scope="session")
+def sglang(engines: Engines) -> EngineWorker:
+    """One real SGLang worker for the session, serving model `tiny`."""
+    return engines.start("sglang", name="tiny")
+
+
 @pytest.fixture(autouse=True)
 def engine_alive(request: pytest.FixtureRequest) -> None:
     """A shared worker that died (a test killed it, or it crashed) is started again
     before the next test that uses it."""
-    if "engine" in request.fixturenames:
-        worker: EngineWorker = request.getfixturevalue("engine")
-        if not worker.running:
-            worker.start()
+    for shared in ("engine", "sglang"):
+        if shared in request.fixturenames:
+            worker: EngineWorker = request.getfixturevalue(shared)
+            if not worker.running:
+                worker.start()

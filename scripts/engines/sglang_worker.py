@@ -1,0 +1,118 @@
+"""One real SGLang gRPC worker on the CPU, as a child process on 127.0.0.1, for the
+real-engine tests (tests/engines) and the transcript recorder.
+
+    with SglangWorker(".venv-engines/bin/python", ".engines/model") as worker:
+        worker.start()   # bounded wait until grpc.health says SERVING on SglangScheduler
+        worker.kill()    # SIGKILL of its whole process group; start() again: same ports
+
+SGLang (PyPI `sglang` ADDONS_VERSION) runs under the engines venv's python with its
+add-ons beside it, never in it: `.engines/sglang-addons` (sglang itself and the few
+pure-Python packages it imports that the venv lacks, installed `--no-deps` by
+`make engines-sglang`) and the stand-ins of scripts/engines/standins (sgl_kernel,
+torchvision, IPython, which cannot run beside torch's CPU build), on its PYTHONPATH
+only. Flags: SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1 --device cpu`), the
+torch_native attention backend, no CUDA graphs, no server warm-up, float32, and a KV
+pool of `kv_tokens` (its default takes most of the machine's memory). Its HTTP sidecar
+listens on the gRPC port + 1 (`--smg-http-sidecar-port`), so `port` is chosen with a free
+neighbour. The process group, guard, start, stop and kill are EngineWorker's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scripts.engines.worker import BASE_ENV, WARMUP_ENV, EngineWorker
+
+ROOT = Path(__file__).resolve().parents[2]
+ADDONS = ROOT / ".engines" / "sglang-addons"
+STANDINS = Path(__file__).resolve().parent / "standins"
+ADDONS_VERSION = "0.5.23"
+SGLANG_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
+KV_TOKENS = 65_536  # 128 MB of float32 KV for the tiny model: room for the tests' calls
+
+
+def free_port_pair() -> int:
+    """A free port whose next one is free too (gRPC, then the HTTP sidecar)."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            if port >= 65535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no two neighbouring free ports on 127.0.0.1")
+
+
+class SglangWorker(EngineWorker):
+    """A real SGLang gRPC worker (smg-grpc-servicer's SglangScheduler)."""
+
+    engine = "SGLang"
+    engine_service = SGLANG_SERVICE
+
+    def __init__(
+        self,
+        python: str | os.PathLike[str],
+        model: str | os.PathLike[str],
+        *,
+        name: str = "tiny",
+        port: int | None = None,
+        kv_tokens: int = KV_TOKENS,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+        addons: str | os.PathLike[str] = ADDONS,
+    ) -> None:
+        super().__init__(
+            python,
+            model,
+            name=name,
+            port=port or free_port_pair(),
+            warmup=None,
+            extra_args=extra_args,
+            env=env,
+            workdir=workdir,
+        )
+        self.kv_tokens = kv_tokens
+        self.addons = Path(addons)
+
+    def args(self) -> list[str]:
+        return [
+            self.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model,
+            "--served-model-name",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--grpc-mode",
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--disable-cuda-graph",
+            "--skip-server-warmup",
+            "--dtype",
+            "float32",
+            "--max-total-tokens",
+            str(self.kv_tokens),
+            *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = {**os.environ, **BASE_ENV, "SGLANG_USE_CPU_ENGINE": "1"}
+        env.pop(WARMUP_ENV, None)
+        env["PYTHONPATH"] = os.pathsep.join([str(self.addons), str(STANDINS)])
+        env.update(self.extra_env)
+        return env

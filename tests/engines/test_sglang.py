@@ -1,0 +1,162 @@
+"""The gateway in front of a real SGLang gRPC worker (SGLang's CPU engine, smg-grpc-servicer):
+discovery and health, a greedy stream equal token for token to the worker's own, usage as
+SGLang counts it, a client cancel that leaves the worker idle, and an out-of-vocabulary
+token id, which crashes an SGLang worker, refused at the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from scripts.engines.sglang_worker import SGLANG_SERVICE
+from scripts.engines.worker import EngineWorker
+from tests.conftest import Launcher
+from tests.support.availability import admin_address, is_ready, wait_worker
+from tests.support.helpers import channel, model_md, request_events, sgl, sgl_grpc, write_config
+
+VOCAB = 512  # the tiny model's (smg-grpc-servicer 0.14.1's SGLang GetModelInfo says 128256)
+WAIT_S = 60.0  # bounded waits for a state (the engine shares two cores with everything)
+
+
+def prompt(length: int, salt: int = 0) -> list[int]:
+    return [1 + (i * 37 + salt * 101) % (VOCAB - 1) for i in range(length)]
+
+
+def request(request_id: str, tokens: Sequence[int], max_new: int, stream: bool = True) -> Any:
+    return sgl.GenerateRequest(
+        request_id=request_id,
+        tokenized=sgl.TokenizedInput(input_ids=list(tokens)),
+        sampling_params=sgl.SamplingParams(temperature=0.0, max_new_tokens=max_new),
+        stream=stream,
+    )
+
+
+async def generate(
+    address: str, req: Any, model: str = ""
+) -> tuple[list[int], aio.AioRpcError | None]:
+    """The token ids a call generated, in order, and its error if it failed. SGLang's
+    chunks carry their own ids; a streamed Complete repeats the last chunk's, an
+    unstreamed one has them all."""
+    tokens: list[int] = []
+    async with channel(address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+            req, metadata=model_md(model) if model else None, timeout=120
+        )
+        try:
+            async for reply in call:
+                if reply.HasField("chunk"):
+                    tokens.extend(reply.chunk.token_ids)
+                elif not req.stream:
+                    tokens.extend(reply.complete.output_ids)
+        except aio.AioRpcError as error:
+            return tokens, error
+    return tokens, None
+
+
+async def load_on(worker: EngineWorker) -> int:
+    async with channel(worker.address) as ch:
+        reply = await sgl_grpc.SglangSchedulerStub(ch).GetLoads(sgl.GetLoadsRequest(), timeout=10)
+    return sum(x.num_running_reqs + x.num_waiting_reqs for x in reply.loads)
+
+
+async def wait_idle(worker: EngineWorker) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while await load_on(worker):
+        assert time.monotonic() < deadline, "the worker still runs the cancelled request"
+        await asyncio.sleep(0.1)
+
+
+def logged(log_path: Path, request_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        found = [e for e in request_events(log_path, "Generate") if e["request_id"] == request_id]
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, f"no request line for {request_id}"
+        time.sleep(0.05)
+
+
+def bounded_gateway(gateway: Launcher, tmp_path: Path, worker: EngineWorker, *more: str) -> Any:
+    """The gateway with the tiny model's real vocabulary as its bound: this servicer's
+    GetModelInfo reports 128256 whatever the model (docs/real-engines.md)."""
+    config = write_config(tmp_path, {"models": {"tiny": {"vocab_size": VOCAB}}})
+    return gateway("--config", config, "--worker", worker.url, *more)
+
+
+async def test_gateway_discovers_sglang_and_relays_its_greedy_stream(
+    sglang: EngineWorker, gateway: Launcher, tmp_path: Path
+) -> None:
+    gw = bounded_gateway(gateway, tmp_path, sglang)  # model and runtime asked
+    worker = await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
+    assert (worker.model, worker.runtime) == ("tiny", "sglang")
+    direct, error = await generate(sglang.address, request("sgl-direct", prompt(24), 16))
+    assert error is None and len(direct) == 16
+    through, error = await generate(gw.address, request("sgl-gateway", prompt(24), 16), "tiny")
+    assert error is None
+    assert through == direct  # greedy: token for token
+    async with aio.insecure_channel(gw.address) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", SGLANG_SERVICE, "models/tiny"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+
+
+async def test_usage_is_what_sglang_generated_streamed_and_not(
+    sglang: EngineWorker, gateway: Launcher, tmp_path: Path
+) -> None:
+    gw = bounded_gateway(gateway, tmp_path, sglang)
+    await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
+    for stream in (True, False):
+        request_id = f"sgl-usage-{stream}"
+        req = request(request_id, prompt(32, 3), 40, stream)
+        req.sampling_params.ignore_eos = True
+        tokens, error = await generate(gw.address, req, "tiny")
+        assert error is None and len(tokens) == 40
+        line = logged(gw.log_path, request_id)
+        assert line["completion_tokens"] == 40, line
+
+
+async def test_a_client_cancel_leaves_sglang_idle(
+    sglang: EngineWorker, gateway: Launcher, tmp_path: Path
+) -> None:
+    gw = bounded_gateway(gateway, tmp_path, sglang)
+    await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
+    req = request("sgl-cancel", prompt(16, 5), 1900)
+    req.sampling_params.ignore_eos = True
+    async with channel(gw.address) as ch:
+        call = sgl_grpc.SglangSchedulerStub(ch).Generate(req, metadata=model_md("tiny"))
+        seen = 0
+        async for _ in call:
+            seen += 1
+            if seen == 3:
+                call.cancel()
+                break
+    assert await load_on(sglang) >= 0
+    await wait_idle(sglang)
+
+
+async def test_an_out_of_vocabulary_id_never_reaches_sglang(
+    sglang: EngineWorker, gateway: Launcher, tmp_path: Path
+) -> None:
+    """One id past the vocabulary crashes an SGLang worker's scheduler (every call on it
+    then fails); the gateway refuses it, and the worker stays up and serving."""
+    gw = bounded_gateway(gateway, tmp_path, sglang)
+    await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
+    for bad in (VOCAB, VOCAB + 88, 2**31 - 1):
+        tokens, error = await generate(gw.address, request(f"oov-{bad}", [1, bad, 2], 4), "tiny")
+        assert error is not None and not tokens
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == (
+            f"tokenized.input_ids holds token id {bad}, outside the vocabulary of model "
+            f"'tiny' ({VOCAB} ids, 0 to {VOCAB - 1}: models.tiny.vocab_size)"
+        )
+    assert sglang.running
+    tokens, error = await generate(gw.address, request("after-oov", prompt(8), 4), "tiny")
+    assert error is None and len(tokens) == 4
