@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 STAMP := $(VENV)/.installed
 CODE := gateway sim tests scripts
 
-.PHONY: run test test-timing lint bench clean engines engines-sglang test-engines record-transcripts image test-image
+.PHONY: run test test-timing lint bench clean engines engines-sglang engines-nixl test-engines record-transcripts image test-image
 
 # Real engines (tests/engines, scripts/record_transcripts.py): vLLM for CPU and smg's gRPC
 # servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
@@ -76,12 +76,26 @@ $(SGLANG_STAMP): | $(ENGINES_STAMP)
 
 engines-sglang: $(SGLANG_STAMP)  ## SGLang's add-ons beside the engines venv
 
+# vLLM PD over NIXL in host memory (scripts/engines/worker.py, kv_role): PyPI nixl and its
+# CUDA 12 build, which loads without CUDA, --no-deps beside the engines venv; the workers'
+# PYTHONPATH names them and the load-time patch of scripts/engines/patches.
+NIXL_ADDONS ?= .engines/nixl-addons
+NIXL_STAMP := $(NIXL_ADDONS)/.installed
+NIXL_PACKAGES := nixl==1.5.1 nixl-cu12==1.5.1
+
+$(NIXL_STAMP): | $(ENGINES_STAMP)
+	$(ENGINES_PY) -m pip install -q --no-deps --target $(NIXL_ADDONS) $(ENGINES_PIP_ARGS) $(NIXL_PACKAGES)
+	PYTHONPATH=$(NIXL_ADDONS) $(ENGINES_PY) -c "from nixl._api import nixl_agent"
+	touch $(NIXL_STAMP)
+
+engines-nixl: $(NIXL_STAMP)  ## NIXL beside the engines venv (vLLM prefill/decode)
+
 $(ENGINES_MODEL)/tiny-model.json: scripts/engines/make_model.py | $(ENGINES_STAMP)
 	$(ENGINES_PY) scripts/engines/make_model.py $(ENGINES_MODEL)
 
 engines: $(ENGINES_STAMP) $(ENGINES_MODEL)/tiny-model.json  ## the engines venv and the tiny model
 
-test-engines: $(STAMP) engines engines-sglang  ## the gateway in front of real vLLM and SGLang workers (minutes)
+test-engines: $(STAMP) engines engines-sglang engines-nixl  ## the gateway in front of real vLLM and SGLang workers (minutes)
 	GATEWAY_ENGINES_PYTHON=$(abspath $(ENGINES_PY)) GATEWAY_ENGINES_MODEL=$(abspath $(ENGINES_MODEL)) \
 	$(VENV)/bin/pytest -n 0 -q tests/engines
 

@@ -58,13 +58,19 @@ def silent_request(engine: str, tokens: int) -> Any:
     )
 
 
-async def silent_call(address: str, engine: str, tokens: int, ping_ms: int) -> tuple[float, str]:
-    """Seconds the call took, and how it ended."""
+async def silent_call(
+    address: str, engine: str, tokens: int, ping_ms: int, calls: int
+) -> tuple[float, str]:
+    """Seconds `calls` concurrent silent calls on one connection took (more at once: a
+    longer silence), and how they ended (the first failure, else OK)."""
     options = [
         ("grpc.keepalive_time_ms", ping_ms),
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.http2.max_pings_without_data", 0),  # as the gateway's channels
         ("grpc.http2.bdp_probe", 0),
+        # A connection of its own: grpc shares subchannels between channels of a process,
+        # and one that got GOAWAY too_many_pings keeps its throttled (doubled) keepalive.
+        ("grpc.use_local_subchannel_pool", 1),
     ]
     async with aio.insecure_channel(address, options=options) as channel:
         stub: Any = (
@@ -72,13 +78,20 @@ async def silent_call(address: str, engine: str, tokens: int, ping_ms: int) -> t
             if engine == "sglang"
             else vllm_grpc.VllmEngineStub(channel)
         )
+
+        async def one() -> str:
+            request = silent_request(engine, tokens)
+            try:
+                async for _ in stub.Generate(request, timeout=CALL_TIMEOUT_S):
+                    pass
+            except aio.AioRpcError as error:
+                return f"{error.code().name}: {error.details()}"
+            return "OK"
+
         began = time.monotonic()
-        try:
-            async for _ in stub.Generate(silent_request(engine, tokens), timeout=CALL_TIMEOUT_S):
-                pass
-        except aio.AioRpcError as error:
-            return time.monotonic() - began, f"{error.code().name}: {error.details()}"
-        return time.monotonic() - began, "OK"
+        ended = await asyncio.gather(*(one() for _ in range(calls)))
+        failed = [outcome for outcome in ended if outcome != "OK"]
+        return time.monotonic() - began, failed[0] if failed else "OK"
 
 
 def start_worker(args: argparse.Namespace) -> Any:
@@ -95,9 +108,11 @@ async def measure(args: argparse.Namespace) -> None:
     try:
         print(f"{args.engine} worker {worker.address}: started in {worker.start():.1f} s")
         for ping_ms in args.intervals:
-            took, ended = await silent_call(worker.address, args.engine, args.tokens, ping_ms)
+            took, ended = await silent_call(
+                worker.address, args.engine, args.tokens, ping_ms, args.calls
+            )
             print(
-                f"ping every {ping_ms} ms, {args.tokens} tokens unstreamed: "
+                f"ping every {ping_ms} ms, {args.calls} x {args.tokens} tokens unstreamed: "
                 f"silent {took:.1f} s, {ended}",
                 flush=True,
             )
@@ -111,6 +126,9 @@ def main() -> None:
     parser.add_argument("--engines-python", default=str(ROOT / ".venv-engines/bin/python"))
     parser.add_argument("--model", default=str(ROOT / ".engines/model"))
     parser.add_argument("--tokens", type=int, default=2000, help="tokens of each silent call")
+    parser.add_argument(
+        "--calls", type=int, default=1, help="silent calls at once on the connection"
+    )
     parser.add_argument(
         "--intervals",
         type=lambda text: [int(v) for v in text.split(",")],

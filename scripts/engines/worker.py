@@ -54,6 +54,12 @@ BASE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 WARMUP_ENV = "SMG_VLLM_SERVICER_WARMUP"  # the servicer's planned warm-up: on unless "off"
+ROOT = Path(__file__).resolve().parents[2]
+# vLLM PD: PyPI nixl + nixl-cu12 beside the engines venv (make engines-nixl), and the
+# load-time patch of NIXL's progress thread (scripts/engines/patches/sitecustomize.py).
+NIXL_ADDONS = ROOT / ".engines" / "nixl-addons"
+PATCHES = Path(__file__).resolve().parent / "patches"
+KV_ROLES = ("kv_producer", "kv_consumer")  # a prefill, a decode
 
 
 # The worker's process group leader, between this process and vLLM's launcher: it runs
@@ -143,11 +149,18 @@ class EngineWorker:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         workdir: str | os.PathLike[str] | None = None,
+        kv_role: str | None = None,
     ) -> None:
         """`warmup`: the servicer's SMG_VLLM_SERVICER_WARMUP ("off" by default here: it
         saves some 25 s a start; None leaves the servicer's default, a full warm-up).
         `workdir`: where the KV events socket and the log go (a new temporary directory
-        by default, removed by close())."""
+        by default, removed by close()). `kv_role`: a PD leg over NIXL in host memory
+        (`kv_producer`: a prefill, `kv_consumer`: a decode), its NIXL side channel on
+        127.0.0.1 and a port of its own, kept across restarts."""
+        if kv_role is not None and kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {KV_ROLES}, not {kv_role!r}")
+        self.kv_role = kv_role
+        self.side_channel_port = free_port() if kv_role is not None else None
         self.python = str(python)
         self.model = str(Path(model).resolve())
         self.name = name
@@ -205,14 +218,26 @@ class EngineWorker:
             "--enforce-eager",
             "--kv-events-config",
             self.kv_events_config(),
+            *self.kv_transfer_args(),
             *self.extra_args,
         ]
+
+    def kv_transfer_args(self) -> list[str]:
+        """A PD leg's connector: NIXL, its KV buffers in host memory."""
+        if self.kv_role is None:
+            return []
+        config = {"kv_connector": "NixlConnector", "kv_role": self.kv_role}
+        return ["--kv-transfer-config", json.dumps({**config, "kv_buffer_device": "cpu"})]
 
     def environment(self) -> dict[str, str]:
         env = {**os.environ, **BASE_ENV}
         env.pop(WARMUP_ENV, None)
         if self.warmup is not None:
             env[WARMUP_ENV] = self.warmup
+        if self.kv_role is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(NIXL_ADDONS), str(PATCHES)])
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
         env.update(self.extra_env)
         return env
 

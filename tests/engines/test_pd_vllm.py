@@ -1,0 +1,322 @@
+"""vLLM prefill/decode disaggregation over NIXL in host memory, behind the gateway, on real
+engines: the PD catalogue the Rust gateway runs on GPUs, here on the CPU (1p1d, then 1p2d).
+
+The pair (a kv_producer and a kv_consumer with a running window of 4, `--max-num-seqs 4`)
+is started once for the module and stopped after it; `engine`, the session's regular
+vLLM worker, gives the reference streams. NIXL's progress thread runs with a delay
+(scripts/engines/patches/sitecustomize.py): without it each worker spins a core, and on
+two cores calls stall for up to the prefill's 30 s KV lease (docs/real-engines.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from scripts.engines.worker import EngineWorker
+from tests.conftest import Launcher
+from tests.engines.conftest import Engines
+from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
+from tests.support.helpers import channel, model_md, request_events, rich_status, vllm, vllm_grpc
+
+VOCAB = 512
+WINDOW = 4  # the decode's --max-num-seqs
+WAIT_S = 90.0  # bounded waits for a state on a busy 2-core machine
+SEQUENTIAL = 50
+PREFILL_KV = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
+
+
+def prompt(length: int, salt: int = 0) -> list[int]:
+    return [1 + (i * 37 + salt * 101) % (VOCAB - 1) for i in range(length)]
+
+
+def greedy(request_id: str, tokens: Sequence[int], max_tokens: int = 24) -> Any:
+    return vllm.GenerateRequest(
+        request_id=request_id,
+        tokenized=vllm.TokenizedInput(input_ids=list(tokens)),
+        sampling_params=vllm.SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True
+        ),
+        stream=True,
+    )
+
+
+async def streamed(
+    address: str, req: Any, model: str = ""
+) -> tuple[list[int], aio.AioRpcError | None]:
+    tokens: list[int] = []
+    async with channel(address) as ch:
+        call = vllm_grpc.VllmEngineStub(ch).Generate(
+            req, metadata=model_md(model) if model else None, timeout=120
+        )
+        try:
+            async for reply in call:
+                if reply.HasField("chunk"):
+                    tokens.extend(reply.chunk.token_ids)
+        except aio.AioRpcError as error:
+            return tokens, error
+    return tokens, None
+
+
+async def load_on(worker: EngineWorker) -> int:
+    async with channel(worker.address) as ch:
+        reply = await vllm_grpc.VllmEngineStub(ch).GetLoads(vllm.GetLoadsRequest(), timeout=10)
+    return sum(x.num_running_reqs + x.num_waiting_reqs for x in reply.loads)
+
+
+async def wait_idle(*workers: EngineWorker) -> None:
+    deadline = time.monotonic() + WAIT_S
+    for worker in workers:
+        while await load_on(worker):
+            assert time.monotonic() < deadline, f"{worker.address} still has requests"
+            await asyncio.sleep(0.1)
+
+
+def log_of(worker: EngineWorker) -> str:
+    return worker.log_path.read_text(errors="replace") if worker.log_path.exists() else ""
+
+
+def logged(log_path: Path, request_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        found = [e for e in request_events(log_path, "Generate") if e["request_id"] == request_id]
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, f"no request line for {request_id}"
+        time.sleep(0.05)
+
+
+class Pair:
+    def __init__(self, prefill: EngineWorker, decodes: list[EngineWorker]) -> None:
+        self.prefill, self.decodes = prefill, decodes
+
+    @property
+    def decode(self) -> EngineWorker:
+        return self.decodes[0]
+
+    def urls(self) -> list[str]:
+        """Worker flags, roles left to GetServerInfo."""
+        flags = ["--worker", self.prefill.url]
+        for decode in self.decodes:
+            flags += ["--worker", decode.url]
+        return flags
+
+
+@pytest.fixture(scope="module")
+def pair(engines: Engines) -> Iterator[Pair]:
+    prefill = engines.start(kv_role="kv_producer", name="tiny")
+    decode = engines.start(
+        kv_role="kv_consumer", name="tiny", extra_args=["--max-num-seqs", str(WINDOW)]
+    )
+    made = Pair(prefill, [decode])
+    try:
+        yield made
+    finally:
+        for worker in (made.prefill, *made.decodes):
+            worker.close()
+
+
+def pd_gateway(gateway: Launcher, pair: Pair, *more: str) -> Any:
+    return gateway(*pair.urls(), *more)
+
+
+async def ready_pd(gw: Any, pair: Pair) -> None:
+    for worker in (pair.prefill, *pair.decodes):
+        await wait_worker(admin_address(gw), worker.address, is_ready, within_s=WAIT_S)
+
+
+# -- registration and correctness --------------------------------------------------------
+
+
+async def test_the_legs_register_with_their_roles_and_a_stream_equals_a_regular_workers(
+    engine: EngineWorker, pair: Pair, gateway: Launcher
+) -> None:
+    gw = pd_gateway(gateway, pair)
+    await ready_pd(gw, pair)
+    listed = await list_workers(admin_address(gw))
+    roles = {worker_id: w.role for worker_id, w in listed.items()}
+    assert roles[pair.prefill.address] == 2 and roles[pair.decode.address] == 3  # PREFILL, DECODE
+    reference, error = await streamed(engine.address, greedy("ref-a", prompt(200, 1)))
+    assert error is None and len(reference) == 24
+    through, error = await streamed(gw.address, greedy("pd-a", prompt(200, 1)), "tiny")
+    assert error is None
+    assert through == reference  # greedy: token for token
+    line = logged(gw.log_path, "pd-a")
+    assert line["completion_tokens"] == 24  # counted once, the decode's
+    assert set(line["legs"]) == {"prefill", "decode"}
+
+
+async def test_two_concurrent_calls_each_equal_their_own_reference(
+    engine: EngineWorker, pair: Pair, gateway: Launcher
+) -> None:
+    gw = pd_gateway(gateway, pair)
+    await ready_pd(gw, pair)
+    prompts = {"pd-b": prompt(180, 2), "pd-c": prompt(220, 3)}
+    references = {
+        rid: (await streamed(engine.address, greedy(f"ref-{rid}", tokens)))[0]
+        for rid, tokens in prompts.items()
+    }
+    results = await asyncio.gather(
+        *(streamed(gw.address, greedy(rid, tokens), "tiny") for rid, tokens in prompts.items())
+    )
+    for (rid, _), (tokens, error) in zip(prompts.items(), results, strict=True):
+        assert error is None
+        assert tokens == references[rid], rid
+    assert references["pd-b"] != references["pd-c"]  # the prompts lead elsewhere
+
+
+async def test_the_decode_uses_the_kv_the_prefill_sent_not_its_own(pair: Pair) -> None:
+    """Prompt C decoded with prompt B's hand-off continues B, not C: the KV came over
+    NIXL from the prefill and was not recomputed from C's tokens."""
+    b, c = prompt(160, 4), prompt(160, 5)
+    async with channel(pair.prefill.address) as pc, channel(pair.decode.address) as dc:
+        prefill, decode = vllm_grpc.VllmEngineStub(pc), vllm_grpc.VllmEngineStub(dc)
+
+        async def handed_off(request_id: str, tokens: list[int]) -> str:
+            asked = greedy(request_id, tokens, 1)
+            asked.stream = False
+            asked.kv_transfer_params_json = PREFILL_KV
+            params = ""
+            async for reply in prefill.Generate(asked, timeout=60):
+                if reply.HasField("complete"):
+                    params = reply.complete.kv_transfer_params_json
+            assert params, "the prefill returned no kv_transfer_params"
+            return params
+
+        async def decoded(request_id: str, tokens: list[int], params: str) -> list[int]:
+            asked = greedy(request_id, tokens)
+            asked.kv_transfer_params_json = params
+            got: list[int] = []
+            async for reply in decode.Generate(asked, timeout=60):
+                if reply.HasField("chunk"):
+                    got.extend(reply.chunk.token_ids)
+            return got
+
+        own = await decoded("kv-c", c, await handed_off("kv-c", c))
+        crossed = await decoded("kv-bc", c, await handed_off("kv-bc", b))
+    assert len(own) == len(crossed) == 24
+    assert crossed != own
+
+
+# -- abandonment -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["before the first token", "after the first token"])
+async def test_a_client_cancel_leaves_both_legs_idle(
+    when: str, pair: Pair, gateway: Launcher
+) -> None:
+    gw = pd_gateway(gateway, pair)
+    await ready_pd(gw, pair)
+    rid = f"pd-cancel-{when.split()[0]}"
+    req = greedy(rid, prompt(300, 6), 1500)
+    async with channel(gw.address) as ch:
+        call = vllm_grpc.VllmEngineStub(ch).Generate(req, metadata=model_md("tiny"))
+        if when.startswith("before"):
+            await asyncio.sleep(0.05)  # the prefill under way, no token out yet
+            call.cancel()
+        else:
+            async for reply in call:
+                if reply.HasField("chunk"):
+                    call.cancel()
+                    break
+    await wait_idle(pair.prefill, pair.decode)
+    line = logged(gw.log_path, rid)
+    assert line["code"] == "CANCELLED"
+
+
+# -- the decode's window -----------------------------------------------------------------
+
+
+async def test_a_burst_six_times_the_decode_window_is_served_or_refused_in_time(
+    pair: Pair, gateway: Launcher
+) -> None:
+    gw = pd_gateway(gateway, pair)
+    await ready_pd(gw, pair)
+    began = time.monotonic()
+    results = await asyncio.gather(
+        *(
+            streamed(gw.address, greedy(f"burst-{i}", prompt(120, 20 + i), 200), "tiny")
+            for i in range(6 * WINDOW)
+        )
+    )
+    took = time.monotonic() - began
+    served = [tokens for tokens, error in results if error is None]
+    refused = [error for _, error in results if error is not None]
+    print(f"\n[burst {6 * WINDOW} on a window of {WINDOW}] served {len(served)}, refused "
+          f"{len(refused)}, {took:.1f} s")  # fmt: skip
+    assert all(len(tokens) == 200 for tokens in served)
+    for error in refused:
+        assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+        _, details = rich_status(error)
+        assert details["ErrorInfo"].reason == "WORKERS_OVERLOADED"
+        assert "RetryInfo" in details
+    await wait_idle(pair.prefill, pair.decode)
+    for worker in (pair.prefill, pair.decode):
+        assert "nvalid KV blocks" not in log_of(worker)
+
+
+# -- sequential calls: no stall ----------------------------------------------------------
+
+
+async def test_sequential_pd_calls_do_not_stall_and_no_block_is_read_after_its_lease(
+    pair: Pair, gateway: Launcher
+) -> None:
+    gw = pd_gateway(gateway, pair)
+    await ready_pd(gw, pair)
+    took: list[float] = []
+    for i in range(SEQUENTIAL):
+        began = time.monotonic()
+        tokens, error = await streamed(gw.address, greedy(f"seq-{i}", prompt(200, 40 + i)), "tiny")
+        took.append(time.monotonic() - began)
+        assert error is None and len(tokens) == 24
+    median = statistics.median(took)
+    slow = [round(t, 2) for t in took if t > 3 * median]
+    print(
+        f"\n[{SEQUENTIAL} sequential PD calls] median {median:.3f} s, max {max(took):.3f} s, "
+        f"over 3x the median: {slow}"
+    )
+    assert "nvalid KV blocks" not in log_of(pair.prefill)
+    assert len(slow) <= SEQUENTIAL // 10, "PD calls stall (docs/real-engines.md)"
+
+
+# -- failure and rejoin ------------------------------------------------------------------
+
+
+async def test_the_only_decode_down_is_unavailable_at_once_and_rejoins(
+    pair: Pair, gateway: Launcher
+) -> None:
+    gw = pd_gateway(gateway, pair)
+    await ready_pd(gw, pair)
+    pair.decode.kill()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            began = time.monotonic()
+            _, error = await streamed(gw.address, greedy("down", prompt(50, 7), 4), "tiny")
+            assert error is not None
+            assert error.code() is not grpc.StatusCode.NOT_FOUND
+            if error.code() is grpc.StatusCode.UNAVAILABLE:
+                _, details = rich_status(error)
+                if details.get("ErrorInfo") and details["ErrorInfo"].reason == (
+                    "WORKERS_UNAVAILABLE"
+                ):
+                    break
+            assert time.monotonic() < deadline, error.details()
+            await asyncio.sleep(0.2)
+        assert time.monotonic() - began < 5.0  # a verdict, not a wait
+        assert details["ErrorInfo"].metadata["leg"] == "decode"
+        assert "RetryInfo" in details
+    finally:
+        pair.decode.start()
+    await wait_worker(admin_address(gw), pair.decode.address, is_ready, within_s=WAIT_S)
+    tokens, error = await streamed(gw.address, greedy("back", prompt(50, 7), 4), "tiny")
+    assert error is None and len(tokens) == 4
