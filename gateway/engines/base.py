@@ -235,6 +235,7 @@ class GenerateInfo:
     # Why a continuation on another worker could not resume it ("": it could): the engine
     # cannot resume a grammar's state, nor give prompt logprobs for the original prompt.
     unresumable: str = ""
+    text_prompt: bool = False  # the prompt is text for the engine to tokenize (vLLM's `text`)
 
 
 class PrefillStream(Protocol):

@@ -129,6 +129,7 @@ class VllmAdapter(EngineAdapter):
             stream=request.stream,
             min_new_tokens=request.sampling_params.min_tokens,
             unresumable=_unresumable(request, multimodal),
+            text_prompt=request.WhichOneof("input") == "text",
         )
 
     def counting(self, stream: bool) -> Counting:

@@ -56,6 +56,9 @@ from gateway.security.identity import Identities
 from gateway.upstream.registry import Registry
 
 REGULAR_ONLY = (Role.REGULAR,)
+# Refused at the gateway: SGLang's scheduler crashes on an empty prompt (and the call's
+# retry would take the next worker down too); vLLM refuses it itself.
+EMPTY_PROMPT = "The prompt is empty: tokenized.input_ids holds no token id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +186,8 @@ async def decode(env: Env, call: Call) -> None:
 async def resolve(env: Env, call: Call) -> None:
     """The model the call is for (named, or the protocol's only one), else refused. An
     alias is resolved to one of its targets (`placement/routes.py`), and the call is then
-    placed as a call for that target. A prompt token id past the model's vocabulary is
-    refused here, before any worker sees it."""
+    placed as a call for that target. An empty prompt, or a token id past the model's
+    vocabulary, is refused here (INVALID_ARGUMENT), before any worker sees it."""
     named_model = call.meta.model
     if named_model is not None and env.routing.routes.route(named_model) is not None:
         await _resolve_alias(env, call, named_model)
@@ -194,6 +197,9 @@ async def resolve(env: Env, call: Call) -> None:
             call.resolved(named_model or "")
             await call.refuse(resolved)
         call.resolved(resolved)
+    info = call.info
+    if info is not None and not info.tokens and not info.text_prompt:
+        await abort_invalid(call.context, EMPTY_PROMPT)
     if call.highest_token >= 0:
         bound = env.routing.placer.vocabulary(call.model, env.adapter.runtime)
         if bound is not None and call.highest_token >= bound[0]:

@@ -32,15 +32,19 @@ STANDINS = Path(__file__).resolve().parent / "standins"
 ADDONS_VERSION = "0.5.23"
 SGLANG_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 KV_TOKENS = 65_536  # 128 MB of float32 KV for the tiny model: room for the tests' calls
+MAX_PORT = 65535 - 10_000  # see free_port_pair
 
 
 def free_port_pair() -> int:
-    """A free port whose next one is free too (gRPC, then the HTTP sidecar)."""
-    for _ in range(64):
+    """A free port whose next one is free too (gRPC, then the HTTP sidecar), at most
+    MAX_PORT: SGLang 0.5.23's --grpc-mode derives a port of +10000 and refuses to start
+    when that passes 65535 (`--grpc-port / SGLANG_GRPC_PORT (68143) must be between 1
+    and 65535`), and Linux hands out ports up to 60999."""
+    for _ in range(256):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
             first.bind(("127.0.0.1", 0))
             port = int(first.getsockname()[1])
-            if port >= 65535:
+            if port > MAX_PORT:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
                 try:
@@ -70,11 +74,14 @@ class SglangWorker(EngineWorker):
         workdir: str | os.PathLike[str] | None = None,
         addons: str | os.PathLike[str] = ADDONS,
     ) -> None:
+        port = port or free_port_pair()
+        if port > MAX_PORT:
+            raise ValueError(f"SGLang's --grpc-mode needs a port of at most {MAX_PORT}")
         super().__init__(
             python,
             model,
             name=name,
-            port=port or free_port_pair(),
+            port=port,
             warmup=None,
             extra_args=extra_args,
             env=env,

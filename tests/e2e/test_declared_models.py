@@ -215,3 +215,22 @@ async def test_a_token_id_past_the_vocabulary_is_refused_before_any_worker(
             stub_for(ch, "vllm").Generate(inside, metadata=model_md("b"), timeout=10)
         )
     assert error is None and messages
+
+
+async def test_an_empty_prompt_is_refused_before_any_worker(
+    sim: Launcher, gateway: Launcher
+) -> None:
+    """SGLang's scheduler crashes on an empty prompt (and a retry would take the next
+    worker down too): refused at the gateway, for every engine; a model nobody serves is
+    still NOT_FOUND first (the README's `-d '{}'`)."""
+    worker = sim("--model", "m")
+    gw = gateway("--worker", worker_url(worker, model="m", runtime="sglang"))
+    await wait_health(gw.address, "m")
+    empty = sgl.GenerateRequest(
+        request_id="e1", sampling_params=sgl.SamplingParams(max_new_tokens=2), stream=True
+    )
+    error = await generate_error(gw.address, "m", request=empty)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == "The prompt is empty: tokenized.input_ids holds no token id"
+    unknown = await generate_error(gw.address, "nope", request=empty)
+    assert unknown.code() is grpc.StatusCode.NOT_FOUND

@@ -11,88 +11,31 @@ two cores calls stall for up to the prefill's 30 s KV lease (docs/real-engines.m
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
-from grpc import aio
 
 from scripts.engines.worker import EngineWorker
 from tests.conftest import Launcher
 from tests.engines.conftest import Engines
 from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
-from tests.support.helpers import channel, model_md, request_events, rich_status, vllm, vllm_grpc
-
-VOCAB = 512
-WINDOW = 4  # the decode's --max-num-seqs
-WAIT_S = 90.0  # bounded waits for a state on a busy 2-core machine
-SEQUENTIAL = 50
-PREFILL_KV = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
-
-
-def prompt(length: int, salt: int = 0) -> list[int]:
-    return [1 + (i * 37 + salt * 101) % (VOCAB - 1) for i in range(length)]
-
-
-def greedy(request_id: str, tokens: Sequence[int], max_tokens: int = 24) -> Any:
-    return vllm.GenerateRequest(
-        request_id=request_id,
-        tokenized=vllm.TokenizedInput(input_ids=list(tokens)),
-        sampling_params=vllm.SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, ignore_eos=True
-        ),
-        stream=True,
-    )
-
-
-async def streamed(
-    address: str, req: Any, model: str = ""
-) -> tuple[list[int], aio.AioRpcError | None]:
-    tokens: list[int] = []
-    async with channel(address) as ch:
-        call = vllm_grpc.VllmEngineStub(ch).Generate(
-            req, metadata=model_md(model) if model else None, timeout=120
-        )
-        try:
-            async for reply in call:
-                if reply.HasField("chunk"):
-                    tokens.extend(reply.chunk.token_ids)
-        except aio.AioRpcError as error:
-            return tokens, error
-    return tokens, None
-
-
-async def load_on(worker: EngineWorker) -> int:
-    async with channel(worker.address) as ch:
-        reply = await vllm_grpc.VllmEngineStub(ch).GetLoads(vllm.GetLoadsRequest(), timeout=10)
-    return sum(x.num_running_reqs + x.num_waiting_reqs for x in reply.loads)
-
-
-async def wait_idle(*workers: EngineWorker) -> None:
-    deadline = time.monotonic() + WAIT_S
-    for worker in workers:
-        while await load_on(worker):
-            assert time.monotonic() < deadline, f"{worker.address} still has requests"
-            await asyncio.sleep(0.1)
-
-
-def log_of(worker: EngineWorker) -> str:
-    return worker.log_path.read_text(errors="replace") if worker.log_path.exists() else ""
-
-
-def logged(log_path: Path, request_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        found = [e for e in request_events(log_path, "Generate") if e["request_id"] == request_id]
-        if found:
-            return found[-1]
-        assert time.monotonic() < deadline, f"no request line for {request_id}"
-        time.sleep(0.05)
+from tests.support.helpers import channel, model_md, rich_status, vllm_grpc
+from tests.support.pd import (
+    PREFILL_KV,
+    SEQUENTIAL,
+    WAIT_S,
+    WINDOW,
+    greedy,
+    log_of,
+    logged,
+    prompt,
+    streamed,
+    wait_idle,
+)
 
 
 class Pair:

@@ -15,7 +15,7 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from scripts.engines.sglang_worker import SGLANG_SERVICE
+from scripts.engines.sglang_worker import KV_TOKENS, SGLANG_SERVICE
 from scripts.engines.worker import EngineWorker
 from tests.conftest import Launcher
 from tests.support.availability import admin_address, is_ready, wait_worker
@@ -159,4 +159,36 @@ async def test_an_out_of_vocabulary_id_never_reaches_sglang(
         )
     assert sglang.running
     tokens, error = await generate(gw.address, request("after-oov", prompt(8), 4), "tiny")
+    assert error is None and len(tokens) == 4
+
+
+async def test_sglang_model_info_says_a_default_vocabulary(sglang: EngineWorker) -> None:
+    """Why the tests tell the gateway the vocabulary: smg-grpc-servicer 0.14.1 takes
+    GetModelInfo's vocab_size (and context) from the scheduler's start-up info, which
+    SGLang 0.5.23 does not fill, so it says 128256 and the KV pool's size whatever the
+    model (its config.json says 512, 2048). When this fails, the servicer reports the
+    model's own figures and the gateway's default bound (the workers' smallest
+    vocab_size) suffices: drop models.tiny.vocab_size and update docs/real-engines.md."""
+    async with channel(sglang.address) as ch:
+        info = await sgl_grpc.SglangSchedulerStub(ch).GetModelInfo(
+            sgl.GetModelInfoRequest(), timeout=10
+        )
+    assert (info.vocab_size, info.max_context_length) == (128256, KV_TOKENS)
+    assert info.max_req_input_len == 2042  # the model's context, less SGLang's margin
+
+
+async def test_an_empty_prompt_never_reaches_sglang(
+    sglang: EngineWorker, gateway: Launcher, tmp_path: Path
+) -> None:
+    """An empty `input_ids` crashes an SGLang worker as an out-of-vocabulary id does (its
+    rotary embedding cannot reshape 0 tokens); vLLM refuses it itself. Expected: refused
+    INVALID_ARGUMENT at the gateway, the worker still serving."""
+    gw = bounded_gateway(gateway, tmp_path, sglang)
+    await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
+    tokens, error = await generate(gw.address, request("sgl-empty", [], 4), "tiny")
+    assert error is not None and not tokens
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert error.details() == "The prompt is empty: tokenized.input_ids holds no token id"
+    assert sglang.running
+    tokens, error = await generate(gw.address, request("after-empty", prompt(8), 4), "tiny")
     assert error is None and len(tokens) == 4
