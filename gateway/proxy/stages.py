@@ -198,7 +198,7 @@ async def resolve(env: Env, call: Call) -> None:
             await call.refuse(resolved)
         call.resolved(resolved)
     info = call.info
-    if info is not None and not info.tokens and not info.text_prompt:
+    if info is not None and len(info.tokens) == 0 and not info.text_prompt:
         await abort_invalid(call.context, EMPTY_PROMPT)
     if call.highest_token >= 0:
         bound = env.routing.placer.vocabulary(call.model, env.adapter.runtime)
