@@ -26,23 +26,17 @@ from tests.support.availability import (
     scrape,
     wait_worker,
 )
+from tests.support.engines import load_on, logged, prompt, wait_idle
 from tests.support.helpers import (
     channel,
     model_md,
-    request_events,
     vllm,
     vllm_grpc,
     write_config,
 )
 
-VOCAB = 512  # the tiny model's
 FOLLOW_S = 2.0  # the issue's bound: events applied within this of the worker's first batch
 WAIT_S = 30.0  # bounded waits for a state (a busy 2-core machine runs the engine too)
-
-
-def prompt(length: int, salt: int = 0) -> list[int]:
-    """Token ids the tiny model knows (1 .. VOCAB-1), distinct per salt."""
-    return [1 + (i * 37 + salt * 101) % (VOCAB - 1) for i in range(length)]
 
 
 def request(request_id: str, tokens: Sequence[int], max_tokens: int, *, stream: bool = True) -> Any:
@@ -73,30 +67,6 @@ async def generate(
         except aio.AioRpcError as error:
             return tokens, error
     return tokens, None
-
-
-def logged(log_path: Path, request_id: str) -> dict[str, Any]:
-    """The request line of one call (bounded wait: it follows the reply)."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        found = [e for e in request_events(log_path, "Generate") if e["request_id"] == request_id]
-        if found:
-            return found[-1]
-        assert time.monotonic() < deadline, f"no request line for {request_id}"
-        time.sleep(0.05)
-
-
-async def running_on(worker: EngineWorker) -> int:
-    async with channel(worker.address) as ch:
-        reply = await vllm_grpc.VllmEngineStub(ch).GetLoads(vllm.GetLoadsRequest(), timeout=10)
-    return sum(x.num_running_reqs + x.num_waiting_reqs for x in reply.loads)
-
-
-async def wait_idle(worker: EngineWorker) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while await running_on(worker):
-        assert time.monotonic() < deadline, "the worker still runs the cancelled request"
-        await asyncio.sleep(0.1)
 
 
 def kv_events(gw: Any, worker: EngineWorker, kind: str = "stored") -> float:
@@ -357,7 +327,7 @@ async def test_a_greedy_stream_whose_worker_is_killed_goes_on_token_for_token(
             reply = await call.read()
             assert reply is not aio.EOF
             got.extend(reply.chunk.token_ids)
-        loads = {w: await running_on(w) for w in (engine, restartable)}
+        loads = {w: await load_on(w) for w in (engine, restartable)}
         [serving] = [w for w, running in loads.items() if running]
         serving.kill()  # kill -9, some tokens into the stream
         read_before = len(got)

@@ -23,12 +23,9 @@ from scripts.engines.worker import EngineWorker
 from tests.conftest import Launcher
 from tests.engines.conftest import Engines
 from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
-from tests.support.helpers import channel, model_md, rich_status, vllm_grpc
-from tests.support.pd import (
+from tests.support.engines import (
     PREFILL_KV,
-    SEQUENTIAL,
     WAIT_S,
-    WINDOW,
     greedy,
     log_of,
     logged,
@@ -36,6 +33,10 @@ from tests.support.pd import (
     streamed,
     wait_idle,
 )
+from tests.support.helpers import channel, model_md, rich_status, vllm_grpc
+
+WINDOW = 4  # the decode's --max-num-seqs
+SEQUENTIAL = 50
 
 
 class Pair:

@@ -18,8 +18,8 @@ from scripts.engines.worker import EngineWorker
 from tests.conftest import Launcher
 from tests.engines.conftest import Engines
 from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
+from tests.support.engines import WAIT_S, greedy, logged, prompt, streamed
 from tests.support.helpers import channel, model_md, vllm_grpc
-from tests.support.pd import WAIT_S, greedy, logged, prompt, streamed
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ token id, which crashes an SGLang worker, refused at the gateway."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,14 +17,8 @@ from scripts.engines.sglang_worker import KV_TOKENS, SGLANG_SERVICE
 from scripts.engines.worker import EngineWorker
 from tests.conftest import Launcher
 from tests.support.availability import admin_address, is_ready, wait_worker
-from tests.support.helpers import channel, model_md, request_events, sgl, sgl_grpc, write_config
-
-VOCAB = 512  # the tiny model's (smg-grpc-servicer 0.14.1's SGLang GetModelInfo says 128256)
-WAIT_S = 60.0  # bounded waits for a state (the engine shares two cores with everything)
-
-
-def prompt(length: int, salt: int = 0) -> list[int]:
-    return [1 + (i * 37 + salt * 101) % (VOCAB - 1) for i in range(length)]
+from tests.support.engines import VOCAB, WAIT_S, load_on, logged, prompt, wait_idle
+from tests.support.helpers import channel, model_md, sgl, sgl_grpc, write_config
 
 
 def request(request_id: str, tokens: Sequence[int], max_new: int, stream: bool = True) -> Any:
@@ -58,29 +50,6 @@ async def generate(
         except aio.AioRpcError as error:
             return tokens, error
     return tokens, None
-
-
-async def load_on(worker: EngineWorker) -> int:
-    async with channel(worker.address) as ch:
-        reply = await sgl_grpc.SglangSchedulerStub(ch).GetLoads(sgl.GetLoadsRequest(), timeout=10)
-    return sum(x.num_running_reqs + x.num_waiting_reqs for x in reply.loads)
-
-
-async def wait_idle(worker: EngineWorker) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while await load_on(worker):
-        assert time.monotonic() < deadline, "the worker still runs the cancelled request"
-        await asyncio.sleep(0.1)
-
-
-def logged(log_path: Path, request_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        found = [e for e in request_events(log_path, "Generate") if e["request_id"] == request_id]
-        if found:
-            return found[-1]
-        assert time.monotonic() < deadline, f"no request line for {request_id}"
-        time.sleep(0.05)
 
 
 def bounded_gateway(gateway: Launcher, tmp_path: Path, worker: EngineWorker, *more: str) -> Any:

@@ -1,6 +1,6 @@
-"""What the real-engine PD tests share (tests/engines/test_pd_vllm*.py): greedy vLLM
-requests over the tiny model's vocabulary, a streamed call's token ids, an engine's own
-load, and the gateway's request line of one call."""
+"""What the real-engine tests share (tests/engines): prompts over the tiny model's
+vocabulary, greedy vLLM requests and a streamed call's token ids, an engine's own load
+(either engine), a worker's log, and the gateway's request line of one call."""
 
 from __future__ import annotations
 
@@ -13,17 +13,25 @@ from typing import Any
 
 from grpc import aio
 
+from scripts.engines.sglang_worker import SGLANG_SERVICE
 from scripts.engines.worker import EngineWorker
-from tests.support.helpers import channel, model_md, request_events, vllm, vllm_grpc
+from tests.support.helpers import (
+    channel,
+    model_md,
+    request_events,
+    sgl,
+    sgl_grpc,
+    vllm,
+    vllm_grpc,
+)
 
 VOCAB = 512
-WINDOW = 4  # the decode's --max-num-seqs
 WAIT_S = 90.0  # bounded waits for a state on a busy 2-core machine
-SEQUENTIAL = 50
 PREFILL_KV = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
 
 
 def prompt(length: int, salt: int = 0) -> list[int]:
+    """Token ids the tiny model knows (1 .. VOCAB-1), distinct per salt."""
     return [1 + (i * 37 + salt * 101) % (VOCAB - 1) for i in range(length)]
 
 
@@ -56,8 +64,13 @@ async def streamed(
 
 
 async def load_on(worker: EngineWorker) -> int:
+    """Requests running or waiting on the worker, as its own GetLoads says."""
     async with channel(worker.address) as ch:
-        reply = await vllm_grpc.VllmEngineStub(ch).GetLoads(vllm.GetLoadsRequest(), timeout=10)
+        if worker.engine_service == SGLANG_SERVICE:
+            stub: Any = sgl_grpc.SglangSchedulerStub(ch)
+            reply = await stub.GetLoads(sgl.GetLoadsRequest(), timeout=10)
+        else:
+            reply = await vllm_grpc.VllmEngineStub(ch).GetLoads(vllm.GetLoadsRequest(), timeout=10)
     return sum(x.num_running_reqs + x.num_waiting_reqs for x in reply.loads)
 
 
