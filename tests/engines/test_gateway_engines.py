@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,9 +212,14 @@ async def test_abort_reaches_the_worker_from_either_process(
 
 
 @pytest.fixture(scope="module")
-def restartable(engines: Engines) -> EngineWorker:
-    """A worker of its own, to kill -9 and start again (model `kvw`)."""
-    return engines.start(name="kvw")
+def restartable(engines: Engines) -> Iterator[EngineWorker]:
+    """A worker of its own, to kill -9 and start again (model `kvw`); stopped with the
+    module (the tier runs at most four workers at once)."""
+    worker = engines.start(name="kvw")
+    try:
+        yield worker
+    finally:
+        worker.close()
 
 
 async def repeated_prefix(gw: Any, name: str, tokens: list[int]) -> dict[str, Any]:
