@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 STAMP := $(VENV)/.installed
 CODE := gateway sim tests scripts
 
-.PHONY: run test test-timing lint bench clean engines engines-sglang engines-nixl test-engines record-transcripts image test-image
+.PHONY: run test test-timing lint bench clean engines engines-sglang engines-nixl engines-mooncake test-engines record-transcripts image test-image
 
 # Real engines (tests/engines, scripts/record_transcripts.py): vLLM for CPU and smg's gRPC
 # servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
@@ -90,17 +90,36 @@ $(NIXL_STAMP): | $(ENGINES_STAMP)
 
 engines-nixl: $(NIXL_STAMP)  ## NIXL beside the engines venv (vLLM prefill/decode)
 
+# SGLang PD over Mooncake on TCP (scripts/engines/sglang_worker.py, disaggregation): PyPI's
+# transfer engine without CUDA, --no-deps beside the engines venv; its library links
+# libibverbs even for TCP (Debian's libibverbs1, installed here when missing, as root).
+MOONCAKE_ADDONS ?= .engines/mooncake-addons
+MOONCAKE_STAMP := $(MOONCAKE_ADDONS)/.installed
+MOONCAKE_PACKAGES := mooncake-transfer-engine-non-cuda==0.3.13.post1
+
+$(MOONCAKE_STAMP): | $(ENGINES_STAMP)
+	ldconfig -p | grep -q libibverbs.so.1 || { apt-get update -q && apt-get install -y -q libibverbs1; }
+	$(ENGINES_PY) -m pip install -q --no-deps --target $(MOONCAKE_ADDONS) $(ENGINES_PIP_ARGS) $(MOONCAKE_PACKAGES)
+	PYTHONPATH=$(MOONCAKE_ADDONS) $(ENGINES_PY) -c "from mooncake.engine import TransferEngine"
+	touch $(MOONCAKE_STAMP)
+
+engines-mooncake: $(MOONCAKE_STAMP)  ## Mooncake beside the engines venv (SGLang prefill/decode)
+
 $(ENGINES_MODEL)/tiny-model.json: scripts/engines/make_model.py | $(ENGINES_STAMP)
 	$(ENGINES_PY) scripts/engines/make_model.py $(ENGINES_MODEL)
 
 engines: $(ENGINES_STAMP) $(ENGINES_MODEL)/tiny-model.json  ## the engines venv and the tiny model
 
-test-engines: $(STAMP) engines engines-sglang engines-nixl  ## the gateway in front of real vLLM and SGLang workers (minutes)
+test-engines: $(STAMP) engines engines-sglang engines-nixl engines-mooncake  ## the gateway in front of real vLLM and SGLang workers (minutes)
 	GATEWAY_ENGINES_PYTHON=$(abspath $(ENGINES_PY)) GATEWAY_ENGINES_MODEL=$(abspath $(ENGINES_MODEL)) \
 	$(VENV)/bin/pytest -n 0 -q tests/engines
 
-record-transcripts: $(STAMP) engines  ## record tests/contract/transcripts from a real worker
-	$(PY) scripts/record_transcripts.py --engines-python $(ENGINES_PY) --model $(ENGINES_MODEL)
+# ENGINE=vllm (the default) or sglang: whose real worker record-transcripts records.
+ENGINE ?= vllm
+
+record-transcripts: $(STAMP) engines $(if $(filter sglang,$(ENGINE)),engines-sglang)  ## record tests/contract/transcripts from a real worker (ENGINE=vllm|sglang)
+	$(PY) scripts/record_transcripts.py --engine $(ENGINE) \
+	  --engines-python $(abspath $(ENGINES_PY)) --model $(abspath $(ENGINES_MODEL))
 
 # The container image (Containerfile), built with buildah into the project's own image store
 # (.image/, scripts/image/): no registry and no container engine needed; the base is made

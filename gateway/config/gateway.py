@@ -55,9 +55,15 @@ class DrainConfig:
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class DisaggConfig:
     """`abort_wait_s`: how long an abort or cancel waits for a decode leg's first message
-    before cutting it (a KV handoff torn in the middle can wedge the engines)."""
+    before cutting it (a KV handoff torn in the middle can wedge the engines).
+    `decode_first_message_timeout_s`: how long a decode leg may take to its first message
+    from when it is called (vLLM: after its prefill answered; SGLang: with its prefill,
+    whose compute then counts too); past it, with nothing relayed to the client yet, the
+    attempt is given up and placed again, this pair included (a stalled KV transfer is the
+    transfer's, not a worker's). 0: no bound."""
 
     abort_wait_s: Seconds = 30.0
+    decode_first_message_timeout_s: Seconds = 0.0
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)

@@ -49,10 +49,16 @@ class ChoiceSink:
 
 
 class DisaggregatedDispatch:
-    def __init__(self, dispatcher: Dispatcher, rooms: BootstrapRooms | None = None) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        rooms: BootstrapRooms | None = None,
+        decode_first_within_s: float = 0.0,
+    ) -> None:
+        """`decode_first_within_s`: disagg.decode_first_message_timeout_s (0: no bound)."""
         self.dispatcher = dispatcher
         self.rooms = rooms if rooms is not None else BootstrapRooms()
-        self._attempt = PairAttempt(dispatcher.upstreams, self.rooms)
+        self._attempt = PairAttempt(dispatcher.upstreams, self.rooms, decode_first_within_s)
 
     async def serve(
         self, job: Job, n: int, place: Place, placed_ahead: Reserved | None = None

@@ -23,6 +23,7 @@ from gateway.proxy.job import Job
 from gateway.proxy.lora import LoadFailed, LoraLoader
 from gateway.proxy.migration import Migrations
 from gateway.proxy.upstream import (
+    DECODE_STALLED,
     RETRYABLE,
     Reserved,
     UpstreamCall,
@@ -96,7 +97,8 @@ class Dispatcher:
                 unloaded, retry = error, True
                 continue
             except UpstreamFailure as error:
-                tried.append(error.worker.id)
+                if error.cause != DECODE_STALLED:  # a stalled hand-off may go to any pair
+                    tried.append(error.worker.id)
                 if not job.sink.delivered:
                     if error.code not in RETRYABLE:
                         if broke is not None and migrations is not None:

@@ -20,7 +20,14 @@ from gateway.core.roles import Role
 from gateway.engines.base import AmendFirst
 from gateway.engines.encoder import ENCODE_PATH, encode_request
 from gateway.proxy.job import Job
-from gateway.proxy.upstream import Reserved, UpstreamCall, UpstreamFailure, Upstreams, label
+from gateway.proxy.upstream import (
+    DECODE_STALLED,
+    Reserved,
+    UpstreamCall,
+    UpstreamFailure,
+    Upstreams,
+    label,
+)
 from gateway.upstream.worker import Worker
 
 MAX_ROOM = 2**31 - 1
@@ -56,9 +63,15 @@ class PlacedLegs:
     (`PlacedPair`), plus the encoders. `close` ends every leg, however the attempt ended."""
 
     def __init__(
-        self, upstreams: Upstreams, rooms: BootstrapRooms, job: Job, reserved: Reserved
+        self,
+        upstreams: Upstreams,
+        rooms: BootstrapRooms,
+        job: Job,
+        reserved: Reserved,
+        first_within_s: float = 0.0,
     ) -> None:
         self._upstreams = upstreams
+        self._first_within_s = first_within_s
         self._rooms = rooms
         self._job, self._reserved = job, reserved
         workers = reserved.decision.workers
@@ -69,6 +82,8 @@ class PlacedLegs:
         self._calls: list[UpstreamCall] = []
         self._watch: list[asyncio.Future[Any]] = []  # legs whose failure is the answer
         self._taken_rooms: list[int] = []
+        self._beside: UpstreamCall | None = None  # a prefill running beside its decode
+        self._decode_call: UpstreamCall | None = None
 
     def new_room(self) -> int:
         room = self._rooms.allocate()
@@ -80,13 +95,18 @@ class PlacedLegs:
         request = self._job.for_worker(request, self._reserved.decision, self._prefill)
         call = self._open(Role.PREFILL, self._prefill, request)
         if background:
+            self._beside = call
             self._watch.append(call.drain())
         return call
 
     async def decode(self, request: bytes, amend_first: AmendFirst | None = None) -> None:
-        call = self._open(Role.DECODE, self._decode, request)
+        call = self._decode_call = self._open(Role.DECODE, self._decode, request)
         sink = self._job.sink
-        first = await call.first(sink, self._watch)
+        try:
+            async with asyncio.timeout(self._first_within_s or None):
+                first = await call.first(sink, self._watch)
+        except TimeoutError:
+            raise self._stalled() from None
         if first is not None and amend_first is not None:
             first = await amend_first(first)
         await call.relay(sink, first)
@@ -99,6 +119,23 @@ class PlacedLegs:
         prefill = self._prefill
         return UpstreamFailure(
             Role.PREFILL, prefill, grpc.StatusCode.INTERNAL, details, (), label(prefill)
+        )
+
+    def _stalled(self) -> UpstreamFailure:
+        """The decode sent nothing within the bound: the attempt is given up (its legs
+        closed as a cancel closes them) and, before any byte reached the client, tried
+        again."""
+        self._job.call.handoff_failed(DECODE_STALLED)
+        decode, within = self._decode, self._first_within_s
+        details = f"no first message within {within:g} s (disagg.decode_first_message_timeout_s)"
+        return UpstreamFailure(
+            Role.DECODE,
+            decode,
+            grpc.StatusCode.UNAVAILABLE,
+            details,
+            (),
+            label(decode),
+            cause=DECODE_STALLED,
         )
 
     def encode(self) -> None:
@@ -144,13 +181,24 @@ class PlacedLegs:
         return call
 
     def close(self) -> None:
+        """Every leg ended. A decode that has not started is cut only once it has (see
+        `UpstreamCall.close`), and a prefill running beside it only then too: the hand-off
+        between them goes on to its end rather than leave the decode waiting for it."""
+        decode = self._decode_call
+        handing_off = decode.pending_first() if decode is not None else None
+        beside = self._beside if handing_off is not None else None
         for task in self._watch:
+            if beside is not None and task is beside.drain():
+                continue  # read on until the hand-off is done
             if not task.done():
                 task.cancel()
             elif not task.cancelled():
                 task.exception()  # retrieved: a leg's late failure is no one's answer
         for call in self._calls:
-            call.close()
+            if call is beside and handing_off is not None:
+                call.close_after(handing_off)
+            else:
+                call.close()
         for room in self._taken_rooms:
             self._rooms.release(room)
 
@@ -159,11 +207,14 @@ class PairAttempt:
     """The attempt the attempt loop runs on each placement of a disaggregated call: its
     legs opened on the reserved workers, driven by the engine's hand-off, all closed."""
 
-    def __init__(self, upstreams: Upstreams, rooms: BootstrapRooms) -> None:
+    def __init__(
+        self, upstreams: Upstreams, rooms: BootstrapRooms, first_within_s: float = 0.0
+    ) -> None:
         self._upstreams, self._rooms = upstreams, rooms
+        self._first_within_s = first_within_s
 
     async def __call__(self, job: Job, reserved: Reserved) -> None:
-        legs = PlacedLegs(self._upstreams, self._rooms, job, reserved)
+        legs = PlacedLegs(self._upstreams, self._rooms, job, reserved, self._first_within_s)
         try:
             legs.encode()
             await job.adapter.handoff.run(legs)

@@ -42,6 +42,9 @@ log = structlog.get_logger("gateway.upstream")
 # UNAVAILABLE, or CANCELLED by the worker itself (a gRPC server shutting down cancels calls
 # that arrive as it stops; the client's own cancel never reaches this code as a status).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+# UpstreamFailure.cause of a decode leg given up for want of a first message: the pair's
+# hand-off stalled, which says nothing against either worker (a retry may take the pair).
+DECODE_STALLED = "decode_stalled"
 
 # Failures the gateway's own channel makes before anything reaches the worker: grpc core
 # refusing metadata the gateway built. They say nothing about the worker (the front
@@ -552,6 +555,23 @@ class UpstreamCall:
             self._upstreams.defer(self, first)
         else:
             self.settle()
+
+    def close_after(self, handed_off: asyncio.Future[Any]) -> None:
+        """Close once `handed_off` is done, bounded as a decode's first message is: an
+        SGLang prefill whose decode has not started yet, so the hand-off that decode waits
+        for is not torn (cut there, the decode waits on a bootstrap that never comes)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._upstreams.defer(self, handed_off)
+
+    def pending_first(self) -> asyncio.Future[Any] | None:
+        """The read of the first message, while it is still under way (a decode that has
+        not started)."""
+        first = self._first
+        if first is None or first.done() or self._rpc.done():
+            return None
+        return first
 
     def settle(self) -> None:
         self._upstreams.settled(self)

@@ -53,16 +53,23 @@ async def detect_runtime(channel: aio.Channel, adapters: Adapters, call_timeout:
     raise DiscoveryError("serves neither SglangScheduler nor VllmEngine")
 
 
+async def _model_info(
+    channel: aio.Channel, adapter: EngineAdapter, call_timeout: float
+) -> ModelFacts:
+    """What the worker's GetModelInfo says, as facts."""
+    try:
+        info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
+    except aio.AioRpcError as exc:
+        raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
+    return adapter.model_facts(info)
+
+
 async def model_facts(
     channel: aio.Channel, adapter: EngineAdapter, call_timeout: float
 ) -> ModelFacts:
     """The model the worker serves (raises DiscoveryError when it names none) and its
     vocabulary."""
-    try:
-        info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
-    except aio.AioRpcError as exc:
-        raise DiscoveryError(f"GetModelInfo failed: {exc.code().name}: {exc.details()}") from None
-    facts = adapter.model_facts(info)
+    facts = await _model_info(channel, adapter, call_timeout)
     if not facts.name:
         raise DiscoveryError("GetModelInfo names no model (served_model_name and model_path empty)")
     return facts
@@ -88,7 +95,6 @@ async def vocabulary(
     """The worker's vocabulary size (0: it does not say; None: it did not answer, ask
     again later): the bound on the token ids placement lets through to it."""
     try:
-        info = await channel.unary_unary(adapter.path("GetModelInfo"))(b"", timeout=call_timeout)
-    except aio.AioRpcError:
+        return (await _model_info(channel, adapter, call_timeout)).vocab_size or 0
+    except DiscoveryError:
         return None
-    return adapter.model_facts(info).vocab_size or 0

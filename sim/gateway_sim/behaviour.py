@@ -24,6 +24,9 @@ STALL_KEY = "x-sim-stall"
 EXIT_AFTER_KEY = "x-sim-exit-after"
 TOKENS_PER_CHUNK_KEY = "x-sim-tokens-per-chunk"
 HEADERS_FIRST_KEY = "x-sim-headers-first"
+# SGLang: an Abort ends the aborted stream with a Complete `abort`, as vLLM's does (the
+# real SGLang servicer sends nothing more: the stream stays open until its deadline).
+ABORT_COMPLETES_KEY = "x-sim-abort-completes"
 # The completion_tokens every chunk and Complete reports, whatever was generated: a
 # worker whose usage figures lie (the gateway must not believe them past what it asked).
 COMPLETION_TOKENS_KEY = "x-sim-completion-tokens"
@@ -39,12 +42,21 @@ OVERRIDE_KEYS = (
     EXIT_AFTER_KEY,
     TOKENS_PER_CHUNK_KEY,
     HEADERS_FIRST_KEY,
+    ABORT_COMPLETES_KEY,
     COMPLETION_TOKENS_KEY,
 )
 
 # Values that switch an optional knob off, so a request can undo a command-line setting.
 _OFF = frozenset({"", "none", "off", "0", "false", "no", "ok"})
 _ON = frozenset({"1", "true", "yes", "on"})
+
+
+# Boolean overrides: the Behaviour field each sets.
+_FLAGS = {
+    STALL_KEY: "stall",
+    HEADERS_FIRST_KEY: "headers_first",
+    ABORT_COMPLETES_KEY: "abort_completes",
+}
 
 
 class BadOverride(ValueError):
@@ -74,7 +86,9 @@ class Behaviour:
     go as soon as the call is taken, not with its first message as the real servicers
     send them (a test that waits for a call to be running reads them).
     ``completion_tokens``: when set, the usage every chunk and Complete reports instead
-    of the count the engine's dialect gives (a lying worker).
+    of the count the engine's dialect gives (a lying worker). ``abort_completes``: an
+    aborted SGLang stream ends with a Complete ``abort`` as a vLLM one does, for tests
+    that wait on that end (the real SGLang servicer never ends it: its deadline does).
     """
 
     tokens: int = 16
@@ -87,6 +101,7 @@ class Behaviour:
     tokens_per_chunk: int = 1
     headers_first: bool = False
     completion_tokens: int | None = None
+    abort_completes: bool = False
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.ttft_ms < 0 or self.token_ms < 0 or self.fail_after < 0:
@@ -170,11 +185,11 @@ def _apply(base: Behaviour, overrides: dict[str, str]) -> Behaviour:
                     raise BadOverride(f"{key}: {exc}") from None
         elif key == FAIL_AFTER_KEY:
             changes["fail_after"] = _int(key, value)
-        elif key in (STALL_KEY, HEADERS_FIRST_KEY):
+        elif key in _FLAGS:
             lowered = value.lower()
             if lowered not in _ON and lowered not in _OFF:
                 raise BadOverride(f"{key}: {value!r} is not a boolean")
-            changes["stall" if key == STALL_KEY else "headers_first"] = lowered in _ON
+            changes[_FLAGS[key]] = lowered in _ON
         elif key == TOKENS_PER_CHUNK_KEY:
             per_chunk = _int(key, value)
             if per_chunk < 1:

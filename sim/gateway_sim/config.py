@@ -151,6 +151,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "first message as the real servicers do (for tests that wait on a running call)",
     )
     parser.add_argument(
+        "--abort-completes",
+        action="store_true",
+        help="SGLang: end an aborted Generate stream with a Complete, finish_reason abort, "
+        "as vLLM does; its real servicer sends nothing more and the stream stays open "
+        "until its deadline (per request: x-sim-abort-completes)",
+    )
+    parser.add_argument(
         "--usage-completion-tokens",
         type=_uint32,
         default=None,
@@ -438,6 +445,7 @@ class SimConfig:
                 tokens_per_chunk=args.tokens_per_chunk,
                 headers_first=args.headers_first,
                 completion_tokens=args.usage_completion_tokens,
+                abort_completes=args.abort_completes,
             ),
             not_serving=args.not_serving,
             grpc_health=args.grpc_health,

@@ -101,6 +101,19 @@ def embedding_for(input_ids: Sequence[int]) -> list[float]:
     return [((seed * (j + 1) * 2_654_435_761) % 1024) / 1024.0 for j in range(EMBEDDING_DIM)]
 
 
+def logprob_of(token: int, position: int) -> float:
+    """A deterministic log probability; multiples of 1/64 survive float32 exactly."""
+    return -(((token + position) % 61) + 1) / 64.0
+
+
+def fill_top(top: Any, token: int, value: float, size: int, vocab_size: int) -> None:
+    """A position's first ``size`` top logprobs (either proto's TopLogProbs): the token
+    itself, then the runners-up after it, each a little less likely."""
+    others = [(token + j) % vocab_size for j in range(1, max(size - 1, 0) + 1)]
+    top.token_ids.extend([token, *others][:size])
+    top.values.extend([value - j / 64.0 for j in range(len(others) + 1)][:size])
+
+
 class Refused(ValueError):
     """The engine refuses the request as its caller's mistake: INVALID_ARGUMENT."""
 
@@ -183,6 +196,13 @@ class Dialect(ABC):
     prefix_pass: ClassVar[bool]
     # The scheduler's running window (vLLM's max_num_seqs).
     max_running_requests: ClassVar[int] = MAX_RUNNING_REQUESTS
+    # An Abort ends the aborted stream with a Complete `abort` (else the stream gets
+    # nothing more and stays open until its deadline or a cancel).
+    abort_ends_stream: ClassVar[bool] = True
+    # HealthCheck's message while healthy.
+    health_message: ClassVar[str] = "ok"
+    # SubscribeKvEvents' UNIMPLEMENTED message when KV events are off.
+    kv_events_disabled: ClassVar[str] = "KV events are disabled"
 
     def __init__(self, pb: Any, with_request_id: bool) -> None:
         self.pb = pb
@@ -197,7 +217,7 @@ class Dialect(ABC):
     def room(self, config: SimConfig, kv_tokens: int, prompt_tokens: int) -> int:
         """The most tokens a choice may generate after a prompt this long."""
 
-    def annotate(  # noqa: B027 (engines without extras keep it)
+    def annotate(
         self,
         part: Any,
         plan: Plan,
@@ -206,9 +226,34 @@ class Dialect(ABC):
         sampling: Sampling,
         prompt: Sequence[int] | None,
     ) -> None:
-        """Add what the engine reports beside tokens [start, end) to a chunk or Complete
-        (``part``: logprobs), and beside the ``prompt`` when it carries the prompt's.
-        Nothing by default."""
+        """Logprobs beside tokens [start, end) of a chunk or Complete (``part``), as both
+        servicers convert their engine's: each output token's own value and (``logprobs``
+        > 0) its top list; with ``prompt_logprobs``, every prompt position's (the first
+        without a value, its top list empty) on the part that carries the prompt's
+        (``prompt`` given): a stream's first chunk, a Complete holding the whole output."""
+        vocab = plan.vocab
+        part.ClearField("output_logprobs")
+        part.ClearField("input_logprobs")
+        if sampling.logprobs is not None:
+            out = part.output_logprobs
+            for k, token in zip(range(start, end), plan.tokens(start, end), strict=True):
+                value = logprob_of(token, k)
+                out.token_logprobs.append(value)
+                out.token_ids.append(token)
+                if sampling.logprobs:
+                    fill_top(out.top_logprobs.add(), token, value, sampling.logprobs, vocab)
+        if sampling.prompt_logprobs is not None and prompt is not None and len(prompt):
+            into = part.input_logprobs
+            for k, token in enumerate(prompt):
+                entry = into.token_logprobs.add()
+                value = logprob_of(token, -k - 1)
+                if k:
+                    entry.value = value
+                into.token_ids.append(token)
+                if sampling.prompt_logprobs:
+                    top = into.top_logprobs.add()
+                    if k:
+                        fill_top(top, token, value, sampling.prompt_logprobs, vocab)
 
     def response(self, request_id: str) -> Any:
         if self._with_request_id:
@@ -379,6 +424,7 @@ class SimEngine:
         self.kv = KvEvents(config, self.engine_load)
         self.healthy = not config.not_serving
         self.started_at = time.time()
+        self.last_received = self.started_at  # when the last Generate came
         self._failure_trailer = ((FAILURE_TRAILER, name),)
 
     # ----------------------------------------------------------------- per request
@@ -439,6 +485,7 @@ class SimEngine:
         """Serve one Generate call by writing its responses to ``context`` (``input_ids``
         None: the request has no tokenized prompt, which the engine may refuse)."""
         view = await self.read(context)
+        self.last_received = time.time()
         entry = self.active.add(request_id, rank)
         try:
             await self.respond(
@@ -556,6 +603,7 @@ class SimEngine:
         )
         produced = 0
         done = False  # every token produced (else: aborted in the queue, prefill or decode)
+        left_open = False  # aborted, and the engine sends nothing more (SGLang)
         try:
             if behaviour.stall:
                 await entry.sleep(None)  # only an Abort gets past this; a cancel raises
@@ -569,7 +617,9 @@ class SimEngine:
                         answers.cached = cache.hit_tokens(lease)
                     produced = await self._tokens(entry, behaviour, answers)
                     done = produced == count
-            if not done:
+            ends = dialect.abort_ends_stream or behaviour.abort_completes
+            left_open = not done and not ends
+            if not done and ends:
                 # Aborted: each choice's final answer from what it had produced.
                 for index in range(sampling.choices):
                     if stream:
@@ -579,11 +629,17 @@ class SimEngine:
             elif not stream:
                 for index in range(sampling.choices):
                     await answers.complete(index, 0, count, plan.finish, False)
-            if trigger > out.sent:
+            if trigger > out.sent and not left_open:
                 # A stream shorter than the trigger point still never ends OK.
                 await self._trigger(context, behaviour, out.sent)
         finally:
             cache.release(lease)
+        if left_open:
+            # SGLang's servicer: the scheduler dropped the request (it no longer counts as
+            # running), but its stream gets no Complete and no status until the call's
+            # deadline or its client's cancel ends it.
+            self.active.remove(entry)
+            await asyncio.Event().wait()
 
     async def _tokens(self, entry: ActiveRequest, behaviour: Behaviour, answers: _Answers) -> int:
         """Produce the plan's tokens at the configured pace (streamed: in chunks of

@@ -34,6 +34,7 @@ class KvEvents:
         self.load_of = load_of  # the rust relay's record
         # The python relay's record: the servicer's own (see SharedRpcs.load_record).
         self.load_source: LoadSource | None = None
+        self.disabled_message = "KV events are disabled"  # the servicer sets its engine's
         self._subscriptions: set[Subscription] = set()
         python = config.kv_relay == "python"
         clears = python and relay_python.PUBLISHERS[config.runtime].cleared_at_start
@@ -73,7 +74,7 @@ class KvEvents:
     async def serve(self, request: Any, context: ServicerContext[Any, Any]) -> None:
         """One SubscribeKvEvents call, by the configured relay."""
         if not self.enabled:
-            await _abort(context, grpc.StatusCode.UNIMPLEMENTED, "KV events are disabled")
+            await _abort(context, grpc.StatusCode.UNIMPLEMENTED, self.disabled_message)
         if self.config.kv_relay == "python":
             await relay_python.serve(self, request, context)
         else:

@@ -9,6 +9,15 @@ as smg-grpc-servicer 0.14.1's SGLang servicer does.
 - The scheduler's checks: a prompt of ``max_req_input_len`` tokens or more is refused
   (INVALID_ARGUMENT, its words); ``max_new_tokens`` is clamped to what the context
   leaves; a stop on EOS names the token.
+- Abort stops the request (GetLoads no longer counts it) and says so, but its stream
+  gets nothing more, no Complete and no status, until the call's deadline or a cancel
+  (``--abort-completes`` / ``x-sim-abort-completes``: a Complete ``abort``, as vLLM's).
+- ``return_logprob``: ``top_logprobs_num`` top logprobs per output token, the prompt's
+  too unless ``logprob_start_len`` is -1 (from its first token whatever the start).
+- GetModelInfo says what the servicer says of any model SGLang 0.5.23 serves: its own
+  defaults for what the scheduler never tells it (vocabulary 128,256, no EOS or PAD
+  ids) and the KV pool's size as the context length. ``--vocab-size`` still bounds the
+  ids it accepts.
 - LoRA adapters, with ``--max-loras N``: at most N loaded (a load past it fails, as
   SGLang's ``max_loaded_loras``), each load taking ``--lora-load-ms``; a Generate naming
   an adapter not loaded is refused (INVALID_ARGUMENT). Without it, any ``lora_id`` is
@@ -28,12 +37,29 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from gateway_sim.config import SimConfig
-from gateway_sim.engine import Dialect, Refused, Sampling, SimEngine
+from gateway_sim.engine import (
+    ARCHITECTURES,
+    BOS_TOKEN_ID,
+    MODEL_TYPE,
+    Dialect,
+    Refused,
+    Sampling,
+    SimEngine,
+)
 from gateway_sim.shared import SIM_VERSION, SharedRpcs
 
 SERVICE_NAME: str = sgl_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
 # How many ids a refusal lists before it elides the rest (trailers have a size limit).
 _LISTED_IDS = 64
+# GetModelInfo's figures smg-grpc-servicer 0.14.1 falls back to, SGLang 0.5.23's
+# scheduler sending it none (`scheduler_info.get("vocab_size", 128256)`, ...).
+SERVICER_VOCAB_SIZE = 128_256
+SERVICER_LABELS = '{"0": "LABEL_0", "1": "LABEL_1"}'
+WEIGHT_VERSION = "default"
+# The tiny Llama's memory (float32): its weights, and K and V of 2 layers x 2 KV heads x
+# 32 dimensions a token.
+WEIGHT_GB = 0.002
+KV_BYTES_PER_TOKEN = 1024
 
 
 def max_req_len(config: SimConfig) -> int:
@@ -56,6 +82,12 @@ class SglangDialect(Dialect):
     names_eos = True
     indexes_unstreamed = False
     prefix_pass = True
+    max_running_requests = 4096  # what SGLang 0.5.23 reports here (its default window)
+    abort_ends_stream = False
+    health_message = "Health check passed"
+    kv_events_disabled = (
+        'KV cache events not enabled. Start SGLang with --kv-events-config \'{"publisher": "zmq"}\''
+    )
 
     def check(self, config: SimConfig, input_ids: Sequence[int] | None, sampling: Sampling) -> None:
         if input_ids is None:
@@ -89,12 +121,15 @@ def tokenized_ids(request: Any) -> Sequence[int] | None:
 
 def sampling_of(request: Any) -> Sampling:
     params = request.sampling_params
+    logprobs = request.top_logprobs_num if request.return_logprob else None
     return Sampling(
         n=params.n,
         max_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
         stream=request.stream,
         stop_token_ids=frozenset(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        logprobs=logprobs,
+        prompt_logprobs=logprobs if request.logprob_start_len != -1 else None,
     )
 
 
@@ -132,9 +167,21 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
         return sgl_pb2.AbortResponse(success=True, message=f"Request {request.request_id} aborted")
 
     async def GetModelInfo(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
+        config = self._engine.config
         return sgl_pb2.GetModelInfoResponse(
-            max_req_input_len=max_req_input_len(self._engine.config),
-            **self._engine.model_info_fields(),
+            model_path=config.model_path,
+            tokenizer_path=config.model_path,
+            is_generation=True,
+            weight_version=WEIGHT_VERSION,
+            served_model_name=config.model,
+            max_context_length=self._engine.kv_tokens,
+            vocab_size=SERVICER_VOCAB_SIZE,
+            model_type=MODEL_TYPE,
+            bos_token_id=BOS_TOKEN_ID,
+            max_req_input_len=max_req_input_len(config),
+            architectures=list(ARCHITECTURES),
+            id2label_json=SERVICER_LABELS,
+            num_labels=2,
         )
 
     async def GetServerInfo(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
@@ -163,12 +210,29 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
             server_args=server_args,
             scheduler_info=scheduler_info,
             active_requests=len(self._engine.active),
+            last_receive_timestamp=self._engine.last_received,
             uptime_seconds=self._engine.uptime(),
             sglang_version=SIM_VERSION,
             server_type="grpc",
             start_time=start_time,
             max_total_num_tokens=self._engine.kv_tokens,
         )
+
+    def _scheduler_load(self, rank: int) -> Any:
+        """The rank's load with the sections the servicer always fills: memory, the
+        disaggregation mode (``null``: a regular worker) and the queues."""
+        load = super()._scheduler_load(rank)
+        tokens = self._engine.kv_tokens
+        load.memory.CopyFrom(
+            sgl_pb2.MemoryMetrics(
+                weight_gb=WEIGHT_GB,
+                kv_cache_gb=round(tokens * KV_BYTES_PER_TOKEN / 2**30, 3),
+                token_capacity=tokens,
+            )
+        )
+        load.disaggregation.mode = "null"
+        load.queues.SetInParent()
+        return load
 
     async def GetLoads(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
         response = self._loads(request)

@@ -17,6 +17,7 @@ Both take the request the router sends to both legs at once, with the same
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import grpc
@@ -248,7 +249,7 @@ class SglangDecodeServicer(_PdServicer):
             DIALECT,
             request.request_id,
             tokenized_ids(request),
-            sampling_of(request),
+            dataclasses.replace(sampling_of(request), prompt_logprobs=None),  # see above
             prepare,
             self._engine.rank_of(request),
             request.lora_id,

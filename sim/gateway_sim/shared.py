@@ -71,6 +71,7 @@ class SharedRpcs:
         self._engine = engine
         engine.max_running = engine.config.max_running or self.dialect.max_running_requests
         engine.kv.load_source = self.load_record
+        engine.kv.disabled_message = self.dialect.kv_events_disabled
         chunks = tokenizer_chunks(engine.config.model, engine.config.vocab_size)
         digest = hashlib.sha256(b"".join(chunks)).hexdigest()
         self._tokenizer = [
@@ -81,7 +82,7 @@ class SharedRpcs:
     async def HealthCheck(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
         healthy = self._engine.healthy
         return self._pb.HealthCheckResponse(
-            healthy=healthy, message="ok" if healthy else "not serving"
+            healthy=healthy, message=self.dialect.health_message if healthy else "not serving"
         )
 
     async def Embed(self, request: Any, context: ServicerContext[Any, Any]) -> Any:

@@ -22,7 +22,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway_sim.config import SimConfig
-from gateway_sim.engine import Dialect, Plan, Refused, Sampling
+from gateway_sim.engine import Dialect, Refused, Sampling
 from gateway_sim.shared import SharedRpcs
 
 SERVICE_NAME: str = vllm_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
@@ -38,26 +38,6 @@ VLLM_VERSION = "0.32.0"
 _SAMPLING_EPS = 1e-5
 
 
-def logprob_of(token: int, position: int) -> float:
-    """A deterministic log probability; multiples of 1/64 survive float32 exactly."""
-    return -(((token + position) % 61) + 1) / 64.0
-
-
-def alternatives(token: int, count: int, vocab_size: int) -> list[int]:
-    """``count`` other token ids, the runners-up after ``token``."""
-    return [(token + j) % vocab_size for j in range(1, count + 1)]
-
-
-def top_of(token: int, value: float, size: int, vocab_size: int) -> Any:
-    """vLLM's first ``size`` entries of a position's logprobs: the token itself, then
-    the runners-up (each a little less likely)."""
-    others = alternatives(token, max(size - 1, 0), vocab_size)
-    return vllm_pb2.TopLogProbs(
-        token_ids=[token, *others][:size],
-        values=[value - j / 64.0 for j in range(len(others) + 1)][:size],
-    )
-
-
 class VllmDialect(Dialect):
     """vLLM's Generate answers and checks (vllm/v1/engine/input_processor.py,
     vllm/sampling_params.py, renderers/base.py)."""
@@ -68,6 +48,7 @@ class VllmDialect(Dialect):
     indexes_unstreamed = True
     prefix_pass = False
     max_running_requests = 128  # max_num_seqs: the CPU backend's default for a server
+    health_message = "Health"
 
     def check(self, config: SimConfig, input_ids: Sequence[int] | None, sampling: Sampling) -> None:
         input_ids = input_ids or ()
@@ -101,45 +82,6 @@ class VllmDialect(Dialect):
 
     def room(self, config: SimConfig, kv_tokens: int, prompt_tokens: int) -> int:
         return config.max_model_len - prompt_tokens
-
-    def annotate(
-        self,
-        part: Any,
-        plan: Plan,
-        start: int,
-        end: int,
-        sampling: Sampling,
-        prompt: Sequence[int] | None,
-    ) -> None:
-        """Logprobs as the servicer converts vLLM's: each output token's own value and
-        (``logprobs`` > 0) its top list; with ``prompt_logprobs``, every prompt position's
-        (the first without a value, its top list empty) on the part that carries the
-        prompt's: a stream's first chunk, a Complete holding the whole output."""
-        vocab = plan.vocab
-        part.ClearField("output_logprobs")
-        part.ClearField("input_logprobs")
-        if sampling.logprobs is not None:
-            out = part.output_logprobs
-            for k, token in zip(range(start, end), plan.tokens(start, end), strict=True):
-                value = logprob_of(token, k)
-                out.token_logprobs.append(value)
-                out.token_ids.append(token)
-                if sampling.logprobs:
-                    out.top_logprobs.append(top_of(token, value, sampling.logprobs, vocab))
-        if sampling.prompt_logprobs is not None and prompt is not None and len(prompt):
-            into = part.input_logprobs
-            for k, token in enumerate(prompt):
-                entry = into.token_logprobs.add()
-                value = logprob_of(token, -k - 1)
-                if k:
-                    entry.value = value
-                into.token_ids.append(token)
-                if sampling.prompt_logprobs:
-                    into.top_logprobs.append(
-                        top_of(token, value, sampling.prompt_logprobs, vocab)
-                        if k
-                        else vllm_pb2.TopLogProbs()
-                    )
 
 
 DIALECT = VllmDialect(vllm_pb2, with_request_id=False)

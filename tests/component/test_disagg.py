@@ -173,10 +173,38 @@ async def test_cancel_mid_stream_leaves_nothing_in_flight_on_either_leg() -> Non
     assert event["code"] == "CANCELLED"
 
 
+async def test_a_cancel_before_the_first_token_lets_the_hand_off_finish() -> None:
+    """A client that leaves while the prefill still computes: both legs end, nothing is
+    left in flight and neither worker is blamed. (That the prefill is not cut under its
+    decode, which leaves a real SGLang decode waiting on a bootstrap that never comes and
+    then NOT_SERVING, is tests/engines/test_pd_sglang.py's: this simulator's decode
+    gives up on its own.)"""
+    async with (
+        sim("--role", "prefill", "--model", "m", "--ttft-ms", "300") as prefill,
+        sim("--role", "decode", "--model", "m", "--bootstrap-timeout-ms", "2000") as decode,
+        gateway(*pd_urls(prefill, decode)) as gw,
+        channel(address(gw)) as ch,
+    ):
+        with capture_logs() as logs:
+            call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+                sgl_request("cancel-early", 100), metadata=model_md("m")
+            )
+            await until(lambda: gw.fleet.registry.get(decode.address).inflight == 1)  # type: ignore[union-attr]
+            call.cancel()
+            (event,) = await logged(logs, 1)
+            assert event["code"] == "CANCELLED"
+            assert await wait_idle(decode.address) == 0
+            assert await wait_idle(prefill.address) == 0
+            await until(lambda: all(w.inflight == 0 for w in gw.fleet.registry))
+        for worker in gw.fleet.registry:
+            assert worker.outlier.failures == 0, worker.id
+
+
 async def test_abort_reaches_both_legs_and_every_choice() -> None:
     async with (
         sim("--role", "prefill", "--model", "m") as prefill,
-        sim("--role", "decode", "--model", "m", "--token-ms", "50") as decode,
+        # (--abort-completes: the aborted stream ends, as a real SGLang decode's does not)
+        sim("--role", "decode", "--model", "m", "--token-ms", "50", "--abort-completes") as decode,
         gateway(*pd_urls(prefill, decode)) as gw,
         channel(address(gw)) as ch,
     ):
@@ -448,3 +476,83 @@ async def test_vllm_pd_decode_limited_to_one_never_runs_two() -> None:
         assert peak == 1
         assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert await wait_idle(decode.address, "vllm") == 0
+
+
+def stalled_handoffs(gw: Any) -> float | None:
+    return gw.metrics.prometheus.get_sample_value(  # type: ignore[no-any-return]
+        "gateway_pd_handoff_failures_total", {"model": "m", "reason": "decode_stalled"}
+    )
+
+
+class TestDecodeFirstMessageBound:
+    """`disagg.decode_first_message_timeout_s`: a decode that sends nothing within it (a KV
+    transfer stalled, as vLLM's NIXL path on a starved CPU does: docs/real-engines.md) is
+    given up before any byte reached the client and the call placed again, the same pair
+    allowed; the abandoned decode is cancelled once it starts, as after a client cancel."""
+
+    VLLM_PD = ("--runtime", "vllm", "--model", "m")
+
+    async def test_a_stalled_decode_is_given_up_and_the_call_served_by_another(self) -> None:
+        async with (
+            sim(*self.VLLM_PD, "--role", "prefill") as prefill,
+            sim(*self.VLLM_PD, "--role", "decode", "--ttft-ms", "2000") as stalled,
+            sim(*self.VLLM_PD, "--role", "decode") as healthy,
+            gateway(
+                *pd_urls(prefill, stalled, runtime="vllm"),
+                healthy.url(model="m", runtime="vllm", role="decode"),
+                disagg={"decode_first_message_timeout_s": 0.3},
+            ) as gw,
+            channel(address(gw)) as ch,
+        ):
+            stub = vllm_grpc.VllmEngineStub(ch)
+            with capture_logs() as logs:
+                for i in range(2):  # round robin: one of them lands on the stalled decode
+                    messages, error = await collect(
+                        stub.Generate(vllm_request(f"stall-{i}", 5), metadata=model_md("m"))
+                    )
+                    assert error is None
+                    assert tokens_of(messages) == output_tokens(PROMPT, 5)
+                lines = await logged(logs, 2)
+            retried = [line for line in lines if line["attempts"] == 2]
+            assert retried  # round robin put at least one on the stalled decode
+            for line in retried:
+                assert line["legs"]["decode"] == [stalled.address, healthy.address]
+                assert line["code"] == "OK"
+            assert stalled_handoffs(gw) == len(retried)
+            # the abandoned decode ran until its first message, then was cancelled
+            assert await wait_idle(stalled.address, "vllm") == 0
+            assert await wait_idle(healthy.address, "vllm") == 0
+
+    async def test_the_only_pair_stalling_every_time_ends_unavailable_naming_the_bound(
+        self,
+    ) -> None:
+        async with (
+            sim(*self.VLLM_PD, "--role", "prefill") as prefill,
+            sim(*self.VLLM_PD, "--role", "decode", "--ttft-ms", "1500") as decode,
+            gateway(
+                *pd_urls(prefill, decode, runtime="vllm"),
+                disagg={"decode_first_message_timeout_s": 0.2},
+                max_attempts=3,
+            ) as gw,
+            channel(address(gw)) as ch,
+        ):
+            with capture_logs() as logs:
+                messages, error = await collect(
+                    vllm_grpc.VllmEngineStub(ch).Generate(
+                        vllm_request("stall-always"), metadata=model_md("m")
+                    )
+                )
+                (line,) = await logged(logs, 1)
+            assert messages == [] and error is not None
+            assert error.code() is grpc.StatusCode.UNAVAILABLE
+            assert error.details() == (
+                f"decode worker {decode.address}: no first message within 0.2 s "
+                "(disagg.decode_first_message_timeout_s)"
+            )
+            assert line["attempts"] == 3 and line["legs"]["decode"] == [decode.address] * 3
+            assert stalled_handoffs(gw) == 1.0  # one call (the metric counts calls)
+            assert await wait_idle(decode.address, "vllm") == 0
+            assert await wait_idle(prefill.address, "vllm") == 0
+            await until(  # the gateway holds nothing of it either
+                lambda: len(gw.inflight) == 0 and all(w.inflight == 0 for w in gw.fleet.registry)
+            )

@@ -293,7 +293,7 @@ async def test_each_choice_of_a_split_request_goes_on_on_its_own() -> None:
 
 
 async def test_an_abort_reaches_a_stream_where_it_went_on() -> None:
-    slow = ("--token-ms", "20")
+    slow = ("--token-ms", "20", "--abort-completes")  # the aborted stream ends: it is waited on
     fails_early = (*slow, "--fail-code", "UNAVAILABLE", "--fail-after", "3")
     async with two_workers(fails_early, slow) as (_a, b, gw, ch):
         stub = sgl_grpc.SglangSchedulerStub(ch)

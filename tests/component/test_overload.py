@@ -179,7 +179,7 @@ async def test_worker_reporting_overload_is_shed_within_two_load_intervals() -> 
         "models": {
             "w": {"max_waiting": 10},
             "n": {"max_waiting": 10},
-            # The sim reports KV usage running/256: three running requests exceed 0.01.
+            # `kv` reports KV usage running/256 (its --max-running): three exceed 0.01.
             "k": {"max_token_usage": 0.01},
         },
         "loads.interval_s": interval,
@@ -188,7 +188,7 @@ async def test_worker_reporting_overload_is_shed_within_two_load_intervals() -> 
         sim("--model", "w", "--name", "lone", "--load-waiting", "50") as lone,
         sim("--model", "n", "--name", "busy", "--load-waiting", "50") as busy,
         sim("--model", "n", "--name", "idle") as idle,
-        sim("--model", "k", "--name", "kv") as kv,
+        sim("--model", "k", "--name", "kv", "--max-running", "256") as kv,
         gateway(
             url(lone, "w"), url(busy, "n"), url(idle, "n"), url(kv, "k"), ready=False, **settings
         ) as gw,

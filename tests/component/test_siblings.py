@@ -20,7 +20,7 @@ from gateway.app.server import Gateway
 from gateway.peer.v1 import peer_pb2 as peer
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.member import Member
-from tests.support.helpers import collect, model_md, sgl_generate, vllm_generate
+from tests.support.helpers import ABORT_COMPLETES, collect, model_md, sgl_generate, vllm_generate
 from tests.support.inproc import client, gateway, idle, sim
 
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}
@@ -52,7 +52,7 @@ async def test_an_abort_on_one_process_reaches_the_stream_the_other_holds(
     holder, other = pair
     async with client(holder) as near, client(other) as far:
         stream = sgl_grpc.SglangSchedulerStub(near).Generate(
-            sgl_generate("long", 200), metadata=model_md("m", bearer("alice"))
+            sgl_generate("long", 200), metadata=model_md("m", bearer("alice"), ABORT_COMPLETES)
         )
         assert (await stream.__aiter__().__anext__()).HasField("chunk")
         assert (len(holder.inflight), len(other.inflight)) == (1, 0)

@@ -1,11 +1,13 @@
-"""The calls of the vLLM worker contract, as data: what scripts/record_transcripts.py sends
-a real vLLM gRPC worker (smg-grpc-servicer's VllmEngine) to record its answers, and what
-tests/contract/test_transcripts.py sends the simulator to compare its answers with them.
+"""The calls of the worker contract, as data, one list per engine: what
+scripts/record_transcripts.py sends a real gRPC worker (smg-grpc-servicer's VllmEngine or
+SglangScheduler) to record its answers, and what tests/contract/test_transcripts.py sends
+the simulator to compare its answers with them.
 
 The worker serves the tiny random-weight Llama of scripts/engines/make_model.py: context
-2048, vocabulary 512 (ids 0-3 are <unk>, <s>, </s>, <pad>), KV blocks of 128 tokens (vLLM's
-CPU backend). Sampling is greedy (temperature 0) with a seed, so the real worker's token
-ids are the same on every run; the simulator's are its own (see compare.py for what is
+2048, vocabulary 512 (ids 0-3 are <unk>, <s>, </s>, <pad>). Its KV cache: blocks of 128
+tokens under vLLM (its CPU backend), pages of 1 token under SGLang (its radix cache).
+Sampling is greedy (temperature 0; vLLM's with a seed), so the real worker's token ids
+are the same on every run; the simulator's are its own (see compare.py for what is
 compared and what is not).
 
 Metadata `x-sim-*` steers the simulator only (a real worker ignores it): a first token
@@ -15,7 +17,7 @@ enough to abort while it runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,8 @@ MAX_MODEL_LEN = 2048
 VOCAB_SIZE = 512
 BLOCK_SIZE = 128
 SEED = 7
-ENGINE = "vllm.grpc.engine.VllmEngine"
+VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"
+SGLANG_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 HEALTH = "grpc.health.v1.Health"
 FIRST_WORD = 4  # ids below are the specials
 
@@ -44,20 +47,41 @@ def sampling(**fields: Any) -> dict[str, Any]:
     return {"temperature": 0.0, "seed": SEED, **fields}
 
 
-def generate(request_id: str, input_ids: list[int], stream: bool, **params: Any) -> dict[str, Any]:
+def request(
+    request_id: str, input_ids: list[int], stream: bool, params: Mapping[str, Any], **top: Any
+) -> dict[str, Any]:
+    """A GenerateRequest of either engine (both name these fields alike)."""
     return {
         "request_id": request_id,
         "tokenized": {"input_ids": input_ids},
-        "sampling_params": sampling(**params),
+        "sampling_params": dict(params),
         "stream": stream,
+        **top,
     }
+
+
+def generate(request_id: str, input_ids: list[int], stream: bool, **params: Any) -> dict[str, Any]:
+    """vLLM's: greedy and seeded."""
+    return request(request_id, input_ids, stream, sampling(**params))
+
+
+def sgl_generate(
+    request_id: str,
+    input_ids: list[int],
+    stream: bool,
+    top: Mapping[str, Any] | None = None,
+    **params: Any,
+) -> dict[str, Any]:
+    """SGLang's: greedy (its SamplingParams has no seed); `top` holds the request's own
+    fields (logprobs are asked there, not in the sampling parameters)."""
+    return request(request_id, input_ids, stream, {"temperature": 0.0, **params}, **(top or {}))
 
 
 @dataclass(frozen=True)
 class Call:
     """One RPC: `method` is `Service/Method` (the engine's when no service is named), its
     request in protobuf's JSON form (proto field names), or `raw` bytes sent as the
-    request instead (one that does not decode)."""
+    request instead (one that does not decode). `timeout_s` is the call's deadline."""
 
     name: str
     method: str
@@ -71,10 +95,9 @@ class Call:
     timeout_s: float = 60.0
     note: str = ""
 
-    @property
-    def full_method(self) -> str:
+    def full_method(self, engine_service: str) -> str:
         service, _, rpc = self.method.rpartition("/")
-        return f"/{service or ENGINE}/{rpc}"
+        return f"/{service or engine_service}/{rpc}"
 
 
 @dataclass(frozen=True)
@@ -110,19 +133,34 @@ class KvRestart:
 SLOW_FIRST_TOKEN = (("x-sim-ttft-ms", "400"),)
 LONG = 1500  # 11 full blocks and 92 tokens
 
-CALLS: tuple[Call, ...] = (
-    Call("health_check", "HealthCheck"),
-    Call("grpc_health_overall", f"{HEALTH}/Check", {"service": ""}),
-    Call("grpc_health_engine", f"{HEALTH}/Check", {"service": ENGINE}),
-    Call(
-        "grpc_health_unknown",
-        f"{HEALTH}/Check",
-        {"service": "no.such.Service"},
-        checks=frozenset({DETAILS}),
-    ),
-    Call("get_model_info", "GetModelInfo"),
-    Call("get_server_info", "GetServerInfo"),
-    Call("get_loads", "GetLoads"),
+
+def info_calls(service: str) -> tuple[Call, ...]:
+    """Health and the worker's descriptions: every engine's first calls."""
+    return (
+        Call("health_check", "HealthCheck"),
+        Call("grpc_health_overall", f"{HEALTH}/Check", {"service": ""}),
+        Call("grpc_health_engine", f"{HEALTH}/Check", {"service": service}),
+        Call(
+            "grpc_health_unknown",
+            f"{HEALTH}/Check",
+            {"service": "no.such.Service"},
+            checks=frozenset({DETAILS}),
+        ),
+        Call("get_model_info", "GetModelInfo"),
+        Call("get_server_info", "GetServerInfo"),
+        Call("get_loads", "GetLoads"),
+    )
+
+
+UNDECODABLE = Call(
+    "generate_undecodable",
+    "Generate",
+    raw=b"\x0a\xff\xff\xff\xff\x0f",  # field 1 (request_id) with a length past the end
+    checks=frozenset({DETAILS}),
+)
+
+VLLM_CALLS: tuple[Call, ...] = (
+    *info_calls(VLLM_SERVICE),
     Call(
         "generate_stream",
         "Generate",
@@ -268,12 +306,7 @@ CALLS: tuple[Call, ...] = (
         generate("generate_max_tokens_zero", prompt(8, 14), stream=True, max_tokens=0),
         checks=frozenset({DETAILS}),
     ),
-    Call(
-        "generate_undecodable",
-        "Generate",
-        raw=b"\x0a\xff\xff\xff\xff\x0f",  # field 1 (request_id) with a length past the end
-        checks=frozenset({DETAILS}),
-    ),
+    UNDECODABLE,
     Call(
         "abort_running",
         "Generate",
@@ -285,3 +318,193 @@ CALLS: tuple[Call, ...] = (
 )
 
 KV_RESTART = KvRestart()
+
+SGLANG_PAGE_SIZE = 1  # its radix cache: a prefix is cached to the token
+SGLANG_LOGPROBS = {"return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0}
+ALL_WORDS_STOP = list(range(FIRST_WORD, VOCAB_SIZE))
+
+# SGLang's equivalents of the vLLM calls. Left out: an empty prompt and an out-of-vocabulary
+# id, each of which kills a real SGLang worker (docs/real-engines.md), and the KV events
+# scenario (no SubscribeKvEvents without --kv-events-config: one plain call shows it).
+SGLANG_CALLS: tuple[Call, ...] = (
+    *info_calls(SGLANG_SERVICE),
+    Call(
+        "generate_stream",
+        "Generate",
+        sgl_generate("generate_stream", prompt(8, 1), stream=True, max_new_tokens=8),
+        metadata=SLOW_FIRST_TOKEN,
+        checks=frozenset({HEADER_TIMING}),
+    ),
+    Call(
+        "generate_unary",
+        "Generate",
+        sgl_generate("generate_unary", prompt(8, 2), stream=False, max_new_tokens=8),
+    ),
+    Call(
+        "generate_stream_n2",
+        "Generate",
+        sgl_generate("generate_stream_n2", prompt(8, 3), stream=True, max_new_tokens=6, n=2),
+        note="greedy: SGLang takes n > 1 under greedy sampling (vLLM refuses it)",
+    ),
+    Call(
+        "generate_unary_n2",
+        "Generate",
+        sgl_generate("generate_unary_n2", prompt(8, 4), stream=False, max_new_tokens=6, n=2),
+    ),
+    Call(
+        "generate_n0",
+        "Generate",
+        sgl_generate("generate_n0", prompt(8, 5), stream=True, max_new_tokens=3, n=0),
+        note="n is a plain proto3 field: 0 is the same as unset",
+    ),
+    Call(
+        "generate_stop_token_ids",
+        "Generate",
+        sgl_generate(
+            "generate_stop_token_ids",
+            prompt(8, 6),
+            stream=True,
+            max_new_tokens=8,
+            stop_token_ids=ALL_WORDS_STOP,
+        ),
+    ),
+    Call(
+        "generate_stop_token_ids_unary",
+        "Generate",
+        sgl_generate(
+            "generate_stop_token_ids_unary",
+            prompt(8, 7),
+            stream=False,
+            max_new_tokens=8,
+            stop_token_ids=ALL_WORDS_STOP,
+        ),
+    ),
+    Call(
+        "generate_logprobs_stream",
+        "Generate",
+        sgl_generate(
+            "generate_logprobs_stream", prompt(6, 8), True, SGLANG_LOGPROBS, max_new_tokens=4
+        ),
+    ),
+    Call(
+        "generate_logprobs_unary",
+        "Generate",
+        sgl_generate(
+            "generate_logprobs_unary", prompt(6, 9), False, SGLANG_LOGPROBS, max_new_tokens=4
+        ),
+    ),
+    Call(
+        "generate_long_prompt",
+        "Generate",
+        sgl_generate("generate_long_prompt", prompt(LONG, 10), stream=True, max_new_tokens=2),
+        metadata=SLOW_FIRST_TOKEN,
+        checks=frozenset({HEADER_TIMING}),
+    ),
+    Call(
+        "generate_long_prompt_cached",
+        "Generate",
+        sgl_generate(
+            "generate_long_prompt_cached", prompt(LONG, 10), stream=True, max_new_tokens=2
+        ),
+        note="the same prompt again: all but its last token come from the radix cache",
+    ),
+    Call(
+        "generate_max_tokens_past_context",
+        "Generate",
+        sgl_generate(
+            "generate_max_tokens_past_context",
+            prompt(MAX_MODEL_LEN - 8, 11),
+            stream=True,
+            max_new_tokens=100,
+        ),
+        checks=frozenset({DETAILS}),
+    ),
+    Call(
+        "generate_prompt_fills_context",
+        "Generate",
+        sgl_generate(
+            "generate_prompt_fills_context",
+            prompt(MAX_MODEL_LEN, 12),
+            stream=True,
+            max_new_tokens=1,
+        ),
+        checks=frozenset({DETAILS}),
+    ),
+    Call(
+        "generate_prompt_over_context",
+        "Generate",
+        sgl_generate(
+            "generate_prompt_over_context",
+            prompt(MAX_MODEL_LEN + 1, 13),
+            stream=True,
+            max_new_tokens=1,
+        ),
+        checks=frozenset({DETAILS}),
+    ),
+    Call(
+        "generate_max_tokens_zero",
+        "Generate",
+        sgl_generate("generate_max_tokens_zero", prompt(8, 14), stream=True, max_new_tokens=0),
+        checks=frozenset({DETAILS}),
+    ),
+    UNDECODABLE,
+    Call(
+        "abort_running",
+        "Generate",
+        sgl_generate("abort_running", prompt(8, 15), stream=True, max_new_tokens=1000),
+        metadata=(("x-sim-token-ms", "20"),),
+        abort_after=2,
+        timeout_s=5.0,
+        note="SGLang stops the request but its stream never ends: the deadline ends it",
+    ),
+    Call("abort_unknown", "Abort", {"request_id": "no-such-request"}),
+    Call(
+        "subscribe_kv_events",
+        "SubscribeKvEvents",
+        {"start_sequence_number": 0, "load_records_before_first_batch": True},
+        checks=frozenset({DETAILS}),
+        timeout_s=5.0,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """One engine's contract: its service, its calls, the form of its Abort, its KV
+    scenario (None: left out) and the transcript of a real worker's answers."""
+
+    engine: str  # as `gateway sim --runtime` names it
+    service: str
+    calls: tuple[Call, ...]
+    transcript: str  # a file in tests/contract/transcripts
+    block_size: int  # the KV cache's block (vLLM) or page (SGLang), in tokens
+    abort: Callable[[str], dict[str, Any]]
+    kv: KvRestart | None = None
+
+    def call(self, name: str) -> Call | None:
+        return next((call for call in self.calls if call.name == name), None)
+
+    @property
+    def names(self) -> list[str]:
+        """Every entry of its transcript."""
+        return [call.name for call in self.calls] + ([self.kv.name] if self.kv else [])
+
+
+VLLM = Contract(
+    engine="vllm",
+    service=VLLM_SERVICE,
+    calls=VLLM_CALLS,
+    transcript="vllm-0.32.0.json",
+    block_size=BLOCK_SIZE,
+    abort=lambda request_id: {"request_ids": [request_id]},
+    kv=KV_RESTART,
+)
+SGLANG = Contract(
+    engine="sglang",
+    service=SGLANG_SERVICE,
+    calls=SGLANG_CALLS,
+    transcript="sglang-0.5.23.json",
+    block_size=SGLANG_PAGE_SIZE,
+    abort=lambda request_id: {"request_id": request_id},
+)
+CONTRACTS: dict[str, Contract] = {contract.engine: contract for contract in (VLLM, SGLANG)}

@@ -8,7 +8,8 @@ simulator normalised away:
   tokens (a delta), and the Complete's fields;
 - timestamps, request ids, uptimes, load figures, paths, machine ids: presence only, or
   nothing;
-- a transport error's text (the client library's): its code only;
+- a transport error's or a deadline's text (the client library's): its code only;
+- how many messages an aborted call got before its end: the abort's timing;
 - time: KV load-record cadence in units of the configured heartbeat, rounded.
 
 Everything else must be the same: status codes, the status message of validation errors,
@@ -24,12 +25,14 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tests.contract.calls import CALLS, DETAILS, HEADER_TIMING, KV_RESTART, Call
+from tests.contract.calls import DETAILS, HEADER_TIMING, Call, Contract, KvRestart
 
-BY_NAME: dict[str, Call] = {call.name: call for call in CALLS}
 # Headers ahead of the first message by this much: sent on their own (the simulator is
 # told to be this slow to its first token, a real worker's first token is slow enough).
 EARLY_HEADERS_MS = 100.0
+# Codes whose text is not the worker's own: none, or the client library's (a transport
+# error's, a deadline's).
+NOT_THE_WORKERS_WORDS = ("OK", "UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED")
 
 
 def protocol_keys(pairs: Iterable[list[str]]) -> list[str]:
@@ -43,9 +46,12 @@ def common(entry: Mapping[str, Any], call: Call | None) -> dict[str, Any]:
         "header_keys": protocol_keys(entry["headers"]),
         "trailer_keys": protocol_keys(entry["trailers"]),
         "status_details": sorted((entry.get("status_details") or {}).keys()),
-        "messages": len(entry["messages"]) if entry["code"] != "OK" else "-",
+        # how many came before an aborted call's deadline is the abort's timing
+        "messages": len(entry["messages"])
+        if entry["code"] != "OK" and (call is None or call.abort_after is None)
+        else "-",
     }
-    if DETAILS in checks or entry["code"] not in ("OK", "UNAVAILABLE", "CANCELLED"):
+    if DETAILS in checks or entry["code"] not in NOT_THE_WORKERS_WORDS:
         features["details"] = entry["details"]
     if HEADER_TIMING in checks:
         lead = entry.get("headers_lead_ms")
@@ -73,13 +79,19 @@ def logprob_shape(logprobs: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def parts(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A GenerateResponse's oneof part (chunk, complete, ...), without the request id
+    SGLang's carries beside it."""
+    return [(kind, body) for kind, body in message.items() if isinstance(body, dict)]
+
+
 def choice_features(
     messages: list[dict[str, Any]], index: int, stream: bool, abort: bool
 ) -> dict[str, Any]:
     own = [
         (position, kind, body)
         for position, message in enumerate(messages)
-        for kind, body in message.items()
+        for kind, body in parts(message)
         if body.get("index", 0) == index
     ]
     chunks = [body for _, kind, body in own if kind == "chunk"]
@@ -163,14 +175,18 @@ def generate_features(entry: Mapping[str, Any], call: Call) -> dict[str, Any]:
     messages: list[dict[str, Any]] = entry["messages"]
     stream = bool(call.request.get("stream"))
     abort = call.abort_after is not None
-    indices = sorted({body.get("index", 0) for m in messages for body in m.values()})
-    features["kinds"] = sorted({kind for m in messages for kind in m})
+    indices = sorted({body.get("index", 0) for m in messages for _, body in parts(m)})
+    features["kinds"] = sorted({kind for m in messages for kind, _ in parts(m)})
+    # SGLang's responses name their request; vLLM's do not
+    features["request_id_echoed"] = sorted(
+        {m.get("request_id") == call.request.get("request_id") for m in messages}
+    )
     features["indices"] = indices
     features["choices"] = {
         str(index): choice_features(messages, index, stream, abort) for index in indices
     }
     if messages:
-        features["last_message"] = next(iter(messages[-1]))
+        features["last_message"] = next(kind for kind, _ in parts(messages[-1]))
     if abort:
         answer = entry["abort"]
         features["abort"] = {"code": answer["code"], "messages": answer["messages"]}
@@ -183,12 +199,21 @@ def generate_features(entry: Mapping[str, Any], call: Call) -> dict[str, Any]:
 MODEL_INFO_VALUES = ("is_generation", "max_context_length", "vocab_size", "max_req_input_len")
 SERVER_INFO_VALUES = (
     "server_type",
+    "max_total_num_tokens",
     "kv_connector",
     "kv_role",
     "data_parallel_size",
     "block_size",
     "kv_cache_dtype",
     "max_num_seqs",
+)
+# SGLang's server_args the gateway reads (gateway/engines/sglang.py), by value. Not its
+# page_size: the recorded worker runs without --page-size (null), the simulator reports
+# its --block-size, as a worker started with --page-size does.
+SERVER_ARGS_VALUES = (
+    "disaggregation_mode",
+    "disaggregation_bootstrap_port",
+    "max_running_requests",
 )
 # what a busy worker reports and an idle one does not: not a field's presence to compare
 LOAD_FIGURES = {
@@ -218,12 +243,15 @@ def unary_features(entry: Mapping[str, Any], call: Call) -> dict[str, Any]:
     elif rpc == "HealthCheck":
         features["fields"] = sorted(body)
         features["healthy"] = body.get("healthy", False)
+        features["message"] = body.get("message")
     elif rpc == "GetModelInfo":
         features["fields"] = sorted(body)
         features["values"] = {key: body.get(key) for key in MODEL_INFO_VALUES}
     elif rpc == "GetServerInfo":
         features["fields"] = sorted(set(body) - {"active_requests"})
         features["values"] = {key: body.get(key) for key in SERVER_INFO_VALUES}
+        args = body.get("server_args", {})
+        features["server_args"] = {key: args.get(key) for key in SERVER_ARGS_VALUES if args}
     elif rpc == "GetLoads":
         loads = body.get("loads", [])
         features["fields"] = sorted(body)
@@ -359,9 +387,8 @@ def subscription_features(
     return features
 
 
-def kv_features(entry: Mapping[str, Any]) -> dict[str, Any]:
+def kv_features(entry: Mapping[str, Any], scenario: KvRestart) -> dict[str, Any]:
     unit_s = float(entry["unit_s"])
-    scenario = KV_RESTART
     idle_ms = scenario.idle_units * unit_s * 1000.0
     first = subscription_features(entry["first"], unit_s, idle_ms)
     after = subscription_features(entry["after_restart"], unit_s, idle_ms)
@@ -395,10 +422,12 @@ def kv_features(entry: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- all
 
 
-def features(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-    if name == KV_RESTART.name:
-        return kv_features(entry)
-    call = BY_NAME[name]
+def features(contract: Contract, name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    if contract.kv is not None and name == contract.kv.name:
+        return kv_features(entry, contract.kv)
+    call = contract.call(name)
+    if call is None:
+        raise KeyError(f"{contract.engine}'s contract has no call {name!r}")
     if call.method == "Generate":
         return generate_features(entry, call)
     return unary_features(entry, call)

@@ -3,7 +3,7 @@ the status code and message, the initial headers (and how long before the first 
 they came), the trailers, and every message as protobuf JSON (field presence kept: a
 set field holding its default is written, an unset one is not).
 
-Shared by scripts/record_transcripts.py (a real vLLM worker) and
+Shared by scripts/record_transcripts.py (a real vLLM or SGLang worker) and
 tests/contract/test_transcripts.py (the simulator); grpc.aio, one event loop.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf import json_format, message_factory
@@ -20,17 +20,17 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc import aio
 from grpc_health.v1 import health_pb2
-from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2
+from smg_grpc_proto.generated import common_pb2, sglang_scheduler_pb2, vllm_engine_pb2
 
-from tests.contract.calls import CALLS, ENGINE, KV_RESTART, Call, KvRestart
+from tests.contract.calls import SGLANG_SERVICE, VLLM_SERVICE, Call, Contract, KvRestart
 
 # The status details' Any payloads decode through the default pool.
 _ = error_details_pb2
 SERVICES = {
-    ENGINE: vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"],
+    VLLM_SERVICE: vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"],
+    SGLANG_SERVICE: sglang_scheduler_pb2.DESCRIPTOR.services_by_name["SglangScheduler"],
     "grpc.health.v1.Health": health_pb2.DESCRIPTOR.services_by_name["Health"],
 }
-KV_METHOD = f"/{ENGINE}/SubscribeKvEvents"
 OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -70,11 +70,16 @@ def status_details(trailers: Any) -> dict[str, Any] | None:
     return None
 
 
-def request_bytes(call: Call) -> bytes:
+def encoded(full_method: str, request: Mapping[str, Any]) -> bytes:
+    """`request` (protobuf JSON) as the method's request message."""
+    request_type, _, _ = method_types(full_method)
+    return bytes(json_format.ParseDict(dict(request), request_type()).SerializeToString())
+
+
+def request_bytes(call: Call, engine_service: str) -> bytes:
     if call.raw is not None:
         return call.raw
-    request_type, _, _ = method_types(call.full_method)
-    return json_format.ParseDict(dict(call.request), request_type()).SerializeToString()
+    return encoded(call.full_method(engine_service), call.request)
 
 
 def ms(seconds: float) -> float:
@@ -179,8 +184,14 @@ class Stream:
         return entry
 
 
-async def run_call(channel: aio.Channel, call: Call) -> dict[str, Any]:
-    stream = Stream(channel, call.full_method, request_bytes(call), call.metadata, call.timeout_s)
+async def run_call(channel: aio.Channel, call: Call, contract: Contract) -> dict[str, Any]:
+    stream = Stream(
+        channel,
+        call.full_method(contract.service),
+        request_bytes(call, contract.service),
+        call.metadata,
+        call.timeout_s,
+    )
     if call.abort_after is None:
         return await stream.entry()
     # Abort the request once it is running: after `abort_after` messages.
@@ -189,14 +200,16 @@ async def run_call(channel: aio.Channel, call: Call) -> dict[str, Any]:
         if time.monotonic() > deadline:
             break
         await asyncio.sleep(0.005)
+    abort_method = f"/{contract.service}/Abort"
     abort = Stream(
         channel,
-        f"/{ENGINE}/Abort",
-        vllm_engine_pb2.AbortRequest(request_ids=[call.request["request_id"]]).SerializeToString(),
+        abort_method,
+        encoded(abort_method, contract.abort(call.request["request_id"])),
         timeout=10.0,
     )
     aborted = await abort.entry()
     aborted_after = len(stream.messages)
+    # A stream the abort does not end (SGLang's) ends at the call's deadline.
     await stream.wait(call.timeout_s)
     entry = await stream.entry()
     entry["abort"] = aborted
@@ -218,29 +231,28 @@ def last_sequence(stream: Stream) -> int:
 
 
 async def generate_entry(
-    channel: aio.Channel, scenario: KvRestart, request_id: str
+    channel: aio.Channel, service: str, scenario: KvRestart, request_id: str
 ) -> dict[str, Any]:
-    request = json_format.ParseDict(
-        scenario.generate_request(request_id), vllm_engine_pb2.GenerateRequest()
-    )
-    call = Stream(channel, f"/{ENGINE}/Generate", request.SerializeToString(), timeout=60.0)
-    return await call.entry()
+    method = f"/{service}/Generate"
+    request = encoded(method, scenario.generate_request(request_id))
+    return await Stream(channel, method, request, timeout=60.0).entry()
 
 
 async def run_kv_restart(
-    address: str, scenario: KvRestart, restart: Restart, unit_s: float
+    address: str, service: str, scenario: KvRestart, restart: Restart, unit_s: float
 ) -> dict[str, Any]:
     """The KV events scenario of calls.KvRestart; `restart` kills the worker (kill -9) and
     starts it again on the same port."""
+    kv_method = f"/{service}/SubscribeKvEvents"
     marks: dict[str, float] = {}
     # The first subscription has a channel of its own, open across the restart.
     first_channel = aio.insecure_channel(address, options=OPTIONS)
     try:
-        first = Stream(first_channel, KV_METHOD, kv_request(0))
+        first = Stream(first_channel, kv_method, kv_request(0))
         began = first.began
         async with aio.insecure_channel(address, options=OPTIONS) as channel:
             await asyncio.sleep(scenario.idle_units * unit_s)  # a window: what comes while idle
-            generated = await generate_entry(channel, scenario, "kv_first")
+            generated = await generate_entry(channel, service, scenario, "kv_first")
             marks["generate_done_ms"] = ms(time.monotonic() - began)
             await asyncio.sleep(scenario.after_units * unit_s)  # a window: the load records
             resumes = {}
@@ -248,7 +260,7 @@ async def run_kv_restart(
                 ("resume_from_1", 1),
                 ("resume_after_last", last_sequence(first) + 1),
             ):
-                resume = Stream(channel, KV_METHOD, kv_request(start))
+                resume = Stream(channel, kv_method, kv_request(start))
                 await resume.wait(2.0 * unit_s + 1.0)
                 resumes[label] = {"start_sequence_number": start, **await resume.entry()}
         marks["restart_ms"] = ms(time.monotonic() - began)
@@ -260,9 +272,9 @@ async def run_kv_restart(
     finally:
         await first_channel.close()
     async with aio.insecure_channel(address, options=OPTIONS) as channel:
-        again = Stream(channel, KV_METHOD, kv_request(0))
+        again = Stream(channel, kv_method, kv_request(0))
         await asyncio.sleep(scenario.idle_units * unit_s)
-        generated_again = await generate_entry(channel, scenario, "kv_after_restart")
+        generated_again = await generate_entry(channel, service, scenario, "kv_after_restart")
         await asyncio.sleep(scenario.after_restart_units * unit_s)
         again.cancel()
         await again.wait(5.0)
@@ -278,17 +290,16 @@ async def run_kv_restart(
 
 
 async def run_all(
-    address: str,
-    restart: Restart | None,
-    unit_s: float,
-    calls: Sequence[Call] = CALLS,
-    kv: KvRestart | None = KV_RESTART,
+    address: str, contract: Contract, restart: Restart | None, unit_s: float
 ) -> dict[str, Any]:
-    """Every call in order, then the KV scenario (when `restart` is given)."""
+    """Every call of the contract in order, then its KV scenario (when it has one and
+    `restart` is given)."""
     results: dict[str, Any] = {}
     async with aio.insecure_channel(address, options=OPTIONS) as channel:
-        for call in calls:
-            results[call.name] = await run_call(channel, call)
-    if kv is not None and restart is not None:
-        results[kv.name] = await run_kv_restart(address, kv, restart, unit_s)
+        for call in contract.calls:
+            results[call.name] = await run_call(channel, call, contract)
+    if contract.kv is not None and restart is not None:
+        results[contract.kv.name] = await run_kv_restart(
+            address, contract.service, contract.kv, restart, unit_s
+        )
     return results

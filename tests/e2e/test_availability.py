@@ -286,12 +286,13 @@ async def test_worker_without_grpc_health_is_probed_with_the_engine_health_check
         *[arg for rt, w in bare.items() for arg in urls(w, model=f"{rt}-m", runtime=rt)],
     )
     admin = admin_address(gw)
+    healthy = {"sglang": "Health check passed", "vllm": "Health"}  # each servicer's words
     for runtime, worker in bare.items():
         model = f"{runtime}-m"
         ready = await wait_worker(admin, worker.address, is_ready)
         assert ready.last_probe.kind == admin_pb.PROBE_KIND_SERVING
-        assert ready.last_probe.detail == "HealthCheck healthy=True ok"
-        assert ready.status_cause == "probe: HealthCheck healthy=True ok"
+        assert ready.last_probe.detail == f"HealthCheck healthy=True {healthy[runtime]}"
+        assert ready.status_cause == f"probe: HealthCheck healthy=True {healthy[runtime]}"
         assert await served_by(gw.address, 2, model, runtime) == [f"bare-{runtime}"] * 2
 
         # The engine's answer drives the status both ways.

@@ -157,28 +157,29 @@ async def test_a_pd_leg_whose_worker_is_not_identified_yet_is_unavailable(
 async def test_a_token_id_past_the_vocabulary_is_refused_before_any_worker(
     sim: Launcher, gateway: Launcher, tmp_path: object
 ) -> None:
-    reported = sim("--model", "m", "--vocab-size", "512")
+    # vLLM reports its model's vocabulary (SGLang's servicer a default one, 128,256).
+    reported = sim("--runtime", "vllm", "--model", "m", "--vocab-size", "512")
     bounded = sim("--runtime", "vllm", "--model", "b", "--vocab-size", "512")
     config = write_config(
         tmp_path,  # type: ignore[arg-type]
         {
             "workers": [
-                worker_url(reported, model="m", runtime="sglang"),
+                worker_url(reported, model="m", runtime="vllm"),
                 worker_url(bounded, model="b", runtime="vllm"),
             ],
             "models": {"b": {"vocab_size": 100}},
         },
     )
     gw = gateway("--config", config)
-    await wait_health(gw.address, "m")
+    await wait_health(gw.address, "m", "vllm")
     await wait_health(gw.address, "b", "vllm")
-    prompt = sgl.GenerateRequest(
+    prompt = vllm.GenerateRequest(
         request_id="v1",
-        tokenized=sgl.TokenizedInput(input_ids=[1, 600, 2]),
-        sampling_params=sgl.SamplingParams(max_new_tokens=2),
+        tokenized=vllm.TokenizedInput(input_ids=[1, 600, 2]),
+        sampling_params=vllm.SamplingParams(max_tokens=2),
         stream=True,
     )
-    error = await generate_error(gw.address, "m", request=prompt)  # asked as it joined
+    error = await generate_error(gw.address, "m", "vllm", prompt)  # asked as it joined
     assert_verdict(
         error,
         grpc.StatusCode.INVALID_ARGUMENT,

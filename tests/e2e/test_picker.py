@@ -469,7 +469,11 @@ async def test_abort_reaches_the_worker_the_picker_placed_the_stream_on(
 ) -> None:
     """A stream the picker placed, then its Abort through Envoy: sent straight to that
     worker (the picker's in-flight table), which stops the stream."""
-    worker = sim("--runtime", runtime, "--model", "m", "--tokens", "2000", "--token-ms", "5")
+    # (--abort-completes: an aborted SGLang stream ends, which a real SGLang worker's does not)
+    worker = sim(
+        "--runtime", runtime, "--model", "m", "--tokens", "2000", "--token-ms", "5",
+        "--abort-completes",
+    )  # fmt: skip
     gw = picker_gateway(gateway, "--worker", worker_url(worker, model="m", runtime=runtime))
     envoy = with_envoy(gw, processes, tmp_path)
     async with channel(f"127.0.0.1:{envoy.port}") as ch:

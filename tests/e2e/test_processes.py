@@ -29,6 +29,7 @@ from gateway.admin.v1 import admin_pb2 as admin
 from gateway.scale.supervisor import FIRST_BACKOFF_S
 from tests.conftest import STOP_S, Launcher, run_alone, worker_url
 from tests.support.helpers import (
+    ABORT_COMPLETES,
     POLL_S,
     collect,
     model_md,
@@ -173,7 +174,7 @@ async def test_an_abort_on_one_process_reaches_a_stream_on_the_other(
     holder, other = channels[0], channels[1]
     await wait_servable(holder, "m")
     stream = sgl_grpc.SglangSchedulerStub(holder).Generate(
-        sgl_generate("long", 100), metadata=model_md("m")
+        sgl_generate("long", 100), metadata=model_md("m", ABORT_COMPLETES)
     )
     first = await stream.__aiter__().__anext__()
     assert first.HasField("chunk")

@@ -17,6 +17,7 @@ from grpc import aio
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, grpcurl, worker_url
 from tests.support.helpers import (
+    ABORT_COMPLETES,
     SGL_SERVICE,
     channel,
     collect,
@@ -272,7 +273,9 @@ async def test_an_abort_from_another_principal_leaves_the_stream_alone(
         assert error is None and len(rest) == 30
         assert rest[-1].complete.finish_reason != "abort"
         # Its owner can abort it.
-        mine = stub.Generate(sgl_generate("mine", 30), metadata=model_md("m", bearer("alice")))
+        mine = stub.Generate(
+            sgl_generate("mine", 30), metadata=model_md("m", bearer("alice"), ABORT_COMPLETES)
+        )
         await mine.__aiter__().__anext__()
         assert (await abort("mine", "alice")).success is True
         rest, error = await collect(mine)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from scripts.engines.worker import EngineWorker
@@ -24,16 +23,22 @@ from tests.conftest import Launcher
 from tests.engines.conftest import Engines
 from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
 from tests.support.engines import (
+    CANCEL_WHEN,
     PREFILL_KV,
     WAIT_S,
+    burst,
+    cancelled,
+    choices,
     greedy,
     log_of,
     logged,
+    one_by_one,
     prompt,
     streamed,
+    until_unavailable,
     wait_idle,
 )
-from tests.support.helpers import channel, model_md, rich_status, vllm_grpc
+from tests.support.helpers import channel, vllm_grpc, write_config
 
 
 def invalid_reads(prefill: EngineWorker, prefix: str) -> list[str]:
@@ -163,27 +168,36 @@ async def test_the_decode_uses_the_kv_the_prefill_sent_not_its_own(pair: Pair) -
     assert crossed != own
 
 
+async def test_n_4_runs_a_prefill_per_choice_and_each_choice_is_the_greedy_run(
+    engine: EngineWorker, pair: Pair, gateway: Launcher
+) -> None:
+    """vLLM refuses n > 1 under greedy sampling; through a PD pair the gateway splits the
+    call into four single-sample ones, each with its own prefill, merged by index."""
+    gw = pd_gateway(gateway, pair)
+    await ready_pd(gw, pair)
+    wanted, error = await streamed(engine.address, greedy("ref-n4", prompt(100, 11), 12))
+    assert error is None and len(wanted) == 12
+    req = greedy("pd-n4", prompt(100, 11), 12)
+    req.sampling_params.n = 4
+    by_choice, error = await choices(gw.address, req, "tiny")
+    assert error is None
+    assert by_choice == {index: wanted for index in range(4)}
+    line = logged(gw.log_path, "pd-n4")
+    assert line["code"] == "OK" and line["completion_tokens"] == 4 * 12
+    assert len(line["legs"]["prefill"]) == 4 and len(line["legs"]["decode"]) == 4, line
+
+
 # -- abandonment -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("when", ["before the first token", "after the first token"])
+@pytest.mark.parametrize("when", CANCEL_WHEN)
 async def test_a_client_cancel_leaves_both_legs_idle(
     when: str, pair: Pair, gateway: Launcher
 ) -> None:
     gw = pd_gateway(gateway, pair)
     await ready_pd(gw, pair)
     rid = f"pd-cancel-{when.split()[0]}"
-    req = greedy(rid, prompt(300, 6), 1500)
-    async with channel(gw.address) as ch:
-        call = vllm_grpc.VllmEngineStub(ch).Generate(req, metadata=model_md("tiny"))
-        if when.startswith("before"):
-            await asyncio.sleep(0.05)  # the prefill under way, no token out yet
-            call.cancel()
-        else:
-            async for reply in call:
-                if reply.HasField("chunk"):
-                    call.cancel()
-                    break
+    await cancelled(gw.address, greedy(rid, prompt(300, 6), 1500), when)
     await wait_idle(pair.prefill, pair.decode)
     line = logged(gw.log_path, rid)
     assert line["code"] == "CANCELLED"
@@ -197,24 +211,8 @@ async def test_a_burst_six_times_the_decode_window_is_served_or_refused_in_time(
 ) -> None:
     gw = pd_gateway(gateway, pair)
     await ready_pd(gw, pair)
-    began = time.monotonic()
-    results = await asyncio.gather(
-        *(
-            streamed(gw.address, greedy(f"burst-{i}", prompt(120, 20 + i), 200), "tiny")
-            for i in range(6 * WINDOW)
-        )
-    )
-    took = time.monotonic() - began
-    served = [tokens for tokens, error in results if error is None]
-    refused = [error for _, error in results if error is not None]
-    print(f"\n[burst {6 * WINDOW} on a window of {WINDOW}] served {len(served)}, refused "
-          f"{len(refused)}, {took:.1f} s")  # fmt: skip
-    assert all(len(tokens) == 200 for tokens in served)
-    for error in refused:
-        assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
-        _, details = rich_status(error)
-        assert details["ErrorInfo"].reason == "WORKERS_OVERLOADED"
-        assert "RetryInfo" in details
+    requests = [greedy(f"burst-{i}", prompt(120, 20 + i), 200) for i in range(6 * WINDOW)]
+    await burst(gw.address, requests, 200)
     await wait_idle(pair.prefill, pair.decode)
     # The prefill hears the decode's reads at its next step: one more call, then its log.
     _, error = await streamed(gw.address, greedy("after-burst", prompt(50, 8), 4), "tiny")
@@ -238,12 +236,8 @@ async def test_sequential_pd_calls_do_not_stall_and_no_block_is_read_after_its_l
 ) -> None:
     gw = pd_gateway(gateway, pair)
     await ready_pd(gw, pair)
-    took: list[float] = []
-    for i in range(SEQUENTIAL):
-        began = time.monotonic()
-        tokens, error = await streamed(gw.address, greedy(f"seq-{i}", prompt(200, 40 + i)), "tiny")
-        took.append(time.monotonic() - began)
-        assert error is None and len(tokens) == 24
+    requests = [greedy(f"seq-{i}", prompt(200, 40 + i)) for i in range(SEQUENTIAL)]
+    took = await one_by_one(gw.address, requests, 24)
     median = statistics.median(took)
     slow = [round(t, 2) for t in took if t > 3 * median]
     print(
@@ -256,6 +250,35 @@ async def test_sequential_pd_calls_do_not_stall_and_no_block_is_read_after_its_l
     assert len(slow) <= SEQUENTIAL // 10, "PD calls stall (docs/real-engines.md)"
 
 
+# disagg.decode_first_message_timeout_s below; a decode's first message normally takes 0.01-2 s
+STALL_BOUND_S = 5.0
+
+
+async def test_with_a_bound_on_the_decode_s_first_message_no_call_waits_on_a_stall(
+    pair: Pair, gateway: Launcher, tmp_path: Path
+) -> None:
+    """What the gateway does about the engine's stall (above): a decode with no first
+    message within the bound is given up before any byte reached the client and the call
+    placed again (this pair too); no call then waits much longer than the bound."""
+    config = write_config(tmp_path, {"disagg": {"decode_first_message_timeout_s": STALL_BOUND_S}})
+    gw = pd_gateway(gateway, pair, "--config", config)
+    await ready_pd(gw, pair)
+    requests = [greedy(f"bnd-{i}", prompt(200, 90 + i)) for i in range(SEQUENTIAL)]
+    took = await one_by_one(gw.address, requests, 24)
+    median = statistics.median(took)
+    retried = [logged(gw.log_path, f"bnd-{i}")["attempts"] for i in range(SEQUENTIAL)]
+    given_up = sum(attempts - 1 for attempts in retried)
+    print(
+        f"\n[{SEQUENTIAL} sequential PD calls, decode bound {STALL_BOUND_S:g} s] median "
+        f"{median:.3f} s, max {max(took):.3f} s, decodes given up {given_up}, slowest "
+        f"{sorted(round(t, 2) for t in took)[-5:]}"
+    )
+    for seconds, attempts in zip(took, retried, strict=True):
+        # no attempt waits on its decode past the bound, and the rest of it (the prefill,
+        # the stream) takes at most three times a usual call
+        assert seconds <= attempts * (STALL_BOUND_S + 3 * median)
+
+
 # -- failure and rejoin ------------------------------------------------------------------
 
 
@@ -266,23 +289,7 @@ async def test_the_only_decode_down_is_unavailable_at_once_and_rejoins(
     await ready_pd(gw, pair)
     pair.decode.kill()
     try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            began = time.monotonic()
-            _, error = await streamed(gw.address, greedy("down", prompt(50, 7), 4), "tiny")
-            assert error is not None
-            assert error.code() is not grpc.StatusCode.NOT_FOUND
-            if error.code() is grpc.StatusCode.UNAVAILABLE:
-                _, details = rich_status(error)
-                if details.get("ErrorInfo") and details["ErrorInfo"].reason == (
-                    "WORKERS_UNAVAILABLE"
-                ):
-                    break
-            assert time.monotonic() < deadline, error.details()
-            await asyncio.sleep(0.2)
-        assert time.monotonic() - began < 5.0  # a verdict, not a wait
-        assert details["ErrorInfo"].metadata["leg"] == "decode"
-        assert "RetryInfo" in details
+        await until_unavailable(gw.address, greedy("down", prompt(50, 7), 4), "decode")
     finally:
         pair.decode.start()
     await wait_worker(admin_address(gw), pair.decode.address, is_ready, within_s=WAIT_S)

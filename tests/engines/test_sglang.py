@@ -5,7 +5,6 @@ token id, which crashes an SGLang worker, refused at the gateway."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,39 +16,17 @@ from scripts.engines.sglang_worker import KV_TOKENS, SGLANG_SERVICE
 from scripts.engines.worker import EngineWorker
 from tests.conftest import Launcher
 from tests.support.availability import admin_address, is_ready, wait_worker
-from tests.support.engines import VOCAB, WAIT_S, load_on, logged, prompt, wait_idle
+from tests.support.engines import (
+    VOCAB,
+    WAIT_S,
+    load_on,
+    logged,
+    prompt,
+    sglang_greedy,
+    streamed,
+    wait_idle,
+)
 from tests.support.helpers import channel, model_md, sgl, sgl_grpc, write_config
-
-
-def request(request_id: str, tokens: Sequence[int], max_new: int, stream: bool = True) -> Any:
-    return sgl.GenerateRequest(
-        request_id=request_id,
-        tokenized=sgl.TokenizedInput(input_ids=list(tokens)),
-        sampling_params=sgl.SamplingParams(temperature=0.0, max_new_tokens=max_new),
-        stream=stream,
-    )
-
-
-async def generate(
-    address: str, req: Any, model: str = ""
-) -> tuple[list[int], aio.AioRpcError | None]:
-    """The token ids a call generated, in order, and its error if it failed. SGLang's
-    chunks carry their own ids; a streamed Complete repeats the last chunk's, an
-    unstreamed one has them all."""
-    tokens: list[int] = []
-    async with channel(address) as ch:
-        call = sgl_grpc.SglangSchedulerStub(ch).Generate(
-            req, metadata=model_md(model) if model else None, timeout=120
-        )
-        try:
-            async for reply in call:
-                if reply.HasField("chunk"):
-                    tokens.extend(reply.chunk.token_ids)
-                elif not req.stream:
-                    tokens.extend(reply.complete.output_ids)
-        except aio.AioRpcError as error:
-            return tokens, error
-    return tokens, None
 
 
 def bounded_gateway(gateway: Launcher, tmp_path: Path, worker: EngineWorker, *more: str) -> Any:
@@ -65,9 +42,10 @@ async def test_gateway_discovers_sglang_and_relays_its_greedy_stream(
     gw = bounded_gateway(gateway, tmp_path, sglang)  # model and runtime asked
     worker = await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
     assert (worker.model, worker.runtime) == ("tiny", "sglang")
-    direct, error = await generate(sglang.address, request("sgl-direct", prompt(24), 16))
+    direct, error = await streamed(sglang.address, sglang_greedy("sgl-direct", prompt(24), 16))
     assert error is None and len(direct) == 16
-    through, error = await generate(gw.address, request("sgl-gateway", prompt(24), 16), "tiny")
+    req = sglang_greedy("sgl-gateway", prompt(24), 16)
+    through, error = await streamed(gw.address, req, "tiny")
     assert error is None
     assert through == direct  # greedy: token for token
     async with aio.insecure_channel(gw.address) as ch:
@@ -84,9 +62,8 @@ async def test_usage_is_what_sglang_generated_streamed_and_not(
     await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
     for stream in (True, False):
         request_id = f"sgl-usage-{stream}"
-        req = request(request_id, prompt(32, 3), 40, stream)
-        req.sampling_params.ignore_eos = True
-        tokens, error = await generate(gw.address, req, "tiny")
+        req = sglang_greedy(request_id, prompt(32, 3), 40, stream)
+        tokens, error = await streamed(gw.address, req, "tiny")
         assert error is None and len(tokens) == 40
         line = logged(gw.log_path, request_id)
         assert line["completion_tokens"] == 40, line
@@ -97,8 +74,7 @@ async def test_a_client_cancel_leaves_sglang_idle(
 ) -> None:
     gw = bounded_gateway(gateway, tmp_path, sglang)
     await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
-    req = request("sgl-cancel", prompt(16, 5), 1900)
-    req.sampling_params.ignore_eos = True
+    req = sglang_greedy("sgl-cancel", prompt(16, 5), 1900)
     async with channel(gw.address) as ch:
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(req, metadata=model_md("tiny"))
         seen = 0
@@ -119,7 +95,8 @@ async def test_an_out_of_vocabulary_id_never_reaches_sglang(
     gw = bounded_gateway(gateway, tmp_path, sglang)
     await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
     for bad in (VOCAB, VOCAB + 88, 2**31 - 1):
-        tokens, error = await generate(gw.address, request(f"oov-{bad}", [1, bad, 2], 4), "tiny")
+        req = sglang_greedy(f"oov-{bad}", [1, bad, 2], 4)
+        tokens, error = await streamed(gw.address, req, "tiny")
         assert error is not None and not tokens
         assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert error.details() == (
@@ -127,7 +104,7 @@ async def test_an_out_of_vocabulary_id_never_reaches_sglang(
             f"'tiny' ({VOCAB} ids, 0 to {VOCAB - 1}: models.tiny.vocab_size)"
         )
     assert sglang.running
-    tokens, error = await generate(gw.address, request("after-oov", prompt(8), 4), "tiny")
+    tokens, error = await streamed(gw.address, sglang_greedy("after-oov", prompt(8), 4), "tiny")
     assert error is None and len(tokens) == 4
 
 
@@ -154,10 +131,10 @@ async def test_an_empty_prompt_never_reaches_sglang(
     INVALID_ARGUMENT at the gateway, the worker still serving."""
     gw = bounded_gateway(gateway, tmp_path, sglang)
     await wait_worker(admin_address(gw), sglang.address, is_ready, within_s=WAIT_S)
-    tokens, error = await generate(gw.address, request("sgl-empty", [], 4), "tiny")
+    tokens, error = await streamed(gw.address, sglang_greedy("sgl-empty", [], 4), "tiny")
     assert error is not None and not tokens
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert error.details() == "The prompt is empty: tokenized.input_ids holds no token id"
     assert sglang.running
-    tokens, error = await generate(gw.address, request("after-empty", prompt(8), 4), "tiny")
+    tokens, error = await streamed(gw.address, sglang_greedy("after-empty", prompt(8), 4), "tiny")
     assert error is None and len(tokens) == 4

@@ -53,7 +53,7 @@ async def test_snapshot_then_live_stored_events(start_sim: StartSim, runtime: st
     assert (snapshot.snapshot.index, snapshot.snapshot.count, snapshot.snapshot.blocks) == (0, 1, 0)
     assert kinds(snapshot) == ["cleared"]
     # The running window: SGLang's, vLLM's CPU backend's max_num_seqs.
-    assert snapshot.load.max_running_requests == (256 if runtime == "sglang" else 128)
+    assert snapshot.load.max_running_requests == (4096 if runtime == "sglang" else 128)
     assert not snapshot.load.load_only
 
     assert first.sequence_number == 2 and first.dp_rank == 0 and not first.HasField("snapshot")
@@ -185,7 +185,7 @@ async def test_heartbeats_are_load_only_and_repeat_the_last_sequence(
     assert snapshot.sequence_number == 1
     assert beat.sequence_number == 1 and beat.load.load_only and beat.dp_rank == 0
     assert not beat.events and not beat.HasField("snapshot")
-    assert beat.load.waiting_requests == 3 and beat.load.max_running_requests == 256
+    assert beat.load.waiting_requests == 3 and beat.load.max_running_requests == 4096
     if strict:
         assert 0.08 <= quiet < 1.0
     assert stored.sequence_number == 2 and not stored.load.load_only

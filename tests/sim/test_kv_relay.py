@@ -164,10 +164,10 @@ async def test_load_records_and_heartbeats(start_sim: StartSim, strict: bool) ->
             arrived.append(time.monotonic() - since)
     assert (first.dp_rank, first.sequence_number, first.load.load_only) == (1, 0, False)
     assert first.load.running_requests == 1  # stored as its prefill ends: still running
-    assert first.load.max_total_num_tokens == 4 * 4096 and first.load.max_running_requests == 256
+    assert first.load.max_total_num_tokens == 4 * 4096 and first.load.max_running_requests == 4096
     assert first.load.waiting_requests == 0  # rank 1's; rank 0 waits 3
     assert second.load.max_total_num_tokens == 0  # telemetry: first record and heartbeats
-    assert second.load.max_running_requests == 256  # the core
+    assert second.load.max_running_requests == 4096  # the core
     assert [(b.dp_rank, b.sequence_number, b.load.load_only) for b in beats] == [(1, 1, True)] * 4
     assert all(not b.events and b.load.max_total_num_tokens == 4 * 4096 for b in beats)
     assert beats[0].load.running_requests == 0  # the call ended: the record moved

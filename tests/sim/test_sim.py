@@ -527,12 +527,32 @@ async def test_exit_after_kills_process_mid_stream(start_sim: StartSim) -> None:
 # ------------------------------------------------------------------- abort, cancel, stall
 
 
-async def test_sglang_abort_ends_stream(sglang_sim: SimProcess) -> None:
+async def test_sglang_abort_leaves_the_stream_open(sglang_sim: SimProcess) -> None:
+    """As SGLang's servicer: the request stops (no longer running) but its stream gets
+    nothing more, no Complete and no status, until its deadline."""
+    async with channel(sglang_sim) as ch:
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        call = stub.Generate(
+            sgl_request("ab-open", max_new_tokens=1000),
+            metadata=(("x-sim-token-ms", "20"),),
+            timeout=4,
+        )
+        first = [await call.read(), await call.read()]
+        response = await stub.Abort(sgl_pb2.AbortRequest(request_id="ab-open"))
+        await until(lambda: _running_is(stub, 0))
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await read_rest(call)  # chunks already on their way, then nothing
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert (response.success, response.message) == (True, "Request ab-open aborted")
+    assert [m.WhichOneof("response") for m in first] == ["chunk", "chunk"]
+
+
+async def test_sglang_abort_completes_when_told(sglang_sim: SimProcess) -> None:
     async with channel(sglang_sim) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         call = stub.Generate(
             sgl_request("ab-1", max_new_tokens=1000),
-            metadata=(("x-sim-token-ms", "20"),),
+            metadata=(("x-sim-token-ms", "20"), ("x-sim-abort-completes", "1")),
             timeout=10,
         )
         first = [await call.read(), await call.read()]
@@ -638,7 +658,7 @@ async def test_signals_flip_health_and_sigterm_exits_zero(start_sim: StartSim) -
         sim.process.send_signal(signal.SIGUSR2)
         await until(lambda: state_is(serving))
         check = await engine.HealthCheck(vllm_pb2.HealthCheckRequest())
-        assert (check.healthy, check.message) == (True, "ok")
+        assert (check.healthy, check.message) == (True, "Health")  # vLLM's servicer's word
     sim.process.send_signal(signal.SIGTERM)
     assert sim.process.wait(WAIT_S) == 0
 
@@ -656,7 +676,7 @@ async def test_not_serving_and_no_grpc_health(start_sim: StartSim) -> None:
             await _health(ch, "")
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
         check = await sgl_grpc.SglangSchedulerStub(ch).HealthCheck(sgl_pb2.HealthCheckRequest())
-        assert (check.healthy, check.message) == (True, "ok")
+        assert (check.healthy, check.message) == (True, "Health check passed")
 
 
 # ------------------------------------------------------------------------- info and admin
@@ -672,10 +692,12 @@ async def test_sglang_info_rpcs(sglang_sim: SimProcess) -> None:
         chunks = await drain(stub.GetTokenizer(common_pb2.GetTokenizerRequest()))
     assert model.served_model_name == "sim-model"
     assert model.model_path == model.tokenizer_path == "sim/sim-model"
-    assert model.is_generation and model.max_context_length == 2048
+    # The servicer's own figures for what SGLang never tells it: a default vocabulary,
+    # no EOS or PAD ids, and the KV pool's size (4,096 blocks of 128) as the context.
+    assert model.is_generation and model.max_context_length == 524_288
     assert model.max_req_input_len == 2042  # one short of the context, less 5
-    assert model.vocab_size == 512 and list(model.eos_token_ids) == [2]
-    assert (model.bos_token_id, model.pad_token_id) == (1, 3)
+    assert model.vocab_size == 128_256 and list(model.eos_token_ids) == []
+    assert (model.bos_token_id, model.pad_token_id) == (1, 0)
     assert (model.model_type, list(model.architectures)) == ("llama", ["LlamaForCausalLM"])
 
     args = dict(server.server_args.items())
@@ -687,7 +709,7 @@ async def test_sglang_info_rpcs(sglang_sim: SimProcess) -> None:
     assert (args["page_size"], args["context_length"], args["max_running_requests"]) == (
         128,
         2048,
-        256,
+        4096,
     )
     assert server.server_type == "grpc" and server.sglang_version == "sim"
     assert server.active_requests == 0
@@ -697,7 +719,9 @@ async def test_sglang_info_rpcs(sglang_sim: SimProcess) -> None:
     for load in loads.loads:
         assert load.num_running_reqs == 0 and load.num_waiting_reqs == 0
         # Its prefix cache's size: the default 4,096 blocks of 128 tokens per rank.
-        assert load.max_running_requests == 256 and load.max_total_num_tokens == 524_288
+        assert load.max_running_requests == 4096 and load.max_total_num_tokens == 524_288
+        assert (load.memory.token_capacity, load.disaggregation.mode) == (524_288, "null")
+        assert load.HasField("queues")
         assert load.token_usage == 0.0
     assert loads.HasField("aggregate") and loads.aggregate.total_running_reqs == 0
     datetime.fromisoformat(loads.timestamp)

@@ -1,6 +1,6 @@
 """What the real-engine tests share (tests/engines): prompts over the tiny model's
-vocabulary, greedy vLLM requests and a streamed call's token ids, an engine's own load
-(either engine), a worker's log, and the gateway's request line of one call."""
+vocabulary, greedy requests of either engine and the token ids a call generated, an
+engine's own load, a worker's log, and the gateway's request line of one call."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 from grpc import aio
 
 from scripts.engines.sglang_worker import SGLANG_SERVICE
@@ -19,8 +20,10 @@ from tests.support.helpers import (
     channel,
     model_md,
     request_events,
+    rich_status,
     sgl,
     sgl_grpc,
+    trailers,
     vllm,
     vllm_grpc,
 )
@@ -46,18 +49,51 @@ def greedy(request_id: str, tokens: Sequence[int], max_tokens: int = 24) -> Any:
     )
 
 
+def sglang_greedy(
+    request_id: str, tokens: Sequence[int], max_new: int = 24, stream: bool = True
+) -> Any:
+    return sgl.GenerateRequest(
+        request_id=request_id,
+        tokenized=sgl.TokenizedInput(input_ids=list(tokens)),
+        sampling_params=sgl.SamplingParams(
+            temperature=0.0, max_new_tokens=max_new, ignore_eos=True
+        ),
+        stream=stream,
+    )
+
+
+def engine_stub(ch: aio.Channel, req: Any) -> Any:
+    """The stub of the engine whose request `req` is."""
+    if isinstance(req, sgl.GenerateRequest):
+        return sgl_grpc.SglangSchedulerStub(ch)
+    return vllm_grpc.VllmEngineStub(ch)
+
+
 async def streamed(
     address: str, req: Any, model: str = ""
 ) -> tuple[list[int], aio.AioRpcError | None]:
-    tokens: list[int] = []
+    """The token ids a Generate of either engine got (of choice 0 with n > 1: `choices`),
+    in order, and its error if it failed: its chunks' ids, or an unstreamed call's
+    Complete's (a streamed Complete repeats ids the chunks had)."""
+    by_choice, error = await choices(address, req, model)
+    return by_choice.get(0, []), error
+
+
+async def choices(
+    address: str, req: Any, model: str = ""
+) -> tuple[dict[int, list[int]], aio.AioRpcError | None]:
+    """The token ids of each choice (by index) a Generate got, and its error if it failed."""
+    tokens: dict[int, list[int]] = {}
     async with channel(address) as ch:
-        call = vllm_grpc.VllmEngineStub(ch).Generate(
+        call = engine_stub(ch, req).Generate(
             req, metadata=model_md(model) if model else None, timeout=120
         )
         try:
             async for reply in call:
                 if reply.HasField("chunk"):
-                    tokens.extend(reply.chunk.token_ids)
+                    tokens.setdefault(reply.chunk.index, []).extend(reply.chunk.token_ids)
+                elif not req.stream:
+                    tokens.setdefault(reply.complete.index, []).extend(reply.complete.output_ids)
         except aio.AioRpcError as error:
             return tokens, error
     return tokens, None
@@ -94,3 +130,72 @@ def logged(log_path: Path, request_id: str) -> dict[str, Any]:
             return found[-1]
         assert time.monotonic() < deadline, f"no request line for {request_id}"
         time.sleep(0.05)
+
+
+async def burst(address: str, requests: Sequence[Any], wanted: int) -> None:
+    """All at once: each served in full (`wanted` tokens) or refused RESOURCE_EXHAUSTED
+    WORKERS_OVERLOADED with retry info; at least one served. Prints the figures."""
+    began = time.monotonic()
+    results = await asyncio.gather(*(streamed(address, req, "tiny") for req in requests))
+    took = time.monotonic() - began
+    served = [tokens for tokens, error in results if error is None]
+    refused = [error for _, error in results if error is not None]
+    print(f"\n[burst of {len(requests)}] served {len(served)}, refused {len(refused)}, "
+          f"{took:.1f} s")  # fmt: skip
+    assert served and all(len(tokens) == wanted for tokens in served)
+    for error in refused:
+        assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+        _, details = rich_status(error)
+        assert details["ErrorInfo"].reason == "WORKERS_OVERLOADED"
+        assert "RetryInfo" in details
+
+
+async def one_by_one(address: str, requests: Sequence[Any], wanted: int) -> list[float]:
+    """Each call in turn, each served in full (`wanted` tokens): their seconds."""
+    took: list[float] = []
+    for req in requests:
+        began = time.monotonic()
+        tokens, error = await streamed(address, req, "tiny")
+        took.append(time.monotonic() - began)
+        assert error is None and len(tokens) == wanted, error
+    return took
+
+
+async def until_unavailable(address: str, req: Any, leg: str) -> None:
+    """Send `req` until the gateway's verdict is UNAVAILABLE WORKERS_UNAVAILABLE for
+    `leg` (a worker of it just killed), never NOT_FOUND; the first calls may meet the
+    dying worker itself (its own UNAVAILABLE, no details). The verdict comes at once,
+    with retry info."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        began = time.monotonic()
+        _, error = await streamed(address, req, "tiny")
+        assert error is not None
+        assert error.code() is not grpc.StatusCode.NOT_FOUND
+        details = rich_status(error)[1] if "grpc-status-details-bin" in trailers(error) else {}
+        info = details.get("ErrorInfo")
+        if info is not None and info.reason == "WORKERS_UNAVAILABLE":
+            break
+        assert time.monotonic() < deadline, error.details()
+        await asyncio.sleep(0.2)
+    assert time.monotonic() - began < 5.0  # a verdict, not a wait
+    assert info.metadata["leg"] == leg
+    assert "RetryInfo" in details
+
+
+CANCEL_WHEN = ("before the first token", "after the first token")
+
+
+async def cancelled(address: str, req: Any, when: str) -> None:
+    """A Generate the client cancels `when` (one of CANCEL_WHEN): 50 ms in, a PD call's
+    prefill still under way, or at its first chunk."""
+    async with channel(address) as ch:
+        call = engine_stub(ch, req).Generate(req, metadata=model_md("tiny"))
+        if when == CANCEL_WHEN[0]:
+            await asyncio.sleep(0.05)
+            call.cancel()
+            return
+        async for reply in call:
+            if reply.HasField("chunk"):
+                call.cancel()
+                return

@@ -62,6 +62,11 @@ def model_md(model: str, *extra: tuple[str, str | bytes]) -> tuple[tuple[str, st
     return (("x-model-id", model), *extra)
 
 
+# A simulated SGLang worker ends an aborted stream with a Complete `abort` (as vLLM does),
+# for a test that waits on that end: a real SGLang worker's stream gets nothing more.
+ABORT_COMPLETES = ("x-sim-abort-completes", "1")
+
+
 def trailers(error: aio.AioRpcError) -> dict[str, Any]:
     return {k: v for k, v in (error.trailing_metadata() or ())}
 

@@ -47,7 +47,7 @@ SECTION_DEFAULTS = {
     "outlier_detection": dict(failure_threshold=5, cooldown_s=5.0, success_threshold=2),
     "loads": dict(interval_s=1.0, timeout_s=1.0),
     "drain": dict(delay_s=5.0, grace_s=20.0, worker_timeout_s=60.0),
-    "disagg": dict(abort_wait_s=30.0),
+    "disagg": dict(abort_wait_s=30.0, decode_first_message_timeout_s=0.0),
     "migration": dict(enabled=True, max_migrations=2, max_resent_tokens=131_072),
     "limits": dict(
         max_choices=16,
