@@ -59,8 +59,7 @@ class DisaggConfig:
     `decode_first_message_timeout_s`: how long a decode leg may take to its first message
     from when it is called (vLLM: after its prefill answered; SGLang: with its prefill,
     whose compute then counts too); past it, with nothing relayed to the client yet, the
-    attempt is given up and placed again, this pair included (a stalled KV transfer is the
-    transfer's, not a worker's). 0: no bound."""
+    attempt is given up and the call placed again without that decode. 0: no bound."""
 
     abort_wait_s: Seconds = 30.0
     decode_first_message_timeout_s: Seconds = 0.0

@@ -23,7 +23,6 @@ from gateway.proxy.job import Job
 from gateway.proxy.lora import LoadFailed, LoraLoader
 from gateway.proxy.migration import Migrations
 from gateway.proxy.upstream import (
-    DECODE_STALLED,
     RETRYABLE,
     Reserved,
     UpstreamCall,
@@ -97,8 +96,7 @@ class Dispatcher:
                 unloaded, retry = error, True
                 continue
             except UpstreamFailure as error:
-                if error.cause != DECODE_STALLED:  # a stalled hand-off may go to any pair
-                    tried.append(error.worker.id)
+                tried.append(error.worker.id)
                 if not job.sink.delivered:
                     if error.code not in RETRYABLE:
                         if broke is not None and migrations is not None:

@@ -21,7 +21,6 @@ from gateway.engines.base import AmendFirst
 from gateway.engines.encoder import ENCODE_PATH, encode_request
 from gateway.proxy.job import Job
 from gateway.proxy.upstream import (
-    DECODE_STALLED,
     Reserved,
     UpstreamCall,
     UpstreamFailure,
@@ -31,6 +30,8 @@ from gateway.proxy.upstream import (
 from gateway.upstream.worker import Worker
 
 MAX_ROOM = 2**31 - 1
+# The hand-off failure of a decode leg given up for want of a first message.
+DECODE_STALLED = "decode_stalled"
 
 
 class BootstrapRooms:
@@ -124,7 +125,9 @@ class PlacedLegs:
     def _stalled(self) -> UpstreamFailure:
         """The decode sent nothing within the bound: the attempt is given up (its legs
         closed as a cancel closes them) and, before any byte reached the client, tried
-        again."""
+        again without that decode (on the CPU, a pair whose transfer stalled stalled its
+        next ones too, until the prefill's KV lease ran out). Its status is the worker's
+        to neither side: the code is the gateway's, no outlier strike."""
         self._job.call.handoff_failed(DECODE_STALLED)
         decode, within = self._decode, self._first_within_s
         details = f"no first message within {within:g} s (disagg.decode_first_message_timeout_s)"
@@ -135,7 +138,6 @@ class PlacedLegs:
             details,
             (),
             label(decode),
-            cause=DECODE_STALLED,
         )
 
     def encode(self) -> None:

@@ -42,9 +42,6 @@ log = structlog.get_logger("gateway.upstream")
 # UNAVAILABLE, or CANCELLED by the worker itself (a gRPC server shutting down cancels calls
 # that arrive as it stops; the client's own cancel never reaches this code as a status).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
-# UpstreamFailure.cause of a decode leg given up for want of a first message: the pair's
-# hand-off stalled, which says nothing against either worker (a retry may take the pair).
-DECODE_STALLED = "decode_stalled"
 
 # Failures the gateway's own channel makes before anything reaches the worker: grpc core
 # refusing metadata the gateway built. They say nothing about the worker (the front

@@ -3,7 +3,9 @@ engines (SGLang's CPU engine, 1p1d): the PD catalogue the Rust gateway runs on G
 
 The pair (a prefill with its bootstrap port, a decode with a running window of 4,
 `--max-running-requests 4`) is started once for the module and stopped after it;
-`sglang`, the session's regular SGLang worker, gives the reference streams. The gateway
+`sglang`, the session's regular SGLang worker, gives the reference streams. (The module
+runs after the vLLM PD ones, whose three workers beside the session's vLLM worker are the
+tier's four: the SGLang worker starts after them.) The gateway
 is told only the two addresses: it finds each leg's role and the prefill's bootstrap port
 from GetServerInfo, and gives each call (each choice of an n > 1 call) a room of its own.
 """
