@@ -34,7 +34,6 @@ it had cached.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -55,20 +54,11 @@ def free_port_pair() -> int:
     """A free port whose next one is free too (gRPC, then the HTTP sidecar), at most
     MAX_PORT: SGLang 0.5.23's --grpc-mode derives a port of +10000 and refuses to start
     when that passes 65535 (`--grpc-port / SGLANG_GRPC_PORT (68143) must be between 1
-    and 65535`), and Linux hands out ports up to 60999."""
-    for _ in range(256):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            if port > MAX_PORT:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no two neighbouring free ports on 127.0.0.1")
+    and 65535`); free_port's are below the kernel's ephemeral range, so below it."""
+    port = free_port(neighbours=1)
+    if port > MAX_PORT:
+        raise RuntimeError(f"port {port} is above {MAX_PORT}")
+    return port
 
 
 class SglangWorker(EngineWorker):

@@ -20,6 +20,7 @@ a `gateway serve` process per test, stopped after it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,18 @@ class Engines:
         self.workers.append(worker)
         worker.start()
         return worker
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[list[EngineWorker]]:
+        """The workers a module starts together (append each `start` returns): all closed
+        when the block ends, whatever happened, a start that failed half-way included
+        (else the ones started before it count against MAX_WORKERS for the session)."""
+        started: list[EngineWorker] = []
+        try:
+            yield started
+        finally:
+            for worker in reversed(started):
+                worker.close()
 
     def close(self) -> None:
         for worker in reversed(self.workers):

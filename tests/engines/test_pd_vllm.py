@@ -76,16 +76,14 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def pair(engines: Engines) -> Iterator[Pair]:
-    prefill = engines.start(kv_role="kv_producer", name="tiny")
-    decode = engines.start(
-        kv_role="kv_consumer", name="tiny", extra_args=["--max-num-seqs", str(WINDOW)]
-    )
-    made = Pair(prefill, [decode])
-    try:
-        yield made
-    finally:
-        for worker in (made.prefill, *made.decodes):
-            worker.close()
+    with engines.group() as started:
+        started.append(engines.start(kv_role="kv_producer", name="tiny"))
+        started.append(
+            engines.start(
+                kv_role="kv_consumer", name="tiny", extra_args=["--max-num-seqs", str(WINDOW)]
+            )
+        )
+        yield Pair(started[0], started[1:])
 
 
 def pd_gateway(gateway: Launcher, pair: Pair, *more: str) -> Any:

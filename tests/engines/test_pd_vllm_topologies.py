@@ -24,13 +24,11 @@ from tests.support.helpers import channel, model_md, vllm_grpc
 
 @pytest.fixture(scope="module")
 def one_two(engines: Engines) -> Iterator[tuple[EngineWorker, list[EngineWorker]]]:
-    prefill = engines.start(kv_role="kv_producer", name="tiny")
-    decodes = [engines.start(kv_role="kv_consumer", name="tiny") for _ in range(2)]
-    try:
-        yield prefill, decodes
-    finally:
-        for worker in (prefill, *decodes):
-            worker.close()
+    with engines.group() as started:
+        started.append(engines.start(kv_role="kv_producer", name="tiny"))
+        for _ in range(2):
+            started.append(engines.start(kv_role="kv_consumer", name="tiny"))
+        yield started[0], started[1:]
 
 
 def started(gateway: Launcher, prefill: EngineWorker, decodes: list[EngineWorker]) -> Any:

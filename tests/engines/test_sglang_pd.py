@@ -71,24 +71,19 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def pair(engines: Engines) -> Iterator[Pair]:
-    prefill = engines.start("sglang", name="tiny", disaggregation="prefill")
-    try:
-        decode = engines.start(
-            "sglang",
-            name="tiny",
-            disaggregation="decode",
-            extra_args=["--max-running-requests", str(WINDOW)],
+    with engines.group() as started:
+        started.append(engines.start("sglang", name="tiny", disaggregation="prefill"))
+        started.append(
+            engines.start(
+                "sglang",
+                name="tiny",
+                disaggregation="decode",
+                extra_args=["--max-running-requests", str(WINDOW)],
+            )
         )
-    except BaseException:
-        prefill.close()
-        raise
-    assert isinstance(prefill, SglangWorker) and isinstance(decode, SglangWorker)
-    made = Pair(prefill, decode)
-    try:
-        yield made
-    finally:
-        for worker in made.legs:
-            worker.close()
+        prefill, decode = started
+        assert isinstance(prefill, SglangWorker) and isinstance(decode, SglangWorker)
+        yield Pair(prefill, decode)
 
 
 def pd_gateway(gateway: Launcher, tmp_path: Path, pair: Pair) -> Any:
