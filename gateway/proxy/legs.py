@@ -20,13 +20,7 @@ from gateway.core.roles import Role
 from gateway.engines.base import AmendFirst
 from gateway.engines.encoder import ENCODE_PATH, encode_request
 from gateway.proxy.job import Job
-from gateway.proxy.upstream import (
-    Reserved,
-    UpstreamCall,
-    UpstreamFailure,
-    Upstreams,
-    label,
-)
+from gateway.proxy.upstream import Reserved, UpstreamCall, UpstreamFailure, Upstreams, label
 from gateway.upstream.worker import Worker
 
 MAX_ROOM = 2**31 - 1

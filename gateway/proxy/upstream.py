@@ -541,14 +541,8 @@ class UpstreamCall:
         if self._closed:
             return
         self._closed = True
-        started, first = self._started, self._first
-        if (
-            started is not None
-            and not started.is_set()
-            and first is not None
-            and not first.done()
-            and not self._rpc.done()
-        ):
+        started, first = self._started, self.pending_first()
+        if started is not None and not started.is_set() and first is not None:
             self._upstreams.defer(self, first)
         else:
             self.settle()
