@@ -115,10 +115,13 @@ test-engines: $(STAMP) engines engines-sglang engines-nixl engines-mooncake  ## 
 	$(VENV)/bin/pytest -n 0 -q tests/engines
 
 # ENGINE=vllm (the default) or sglang: whose real worker record-transcripts records.
-ENGINE ?= vllm
+CONTRACT ?= vllm
+# each contract's add-ons beside the engines venv
+CONTRACT_ADDONS = $(if $(filter sglang%,$(CONTRACT)),engines-sglang) \
+  $(if $(filter sglang-pd,$(CONTRACT)),engines-mooncake) $(if $(filter vllm-pd,$(CONTRACT)),engines-nixl)
 
-record-transcripts: $(STAMP) engines $(if $(filter sglang,$(ENGINE)),engines-sglang)  ## record tests/contract/transcripts from a real worker (ENGINE=vllm|sglang)
-	$(PY) scripts/record_transcripts.py --engine $(ENGINE) \
+record-transcripts: $(STAMP) engines $(CONTRACT_ADDONS)  ## record tests/contract/transcripts from real workers (CONTRACT=vllm|sglang|vllm-pd|sglang-pd)
+	$(PY) scripts/record_transcripts.py --contract $(CONTRACT) \
 	  --engines-python $(abspath $(ENGINES_PY)) --model $(abspath $(ENGINES_MODEL))
 
 # The container image (Containerfile), built with buildah into the project's own image store

@@ -1,18 +1,19 @@
-"""Record how a real vLLM or SGLang gRPC worker answers the contract's calls
-(tests/contract/calls.py) into tests/contract/transcripts/<engine>-<version>.json, which
+"""Record how real vLLM or SGLang gRPC workers answer a contract's calls
+(tests/contract/calls.py) into tests/contract/transcripts/<contract>-<version>.json, which
 the simulator is compared with (tests/contract/test_transcripts.py).
 
-    make engines engines-sglang   # once: .venv-engines, the tiny model, SGLang's add-ons
-    .venv/bin/python scripts/record_transcripts.py [--engine vllm|sglang]
+    make record-transcripts CONTRACT=vllm|sglang|vllm-pd|sglang-pd
+    .venv/bin/python scripts/record_transcripts.py [--contract NAME]
 
-Starts a real worker (vLLM: scripts/engines/worker.py, its gRPC launcher with
-smg-grpc-servicer, KV events on an ipc:// socket; SGLang: scripts/engines/sglang_worker.py,
-its CPU engine behind the servicer's SglangScheduler), serving the tiny random-weight
-Llama on 127.0.0.1 only, runs every call, restarts the worker once (kill -9) for the KV
-events scenario (vLLM's; SGLang's contract has none), stops it on every path and writes
-the transcript. `--address HOST:PORT` records from a worker already running instead (no
-restart: the KV scenario is left out), for trying a change to the calls without a
-start-up of several minutes.
+Starts the contract's real workers (vLLM: scripts/engines/worker.py, its gRPC launcher
+with smg-grpc-servicer, KV events on an ipc:// socket; SGLang:
+scripts/engines/sglang_worker.py, its CPU engine behind the servicer's SglangScheduler;
+for a `-pd` contract a prefill and a decode: vLLM's over NIXL in host memory, SGLang's
+over Mooncake on TCP), serving the tiny random-weight Llama on 127.0.0.1 only, runs every
+call, restarts a regular worker once (kill -9) for the KV events scenario (vLLM's; the
+others have none), stops them on every path and writes the transcript. `--address
+HOST:PORT` records from a regular worker already running instead (no restart: the KV
+scenario is left out), for trying a change to the calls without a start-up of minutes.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if str(ROOT) not in sys.path:
 from scripts.engines.sglang_worker import ADDONS, SglangWorker  # noqa: E402
 from scripts.engines.worker import EngineWorker  # noqa: E402
 from tests.contract import runner  # noqa: E402
-from tests.contract.calls import CONTRACTS, Contract  # noqa: E402
+from tests.contract.calls import CONTRACTS, DECODE, PREFILL, WORKER, Contract  # noqa: E402
 
 VERSIONS = """
 import importlib.metadata as m, json
@@ -60,12 +61,29 @@ def engine_versions(python: str, engine: str) -> dict[str, str]:
 
 
 WORKERS: dict[str, type[EngineWorker]] = {"vllm": EngineWorker, "sglang": SglangWorker}
+VLLM_KV_ROLES = {PREFILL: "kv_producer", DECODE: "kv_consumer"}
 
 
-def make_worker(args: argparse.Namespace) -> EngineWorker:
-    if args.engine == "sglang":
-        return SglangWorker(args.engines_python, args.model)
-    return EngineWorker(args.engines_python, args.model, warmup=args.warmup)
+def make_worker(args: argparse.Namespace, engine: str, leg: str) -> EngineWorker:
+    """The worker of `leg` (WORKER: a regular one)."""
+    python, model = args.engines_python, args.model
+    if engine == "sglang":
+        return SglangWorker(python, model, disaggregation=None if leg == WORKER else leg)
+    return EngineWorker(python, model, warmup=args.warmup, kv_role=VLLM_KV_ROLES.get(leg))
+
+
+def described(worker: EngineWorker) -> dict[str, Any]:
+    """How the worker was started: its launcher, arguments and engine settings."""
+    return {
+        "launcher": worker.args()[1:3],
+        "args": [a.replace(worker.model, "MODEL") for a in worker.args()[3:]],
+        "env": {
+            key: value
+            for key, value in worker.environment().items()
+            if key.startswith(("VLLM_", "SGLANG_", "SMG_", "HF_", "MOONCAKE_"))
+        },
+        "start_seconds": [round(s) for s in worker.start_seconds],
+    }
 
 
 def model_spec(model: Path) -> dict[str, Any]:
@@ -77,45 +95,46 @@ def model_spec(model: Path) -> dict[str, Any]:
 
 async def record(args: argparse.Namespace, contract: Contract) -> dict[str, Any]:
     if args.address:
-        results = await runner.run_all(args.address, contract, restart=None, unit_s=1.0)
+        addresses = {WORKER: args.address}
+        results = await runner.run_all(addresses, contract, restart=None, unit_s=1.0)
         return {"worker": {"address": args.address}, "calls": results}
-    with make_worker(args) as worker:
-        print(
-            f"starting {worker.engine} worker on {worker.address} (log {worker.log_path})",
-            file=sys.stderr,
-        )
-        took = await asyncio.to_thread(worker.start)
-        print(f"serving after {took:.0f} s", file=sys.stderr)
+    workers = {leg: make_worker(args, contract.engine, leg) for leg in contract.legs}
+    try:
+        for leg, worker in workers.items():
+            print(
+                f"starting {worker.engine} {leg} on {worker.address} (log {worker.log_path})",
+                file=sys.stderr,
+            )
+            took = await asyncio.to_thread(worker.start)
+            print(f"serving after {took:.0f} s", file=sys.stderr)
 
         async def restart() -> None:
             print("kill -9 and start again", file=sys.stderr)
-            again = await asyncio.to_thread(worker.restart)
+            again = await asyncio.to_thread(workers[WORKER].restart)
             print(f"serving again after {again:.0f} s", file=sys.stderr)
 
         began = time.monotonic()
-        results = await runner.run_all(worker.address, contract, restart=restart, unit_s=1.0)
+        addresses = {leg: worker.address for leg, worker in workers.items()}
+        results = await runner.run_all(
+            addresses, contract, restart=restart if WORKER in workers else None, unit_s=1.0
+        )
         print(f"calls done in {time.monotonic() - began:.0f} s", file=sys.stderr)
-        return {
-            "worker": {
-                "launcher": worker.args()[1:3],
-                "args": [a.replace(worker.model, "MODEL") for a in worker.args()[3:]],
-                "env": {
-                    key: value
-                    for key, value in worker.environment().items()
-                    if key.startswith(("VLLM_", "SGLANG_", "SMG_", "HF_"))
-                },
-                "start_seconds": [round(s) for s in worker.start_seconds],
-            },
-            "calls": results,
-        }
+    finally:
+        for worker in workers.values():
+            worker.close()
+    if WORKER in workers:
+        return {"worker": described(workers[WORKER]), "calls": results}
+    return {"workers": {leg: described(w) for leg, w in workers.items()}, "calls": results}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=sorted(CONTRACTS), default="vllm")
+    parser.add_argument("--contract", choices=sorted(CONTRACTS), default="vllm")
     parser.add_argument("--engines-python", default=str(ROOT / ".venv-engines/bin/python"))
     parser.add_argument("--model", type=Path, default=ROOT / ".engines/model")
-    parser.add_argument("--address", help="a worker already running (no KV restart scenario)")
+    parser.add_argument(
+        "--address", help="a regular worker already running (no KV restart scenario)"
+    )
     parser.add_argument(
         "--warmup",
         default=None,
@@ -123,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         "full warm-up, as deployed)",
     )
     parser.add_argument(
-        "--out", type=Path, help="default: tests/contract/transcripts/ENGINE-VERSION.json"
+        "--out", type=Path, help="default: tests/contract/transcripts/CONTRACT-VERSION.json"
     )
     args = parser.parse_args(argv)
-    contract = CONTRACTS[args.engine]
-    versions = engine_versions(args.engines_python, args.engine)
-    engine = WORKERS[args.engine].engine
+    contract = CONTRACTS[args.contract]
+    if args.address and contract.legs != (WORKER,):
+        parser.error(f"--address records a regular worker; {contract.name} needs a pair")
+    versions = engine_versions(args.engines_python, contract.engine)
+    engine = WORKERS[contract.engine].engine
     transcript: dict[str, Any] = {
         "about": f"answers of a real {engine} gRPC worker to tests/contract/calls.py, "
         "recorded by scripts/record_transcripts.py",
@@ -137,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_spec(args.model),
         **asyncio.run(record(args, contract)),
     }
-    version = versions[ENGINE_PACKAGE[args.engine]]
-    out = args.out or ROOT / f"tests/contract/transcripts/{args.engine}-{version}.json"
+    version = versions[ENGINE_PACKAGE[contract.engine]]
+    out = args.out or ROOT / f"tests/contract/transcripts/{contract.name}-{version}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(transcript, indent=1, sort_keys=False) + "\n")
     print(f"wrote {out} ({out.stat().st_size // 1024} KiB)", file=sys.stderr)

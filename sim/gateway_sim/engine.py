@@ -90,9 +90,9 @@ def shown_ids(ids: Sequence[int], most: int = 64) -> str:
 
 
 def input_logprobs_for(input_ids: Sequence[int]) -> list[float | None]:
-    """Deterministic prompt logprobs, the first one None as in SGLang; multiples of
-    1/64 so they survive float32 and JSON exactly."""
-    return [None] + [-((token % 97) + 1) / 64.0 for token in input_ids[1:]]
+    """The prompt logprobs a simulated worker reports (`Dialect.logprobs`), the first
+    one None as in both engines."""
+    return [None] + [logprob_of(token, -k - 1) for k, token in enumerate(input_ids) if k]
 
 
 def embedding_for(input_ids: Sequence[int]) -> list[float]:

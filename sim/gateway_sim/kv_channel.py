@@ -51,9 +51,12 @@ class KvChannel(HandoffServer):
         self._block_size = block_size
         self._next_block = 0
 
-    def hand_over(self, request_id: str, first_token: int, prompt_tokens: int) -> dict[str, Any]:
+    def hand_over(
+        self, request_id: str, first_token: int, prompt_tokens: int, cached_tokens: int
+    ) -> dict[str, Any]:
         """Keep the KV of ``request_id`` for a decode; returns the transfer params the
-        prefill's Complete carries (NIXL's fields, plus the first token)."""
+        prefill's Complete carries: vLLM 0.32.0's NixlConnector's fields (the first token
+        goes over the side channel, as the KV does)."""
         count = max(1, -(-prompt_tokens // self._block_size))
         blocks = list(range(self._next_block, self._next_block + count))
         self._next_block += count
@@ -67,9 +70,15 @@ class KvChannel(HandoffServer):
             "remote_engine_id": self._engine_id,
             "remote_host": self._host,
             "remote_port": self.port,
-            "remote_block_ids": blocks,
+            "remote_block_ids": [blocks],  # one list per KV cache group
             "remote_request_id": request_id,
-            "first_token": first_token,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": prompt_tokens,
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": cached_tokens,
         }
 
 

@@ -12,13 +12,11 @@ Protocol (TCP on the prefill's bootstrap port; framing in ``lines``, exchange in
 ``handoff``)::
 
     decode  -> prefill   WAIT <room> {"wait_ms": <decode's --bootstrap-timeout-ms>}
-    prefill -> decode    READY <room> {"first_token": <id>,
-                                       "input_logprobs": [null, <float>, ...] | null,
-                                       "token_ids": [<prompt ids>] | null}
+    prefill -> decode    READY <room> {"first_token": <id>}
                       or UNKNOWN <room>         (room not ready within wait_ms)
 
 The prefill marks a room ready after its time to first token, holding the first output
-token (and, when the request asked for ``return_logprob``, the prompt logprobs); the
+token; the
 decode starts its output from that token. A room is handed over once; an unclaimed room
 expires after 30 s.
 """
@@ -38,8 +36,6 @@ class Room:
     """What the prefill hands the decode through a room."""
 
     first_token: int
-    input_logprobs: list[float | None] | None = None
-    token_ids: list[int] | None = None
 
 
 class BootstrapServer(HandoffServer):
@@ -49,14 +45,7 @@ class BootstrapServer(HandoffServer):
         super().__init__(LABEL, host, port)
 
     def mark_ready(self, room: int, handoff: Room) -> None:
-        self.publish(
-            str(room),
-            {
-                "first_token": handoff.first_token,
-                "input_logprobs": handoff.input_logprobs,
-                "token_ids": handoff.token_ids,
-            },
-        )
+        self.publish(str(room), {"first_token": handoff.first_token})
 
 
 async def wait_room(host: str, port: int, room: int, timeout_s: float) -> Room:
@@ -81,11 +70,9 @@ async def wait_room(host: str, port: int, room: int, timeout_s: float) -> Room:
         ) from None
     try:
         first_token = value["first_token"]
-        logprobs = value.get("input_logprobs")
-        token_ids = value.get("token_ids")
         if not isinstance(first_token, int):
             raise TypeError(first_token)
-        return Room(first_token, logprobs, token_ids)
+        return Room(first_token)
     except (KeyError, TypeError):
         raise KvTransferError(
             f"KV transfer failed: bootstrap room {room} from {where}: malformed handoff"

@@ -119,6 +119,9 @@ def tokenized_ids(request: Any) -> Sequence[int] | None:
     return request.tokenized.input_ids if request.HasField("tokenized") else None
 
 
+DEFAULT_BOOTSTRAP_PORT = 8998  # what every SGLang worker reports but a prefill given one
+
+
 def sampling_of(request: Any) -> Sampling:
     params = request.sampling_params
     logprobs = request.top_logprobs_num if request.return_logprob else None
@@ -193,7 +196,7 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
                 "served_model_name": config.model,
                 "tokenizer_path": config.model_path,
                 "disaggregation_mode": "null",
-                "disaggregation_bootstrap_port": 8998,
+                "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT,
                 "tp_size": 1,
                 "dp_size": config.dp_ranks,
                 "page_size": config.block_size,

@@ -27,24 +27,19 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from gateway_sim.config import split_listen
 from gateway_sim.disagg import Start, check_single_sample, reject, run_leg
 from gateway_sim.embeddings import EmbeddingReceiver, EmbeddingsMissing
-from gateway_sim.engine import Sampling, SimEngine, input_logprobs_for
+from gateway_sim.engine import SimEngine
 from gateway_sim.lines import LineServer, address
 from gateway_sim.rendezvous import BootstrapServer, Room, wait_room
-from gateway_sim.sglang import DIALECT, SglangServicer, sampling_of, tokenized_ids
+from gateway_sim.sglang import (
+    DEFAULT_BOOTSTRAP_PORT,
+    DIALECT,
+    SglangServicer,
+    sampling_of,
+    tokenized_ids,
+)
 
 # A prefill listening on every address is named by any of them.
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-
-
-def logprobs_message(values: list[float | None], token_ids: list[int]) -> Any:
-    """SGLang's InputLogProbs: one entry per prompt token, the first one without value."""
-    return sgl_pb2.InputLogProbs(
-        token_logprobs=[
-            sgl_pb2.InputTokenLogProb() if value is None else sgl_pb2.InputTokenLogProb(value=value)
-            for value in values
-        ],
-        token_ids=token_ids,
-    )
 
 
 def mm_item_count(request: Any) -> int:
@@ -100,7 +95,7 @@ class _PdServicer(SglangServicer):
         return []
 
     def bootstrap_port(self) -> int:
-        return 0
+        return DEFAULT_BOOTSTRAP_PORT  # a decode's: SGLang's default, used by no one
 
     def _metrics(self) -> Any:
         return sgl_pb2.DisaggregationMetrics(mode=self.mode)
@@ -128,7 +123,8 @@ class _PdServicer(SglangServicer):
 
 class SglangPrefillServicer(_PdServicer):
     """``--role prefill``: marks the request's room ready after its time to first token
-    and answers with one Complete holding the first token."""
+    and answers as a regular worker asked for one token would (SGLang 0.5.23: streamed,
+    a chunk and a Complete; logprobs when asked, the prompt's included)."""
 
     mode = "prefill"
 
@@ -169,25 +165,18 @@ class SglangPrefillServicer(_PdServicer):
         room = params.bootstrap_room
         request_id = request.request_id
         prompt = tokenized_ids(request)
-        input_ids = list(prompt or ())
-        logprobs = input_logprobs_for(input_ids) if request.return_logprob else None
         items = mm_item_count(request)
         timeout_s = self._engine.config.embedding_timeout_s
 
         def publish(message: Any) -> None:
-            complete = message.complete
-            if complete.finish_reason == "abort" or not complete.output_ids:
+            first = message.chunk.token_ids if message.HasField("chunk") else None
+            if first is None:
+                complete = message.complete
+                aborted = complete.finish_reason == "abort"
+                first = () if aborted else complete.output_ids
+            if not first:
                 return
-            self.bootstrap.mark_ready(
-                room,
-                Room(
-                    complete.output_ids[0],
-                    logprobs,
-                    input_ids if logprobs is not None else None,
-                ),
-            )
-            if logprobs is not None:
-                complete.input_logprobs.CopyFrom(logprobs_message(logprobs, input_ids))
+            self.bootstrap.mark_ready(room, Room(first[0]))
 
         async def prepare() -> Start:
             if items:
@@ -206,7 +195,7 @@ class SglangPrefillServicer(_PdServicer):
             DIALECT,
             request_id,
             prompt,
-            Sampling(max_tokens=1, stream=False),
+            dataclasses.replace(sampling_of(request), max_tokens=1),
             prepare,
             self._engine.rank_of(request),
             request.lora_id,

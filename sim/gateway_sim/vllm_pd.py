@@ -86,9 +86,13 @@ class VllmPrefillServicer(_PdServicer):
             complete = message.complete
             if complete.finish_reason == "abort" or not complete.output_ids:
                 return
-            params = self.kv.hand_over(request_id, complete.output_ids[0], len(input_ids))
+            params = self.kv.hand_over(
+                request_id, complete.output_ids[0], len(input_ids), complete.cached_tokens
+            )
             if not omit:
                 complete.kv_transfer_params_json = json.dumps(params)
+                complete.kv_transfer_params.remote_host = params["remote_host"]
+                complete.kv_transfer_params.remote_port = params["remote_port"]
 
         async def prepare() -> Start:
             return Start(amend=hand_over)

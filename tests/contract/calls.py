@@ -17,6 +17,7 @@ enough to abort while it runs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,10 @@ VLLM_SERVICE = "vllm.grpc.engine.VllmEngine"
 SGLANG_SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 HEALTH = "grpc.health.v1.Health"
 FIRST_WORD = 4  # ids below are the specials
+
+# Where a call goes: the contract's one worker, or a leg of its prefill/decode pair (PAIR:
+# the same request to both at once, as SGLang's PD is run).
+WORKER, PREFILL, DECODE, PAIR = "worker", "prefill", "decode", "pair"
 
 # Checks beyond the ones every call gets (compare.py):
 DETAILS = "details"  # the status message text, exactly (validation errors)
@@ -81,7 +86,12 @@ def sgl_generate(
 class Call:
     """One RPC: `method` is `Service/Method` (the engine's when no service is named), its
     request in protobuf's JSON form (proto field names), or `raw` bytes sent as the
-    request instead (one that does not decode). `timeout_s` is the call's deadline."""
+    request instead (one that does not decode). `timeout_s` is the call's deadline.
+
+    In a prefill/decode contract, `leg` is the worker it goes to; what a router adds to a
+    leg's request is added when it is sent: `kv_from` (vLLM's decode) names the earlier
+    prefill call whose Complete's kv_transfer_params it carries, `bootstrap_room`
+    (SGLang's pair) the room it names beside the prefill's bootstrap host and port."""
 
     name: str
     method: str
@@ -94,6 +104,9 @@ class Call:
     abort_after: int | None = None
     timeout_s: float = 60.0
     note: str = ""
+    leg: str = WORKER
+    kv_from: str | None = None
+    bootstrap_room: int | None = None
 
     def full_method(self, engine_service: str) -> str:
         service, _, rpc = self.method.rpartition("/")
@@ -468,11 +481,77 @@ SGLANG_CALLS: tuple[Call, ...] = (
 )
 
 
+# A prefill/decode pair, as a router drives it: the legs' descriptions (their roles, the
+# prefill's bootstrap port), a call handed from prefill to decode streamed and unary, the
+# legs' loads and health after. The prompts span a full KV block and part of the next.
+PD_PROMPT = 200
+VLLM_PREFILL_KV = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
+
+
+def leg_calls(when: str, *rpcs: str) -> tuple[Call, ...]:
+    """Each of `rpcs` (unary, empty request) to each leg: `prefill_<rpc>_<when>`, ..."""
+    return tuple(
+        Call(f"{leg}_{snake(rpc)}_{when}", rpc, leg=leg)
+        for rpc in rpcs
+        for leg in (PREFILL, DECODE)
+    )
+
+
+def snake(rpc: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
+
+
+def vllm_prefill(request_id: str, salt: int) -> Call:
+    """vLLM's first leg, as the gateway sends it: one token, unary, for a remote decode."""
+    body = request(
+        request_id,
+        prompt(PD_PROMPT, salt),
+        False,
+        sampling(max_tokens=1),
+        kv_transfer_params_json=VLLM_PREFILL_KV,
+    )
+    return Call(request_id, "Generate", body, leg=PREFILL)
+
+
+def vllm_decode(request_id: str, salt: int, stream: bool, prefill: str) -> Call:
+    """vLLM's second leg: the client's request with the prefill's kv_transfer_params."""
+    body = generate(request_id, prompt(PD_PROMPT, salt), stream=stream, max_tokens=8)
+    return Call(request_id, "Generate", body, leg=DECODE, kv_from=prefill)
+
+
+VLLM_PD_CALLS: tuple[Call, ...] = (
+    *leg_calls("before", "GetServerInfo", "HealthCheck"),
+    vllm_prefill("prefill_generate", 20),
+    vllm_decode("decode_generate_stream", 20, True, "prefill_generate"),
+    vllm_prefill("prefill_generate_2", 21),
+    vllm_decode("decode_generate_unary", 21, False, "prefill_generate_2"),
+    *leg_calls("after", "GetLoads", "HealthCheck"),
+)
+
+
+def sglang_pair(request_id: str, salt: int, stream: bool, room: int, **top: Any) -> Call:
+    """SGLang's pair: the same request, naming the prefill's bootstrap and a room, to both
+    legs at once."""
+    body = sgl_generate(request_id, prompt(PD_PROMPT, salt), stream, top, max_new_tokens=8)
+    return Call(request_id, "Generate", body, leg=PAIR, bootstrap_room=room)
+
+
+SGLANG_PD_CALLS: tuple[Call, ...] = (
+    *leg_calls("before", "GetServerInfo", "HealthCheck"),
+    sglang_pair("pair_generate_stream", 20, True, 1001),
+    sglang_pair("pair_generate_unary", 21, False, 1002),
+    sglang_pair("pair_generate_logprobs", 22, True, 1003, **SGLANG_LOGPROBS),
+    *leg_calls("after", "GetLoads", "HealthCheck"),
+)
+
+
 @dataclass(frozen=True)
 class Contract:
-    """One engine's contract: its service, its calls, the form of its Abort, its KV
-    scenario (None: left out) and the transcript of a real worker's answers."""
+    """One contract: its engine's service, its calls, the form of its Abort, its KV
+    scenario (None: left out), its workers (one, or a prefill and a decode) and the
+    transcript of real workers' answers."""
 
+    name: str
     engine: str  # as `gateway sim --runtime` names it
     service: str
     calls: tuple[Call, ...]
@@ -480,6 +559,7 @@ class Contract:
     block_size: int  # the KV cache's block (vLLM) or page (SGLang), in tokens
     abort: Callable[[str], dict[str, Any]]
     kv: KvRestart | None = None
+    legs: tuple[str, ...] = (WORKER,)
 
     def call(self, name: str) -> Call | None:
         return next((call for call in self.calls if call.name == name), None)
@@ -491,6 +571,7 @@ class Contract:
 
 
 VLLM = Contract(
+    name="vllm",
     engine="vllm",
     service=VLLM_SERVICE,
     calls=VLLM_CALLS,
@@ -500,6 +581,7 @@ VLLM = Contract(
     kv=KV_RESTART,
 )
 SGLANG = Contract(
+    name="sglang",
     engine="sglang",
     service=SGLANG_SERVICE,
     calls=SGLANG_CALLS,
@@ -507,4 +589,26 @@ SGLANG = Contract(
     block_size=SGLANG_PAGE_SIZE,
     abort=lambda request_id: {"request_id": request_id},
 )
-CONTRACTS: dict[str, Contract] = {contract.engine: contract for contract in (VLLM, SGLANG)}
+VLLM_PD = Contract(
+    name="vllm-pd",
+    engine="vllm",
+    service=VLLM_SERVICE,
+    calls=VLLM_PD_CALLS,
+    transcript="vllm-pd-0.32.0.json",
+    block_size=BLOCK_SIZE,
+    abort=VLLM.abort,
+    legs=(PREFILL, DECODE),
+)
+SGLANG_PD = Contract(
+    name="sglang-pd",
+    engine="sglang",
+    service=SGLANG_SERVICE,
+    calls=SGLANG_PD_CALLS,
+    transcript="sglang-pd-0.5.23.json",
+    block_size=SGLANG_PAGE_SIZE,
+    abort=SGLANG.abort,
+    legs=(PREFILL, DECODE),
+)
+CONTRACTS: dict[str, Contract] = {
+    contract.name: contract for contract in (VLLM, SGLANG, VLLM_PD, SGLANG_PD)
+}

@@ -22,10 +22,20 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tests.contract.calls import DETAILS, HEADER_TIMING, Call, Contract, KvRestart
+from tests.contract.calls import (
+    DECODE,
+    DETAILS,
+    HEADER_TIMING,
+    PAIR,
+    PREFILL,
+    Call,
+    Contract,
+    KvRestart,
+)
 
 # Headers ahead of the first message by this much: sent on their own (the simulator is
 # told to be this slow to its first token, a real worker's first token is slow enough).
@@ -150,6 +160,12 @@ def choice_features(
         "output_logprobs": logprob_shape(complete.get("output_logprobs")),
         "input_logprobs": logprob_shape(complete.get("input_logprobs")),
     }
+    if "kv_transfer_params_json" in complete:
+        # a vLLM prefill's hand-off: the decode's connector reads these keys
+        params = json.loads(complete["kv_transfer_params_json"])
+        features["complete"]["kv_transfer_params"] = {
+            key: type(value).__name__ for key, value in sorted(params.items())
+        }
     if stream:
         # a streamed Complete repeats the last chunk (vLLM's delta), or carries totals
         features["complete"]["output_ids_are"] = (
@@ -215,6 +231,15 @@ SERVER_ARGS_VALUES = (
     "disaggregation_bootstrap_port",
     "max_running_requests",
 )
+BOOTSTRAP_PORT = "disaggregation_bootstrap_port"
+SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998
+
+
+def bootstrap_port_kind(port: float) -> float | str:
+    """SGLang's default port by value; a prefill's own (a free port of each run) as such."""
+    return port if port in (0, SGLANG_DEFAULT_BOOTSTRAP_PORT) else "a port of its own"
+
+
 # what a busy worker reports and an idle one does not: not a field's presence to compare
 LOAD_FIGURES = {
     "num_running_reqs",
@@ -250,7 +275,9 @@ def unary_features(entry: Mapping[str, Any], call: Call) -> dict[str, Any]:
     elif rpc == "GetServerInfo":
         features["fields"] = sorted(set(body) - {"active_requests"})
         features["values"] = {key: body.get(key) for key in SERVER_INFO_VALUES}
-        args = body.get("server_args", {})
+        args = dict(body.get("server_args", {}))
+        if BOOTSTRAP_PORT in args:
+            args[BOOTSTRAP_PORT] = bootstrap_port_kind(args[BOOTSTRAP_PORT])
         features["server_args"] = {key: args.get(key) for key in SERVER_ARGS_VALUES if args}
     elif rpc == "GetLoads":
         loads = body.get("loads", [])
@@ -428,6 +455,8 @@ def features(contract: Contract, name: str, entry: Mapping[str, Any]) -> dict[st
     call = contract.call(name)
     if call is None:
         raise KeyError(f"{contract.engine}'s contract has no call {name!r}")
+    if call.method == "Generate" and call.leg == PAIR:
+        return {leg: generate_features(entry[leg], call) for leg in (PREFILL, DECODE)}
     if call.method == "Generate":
         return generate_features(entry, call)
     return unary_features(entry, call)

@@ -22,7 +22,17 @@ from grpc import aio
 from grpc_health.v1 import health_pb2
 from smg_grpc_proto.generated import common_pb2, sglang_scheduler_pb2, vllm_engine_pb2
 
-from tests.contract.calls import SGLANG_SERVICE, VLLM_SERVICE, Call, Contract, KvRestart
+from tests.contract.calls import (
+    DECODE,
+    PAIR,
+    PREFILL,
+    SGLANG_SERVICE,
+    VLLM_SERVICE,
+    WORKER,
+    Call,
+    Contract,
+    KvRestart,
+)
 
 # The status details' Any payloads decode through the default pool.
 _ = error_details_pb2
@@ -76,10 +86,56 @@ def encoded(full_method: str, request: Mapping[str, Any]) -> bytes:
     return bytes(json_format.ParseDict(dict(request), request_type()).SerializeToString())
 
 
-def request_bytes(call: Call, engine_service: str) -> bytes:
+Bootstrap = tuple[str, int]  # an SGLang prefill's bootstrap host and port
+
+
+def request_bytes(
+    call: Call,
+    engine_service: str,
+    results: Mapping[str, Any],
+    bootstrap: Bootstrap | None = None,
+) -> bytes:
+    """The call's request, with what a router adds to a PD leg's: the kv_transfer_params
+    an earlier prefill call answered, or the bootstrap and room."""
     if call.raw is not None:
         return call.raw
-    return encoded(call.full_method(engine_service), call.request)
+    request = dict(call.request)
+    if call.kv_from is not None:
+        request["kv_transfer_params_json"] = kv_transfer_params(results[call.kv_from])
+    if call.bootstrap_room is not None:
+        if bootstrap is None:
+            raise ValueError(f"{call.name}: no prefill bootstrap to name")
+        host, port = bootstrap
+        request["disaggregated_params"] = {
+            "bootstrap_host": host,
+            "bootstrap_port": port,
+            "bootstrap_room": call.bootstrap_room,
+        }
+    return encoded(call.full_method(engine_service), request)
+
+
+def kv_transfer_params(entry: Mapping[str, Any]) -> str:
+    """What a vLLM prefill's Complete handed on ('' if it handed nothing)."""
+    for message in reversed(entry["messages"]):
+        params = message.get("complete", {}).get("kv_transfer_params_json")
+        if params:
+            return str(params)
+    return ""
+
+
+async def bootstrap_of(channel: aio.Channel) -> Bootstrap:
+    """An SGLang prefill's bootstrap, as a router finds it: the port from its
+    GetServerInfo's server_args (every worker here is on 127.0.0.1)."""
+    method = f"/{SGLANG_SERVICE}/GetServerInfo"
+    request_type, response_type, _ = method_types(method)
+    ask = channel.unary_unary(
+        method,
+        request_serializer=lambda message: message.SerializeToString(),
+        response_deserializer=response_type.FromString,
+    )
+    reply: Any = await ask(request_type(), timeout=30.0)
+    port = reply.server_args.fields["disaggregation_bootstrap_port"].number_value
+    return "127.0.0.1", int(port)
 
 
 def ms(seconds: float) -> float:
@@ -184,14 +240,24 @@ class Stream:
         return entry
 
 
-async def run_call(channel: aio.Channel, call: Call, contract: Contract) -> dict[str, Any]:
-    stream = Stream(
-        channel,
-        call.full_method(contract.service),
-        request_bytes(call, contract.service),
-        call.metadata,
-        call.timeout_s,
-    )
+async def run_call(
+    channels: Mapping[str, aio.Channel],
+    call: Call,
+    contract: Contract,
+    results: Mapping[str, Any],
+    bootstrap: Bootstrap | None = None,
+) -> dict[str, Any]:
+    """One call's entry; a PAIR call's is each leg's, by leg."""
+    method = call.full_method(contract.service)
+    payload = request_bytes(call, contract.service, results, bootstrap)
+    if call.leg == PAIR:
+        pair = {
+            leg: Stream(channels[leg], method, payload, call.metadata, call.timeout_s)
+            for leg in (PREFILL, DECODE)
+        }
+        return {leg: await stream.entry() for leg, stream in pair.items()}
+    channel = channels[call.leg]
+    stream = Stream(channel, method, payload, call.metadata, call.timeout_s)
     if call.abort_after is None:
         return await stream.entry()
     # Abort the request once it is running: after `abort_after` messages.
@@ -290,16 +356,23 @@ async def run_kv_restart(
 
 
 async def run_all(
-    address: str, contract: Contract, restart: Restart | None, unit_s: float
+    addresses: Mapping[str, str], contract: Contract, restart: Restart | None, unit_s: float
 ) -> dict[str, Any]:
-    """Every call of the contract in order, then its KV scenario (when it has one and
-    `restart` is given)."""
+    """Every call of the contract in order, each to its leg's worker (`addresses`, by
+    leg), then its KV scenario (when it has one and `restart` is given)."""
     results: dict[str, Any] = {}
-    async with aio.insecure_channel(address, options=OPTIONS) as channel:
+    channels = {leg: aio.insecure_channel(addresses[leg], options=OPTIONS) for leg in contract.legs}
+    try:
+        bootstrap = None
+        if contract.service == SGLANG_SERVICE and PREFILL in channels:
+            bootstrap = await bootstrap_of(channels[PREFILL])
         for call in contract.calls:
-            results[call.name] = await run_call(channel, call, contract)
+            results[call.name] = await run_call(channels, call, contract, results, bootstrap)
+    finally:
+        for channel in channels.values():
+            await channel.close()
     if contract.kv is not None and restart is not None:
         results[contract.kv.name] = await run_kv_restart(
-            address, contract.service, contract.kv, restart, unit_s
+            addresses[WORKER], contract.service, contract.kv, restart, unit_s
         )
     return results

@@ -11,7 +11,6 @@ two cores calls stall for up to the prefill's 30 s KV lease (docs/real-engines.m
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from tests.support.engines import (
     logged,
     one_by_one,
     prompt,
+    spread,
     streamed,
     until_unavailable,
     wait_idle,
@@ -238,12 +238,7 @@ async def test_sequential_pd_calls_do_not_stall_and_no_block_is_read_after_its_l
     await ready_pd(gw, pair)
     requests = [greedy(f"seq-{i}", prompt(200, 40 + i)) for i in range(SEQUENTIAL)]
     took = await one_by_one(gw.address, requests, 24)
-    median = statistics.median(took)
-    slow = [round(t, 2) for t in took if t > 3 * median]
-    print(
-        f"\n[{SEQUENTIAL} sequential PD calls] median {median:.3f} s, max {max(took):.3f} s, "
-        f"over 3x the median: {slow}"
-    )
+    _, slow = spread(f"{SEQUENTIAL} sequential PD calls", took)
     _, error = await streamed(gw.address, greedy("after-seq", prompt(50, 9), 4), "tiny")
     assert error is None
     assert invalid_reads(pair.prefill, "seq-") == []
@@ -282,13 +277,8 @@ async def test_with_a_bound_on_the_decode_s_first_message_no_call_waits_on_a_sta
             assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
             assert rich_status(error)[1]["ErrorInfo"].reason == "WORKERS_OVERLOADED"
             refused += 1
-    median = statistics.median(took)
-    print(
-        f"\n[{SEQUENTIAL} sequential PD calls, decode bound {STALL_BOUND_S:g} s] median "
-        f"{median:.3f} s, max {max(took):.3f} s, given up {given_up}, refused {refused}, "
-        f"slowest "
-        f"{sorted(round(t, 2) for t in took)[-5:]}"
-    )
+    label = f"{SEQUENTIAL} sequential PD calls, decode bound {STALL_BOUND_S:g} s"
+    median, _ = spread(f"{label}, given up {given_up}, refused {refused}", took)
     # no call waits on its decode past the bound; the rest (the prefill, the stream) takes
     # at most three times a usual call
     assert max(took) <= STALL_BOUND_S + 3 * median

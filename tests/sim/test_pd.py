@@ -184,8 +184,9 @@ async def test_sglang_pd_decode_streams_what_a_regular_worker_does(
     regular = await generate(sims["sgl_regular"], sgl_request("pd-1"))
     prefill, decode = await sgl_pd(sims, "pd-1", room=1001)
 
-    assert len(prefill) == 1
-    complete = prefill[0].complete
+    # as SGLang 0.5.23's prefill answers a streamed request: its one token, then Complete
+    assert [m.WhichOneof("response") for m in prefill] == ["chunk", "complete"]
+    complete = prefill[-1].complete
     assert list(complete.output_ids) == output_tokens(PROMPT, 1)
     assert (complete.finish_reason, complete.prompt_tokens) == ("length", len(PROMPT))
     assert not complete.HasField("input_logprobs")
@@ -208,7 +209,7 @@ async def test_sglang_wrong_room_fails_the_decode_in_time(sims: Sims, strict: bo
     prefill = await generate(sims["sgl_prefill"], sgl_request("pd-2", room=2003, port=port))
     error = await decode
     elapsed = time.monotonic() - started
-    assert len(prefill) == 1  # the prefill does its part; its room just has no taker
+    assert prefill[-1].complete.output_ids  # the prefill does its part; no taker for its room
     assert error.code() == grpc.StatusCode.INTERNAL
     assert error.details() == (
         f"KV transfer failed: bootstrap room 2002 not received from {HOST}:{port} within 0.5 s"
@@ -273,8 +274,10 @@ async def test_sglang_input_logprobs_stay_with_the_prefill(sims: Sims) -> None:
         return [e.value if e.HasField("value") else None for e in logprobs.token_logprobs]
 
     prefill, decode = await sgl_pd(sims, "pd-6", room=6006, return_logprob=True)
-    assert values(prefill[0].complete.input_logprobs) == expected
-    assert list(prefill[0].complete.input_logprobs.token_ids) == PROMPT
+    first, complete = prefill[0].chunk, prefill[-1].complete  # SGLang's prefill: in both
+    for logprobs in (first.input_logprobs, complete.input_logprobs):
+        assert values(logprobs) == expected
+        assert list(logprobs.token_ids) == PROMPT
     # As with SGLang's decode server: the gateway has to bring them to the client.
     assert not any(m.chunk.HasField("input_logprobs") for m in decode[:-1])
     assert not decode[-1].complete.HasField("input_logprobs")
@@ -324,7 +327,11 @@ async def test_vllm_pd_hands_over_through_params(sims: Sims) -> None:
     assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
     assert (params["remote_host"], params["remote_port"]) == (HOST, kv_port)
     assert params["remote_request_id"] == "v-1" and params["remote_engine_id"] == "vllm-p"
-    assert params["remote_block_ids"] and params["first_token"] == complete.output_ids[0]
+    assert params["remote_block_ids"] and params["remote_num_tokens"] == len(PROMPT)
+    assert (complete.kv_transfer_params.remote_host, complete.kv_transfer_params.remote_port) == (
+        HOST,
+        kv_port,
+    )
 
     regular = await generate(sims["vllm_regular"], vllm_request("v-1", None), "vllm")
     decode = await generate(sims["vllm_decode"], vllm_request("v-1", params), "vllm")
@@ -426,7 +433,7 @@ async def test_epd_two_encoders_feed_one_prefill(sims: Sims, strict: bool) -> No
         encode(sims["encoder_b"], "e-1", list(urls[2:]), 1, 2, port),
     )
     messages = await generating
-    assert list(messages[0].complete.output_ids) == output_tokens(PROMPT, 1)
+    assert list(messages[-1].complete.output_ids) == output_tokens(PROMPT, 1)
     assert (a.embedding_len, a.embedding_dim, a.embedding_size) == (32, 64, 32 * 64 * 4)
     assert b.embedding_len == 16
     assert a_headers["x-sim-worker"] == "enc-a" and b_headers["x-sim-worker"] == "enc-b"
@@ -447,7 +454,7 @@ async def test_epd_two_encoders_feed_one_prefill(sims: Sims, strict: bool) -> No
 
     # A request without multimodal items does not wait at all.
     started = time.monotonic()
-    assert len(await generate(prefill, epd_request(prefill, "e-3", ()))) == 1
+    assert (await generate(prefill, epd_request(prefill, "e-3", ())))[-1].complete.output_ids
     if strict:
         assert time.monotonic() - started < 0.3
 
@@ -485,7 +492,11 @@ async def test_server_info_reports_the_role(sims: Sims) -> None:
     assert prefill["disaggregation_mode"] == "prefill"
     assert prefill["disaggregation_bootstrap_port"] == int(sims["sgl_prefill"].extra["bootstrap"])
     decode = await sgl_args(sims["sgl_decode"])
-    assert (decode["disaggregation_mode"], decode["disaggregation_bootstrap_port"]) == ("decode", 0)
+    # a decode reports SGLang's default, as every worker not given a port does
+    assert (decode["disaggregation_mode"], decode["disaggregation_bootstrap_port"]) == (
+        "decode",
+        8998,
+    )
     regular = await sgl_args(sims["sgl_regular"])
     assert (regular["disaggregation_mode"], regular["disaggregation_bootstrap_port"]) == (
         "null",

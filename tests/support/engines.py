@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -159,6 +160,15 @@ async def one_by_one(address: str, requests: Sequence[Any], wanted: int) -> list
         took.append(time.monotonic() - began)
         assert error is None and len(tokens) == wanted, error
     return took
+
+
+def spread(label: str, took: Sequence[float]) -> tuple[float, list[float]]:
+    """The median of the calls' seconds and those over three times it, printed under
+    `label`: a sequential test's figures."""
+    median = statistics.median(took)
+    slow = [round(t, 2) for t in took if t > 3 * median]
+    print(f"\n[{label}] median {median:.3f} s, max {max(took):.3f} s, over 3x the median: {slow}")
+    return median, slow
 
 
 async def until_unavailable(address: str, req: Any, leg: str) -> None:
