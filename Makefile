@@ -114,7 +114,8 @@ test-engines: $(STAMP) engines engines-sglang engines-nixl engines-mooncake  ## 
 	GATEWAY_ENGINES_PYTHON=$(abspath $(ENGINES_PY)) GATEWAY_ENGINES_MODEL=$(abspath $(ENGINES_MODEL)) \
 	$(VENV)/bin/pytest -n 0 -q tests/engines
 
-# ENGINE=vllm (the default) or sglang: whose real worker record-transcripts records.
+# CONTRACT=vllm (the default), sglang, vllm-pd or sglang-pd: whose real workers
+# record-transcripts records (tests/contract/calls.py).
 CONTRACT ?= vllm
 # each contract's add-ons beside the engines venv
 CONTRACT_ADDONS = $(if $(filter sglang%,$(CONTRACT)),engines-sglang) \
