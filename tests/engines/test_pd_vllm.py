@@ -263,6 +263,7 @@ async def test_with_a_bound_on_the_decode_s_first_message_no_call_waits_on_a_sta
     gw = pd_gateway(gateway, pair, "--config", config)
     await ready_pd(gw, pair)
     took: list[float] = []
+    served: list[float] = []
     given_up = refused = 0
     for i in range(SEQUENTIAL):
         began = time.monotonic()
@@ -270,6 +271,7 @@ async def test_with_a_bound_on_the_decode_s_first_message_no_call_waits_on_a_sta
         took.append(time.monotonic() - began)
         if error is None:
             assert len(tokens) == 24
+            served.append(took[-1])
         elif error.code() is grpc.StatusCode.UNAVAILABLE:
             assert error.details() == f"decode worker {pair.decode.address}: {STALLED}"
             given_up += 1
@@ -278,9 +280,13 @@ async def test_with_a_bound_on_the_decode_s_first_message_no_call_waits_on_a_sta
             assert rich_status(error)[1]["ErrorInfo"].reason == "WORKERS_OVERLOADED"
             refused += 1
     label = f"{SEQUENTIAL} sequential PD calls, decode bound {STALL_BOUND_S:g} s"
-    median, _ = spread(f"{label}, given up {given_up}, refused {refused}", took)
+    spread(f"{label}, given up {given_up}, refused {refused}", took)
+    assert served, "no call served"
+    median, _ = spread(f"the {len(served)} served of them", served)
     # no call waits on its decode past the bound; the rest (the prefill, the stream) takes
-    # at most three times a usual call
+    # at most three times a served call (refusals take milliseconds: in one run four
+    # stalls in a row filled the window and the next 43 calls were refused within a
+    # second, which made the median of all 50 calls 7 ms)
     assert max(took) <= STALL_BOUND_S + 3 * median
 
 
