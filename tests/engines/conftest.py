@@ -22,15 +22,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+
+from gateway_sim.launch import Child
+from tests.conftest import Launcher
 
 ENGINES_PYTHON = os.environ.get("GATEWAY_ENGINES_PYTHON", "")
 ENGINES_MODEL = os.environ.get("GATEWAY_ENGINES_MODEL", "")
 MAX_WORKERS = 4  # 1.5-3.5 GB each on a 24 GB, 2-core machine
+# Real engines on two shared cores stop answering for seconds under load, grpc.health
+# included: a vLLM PD worker in a stalled NIXL transfer (13.9 s once), an SGLang decode on
+# a machine at load 7 (probes timing out for 2 s). The default probe (1 s, two failures in
+# a row: right where a servicer has a core to itself) then takes a serving worker out and
+# calls meet no worker. Every gateway of the tier probes as a deployment on CPUs would.
+PATIENT_PROBE = {"timeout_s": 5.0, "failure_threshold": 3}
 # pytest-timeout counts fixtures' setup: a test whose worker starts with it needs minutes.
 TIMEOUT_S = 900
 
@@ -90,6 +100,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.timeout(TIMEOUT_S))
+
+
+def with_patient_probe(args: Sequence[str], directory: Path) -> list[str]:
+    """`gateway serve` arguments whose configuration has PATIENT_PROBE (the one given,
+    copied into `directory` with it, a probe it sets itself kept; else one of its own)."""
+    args = list(args)
+    given = args.index("--config") + 1 if "--config" in args else None
+    settings = yaml.safe_load(Path(args[given]).read_text()) if given is not None else {}
+    settings["probe"] = {**PATIENT_PROBE, **(settings.get("probe") or {})}
+    path = directory / "patient.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    if given is None:
+        return [*args, "--config", str(path)]
+    args[given] = str(path)
+    return args
+
+
+@pytest.fixture
+def gateway(gateway: Launcher, tmp_path_factory: pytest.TempPathFactory) -> Launcher:
+    """The usual `gateway` fixture, probing patiently (PATIENT_PROBE)."""
+
+    def launch(*args: str) -> Child:
+        return gateway(*with_patient_probe(args, tmp_path_factory.mktemp("probe")))
+
+    return launch
 
 
 @pytest.fixture(scope="session")

@@ -47,11 +47,6 @@ LEGS = ("prefill", "decode")
 # now and then every hand-off with it then waits on both legs (test_sglang_pd.py has the
 # evidence). The bound answers such a call UNAVAILABLE, or places it again elsewhere.
 SGLANG_BOUND_S = 10.0
-# A vLLM PD worker in a stalled NIXL transfer answers nothing for seconds, grpc.health
-# included (a whole-module run: a 13.9 s stall took the prefill and a decode beside it
-# out on the default probe, 1 s and two failures, and the next call met no prefill).
-# Probes patient enough to ride such a stall out, as a deployment on CPUs would set them.
-VLLM_PROBE = {"timeout_s": 5.0, "failure_threshold": 3}
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,6 @@ ENGINES = {
             kv_role="kv_producer" if leg == "prefill" else "kv_consumer", name="tiny"
         ),
         request=greedy,
-        settings={"probe": VLLM_PROBE},
     ),
     "sglang": Engine(
         start=lambda engines, leg: engines.start("sglang", name="tiny", disaggregation=leg),
