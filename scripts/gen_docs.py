@@ -157,6 +157,8 @@ MEANING: dict[str, str] = {
     "migration.enabled": "a stream whose worker fails after tokens went goes on elsewhere",
     "migration.max_migrations": "continuations per call (per choice of a split n > 1)",
     "migration.max_resent_tokens": "the longest prompt + relayed tokens a continuation re-sends",
+    "migration.max_kept_tokens": "relayed token ids kept for all streams (~3 bytes each); "
+    "streams past it are not followed",
     "limits.max_choices": "most `sampling_params.n`; past it: REQUEST_OVER_LIMIT",
     "limits.max_inflight_requests": "calls in flight at once; past it: GATEWAY_OVERLOADED",
     "limits.max_concurrent_streams": "streams per client connection (HTTP/2 SETTINGS)",
@@ -216,6 +218,8 @@ MEANING: dict[str, str] = {
     "its least recently used unused one",
     "lora.load_on_demand": "load a call's adapter on the chosen worker when it lacks it",
     "lora.load_timeout_s": "bound on one on-demand load (and the unload before it)",
+    "lora.max_listed_per_worker": "adapters read of one worker's list; the rest are ignored "
+    "(counted as a rejected load figure)",
     "admin.listen": "the admin API's port (non-loopback needs a token)",
     "admin.token": "bearer token the admin API requires",
     "metrics.listen": "Prometheus `/metrics` endpoint; `off`: none",
@@ -266,6 +270,7 @@ SCOPE: dict[str, str] = {
     "models.<model>.vocab_size": "call",
     "migration.max_migrations": "call",
     "migration.max_resent_tokens": "call",
+    "migration.max_kept_tokens": "process",
     "limits.max_choices": "call",
     "limits.max_inflight_requests": SPLIT,
     "limits.max_concurrent_streams": "connection",
@@ -295,6 +300,7 @@ SCOPE: dict[str, str] = {
     "kv.max_event_bytes": "message",
     "affinity.max_sessions": "process",
     "lora.max_loaded_per_worker": "worker report",
+    "lora.max_listed_per_worker": "worker report",
     "tracing.max_queue": "process",
     "orca.max_streams": "process",
     "orca.max_streams_per_connection": "connection",
@@ -347,6 +353,7 @@ UNIT_AT: dict[str, str] = {
     "flow.queue.max_requests": "calls",
     "affinity.max_sessions": "bindings",
     "lora.max_loaded_per_worker": "adapters",
+    "lora.max_listed_per_worker": "adapters",
 }
 UNIT_BY_NAME: list[tuple[str, str]] = [  # (pattern, unit): the first that matches a key's name
     (r"_s$", "s"),

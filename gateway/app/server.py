@@ -60,7 +60,7 @@ from gateway.proxy.intake import ReadGate
 from gateway.proxy.legs import BootstrapRooms
 from gateway.proxy.lora import LoraLoader
 from gateway.proxy.metadata import MetadataRelay
-from gateway.proxy.migration import Migrations
+from gateway.proxy.migration import UNFOLLOWED, Migrations
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
 from gateway.security.auth import ApiKeyAuth
@@ -178,11 +178,15 @@ class Gateway:
             waiting = self.rooms
             self.fleet.on_capacity(lambda worker: waiting.kick(worker.model))
         self.rates = rate_limits(config)
-        migrations = Migrations(config.migration, config.limits.max_prompt_tokens)
+        self.migrations = Migrations(config.migration, config.limits.max_prompt_tokens)
         # LoRA adapters loaded on demand (`lora.adapters`): before a call's legs open.
         self.loras = LoraLoader(config.lora, self.fleet) if config.lora.enabled else None
         self.dispatcher = Dispatcher(
-            self.upstreams, config.max_attempts, migrations, self.loras, config.retry_after_ms
+            self.upstreams,
+            config.max_attempts,
+            self.migrations,
+            self.loras,
+            config.retry_after_ms,
         )
         limits = config.limits
         self.admission = Admission(limits.max_inflight_requests, limits.principal_share)
@@ -213,6 +217,7 @@ class Gateway:
             self.metrics.affinity(self.affinity)
         if self.loras is not None:
             self.metrics.lora(self.loras, self.fleet.registry)
+        self.metrics.migration(self.migrations.budget, UNFOLLOWED)
         self.metrics.relayed_metadata(lambda: relay.dropped)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None

@@ -71,11 +71,16 @@ class MigrationConfig:
     continues on another worker: the prompt and the tokens relayed so far are sent there,
     and the client's stream goes on. `max_migrations` per call (per choice of a split
     n > 1); `max_resent_tokens`: the longest prompt + relayed tokens a continuation
-    re-sends (also what the gateway keeps of a stream's tokens)."""
+    re-sends (also what the gateway keeps of a stream's tokens). `max_kept_tokens`: the
+    relayed token ids one serving process keeps for all its streams (packed, ~3 bytes
+    each: ~96 MiB at the default); a stream whose tokens would go past it is no longer
+    followed and cannot go on elsewhere (counted), so workers' output never grows memory
+    unbounded."""
 
     enabled: Flag = True
     max_migrations: Whole = 2
     max_resent_tokens: AtLeastOne = 131_072
+    max_kept_tokens: AtLeastOne = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)

@@ -16,10 +16,10 @@ from typing import Any, Protocol, cast
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, ServiceDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from gateway.core.roles import Role, Runtime
-from gateway.core.wire import LENGTH_DELIMITED, VARINT, encode_varint
+from gateway.core.wire import LENGTH_DELIMITED, VARINT, encode_varint, payload
 from gateway.engines.tokens import TokenIds, Unusual, highest, split_tokens
 
 # A Generate request this long has its token ids decoded apart (numpy, off the loop).
@@ -398,16 +398,36 @@ class EngineAdapter(ABC):
 
     # -- continuing a stream on another worker (migration) ----------------------------
 
-    def relayed(self, messages: list[bytes]) -> tuple[Sequence[int], bool]:
-        """The new token ids of consecutive streamed answers, and whether the last was the
-        choice's closing one (whose ids repeat the last chunk's). One parse for them all:
-        protobuf merges concatenated messages, so the chunks' repeated `token_ids`
-        concatenate, at C speed, without a Python step per answer."""
-        response: Any = self.rpcs["Generate"].response_type.FromString(b"".join(messages))
+    def relayed(self, messages: bytes) -> tuple[Sequence[int], bool]:
+        """The new token ids of consecutive streamed answers (concatenated), and whether
+        the last was the choice's closing one (whose ids repeat the last chunk's). One
+        parse for them all: protobuf merges concatenated messages, so the chunks'
+        repeated `token_ids` concatenate, at C speed, without a Python step per answer."""
+        response: Any = self.rpcs["Generate"].response_type.FromString(messages)
         kind = response.WhichOneof("response")
         if kind == "chunk":
             return response.chunk.token_ids, False
         return (), kind == "complete"
+
+    @functools.cached_property
+    def _chunk_ids(self) -> tuple[Any, bytes]:
+        """A Generate chunk's message class, and the tag of its packed `token_ids`."""
+        chunk_type = type(self.rpcs["Generate"].response_type().chunk)  # type: ignore[attr-defined]
+        number = chunk_type.DESCRIPTOR.fields_by_name["token_ids"].number
+        return chunk_type, encode_varint(number << 3 | LENGTH_DELIMITED)
+
+    def packed(self, ids: Sequence[int]) -> bytes:
+        """Token ids as the varints of a chunk's packed `token_ids` (1 to 3 bytes each
+        under 2^21): how a stream's ids are kept, made in C (no Python step per id)."""
+        chunk_type, _ = self._chunk_ids
+        out = bytes(chunk_type(token_ids=ids).SerializeToString())
+        return out[payload(out, 0) :] if out else b""
+
+    def unpacked(self, packed: bytes | bytearray) -> Sequence[int]:
+        """The token ids `packed` made."""
+        chunk_type, tag = self._chunk_ids
+        message = chunk_type.FromString(tag + encode_varint(len(packed)) + packed)
+        return message.token_ids  # type: ignore[no-any-return]
 
     def continuation(
         self, raw: bytes, info: GenerateInfo, generated: Sequence[int], request_id: str
@@ -467,8 +487,12 @@ class EngineAdapter(ABC):
     def usage(self, message: bytes) -> Usage | None:
         """One Generate answer's figures (None: neither chunk nor Complete): a tenant's
         token budget is settled with them, and the cached tokens are set beside what the
-        gateway's prefix index expected. `counting` says how they add up."""
-        response: Any = self.rpcs["Generate"].response_type.FromString(message)
+        gateway's prefix index expected. `counting` says how they add up. An answer that
+        does not decode has none (it is relayed as it came, as a direct client gets it)."""
+        try:
+            response: Any = self.rpcs["Generate"].response_type.FromString(message)
+        except DecodeError:
+            return None
         kind = response.WhichOneof("response")
         if kind not in ("chunk", "complete"):
             return None

@@ -23,11 +23,11 @@ from gateway.proxy.job import Job
 from gateway.proxy.lora import LoadFailed, LoraLoader
 from gateway.proxy.migration import Migrations
 from gateway.proxy.upstream import (
-    RETRYABLE,
     Reserved,
     UpstreamCall,
     UpstreamFailure,
     Upstreams,
+    retryable,
 )
 
 Attempt = Callable[[Job, Reserved], Awaitable[bytes | None]]
@@ -66,8 +66,22 @@ class Dispatcher:
         with attempts of its own). `placed_ahead`: the first attempt's placement, made and
         reserved already (by a waiting room, as capacity came free)."""
         migrations = self._migrations
-        if migrations is not None:
-            job = migrations.watch(job)
+        if migrations is None:
+            return await self._run(job, place, attempt, placed_ahead, None)
+        job = migrations.watch(job)
+        try:
+            return await self._run(job, place, attempt, placed_ahead, migrations)
+        finally:
+            migrations.done(job)  # every stretch shares the first one's progress
+
+    async def _run(
+        self,
+        job: Job,
+        place: Place,
+        attempt: Attempt,
+        placed_ahead: Reserved | None,
+        migrations: Migrations | None,
+    ) -> bytes | None:
         tried: list[str] = []
         failure: UpstreamFailure | None = None  # the answer when nobody else can take it
         broke: UpstreamFailure | None = None  # the failure the stream went on after
@@ -98,7 +112,7 @@ class Dispatcher:
             except UpstreamFailure as error:
                 tried.append(error.worker.id)
                 if not job.sink.delivered:
-                    if error.code not in RETRYABLE:
+                    if not retryable(error):
                         if broke is not None and migrations is not None:
                             # The continuation refused (its prompt past the new worker's
                             # context, say): the stream ends with what broke it.

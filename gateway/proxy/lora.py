@@ -7,12 +7,16 @@ workers that does not hold the adapter loads it (LoadLoRAAdapter with the path i
 when the worker is at `lora.max_loaded_per_worker`. One load per (worker, adapter) at a
 time: calls that need the same one wait for it (a shared future, which no one caller's
 cancel cancels), all bounded by `lora.load_timeout_s`. A failed load fails the attempt
-on that worker only (`LoadFailed`): dispatch tries another.
+on that worker only (`LoadFailed`): dispatch tries another. A load that timed out counts
+as a failure in the worker's outlier detection, and the adapter is not tried on that
+worker again for a while (`load_backoff_s`, growing with each timeout in a row): a
+worker that hangs loads costs calls one timeout each, not one per call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -28,9 +32,19 @@ from gateway.placement.lora import Holding, adapter_of, evictable, has_room
 from gateway.proxy.job import Job
 from gateway.proxy.upstream import Links, Reserved
 from gateway.upstream.load.lora import FAILED, LOADED
+from gateway.upstream.signals.outlier import Outcome
 from gateway.upstream.worker import Worker
 
 LOAD_RPC, UNLOAD_RPC = "LoadLoRAAdapter", "UnloadLoRAAdapter"
+MAX_LOAD_BACKOFF_S = 600.0  # the longest a (worker, adapter) load waits after timeouts
+
+Key = tuple[str, str]  # (worker id, adapter)
+
+
+def load_backoff_s(timeouts: int, timeout_s: float) -> float:
+    """How long a (worker, adapter) load is not tried again after `timeouts` in a row:
+    one load timeout, doubling, at most MAX_LOAD_BACKOFF_S."""
+    return min(timeout_s * 2.0 ** min(timeouts - 1, 16), MAX_LOAD_BACKOFF_S)
 
 
 class LoadFailed(Exception):
@@ -80,8 +94,12 @@ class LoraLoader:
     def __init__(self, config: LoraConfig, links: Links) -> None:
         self._config = config
         self._links = links
-        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._pending: dict[Key, asyncio.Task[None]] = {}
         self._loading = TaskScope(log_failures=False)  # a failure is its waiters' answer
+        # Loads that timed out: their timeouts in a row, and until when not tried again.
+        # At most one per (worker, configured adapter); a success ends its row, and one
+        # past MAX_LOAD_BACKOFF_S ago goes as another is added.
+        self.timed_out: dict[Key, tuple[int, float]] = {}
         self.loads: Counter[tuple[str, str]] = Counter()
         self.evictions: Counter[str] = Counter()
 
@@ -105,11 +123,32 @@ class LoraLoader:
         try:
             for worker in workers:
                 if adapter not in worker.loras:
+                    self._check_backoff(worker, adapter)
                     await self._shared_load(worker, adapter, job.adapter)
         except BaseException:
             using.__exit__()
             raise
         return using
+
+    def _check_backoff(self, worker: Worker, adapter: str) -> None:
+        """Raise LoadFailed at once while the adapter's last load there timed out lately."""
+        found = self.timed_out.get((worker.id, adapter))
+        if found is not None and (left := found[1] - time.monotonic()) > 0:
+            raise LoadFailed(
+                worker, adapter, f"its last load timed out: tried again in {left:.0f} s"
+            )
+
+    def _timed_out(self, worker: Worker, adapter: str) -> None:
+        """A load timed out: the adapter waits there, longer each time; the worker's
+        outlier detection counts a failure (once per load, not per waiting call)."""
+        now = time.monotonic()
+        recent = now - MAX_LOAD_BACKOFF_S  # older ones start afresh (a worker long gone)
+        self.timed_out = {k: v for k, v in self.timed_out.items() if v[1] > recent}
+        key = (worker.id, adapter)
+        timeouts = self.timed_out.get(key, (0, 0.0))[0] + 1
+        wait = load_backoff_s(timeouts, self._config.load_timeout_s)
+        self.timed_out[key] = (timeouts, now + wait)
+        self._links.record_outcome(worker, Outcome.FAILURE, trial=False)
 
     async def _shared_load(self, worker: Worker, adapter: str, engine: EngineAdapter) -> None:
         key = (worker.id, adapter)
@@ -126,7 +165,7 @@ class LoraLoader:
         """Cancel the loads still running (the gateway is stopping)."""
         await self._loading.close()
 
-    def _loaded(self, key: tuple[str, str], done: asyncio.Task[None]) -> None:
+    def _loaded(self, key: Key, done: asyncio.Task[None]) -> None:
         self._pending.pop(key, None)
         if not done.cancelled():
             done.exception()  # retrieved: its waiters, if any, have it too
@@ -142,8 +181,10 @@ class LoraLoader:
             raise
         except TimeoutError:
             self.loads[(worker.model, FAILED)] += 1
+            self._timed_out(worker, adapter)
             raise LoadFailed(worker, adapter, f"no answer in {timeout:g} s") from None
         self.loads[(worker.model, LOADED)] += 1
+        self.timed_out.pop((worker.id, adapter), None)
         worker.lora_loaded(adapter)
 
     async def _make_room(self, worker: Worker, adapter: str, engine: EngineAdapter) -> None:

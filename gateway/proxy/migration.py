@@ -8,25 +8,34 @@ upstream request id (which the client's request id still reaches: Abort follows 
 Its answers are rewritten so every counter the client reads goes on (the engine adapter
 knows how its engine counts): one uninterrupted stream, no token twice, none lost.
 
-What a stream relayed is kept raw (no message is parsed as it passes) and read for its
-token ids in batches, one parse each, or when a migration needs them, so the relay costs
-next to nothing more when no worker fails. A stream that cannot be continued ends as it
-would without migration, with the worker's status, and the reason is logged and counted.
+What a stream relayed is kept raw (no message is parsed as it passes: each is copied to
+one buffer of at most KEEP_BYTES) and read for its token ids in batches, one parse each,
+or when a migration needs them, so the relay costs next to nothing more when no worker
+fails. The ids are kept packed, as the varints of a chunk's packed `token_ids` field
+(`EngineAdapter.packed`: 3 bytes an id under 2^21, made in C with no Python step per
+id), and all streams together keep at most `migration.max_kept_tokens` of them
+(`TokenBudget`): a stream past it, or past its own bound, or one whose worker sent an
+answer that does not decode, is no longer followed (`Progress.lost` says why, counted in
+`gateway_migration_unfollowed_total`) and goes on relaying raw. A stream that cannot be
+continued ends as it would without migration, with the worker's status, and the reason
+is logged and counted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from gateway.config.gateway import MigrationConfig
 from gateway.engines import EngineAdapter
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import Metadata
-from gateway.proxy.upstream import Sink, UpstreamFailure
+from gateway.proxy.upstream import UNDECODABLE, Sink, UpstreamFailure
 
 log = structlog.get_logger("gateway.migration")
 
@@ -36,39 +45,73 @@ log = structlog.get_logger("gateway.migration")
 MIGRATABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED}
 )
-KEEP_MESSAGES = 256  # answers kept raw before they are read for their token ids
-KEEP_BYTES = 64 * 1024  # ... or this many bytes of them
+KEEP_BYTES = 16 * 1024  # answers kept raw (concatenated) before they are read
+PIECE_BYTES = 256 * 1024  # packed token ids frozen in pieces of this size
+# Why a stream is no longer followed (`Progress.lost`): past its own bound, past the
+# process's budget, or an answer of its worker that does not decode.
+TOO_LONG, BUDGET = "too_long", "budget"
+UNFOLLOWED = (TOO_LONG, BUDGET, UNDECODABLE)
+
+
+class TokenBudget:
+    """The relayed token ids all of a process's streams keep, bounded: a stream takes
+    room as its ids are read and gives it all back when it ends or stops being followed.
+    `unfollowed` counts the streams no longer followed, by why (read at scrape time)."""
+
+    __slots__ = ("kept", "limit", "unfollowed")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = 0
+        self.unfollowed: Counter[str] = Counter()
+
+    def take(self, count: int) -> bool:
+        if self.kept + count > self.limit:
+            return False
+        self.kept += count
+        return True
+
+    def give(self, count: int) -> None:
+        self.kept -= count
 
 
 class Progress:
     """What one job's stream has relayed: its token ids (read in batches from the raw
-    answers kept meanwhile, `pending`), whether a closing answer went, and the first
-    answer (its request id is the one the client knows). At most `room` token ids are
-    kept: past them the stream can no longer be continued (`overflow`)."""
+    answers kept meanwhile, concatenated in `pending`; packed, `count` of them), whether
+    a closing answer went, and the first answer (its request id is the one the client
+    knows). At most `room` token ids are kept, and only while the budget has room: past
+    either, or at an answer that does not decode, the stream is no longer followed
+    (`lost` says why) and what it kept is given back at once."""
 
     __slots__ = (
         "_adapter",
+        "_budget",
         "_room",
         "closed",
+        "count",
         "first",
-        "overflow",
+        "lost",
+        "packed",
         "pending",
-        "pending_bytes",
         "raw",
-        "tokens",
+        "tail",
         "upstream_id",
     )
 
-    def __init__(self, adapter: EngineAdapter, job: Job, room: int) -> None:
+    def __init__(self, adapter: EngineAdapter, job: Job, room: int, budget: TokenBudget) -> None:
         self._adapter = adapter
         self.raw = job.raw  # the client's request (one choice's, when n>1 is split)
         self.upstream_id = job.upstream_id  # the id its first worker knew it by
         self._room = room
-        self.pending: list[bytes] = []  # relayed, not read yet (`Relayed.write` adds)
-        self.pending_bytes = 0
-        self.tokens: list[int] = []
+        self._budget = budget
+        self.pending = bytearray()  # relayed, not read yet (`Relayed.write` adds)
+        # The token ids relayed, as varints (`tokens()`): grown in `tail`, frozen in
+        # pieces of PIECE_BYTES (one buffer grown whole would leave the heap in holes).
+        self.packed: list[bytes] = []
+        self.tail = bytearray()
+        self.count = 0
         self.closed = False
-        self.overflow = False
+        self.lost = ""  # why it is no longer followed ("": it is)
         self.first: bytes | None = None
 
     def read(self) -> None:
@@ -76,18 +119,44 @@ class Progress:
         pending = self.pending
         if not pending:
             return
-        if self.first is None:
-            self.first = pending[0]
-        ids, closing = self._adapter.relayed(pending)
+        try:
+            ids, closing = self._adapter.relayed(bytes(pending))
+        except DecodeError:
+            self.stop(UNDECODABLE)
+            return
         pending.clear()
-        self.pending_bytes = 0
-        tokens = self.tokens
         if closing:
             self.closed = True
-        elif len(tokens) + len(ids) > self._room:
-            self.overflow = True
-        elif not self.overflow:
-            tokens.extend(ids)
+        elif self.lost:
+            return
+        elif self.count + len(ids) > self._room:
+            self.stop(TOO_LONG)
+        elif not self._budget.take(len(ids)):
+            self.stop(BUDGET)
+        else:
+            tail = self.tail
+            tail += self._adapter.packed(ids)
+            if len(tail) >= PIECE_BYTES:
+                self.packed.append(bytes(tail))
+                tail.clear()
+            self.count += len(ids)
+
+    def tokens(self) -> Sequence[int]:
+        """The token ids kept (unpacked: a continuation needs them)."""
+        return self._adapter.unpacked(b"".join((*self.packed, self.tail)))
+
+    def stop(self, why: str) -> None:
+        """No longer followed: what it kept given back, nothing more kept (counted once)."""
+        if not self.lost:
+            self.lost = why
+            self._budget.unfollowed[why] += 1
+        self.release()
+        self.pending.clear()
+
+    def release(self) -> None:
+        """Its token ids given back to the budget (the stream ended, or is not followed)."""
+        self._budget.give(self.count)
+        self.packed, self.tail, self.count = [], bytearray(), 0
 
 
 class Relayed:
@@ -111,16 +180,21 @@ class Relayed:
 
     def write(self, message: bytes) -> Awaitable[None]:
         """Kept (an append: nothing is parsed here, once per message), then written (the
-        client's awaitable returned as it is)."""
+        client's awaitable returned as it is). A continuation's answer that does not
+        decode raises DecodeError before anything reaches the client: the relay makes it
+        its worker's failure."""
+        rewrite = self._rewrite
+        out = message if rewrite is None else rewrite(message)
         self.delivered = True
         progress = self.progress
-        pending = progress.pending
-        pending.append(message)
-        progress.pending_bytes += len(message)
-        if len(pending) >= KEEP_MESSAGES or progress.pending_bytes >= KEEP_BYTES:
-            progress.read()
-        rewrite = self._rewrite
-        return self.client.write(message if rewrite is None else rewrite(message))
+        if progress.first is None:
+            progress.first = message
+        if not progress.lost:
+            pending = progress.pending
+            pending += message
+            if len(pending) >= KEEP_BYTES:
+                progress.read()
+        return self.client.write(out)
 
     def trailers(self, metadata: Metadata) -> None:
         self.client.trailers(metadata)
@@ -135,6 +209,7 @@ class Migrations:
     def __init__(self, config: MigrationConfig, max_prompt_tokens: int) -> None:
         self._config = config
         self._max_prompt_tokens = max_prompt_tokens
+        self.budget = TokenBudget(config.max_kept_tokens)
 
     def refusal(self, job: Job) -> str | None:
         """Why the job's stream could never be continued ("" if it could; None: it is
@@ -154,13 +229,25 @@ class Migrations:
         return ""
 
     def watch(self, job: Job) -> Job:
-        """The job with what its stream relays kept, if it could be continued."""
+        """The job with what its stream relays kept, if it could be continued. A stream
+        that starts while the budget is spent is not followed (the older ones keep
+        theirs). `done` gives back what it kept."""
         if self.refusal(job) != "":
             return job
         info = job.call.info
         assert info is not None
         room = self._config.max_resent_tokens - len(info.tokens)
-        return replace(job, sink=Relayed(job.sink, Progress(job.adapter, job, room)))
+        progress = Progress(job.adapter, job, room, self.budget)
+        if self.budget.kept >= self.budget.limit:
+            progress.stop(BUDGET)
+        return replace(job, sink=Relayed(job.sink, progress))
+
+    @staticmethod
+    def done(job: Job) -> None:
+        """The job's stream ended (however): what it kept goes back to the budget."""
+        sink = job.sink
+        if isinstance(sink, Relayed):
+            sink.progress.release()
 
     def verdict(self, job: Job, failure: UpstreamFailure, migrated: int) -> str | None:
         """Whether a job whose worker failed after its stream reached the client goes on
@@ -178,7 +265,7 @@ class Migrations:
         """What became of a stream whose worker failed: `continued` on another worker,
         `unplaced` (no other worker could take it), or why it could not go on."""
         sink, call = job.sink, job.call
-        relayed = len(sink.progress.tokens) if isinstance(sink, Relayed) else 0
+        relayed = sink.progress.count if isinstance(sink, Relayed) else 0
         cause = failure.cause or failure.code.name.lower()
         continued = outcome == "continued"
         resent = len(call.info.tokens) + relayed if continued and call.info is not None else 0
@@ -200,8 +287,8 @@ class Migrations:
         assert isinstance(sink, Relayed) and info is not None
         progress, adapter = sink.progress, job.adapter
         upstream_id = f"{progress.upstream_id}~{migrated + 1}"
-        raw = adapter.continuation(progress.raw, info, progress.tokens, upstream_id)
-        prompt_tokens, before = len(info.tokens), len(progress.tokens)
+        raw = adapter.continuation(progress.raw, info, progress.tokens(), upstream_id)
+        prompt_tokens, before = len(info.tokens), progress.count
         assert progress.first is not None  # it delivered
         client_id = adapter.response_id(progress.first)
         continued = adapter.continued
@@ -216,13 +303,15 @@ class Migrations:
         """Why a stream that could be continued cannot be now ("" if it can)."""
         info = job.call.info
         assert info is not None
-        generated = len(progress.tokens)
+        generated = progress.count
         if progress.closed:
             return "finished"  # its closing answer went: nothing is left to generate
         if info.max_new_tokens is not None and generated >= info.max_new_tokens:
             return "finished"
         if migrated >= self._config.max_migrations:
             return "limit"
-        if progress.overflow or len(info.tokens) + generated > self._max_prompt_tokens:
-            return "too_long"
+        if progress.lost:
+            return progress.lost
+        if len(info.tokens) + generated > self._max_prompt_tokens:
+            return TOO_LONG
         return ""

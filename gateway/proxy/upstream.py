@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from gateway.core.roles import Role
@@ -42,6 +43,9 @@ log = structlog.get_logger("gateway.upstream")
 # UNAVAILABLE, or CANCELLED by the worker itself (a gRPC server shutting down cancels calls
 # that arrive as it stops; the client's own cancel never reaches this code as a status).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+# The cause of a failure the gateway makes of a worker's answer that does not decode where
+# it must be read (a continuation's, rewritten for its client): INTERNAL, the worker's.
+UNDECODABLE = "undecodable"
 
 # Failures the gateway's own channel makes before anything reaches the worker: grpc core
 # refusing metadata the gateway built. They say nothing about the worker (the front
@@ -81,6 +85,12 @@ class UpstreamFailure(Exception):
     @property
     def message(self) -> str:
         return f"{self.label}: {self.details}" if self.label else self.details
+
+
+def retryable(failure: UpstreamFailure) -> bool:
+    """Whether another worker may take the call when nothing reached the client yet: the
+    worker's connection or shutdown, or an answer of its that did not decode."""
+    return failure.code in RETRYABLE or failure.cause == UNDECODABLE
 
 
 def label(worker: Worker) -> str:
@@ -507,6 +517,14 @@ class UpstreamCall:
                     message = await read()
             except aio.AioRpcError as error:
                 raise self._failure(error) from None
+            except DecodeError:  # an answer the sink must read did not: the worker's fault
+                failure = self._ended(
+                    grpc.StatusCode.INTERNAL,
+                    f"worker {self.worker.id} sent an undecodable answer",
+                    (),
+                )
+                failure.cause = UNDECODABLE
+                raise failure from None
             except asyncio.CancelledError:
                 self._raise_if_cut()
                 raise

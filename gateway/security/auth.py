@@ -8,6 +8,7 @@ failure bookkeeping `blocking` (`FailureTable`), the caller's principal `caller`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
@@ -78,6 +79,7 @@ class ApiKeyAuth:
         self._poll_s = poll_s
         self._tasks = TaskScope()
         self._summary_at = clock()
+        self._asked = asyncio.Event()  # a SIGHUP since the poll task last read the file
 
     @classmethod
     def from_config(
@@ -99,9 +101,11 @@ class ApiKeyAuth:
     # -- the keys file -------------------------------------------------------------------
 
     def reload(self) -> None:
-        """SIGHUP: read the keys file now (synchronous; a bad file keeps the old keys)."""
+        """SIGHUP: the keys file read again at once by the poll task, off the loop (a bad
+        file keeps the old keys). A storm of them costs one read at a time: those that
+        come during a read ask for one more, after it (the file may have changed since)."""
         if isinstance(self.keys, KeyFile):
-            self.keys.reload()
+            self._asked.set()
 
     def start(self) -> None:
         """Start the task that polls the keys file (and logs failure summaries); needs a
@@ -114,10 +118,15 @@ class ApiKeyAuth:
         await self._tasks.close()
 
     async def _run(self) -> None:
+        asked = self._asked
         while True:
-            await asyncio.sleep(self._poll_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll_s):
+                    await asked.wait()
             if isinstance(self.keys, KeyFile):
-                self.keys.poll()
+                sighup = asked.is_set()
+                asked.clear()
+                await self.keys.refresh(asked=sighup)
             self.flush(self.clock())
 
     def flush(self, now: float) -> None:

@@ -1,12 +1,14 @@
 """API keys: the keys file (`name:key` lines) and its reading again.
 
-The keys file is read again on SIGHUP (`KeyFile.reload`, via `ApiKeyAuth.reload`) and
-when it changes (`ApiKeyAuth` polls its stat every second); a file that does not read as
-keys leaves the previous keys in force.
+The keys file is read again on SIGHUP (`ApiKeyAuth.reload`) and when it changes
+(`ApiKeyAuth` polls its stat every second), by one task, in a thread (`KeyFile.refresh`):
+a file of up to 1 MiB takes a read and a parse no event loop should wait for. A file that
+does not read as keys leaves the previous keys in force.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -84,6 +86,14 @@ class ApiKeys:
 
 
 Stamp = tuple[int, int, int, int, int] | None
+Read = tuple[Stamp, ApiKeys | ConfigError]  # the file's stat before it was read, and what read
+
+
+def _changed_lately(stamp: Stamp) -> bool:
+    """Changed within the last RACY_NS: a second change within the same timestamp tick,
+    at the same size, would leave the stat as it is; such a file is read again at the
+    next poll."""
+    return stamp is not None and time.time_ns() - stamp[3] < RACY_NS
 
 
 def _stamp(path: str) -> Stamp:
@@ -101,36 +111,45 @@ class KeyFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._stamp = _stamp(path)
-        self._racy = self._changed_lately()
+        self._racy = _changed_lately(self._stamp)
         self.keys = ApiKeys.load(path)  # a bad file stops start-up
         self._failed: tuple[Stamp, str] | None = None
 
     def name_of(self, given: str | None) -> str | None:
         return self.keys.name_of(given)
 
-    def _changed_lately(self) -> bool:
-        """Changed within the last RACY_NS: a second change within the same timestamp
-        tick, at the same size, would leave the stat as it is; such a file is read again
-        at the next poll."""
-        return self._stamp is not None and time.time_ns() - self._stamp[3] < RACY_NS
+    def due(self) -> bool:
+        """Its stat changed since it was read (or it was read right after a change)."""
+        return self._racy or _stamp(self.path) != self._stamp
 
     def poll(self) -> None:
-        """Read the file again if its stat changed since it was read (or it was read
-        right after a change)."""
-        if self._racy or _stamp(self.path) != self._stamp:
-            self._reload(quiet=True)
+        """Read the file again if it is `due`."""
+        if self.due():
+            self._apply(self._read(), quiet=True)
 
     def reload(self) -> bool:
         """Read the file now (SIGHUP). False, with a log line, if it does not read as
         keys: the previous keys stay."""
-        return self._reload(quiet=False)
+        return self._apply(self._read(), quiet=False)
 
-    def _reload(self, quiet: bool) -> bool:
-        self._stamp = _stamp(self.path)  # before reading: a change meanwhile is seen next
-        self._racy = self._changed_lately()
+    async def refresh(self, *, asked: bool) -> None:
+        """`reload` when `asked` (SIGHUP), else `poll`; the file read and parsed in a
+        thread, the keys replaced on the loop."""
+        if asked or self.due():
+            self._apply(await asyncio.to_thread(self._read), quiet=not asked)
+
+    def _read(self) -> Read:
+        stamp = _stamp(self.path)  # before reading: a change meanwhile is seen next
         try:
-            keys = ApiKeys.load(self.path)
+            return stamp, ApiKeys.load(self.path)
         except ConfigError as exc:
+            return stamp, exc
+
+    def _apply(self, read: Read, quiet: bool) -> bool:
+        self._stamp, keys = read
+        self._racy = _changed_lately(self._stamp)
+        if isinstance(keys, ConfigError):
+            exc = keys
             failure = (self._stamp, str(exc))
             if not quiet or failure != self._failed:  # one line per broken version
                 log.warning(

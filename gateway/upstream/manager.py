@@ -73,7 +73,7 @@ class Fleet:
         self.settings = settings
         self.adapters = adapters
         self.kv_index = KvIndex.from_config(settings.kv)
-        self.lora_watch = AdapterWatch(settings.lora.enabled)  # poll workers' LoRA adapters?
+        self.lora_watch = AdapterWatch.of(settings.lora)  # poll workers' LoRA adapters?
         # With flow control, a worker without a fresh load report waits out its load
         # limits (max_waiting, max_token_usage) instead of being taken as idle.
         context = PolicyContext(self.kv_index, settings.kv, settings.loads.stale_after_s)
@@ -406,7 +406,7 @@ class Fleet:
                 worker.vocab_size = await vocabulary(channel, adapter, settings.timeout_s)
             await poll_load(worker, channel, adapter, settings)
             if self.lora_watch.polls(adapter):
-                await poll_loras(worker, channel, adapter, settings.timeout_s)
+                await poll_loras(worker, channel, adapter, settings.timeout_s, self.lora_watch)
             self.released(worker)  # a fresh report may leave room: whoever waits hears it
             if (worker.load_error is not None) != failing:
                 failing = not failing

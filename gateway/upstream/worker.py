@@ -83,6 +83,7 @@ class Worker:
     loras: tuple[str, ...] = ()  # LoRA adapters it holds, the least recently used first
     lora_calls: dict[str, int] = field(default_factory=dict)  # running calls per adapter
     lora_changes: int = 0  # the gateway's own loads and unloads here, counted
+    loras_rejected: int = 0  # its adapter lists cut at lora.max_listed_per_worker
     idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
     # Its address, built once (the spec is frozen): a call's path reads it many times.
     id: str = field(init=False)

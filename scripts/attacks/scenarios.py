@@ -28,6 +28,7 @@ from gateway.orca.v3 import orca_pb2_grpc
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from gateway_sim.launch import Child, ready
 from scripts.attacks.harness import Check, Scenario, until
+from scripts.attacks.worker_scenarios import WORKER_SCENARIOS
 from tests.conftest import worker_url
 from tests.e2e.dnsmasq import Dnsmasq
 from tests.e2e.test_kv_flood import Hostile
@@ -680,4 +681,4 @@ SCENARIOS: dict[str, type[Scenario]] = {
         DnsSrv,
         QueueMemory,
     )
-}
+} | {kind.name: kind for kind in WORKER_SCENARIOS}

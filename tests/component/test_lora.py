@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -16,7 +17,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 
 from gateway.app.server import Gateway
 from tests.support.helpers import collect, model_md, rich_status, sgl_generate, sgl_grpc
-from tests.support.inproc import Sim, client, gateway, sim, worker
+from tests.support.hostile import Hostile, hostile
+from tests.support.inproc import Sim, client, gateway, idle, sim, worker
 from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(120)
@@ -155,18 +157,21 @@ async def test_concurrent_calls_for_one_adapter_share_one_load() -> None:
 
 
 async def test_an_adapter_loaded_elsewhere_is_polled_and_served_where_it_is() -> None:
+    """Only the configured adapters are kept of a worker's list (`lora.adapters`)."""
+    adapter = ADAPTERS[0]
     async with (
         sims([SIM_FLAGS] * 3) as workers,
         gateway(*(w.url(model="m") for w in workers), **POLLED) as gw,
     ):
         async with grpc.aio.insecure_channel(workers[1].address) as ch:  # not via the gateway
-            reply = await sgl_grpc.SglangSchedulerStub(ch).LoadLoRAAdapter(
-                sgl_pb2.LoadLoRAAdapterRequest(lora_name="ext", lora_path="/x", lora_id="ext")
-            )
-        assert reply.success
-        await until(lambda: worker(gw, workers[1]).loras == ("ext",))
-        results = await asyncio.gather(*(call(gw, f"r{i}", "ext") for i in range(6)))
-        assert results == [None] * 6  # only w1 holds it: the others would refuse
+            for name in ("ext", adapter):
+                reply = await sgl_grpc.SglangSchedulerStub(ch).LoadLoRAAdapter(
+                    sgl_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path="/x", lora_id=name)
+                )
+                assert reply.success
+        await until(lambda: worker(gw, workers[1]).loras == (adapter,))
+        results = await asyncio.gather(*(call(gw, f"r{i}", adapter) for i in range(6)))
+        assert results == [None] * 6  # only w1 holds it: no load anywhere
         assert loads(gw) == 0
 
 
@@ -200,3 +205,69 @@ async def test_the_admin_api_lists_each_workers_adapters_and_the_bound_sessions(
     assert listed.sessions == 2
     table = format_table(list(listed.workers))
     assert "LORA" in table.splitlines()[0] and all(a in table for a in ADAPTERS[:2])
+
+
+# -- workers that send too much ----------------------------------------------------------
+
+
+def load_rejected(gw: Gateway, address: str) -> float:
+    labels = {"worker": address}
+    value = gw.metrics.prometheus.get_sample_value("gateway_worker_load_rejected_total", labels)
+    return value or 0.0
+
+
+@pytest.mark.parametrize(
+    ("configured", "kept"),
+    [({}, tuple(f"a{i}" for i in range(8))), ({"a1": "/a1", "a5": "/a5"}, ("a1", "a5"))],
+    ids=["any", "configured"],
+)
+async def test_a_worker_listing_200000_adapters_is_read_up_to_the_cap(
+    configured: dict[str, str], kept: tuple[str, ...]
+) -> None:
+    """The list is cut after `lora.max_listed_per_worker` (counted as a rejected load
+    figure); with `lora.adapters`, only those are kept of it."""
+    settings: dict[str, Any] = {
+        "loads.interval_s": 0.05,
+        "lora.max_listed_per_worker": 8,
+        "lora.adapters": configured,
+    }
+    async with (
+        hostile(Hostile(adapters=200_000)) as bad,
+        gateway(bad.url(), **settings) as gw,
+    ):
+        gw.fleet.lora_watch.seen()  # a call named an adapter (else `lora.adapters` did)
+        held = gw.fleet.registry.get(bad.address)
+        assert held is not None
+        await until(lambda: held.loras == kept and held.loras_rejected >= 2)
+        assert load_rejected(gw, bad.address) >= 2
+        assert sorted(held.loras) == sorted(kept)
+
+
+async def test_a_load_that_timed_out_waits_there_longer_each_time() -> None:
+    """A worker that holds its loads: three calls share one load, which times out: one
+    failure for its outlier detection, and the next call is refused at once without a
+    load (no timeout); once the wait is over the load is tried again, and its next wait
+    is twice as long."""
+    settings: dict[str, Any] = {"lora.adapters": {"x": "/x"}, "lora.load_timeout_s": 0.2}
+    async with (
+        hostile(Hostile(hold_loads=True)) as bad,
+        gateway(bad.url(), **settings) as gw,
+    ):
+        assert gw.loras is not None
+        held = gw.fleet.registry.get(bad.address)
+        assert held is not None
+        errors = await asyncio.gather(*(call(gw, f"r{i}", "x") for i in range(3)))
+        assert all(e is not None for e in errors)
+        assert len(bad.loads) == 1 and held.outlier.failures == 1
+        [(timeouts, _)] = gw.loras.timed_out.values()
+        assert timeouts == 1
+        error = await call(gw, "r3", "x")
+        assert error is not None and "its last load timed out" in (error.details() or "")
+        assert len(bad.loads) == 1 and held.outlier.failures == 1  # refused without a load
+        gw.loras.timed_out[(bad.address, "x")] = (1, time.monotonic())  # its wait over
+        assert await call(gw, "r4", "x") is not None
+        assert len(bad.loads) == 2 and held.outlier.failures == 2
+        [(timeouts, _)] = gw.loras.timed_out.values()
+        assert timeouts == 2  # waits load_backoff_s(2): twice the first
+        await idle(gw)
+        assert held.lora_calls == {} and not gw.loras._pending

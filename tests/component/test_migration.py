@@ -32,7 +32,8 @@ from tests.support.helpers import (
     vllm_grpc,
     wait_idle,
 )
-from tests.support.inproc import Sim, client, gateway, idle, recorded, sim, worker
+from tests.support.hostile import Hostile, hostile
+from tests.support.inproc import SGL, Sim, client, gateway, idle, recorded, sim, worker
 from tests.support.tracing import receiver
 from tests.support.waits import until
 
@@ -48,7 +49,7 @@ def sgl_request(request_id: str, tokens: int = TOKENS, **extra: Any) -> Any:
     sampling = extra.pop("sampling", {})
     return sgl.GenerateRequest(
         request_id=request_id,
-        tokenized=sgl.TokenizedInput(input_ids=PROMPT),
+        tokenized=sgl.TokenizedInput(input_ids=extra.pop("prompt", PROMPT)),
         sampling_params=sgl.SamplingParams(max_new_tokens=tokens, **sampling),
         stream=True,
         **extra,
@@ -169,6 +170,7 @@ REFUSALS = [
     ("choices", {"sampling": {"n": 2}}, {}),
     ("too_long", {}, {"migration.max_resent_tokens": 10}),
     ("disabled", {}, {"migration.enabled": False}),
+    ("budget", {}, {"migration.max_kept_tokens": 10}),  # the process's, past 20 relayed
 ]
 
 
@@ -420,3 +422,83 @@ async def test_a_continuation_the_new_worker_refuses_ends_with_what_broke_the_st
             ("unavailable", "refused_by_worker"),
         ]
         await idle(gw)
+
+
+async def raw_generate(ch: aio.Channel, tokens: int) -> tuple[list[bytes], str]:
+    """A Generate as a client that does not decode its answers reads it: the bytes of
+    each answer, and the status."""
+    call = ch.unary_stream(SGL + "Generate")(
+        sgl_request("r1", tokens, prompt=[1]).SerializeToString(), metadata=model_md("m")
+    )
+    messages, error = await collect(call)
+    return messages, "OK" if error is None else error.code().name
+
+
+def kept(gw: Gateway) -> int:
+    return gw.migrations.budget.kept
+
+
+async def test_an_undecodable_answer_reaches_the_client_as_a_direct_client_gets_it() -> None:
+    """Read with the next batch (past KEEP_BYTES), the garbage ends the stream's
+    following, not the stream: the client reads every byte, and OK."""
+    worker_ = Hostile(garbage_at={0: 3})
+    async with hostile(worker_), gateway(worker_.url()) as gw, client(gw) as ch:
+        async with aio.insecure_channel(worker_.address) as direct:
+            expected = await raw_generate(direct, 2_000)
+        assert expected[1] == "OK" and len(expected[0]) == 2_001
+        assert await raw_generate(ch, 2_000) == expected
+        assert gw.migrations.budget.unfollowed == {"undecodable": 1}
+        await idle(gw)
+        assert kept(gw) == 0
+
+
+async def test_a_stream_whose_worker_sent_garbage_cannot_go_on() -> None:
+    behaviour: dict[str, Any] = {"garbage_at": {0: 3}, "fail_at": {0: 6}}
+    async with (
+        hostile(Hostile(**behaviour)) as a,
+        hostile(Hostile(**behaviour)) as b,
+        gateway(a.url(), b.url()) as gw,
+        client(gw) as ch,
+    ):
+        records = recorded(gw)
+        async with aio.insecure_channel(a.address) as direct:
+            expected = await raw_generate(direct, 20)
+        with capture_logs() as logs:
+            assert await raw_generate(ch, 20) == expected  # 6 answers, then UNAVAILABLE
+        await until(lambda: len(records) == 1)
+        assert records[0].migrations == [("unavailable", "undecodable")]
+        [line] = migration_lines(logs, "migration_refused")
+        assert line["outcome"] == "undecodable"
+        await idle(gw)
+        assert kept(gw) == 0
+
+
+async def test_an_undecodable_continuation_answer_is_its_workers_failure() -> None:
+    """Each worker fails the client's stretch after 5 answers and sends garbage as the
+    4th answer of the first continuation: that continuation fails (INTERNAL, the
+    worker's, logged) and the stream goes on on the other worker, no token lost."""
+    behaviour: dict[str, Any] = {"fail_at": {0: 5}, "garbage_at": {1: 3}}
+    async with (
+        hostile(Hostile(**behaviour)) as a,
+        hostile(Hostile(**behaviour)) as b,
+        gateway(a.url(), b.url()) as gw,
+        client(gw) as ch,
+    ):
+        records = recorded(gw)
+        with capture_logs() as logs:
+            call = sgl_grpc.SglangSchedulerStub(ch).Generate(
+                sgl_request("r1", 20, prompt=[1]),
+                metadata=model_md("m"),
+            )
+            messages, error = await collect(call)
+        assert error is None
+        assert tokens_of(messages) == list(range(100, 120))  # none twice, none lost
+        await until(lambda: len(records) == 1)
+        assert records[0].migrations == [
+            ("unavailable", "continued"),
+            ("undecodable", "continued"),
+        ]
+        causes = [line["cause"] for line in migration_lines(logs, "migration")]
+        assert causes == ["unavailable", "undecodable"]
+        await idle(gw)
+        assert kept(gw) == 0

@@ -29,6 +29,7 @@ from gateway.observability.metrics.fleet import FleetCollector
 from gateway.observability.metrics.flow import FlowCollector, FlowQueues, FlowSeries
 from gateway.observability.metrics.kv import KvCollector, KvSource
 from gateway.observability.metrics.lora import LoraCollector, LoraCounts
+from gateway.observability.metrics.migration import KeptTokens, MigrationCollector
 from gateway.observability.metrics.process import build_series, process_series
 from gateway.observability.record import CallRecord
 from gateway.placement.affinity import Affinity
@@ -162,6 +163,10 @@ class Metrics:
     def lora(self, loader: LoraCounts, registry: Registry) -> None:
         """LoRA adapter loads and evictions, and each worker's adapters, at scrape time."""
         self.prometheus.register(LoraCollector(loader, registry))
+
+    def migration(self, budget: KeptTokens, reasons: Iterable[str]) -> None:
+        """Migration's kept tokens and the streams no longer followed, at scrape time."""
+        self.prometheus.register(MigrationCollector(budget, reasons))
 
     def flow(self, queues: FlowQueues) -> None:
         """Queue depth per model and class, and bytes per model, at scrape time."""

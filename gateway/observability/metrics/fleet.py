@@ -83,7 +83,8 @@ class FleetCollector(Collector):
             CounterMetricFamily(
                 "gateway_worker_load_rejected",
                 "load figures of the worker's reports ignored as out of range (not "
-                "finite, negative, overflowing)",
+                "finite, negative, overflowing), and its adapter lists cut at "
+                "lora.max_listed_per_worker",
                 labels=["worker"],
             ),
         ]
@@ -121,7 +122,9 @@ class FleetCollector(Collector):
             ):
                 if math.isfinite(value):
                     family.add_metric([wid], value)
-            rejected.add_metric([wid], float(load.rejected))
+        if load is not None or worker.loras_rejected:
+            reported = load.rejected if load is not None else 0
+            rejected.add_metric([wid], float(reported + worker.loras_rejected))
 
 
 def workers_of(registry: Iterable[Worker]) -> list[Worker]:

@@ -5,15 +5,24 @@ only once adapters matter to this gateway: `lora.adapters` is configured, or a c
 one (`AdapterWatch.seen`). A failed poll keeps what was known; the worker is the one
 writer of what it holds (`Worker.loras_listed`), the gateway's own loads and unloads
 reporting to it the same way.
+
+A worker's answer is cut on the wire after `lora.max_listed_per_worker` adapters (`listed`:
+a Python step per adapter kept, none for the rest), so a list of any length costs the
+loop what the cap does; a list past it counts as a rejected load figure. With
+`lora.adapters` set, only those adapters are kept of it (no other can be loaded or asked
+for by name with a path the gateway knows).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from grpc import aio
 
+from gateway.config.lora import LoraConfig
+from gateway.core.wire import records
 from gateway.engines import EngineAdapter
 from gateway.upstream.worker import Worker
 
@@ -23,12 +32,19 @@ LOADED, FAILED = "loaded", "failed"  # how a load the gateway made on demand end
 
 class AdapterWatch:
     """Whether workers' adapters are polled: from the start with `lora.adapters`, else
-    from the first call that names an adapter."""
+    from the first call that names an adapter; and what is kept of a worker's list (at
+    most `cap` adapters, only the configured ones when `only` names some)."""
 
-    __slots__ = ("wanted",)
+    __slots__ = ("cap", "only", "wanted")
 
-    def __init__(self, configured: bool) -> None:
+    def __init__(self, configured: bool, cap: int = 256, only: Collection[str] = ()) -> None:
         self.wanted = configured
+        self.cap = cap
+        self.only = frozenset(only)
+
+    @classmethod
+    def of(cls, config: LoraConfig) -> AdapterWatch:
+        return cls(config.enabled, config.max_listed_per_worker, config.adapters)
 
     def seen(self) -> None:
         """A call named an adapter."""
@@ -38,8 +54,24 @@ class AdapterWatch:
         return self.wanted and LIST_RPC in adapter.rpcs
 
 
+def listed(raw: bytes, cap: int) -> tuple[bytes, bool]:
+    """The answer cut after its first `cap` records (its adapters: its one field), and
+    whether it had more; raises DecodeError."""
+    end, more = 0, False
+    for count, (_, _, _, stop) in enumerate(records(raw, 0, len(raw))):
+        if count == cap:
+            more = True
+            break
+        end = stop
+    return raw[:end], more
+
+
 async def poll_loras(
-    worker: Worker, channel: aio.Channel, adapter: EngineAdapter, timeout_s: float
+    worker: Worker,
+    channel: aio.Channel,
+    adapter: EngineAdapter,
+    timeout_s: float,
+    watch: AdapterWatch,
 ) -> bool:
     """One ListLoadedLoRAAdapters; False when it failed (what was known stays)."""
     spec = adapter.rpcs[LIST_RPC]
@@ -48,8 +80,13 @@ async def poll_loras(
         raw = await channel.unary_unary(spec.path)(
             spec.request_type().SerializeToString(), timeout=timeout_s
         )
-        reply: Any = spec.response_type.FromString(raw)
+        kept, more = listed(raw, watch.cap)
+        reply: Any = spec.response_type.FromString(kept)
     except (aio.AioRpcError, DecodeError):
         return False
-    worker.loras_listed((str(a.lora_id) for a in reply.loaded_adapters), as_of)
+    if more:
+        worker.loras_rejected += 1
+    ids = (str(a.lora_id) for a in reply.loaded_adapters)
+    only = watch.only
+    worker.loras_listed((i for i in ids if i in only) if only else ids, as_of)
     return True

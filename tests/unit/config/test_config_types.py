@@ -48,7 +48,9 @@ SECTION_DEFAULTS = {
     "loads": dict(interval_s=1.0, timeout_s=1.0),
     "drain": dict(delay_s=5.0, grace_s=20.0, worker_timeout_s=60.0),
     "disagg": dict(abort_wait_s=30.0, decode_first_message_timeout_s=0.0),
-    "migration": dict(enabled=True, max_migrations=2, max_resent_tokens=131_072),
+    "migration": dict(
+        enabled=True, max_migrations=2, max_resent_tokens=131_072, max_kept_tokens=32 * 1024**2
+    ),
     "limits": dict(
         max_choices=16,
         max_inflight_requests=4096,
@@ -95,7 +97,13 @@ SECTION_DEFAULTS = {
         resubscribe_max_s=8.0,
     ),
     "affinity": dict(header=None, ttl_s=600.0, max_sessions=100_000),
-    "lora": dict(adapters={}, max_loaded_per_worker=4, load_on_demand=True, load_timeout_s=30.0),
+    "lora": dict(
+        adapters={},
+        max_loaded_per_worker=4,
+        load_on_demand=True,
+        load_timeout_s=30.0,
+        max_listed_per_worker=256,
+    ),
     "admin": dict(listen="127.0.0.1:50052", token=None),
     "metrics": dict(listen="127.0.0.1:9464"),
     "tracing": dict(

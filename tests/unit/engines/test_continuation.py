@@ -126,12 +126,12 @@ def test_relayed_tokens_are_the_chunks_own_and_a_complete_closes() -> None:
         for ids, total in (([4, 5], 2), ([6], 3), ([], 3), ([7], 4))
     ]  # fmt: skip
     complete = sgl.GenerateResponse(complete=sgl.GenerateComplete(output_ids=[7]))
-    ids, closing = SGLANG.relayed(chunks)
+    ids, closing = SGLANG.relayed(b"".join(chunks))
     assert (list(ids), closing) == ([4, 5, 6, 7], False)
-    ids, closing = SGLANG.relayed([*chunks, complete.SerializeToString()])
+    ids, closing = SGLANG.relayed(b"".join([*chunks, complete.SerializeToString()]))
     assert (list(ids), closing) == ([], True)
     vllm_chunks = [
         vllm.GenerateResponse(chunk=vllm.GenerateStreamChunk(token_ids=[i])).SerializeToString()
         for i in (1, 2, 3)
     ]
-    assert list(VLLM.relayed(vllm_chunks)[0]) == [1, 2, 3]
+    assert list(VLLM.relayed(b"".join(vllm_chunks))[0]) == [1, 2, 3]

@@ -3,11 +3,14 @@ session's legs on their bound workers while they can take it, rebinding when not
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from gateway.config import AffinityConfig, ModelSettings, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.placement.affinity import (
+    ENTRY_BYTES,
     MAX_SESSION_KEY,
     Affinity,
     Outcome,
@@ -163,3 +166,28 @@ def test_pd_legs_keep_their_own_bindings(affinity: Affinity) -> None:
     assert retried.workers[Role.DECODE] is not first.workers[Role.DECODE]
     assert retried.workers[Role.DECODE] in decodes and first.workers[Role.PREFILL] in prefills
     assert affinity.outcomes[("m", Outcome.REBIND)] == 1
+
+
+def bytes_per_binding(session_length: int, count: int = 20_000) -> float:
+    """What the table holds per binding, measured (the keys made before, freed after;
+    one bound first, so what the first binding alone allocates is not counted)."""
+    table = SessionTable(max_sessions=count + 1, ttl_s=60)
+    table.bind(("warm", "m", REG), "w1", now=0)
+    keys = [(f"{i:0{session_length}d}", "m", REG) for i in range(count)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for key in keys:
+            table.bind(key, "w1", now=0)
+        del keys
+        return (tracemalloc.get_traced_memory()[0] - before) / count
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_binding_costs_the_same_whatever_the_sessions_length() -> None:
+    """Keys are stored as 16-byte digests: a 256-character session costs what a short
+    one does, within ENTRY_BYTES (the figure the docs give)."""
+    short, longest = bytes_per_binding(8), bytes_per_binding(MAX_SESSION_KEY)
+    assert longest <= ENTRY_BYTES and short <= ENTRY_BYTES
+    assert abs(longest - short) < 16

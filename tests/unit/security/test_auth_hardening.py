@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from gateway.services.health import (
     WATCH_BACKLOG,
     HealthService,
 )
+from tests.support.waits import until
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-0123456789"
 
@@ -327,13 +329,46 @@ async def test_unlogged_failures_are_summed_in_one_line(keys_path: Path) -> None
     assert logs[1]["failures"] == 49 and logs[1]["peers"] == 1
 
 
-def test_the_interceptor_follows_the_reloaded_keys(keys_path: Path) -> None:
+async def test_the_interceptor_follows_the_reloaded_keys(keys_path: Path) -> None:
     auth, _, _ = auth_of(keys_path)
     interceptor = auth.interceptor()
     assert interceptor._auth is auth
     write_keys(keys_path, bob=BOB)
-    auth.reload()
-    assert auth.name_of(ALICE) is None and auth.name_of(BOB) == "bob"
+    auth.start()
+    try:
+        auth.reload()
+        await until(lambda: auth.name_of(ALICE) is None)
+        assert auth.name_of(BOB) == "bob"
+    finally:
+        await auth.stop()
+
+
+async def test_a_sighup_storm_costs_one_read_of_the_keys_file_off_the_loop(
+    keys_path: Path,
+) -> None:
+    """A hundred SIGHUPs before the reader wakes: one read, in another thread; one more
+    after it is asked for again."""
+    auth = ApiKeyAuth(KeyFile(str(keys_path)), poll_s=3600)  # no stat poll meanwhile
+    keys = auth.keys
+    assert isinstance(keys, KeyFile)
+    read_in: list[int] = []
+    read = keys._read
+
+    def counted() -> Any:
+        read_in.append(threading.get_ident())
+        return read()
+
+    keys._read = counted  # type: ignore[method-assign]
+    auth.start()
+    try:
+        for _ in range(100):
+            auth.reload()
+        await until(lambda: len(read_in) == 1 and not auth._asked.is_set())
+        assert read_in[0] != threading.get_ident()  # not on the loop's thread
+        auth.reload()
+        await until(lambda: len(read_in) == 2)
+    finally:
+        await auth.stop()
 
 
 # -- health: exposure and Watch bounds --------------------------------------------------

@@ -3,7 +3,10 @@ and unloads, recency, and running calls per adapter."""
 
 from __future__ import annotations
 
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+
 from gateway.config import WorkerSpec
+from gateway.upstream.load.lora import listed
 from tests.support.factories import make_worker
 
 
@@ -34,3 +37,14 @@ def test_running_calls_are_counted_per_adapter() -> None:
     assert w.lora_calls == {"x": 1}
     w.lora_freed("x")
     assert w.lora_calls == {}
+
+
+def test_a_listed_answer_is_cut_after_the_cap() -> None:
+    reply = pb.ListLoadedLoRAAdaptersResponse(
+        loaded_adapters=[pb.LoadedLoRAAdapter(lora_id=f"a{i}") for i in range(200_000)]
+    )
+    kept, more = listed(reply.SerializeToString(), 256)
+    ids = [a.lora_id for a in pb.ListLoadedLoRAAdaptersResponse.FromString(kept).loaded_adapters]
+    assert ids == [f"a{i}" for i in range(256)] and more
+    short = pb.ListLoadedLoRAAdaptersResponse(loaded_adapters=reply.loaded_adapters[:3])
+    assert listed(short.SerializeToString(), 256) == (short.SerializeToString(), False)
