@@ -102,7 +102,25 @@ class HostileScenario(Scenario):
 # --------------------------------------------------------------------------- migration
 
 
-class MigrationMemory(HostileScenario):
+class KeptTokens(HostileScenario):
+    """A migration scenario: its streams' kept tokens all given back once they ended."""
+
+    async def tokens_given_back(self) -> None:
+        assert self.run.gw is not None
+        gw = self.run.gw
+
+        async def released() -> bool:
+            return await metric(gw, "gateway_migration_kept_tokens") in (0.0, None)
+
+        await until(released, WAIT_S)
+        self.note(
+            "tokens kept once the streams ended",
+            shown(await metric(gw, "gateway_migration_kept_tokens")),
+            await released(),
+        )
+
+
+class MigrationMemory(KeptTokens):
     name = "migration-memory"
     summary = (
         "100 Generate streams of 100,000 tokens each (100 a chunk) relayed, then held open: "
@@ -149,21 +167,10 @@ class MigrationMemory(HostileScenario):
 
     async def end(self) -> None:
         await super().end()
-        assert self.run.gw is not None
-        gw = self.run.gw
-
-        async def released() -> bool:
-            return await metric(gw, "gateway_migration_kept_tokens") in (0.0, None)
-
-        await until(released, WAIT_S)
-        self.note(
-            "tokens kept once the streams ended",
-            shown(await metric(gw, "gateway_migration_kept_tokens")),
-            await released(),
-        )
+        await self.tokens_given_back()
 
 
-class MigrationBudget(HostileScenario):
+class MigrationBudget(KeptTokens):
     name = "migration-budget"
     summary = (
         "4,096 Generate streams of 8,192 tokens (33.6 M tokens) held open, "
@@ -219,18 +226,7 @@ class MigrationBudget(HostileScenario):
 
     async def end(self) -> None:
         await super().end()
-        assert self.run.gw is not None
-        gw = self.run.gw
-
-        async def released() -> bool:
-            return await metric(gw, "gateway_migration_kept_tokens") in (0.0, None)
-
-        await until(released, WAIT_S)
-        self.note(
-            "tokens kept once the streams ended",
-            shown(await metric(gw, "gateway_migration_kept_tokens")),
-            await released(),
-        )
+        await self.tokens_given_back()
 
 
 class WorkerGarbage(HostileScenario):
