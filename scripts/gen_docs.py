@@ -244,6 +244,8 @@ MEANING: dict[str, str] = {
     "picker.migrate_streams": "streamed Generates go to the relay too, so they can migrate",
     "picker.max_body_bytes": "the most of a request body the picker reads; a longer "
     "one goes to the relay",
+    "picker.trusted_proxies": "addresses or CIDR ranges (at most 256) whose forwarding "
+    "headers name the client; none: the stream's own peer is",
     "processes": "serving processes sharing the main port (`auto`: usable cores)",
 }
 

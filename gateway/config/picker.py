@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import ipaddress
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, Strict
 from pydantic.dataclasses import dataclass
 
 from gateway.config.fields import SETTINGS, AtLeastOne, Flag, HeaderName, Text
+
+
+def _network(text: str) -> str:
+    """An address or a CIDR range (`10.0.0.0/8`, `::1`)."""
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address or CIDR range") from None
+    return text
+
+
+Network = Annotated[str, Strict(), AfterValidator(_network)]
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"  # the Gateway API Inference Extension's
 
@@ -20,13 +36,19 @@ class PickerConfig:
     main port, a wildcard host read as 127.0.0.1); with `migrate_streams`, streamed
     Generates are too, so they can go on on another worker if theirs fails. A request
     body past `max_body_bytes` goes to the relay too (as does one Envoy cut short at
-    its own buffer limit): the picker holds at most that much of a call."""
+    its own buffer limit): the picker holds at most that much of a call. A call's client is
+    the stream's own peer (Envoy) unless that peer is in `trusted_proxies`: then the
+    address Envoy saw (`x-envoy-external-address`, else `x-forwarded-for` read from the
+    right past the trusted hops)."""
 
     listen: Text | None = None  # HOST:PORT, checked by build_config
     relay_address: Text | None = None  # HOST:PORT, checked by build_config
     header: HeaderName = DESTINATION_HEADER
     migrate_streams: Flag = False
     max_body_bytes: AtLeastOne = 1024 * 1024  # Envoy's own default buffer limit
+    # Peers whose forwarding headers are believed (else anyone reaching the port could
+    # name any address: rotate past the failure block, or pose as another caller).
+    trusted_proxies: Annotated[tuple[Network, ...], Field(max_length=256)] = ()
 
     @property
     def enabled(self) -> bool:

@@ -5,6 +5,7 @@ verdicts, whichever way it came."""
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -12,11 +13,13 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
+from gateway.core.address import peer_host
 from gateway.picker import wire
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
 
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 MAX_TIMEOUT_DIGITS = 8  # the gRPC spec's bound on grpc-timeout's value
+MAX_HOPS = 16  # x-forwarded-for entries read, from the right: a long list costs nothing
 # Headers that are the call's transport, not its metadata (grpc gives a servicer none of
 # them either); pseudo-headers (`:path`) are left out too.
 TRANSPORT = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "content-length"})
@@ -41,20 +44,58 @@ def timeout_s(value: str) -> float | None:
     return int(digits) * scale
 
 
-def client_peer(headers: Sequence[tuple[str, str]], stream_peer: str) -> str:
-    """The client's address as grpc would name it: the one Envoy saw (with
-    `use_remote_address` it sets `x-envoy-external-address`, removing any a client sent;
-    else the last `x-forwarded-for` entry), else the stream's own peer (Envoy)."""
+class TrustedProxies:
+    """Peers whose forwarding headers are believed (`picker.trusted_proxies`)."""
+
+    __slots__ = ("_networks",)
+
+    def __init__(self, ranges: Sequence[str] = ()) -> None:
+        self._networks = tuple(ipaddress.ip_network(r, strict=False) for r in ranges)
+
+    def __bool__(self) -> bool:
+        return bool(self._networks)
+
+    def __contains__(self, host: str) -> bool:
+        address = ip_of(host)
+        return address is not None and any(address in n for n in self._networks)
+
+
+def ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`host` as an address (an IPv4-mapped IPv6 one as IPv4), None if it is none."""
+    try:
+        address = ipaddress.ip_address(host.strip().strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def client_peer(
+    headers: Sequence[tuple[str, str]], stream_peer: str, trusted: TrustedProxies
+) -> str:
+    """The client's address as grpc would name it. From a trusted proxy (Envoy), the one
+    it saw: `x-envoy-external-address` (with `use_remote_address` Envoy sets it, removing
+    any a client sent), else `x-forwarded-for` read from the right past the trusted hops;
+    from anyone else, or with no valid address there, the stream's own peer: a header
+    anyone may send names nobody."""
+    if not trusted or peer_host(stream_peer) not in trusted:
+        return stream_peer
     external = forwarded = ""
     for key, value in headers:
         if key == "x-envoy-external-address":
             external = value
         elif key == "x-forwarded-for":
             forwarded = value
-    address = external.strip() or forwarded.rpartition(",")[2].strip()
-    if not address:
+    hops = [hop for hop in forwarded.split(",")[-MAX_HOPS:] if hop.strip()]
+    found = ip_of(external) if external.strip() else None
+    for hop in reversed(hops if found is None else ()):
+        found = ip_of(hop)
+        if found is None or str(found) not in trusted:
+            break
+    if found is None:
         return stream_peer
-    return f"ipv6:[{address}]:0" if ":" in address else f"ipv4:{address}:0"
+    return f"ipv6:[{found}]:0" if found.version == 6 else f"ipv4:{found}:0"
 
 
 class PickerContext:
@@ -85,6 +126,7 @@ class PickerContext:
         header: str,
         modes: wire.Modes,
         max_body: int,
+        trusted: TrustedProxies,
     ) -> None:
         self.stream = stream
         self.headers = headers
@@ -100,7 +142,7 @@ class PickerContext:
                 left = timeout_s(value)
                 deadline = None if left is None else time.monotonic() + left
         self._deadline = deadline
-        self._peer = client_peer(headers, stream.peer())
+        self._peer = client_peer(headers, stream.peer(), trusted)
         self._code: grpc.StatusCode | None = None
         self._body = b""  # FULL_DUPLEX_STREAMED: the body read, Envoy holds none of it
         self._ended = False  # ... and it was the whole body

@@ -36,7 +36,7 @@ from gateway.config import GatewayConfig
 from gateway.engines import RpcKind, RpcSpec
 from gateway.observability.record import CallRecord
 from gateway.picker import wire
-from gateway.picker.context import Answered, PickerContext, Unreadable
+from gateway.picker.context import Answered, PickerContext, TrustedProxies, Unreadable
 from gateway.picker.destinations import Destinations, endpoint, literal
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
 from gateway.proxy import stages
@@ -78,6 +78,7 @@ class Picker:
         self._relay = relay_address
         self._whole_to_relay = wire.whole_to(picker.header, relay_address)
         self._max_body = picker.max_body_bytes
+        self._trusted = TrustedProxies(picker.trusted_proxies)
         self._migrate_streams = picker.migrate_streams
         self._observe = observe
         self._count = count  # each call's answer: `worker`, `relay` or `verdict`
@@ -122,7 +123,7 @@ class Picker:
             await _go_on(stream, modes)
             return
         front, spec = found
-        context = PickerContext(stream, headers, self._header, modes, self._max_body)
+        context = PickerContext(stream, headers, self._header, modes, self._max_body, self._trusted)
         record = CallRecord(rpc=spec.name, service=front.adapter.service_name, picked=True)
         call = Call(spec, context, record, UNREAD, "")
         try:

@@ -17,6 +17,7 @@ from gateway.config import (
     KvConfig,
     LimitsConfig,
     ModelSettings,
+    PickerConfig,
     WorkerSpec,
     build_config,
 )
@@ -129,6 +130,7 @@ SECTION_DEFAULTS = {
         header="x-gateway-destination-endpoint",
         migrate_streams=False,
         max_body_bytes=1024 * 1024,
+        trusted_proxies=(),
     ),
 }
 
@@ -196,3 +198,12 @@ def test_a_config_survives_pickling() -> None:
         worker_urls=["grpcs://h:1?model=m&role=prefill&bootstrap_port=8998"],
     )
     assert pickle.loads(pickle.dumps(config)) == config
+
+
+def test_trusted_proxies_are_addresses_or_ranges() -> None:
+    assert PickerConfig(trusted_proxies=("127.0.0.1", "10.0.0.0/8", "::1")).trusted_proxies
+    for bad in ("envoy.local", "10.0.0.0/33", ""):
+        with pytest.raises(ValidationError, match="not an IP address or CIDR range"):
+            PickerConfig(trusted_proxies=(bad,))
+    with pytest.raises(ValidationError):
+        PickerConfig(trusted_proxies=("10.0.0.1",) * 257)

@@ -7,7 +7,7 @@ import base64
 import grpc
 
 from gateway.picker import wire
-from gateway.picker.context import client_peer, timeout_s
+from gateway.picker.context import TrustedProxies, client_peer, timeout_s
 from gateway.picker.destinations import endpoint, literal
 from gateway.picker.v3 import base_pb2
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
@@ -98,12 +98,35 @@ def test_grpc_timeouts() -> None:
     assert timeout_s("-1S") is None
 
 
-def test_the_clients_address_is_the_one_envoy_saw() -> None:
+def test_the_clients_address_is_the_one_a_trusted_envoy_saw() -> None:
     own = "ipv4:127.0.0.1:5000"
-    assert client_peer([("x-envoy-external-address", "10.1.2.3")], own) == "ipv4:10.1.2.3:0"
-    assert client_peer([("x-forwarded-for", "1.1.1.1, 10.0.0.9")], own) == "ipv4:10.0.0.9:0"
-    assert client_peer([("x-envoy-external-address", "::1")], own) == "ipv6:[::1]:0"
-    assert client_peer([], own) == own
+    envoy = TrustedProxies(["127.0.0.1"])
+    assert client_peer([("x-envoy-external-address", "10.1.2.3")], own, envoy) == (
+        "ipv4:10.1.2.3:0"
+    )
+    assert client_peer([("x-forwarded-for", "1.1.1.1, 10.0.0.9")], own, envoy) == (
+        "ipv4:10.0.0.9:0"
+    )
+    assert client_peer([("x-envoy-external-address", "::1")], own, envoy) == "ipv6:[::1]:0"
+    assert client_peer([], own, envoy) == own
+    # past the trusted hops, to the first that is not one
+    chain = TrustedProxies(["127.0.0.1", "10.0.0.0/8"])
+    hops = [("x-forwarded-for", "9.9.9.9, 8.8.8.8, 10.0.0.7, 127.0.0.1")]
+    assert client_peer(hops, own, chain) == "ipv4:8.8.8.8:0"
+    # not an address: the stream's own peer
+    assert client_peer([("x-forwarded-for", "evil")], own, envoy) == own
+    assert client_peer([("x-envoy-external-address", "a" * 5000)], own, envoy) == own
+
+
+def test_forwarding_headers_from_an_untrusted_peer_name_nobody() -> None:
+    """Anyone reaching the picker port could otherwise rotate its address past the
+    failure block, or pose as another client."""
+    own = "ipv4:192.0.2.5:5000"
+    spoof = [("x-forwarded-for", "127.0.0.1"), ("x-envoy-external-address", "10.9.9.9")]
+    assert client_peer(spoof, own, TrustedProxies()) == own
+    assert client_peer(spoof, own, TrustedProxies(["127.0.0.1"])) == own
+    mapped = "ipv6:[::ffff:127.0.0.1]:5000"  # Envoy over a dual-stack socket
+    assert client_peer(spoof, mapped, TrustedProxies(["127.0.0.0/8"])) == "ipv4:10.9.9.9:0"
 
 
 def test_destinations_are_addresses() -> None:
