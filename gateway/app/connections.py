@@ -28,6 +28,7 @@ from pathlib import Path
 
 import structlog
 
+from gateway.core.address import unmapped
 from gateway.core.tasks import TaskScope
 
 log = structlog.get_logger("gateway.app.connections")
@@ -99,10 +100,7 @@ def peer_ip(hex_address: str) -> str:
     """/proc's hex address (little-endian 32-bit words) as an IP address."""
     raw = bytes.fromhex(hex_address)
     words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    address = ipaddress.ip_address(words)
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
+    return str(unmapped(ipaddress.ip_address(words)))
 
 
 def close_connection(inode: int, fd: int) -> bool:

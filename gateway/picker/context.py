@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from gateway.core.address import peer_host
+from gateway.core.address import IpAddress, peer_host, unmapped
 from gateway.picker import wire
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
 
@@ -60,15 +60,12 @@ class TrustedProxies:
         return address is not None and any(address in n for n in self._networks)
 
 
-def ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def ip_of(host: str) -> IpAddress | None:
     """`host` as an address (an IPv4-mapped IPv6 one as IPv4), None if it is none."""
     try:
-        address = ipaddress.ip_address(host.strip().strip("[]"))
+        return unmapped(ipaddress.ip_address(host.strip().strip("[]")))
     except ValueError:
         return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
 
 
 def client_peer(

@@ -169,14 +169,14 @@ class SglangPrefillServicer(_PdServicer):
         timeout_s = self._engine.config.embedding_timeout_s
 
         def publish(message: Any) -> None:
-            first = message.chunk.token_ids if message.HasField("chunk") else None
-            if first is None:
-                complete = message.complete
-                aborted = complete.finish_reason == "abort"
-                first = () if aborted else complete.output_ids
-            if not first:
+            if message.HasField("chunk"):
+                first = message.chunk.token_ids
+            elif message.complete.finish_reason != "abort":
+                first = message.complete.output_ids
+            else:
                 return
-            self.bootstrap.mark_ready(room, Room(first[0]))
+            if first:
+                self.bootstrap.mark_ready(room, Room(first[0]))
 
         async def prepare() -> Start:
             if items:

@@ -26,7 +26,7 @@ from tests.support.availability import (
     scrape,
     wait_worker,
 )
-from tests.support.engines import load_on, logged, prompt, wait_idle
+from tests.support.engines import greedy, load_on, logged, prompt, wait_idle
 from tests.support.helpers import (
     channel,
     model_md,
@@ -37,17 +37,6 @@ from tests.support.helpers import (
 
 FOLLOW_S = 2.0  # the issue's bound: events applied within this of the worker's first batch
 WAIT_S = 30.0  # bounded waits for a state (a busy 2-core machine runs the engine too)
-
-
-def request(request_id: str, tokens: Sequence[int], max_tokens: int, *, stream: bool = True) -> Any:
-    return vllm.GenerateRequest(
-        request_id=request_id,
-        tokenized=vllm.TokenizedInput(input_ids=list(tokens)),
-        sampling_params=vllm.SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, ignore_eos=True
-        ),
-        stream=stream,
-    )
 
 
 async def generate(
@@ -137,7 +126,7 @@ async def test_streamed_calls_are_logged_and_charged_the_tokens_the_engine_gener
             request_id = f"budget-{tenant}-{turn}"
             tokens, error = await generate(
                 gw.address,
-                request(request_id, prompt(32, turn), 150, stream=stream),
+                greedy(request_id, prompt(32, turn), 150, stream=stream),
                 (*model_md("tiny"), ("x-tenant-id", tenant)),
             )
             if error is not None:
@@ -163,7 +152,7 @@ async def abort_midway(gw_address: str, engine: EngineWorker, request_id: str) -
     got: list[Any] = []
     async with channel(gw_address) as ch:
         call = vllm_grpc.VllmEngineStub(ch).Generate(
-            request(request_id, prompt(16, 7), 1900), metadata=model_md("tiny"), timeout=120
+            greedy(request_id, prompt(16, 7), 1900), metadata=model_md("tiny"), timeout=120
         )
         async for reply in call:
             got.append(reply)
@@ -186,7 +175,7 @@ async def test_cancel_and_abort_through_the_gateway_free_the_worker(
     # A client cancel: the upstream call is cancelled, the engine aborts the request.
     async with channel(gw.address) as ch:
         call = vllm_grpc.VllmEngineStub(ch).Generate(
-            request("cancel-1", prompt(16, 3), 1900), metadata=model_md("tiny"), timeout=120
+            greedy("cancel-1", prompt(16, 3), 1900), metadata=model_md("tiny"), timeout=120
         )
         seen = 0
         async for _ in call:
@@ -223,7 +212,7 @@ def restartable(engines: Engines) -> Iterator[EngineWorker]:
 
 
 async def repeated_prefix(gw: Any, name: str, tokens: list[int]) -> dict[str, Any]:
-    _, error = await generate(gw.address, request(name, tokens, 4), model_md("kvw"))
+    _, error = await generate(gw.address, greedy(name, tokens, 4), model_md("kvw"))
     assert error is None, error
     return logged(gw.log_path, name)
 
@@ -281,7 +270,7 @@ async def test_after_a_forced_miss_the_follower_follows_again_within_one_resubsc
     await wait_worker(admin_address(gw), engine.address, is_ready, within_s=WAIT_S)
     await wait_subscribed(engine, opened)
     opened = subscriptions(engine)
-    _, error = await generate(gw.address, request("miss-big", prompt(1280, 5), 2), model_md("tiny"))
+    _, error = await generate(gw.address, greedy("miss-big", prompt(1280, 5), 2), model_md("tiny"))
     assert error is None  # 10 blocks in one stored event: some 3 KB, over the cap
     deadline = time.monotonic() + WAIT_S
     while "too_large" not in resyncs(gw, engine):
@@ -290,10 +279,10 @@ async def test_after_a_forced_miss_the_follower_follows_again_within_one_resubsc
     await wait_subscribed(engine, opened)  # from 0 again, once the cursor was refused
     small = prompt(256, 9)  # two blocks: well within the cap
     before = kv_events(gw, engine)
-    _, error = await generate(gw.address, request("miss-1", small, 2), model_md("tiny"))
+    _, error = await generate(gw.address, greedy("miss-1", small, 2), model_md("tiny"))
     assert error is None
     await wait_events_past(gw, engine, before)
-    _, error = await generate(gw.address, request("miss-2", small, 2), model_md("tiny"))
+    _, error = await generate(gw.address, greedy("miss-2", small, 2), model_md("tiny"))
     line = logged(gw.log_path, "miss-2")
     # Two whole blocks: the engine computes the prompt's last token again, so the block
     # holding it is no hit, and the gateway expects exactly that.
@@ -314,7 +303,7 @@ async def test_a_greedy_stream_whose_worker_is_killed_goes_on_token_for_token(
     what an uninterrupted greedy run of the same request gives."""
     tokens = prompt(40, 21)
     length = 1500  # long enough to be running when its worker is found and killed
-    expected, error = await generate(engine.address, request("mig-ref", tokens, length))
+    expected, error = await generate(engine.address, greedy("mig-ref", tokens, length))
     assert error is None and len(expected) == length
     gw = gateway(
         "--worker", f"{engine.url}?model=mig&runtime=vllm",
@@ -326,7 +315,7 @@ async def test_a_greedy_stream_whose_worker_is_killed_goes_on_token_for_token(
     got: list[int] = []
     async with channel(gw.address) as ch:
         call = vllm_grpc.VllmEngineStub(ch).Generate(
-            request("mig-1", tokens, length), metadata=model_md("mig"), timeout=300
+            greedy("mig-1", tokens, length), metadata=model_md("mig"), timeout=300
         )
         while len(got) < 16:
             reply = await call.read()

@@ -39,14 +39,16 @@ def prompt(length: int, salt: int = 0) -> list[int]:
     return [1 + (i * 37 + salt * 101) % (VOCAB - 1) for i in range(length)]
 
 
-def greedy(request_id: str, tokens: Sequence[int], max_tokens: int = 24) -> Any:
+def greedy(
+    request_id: str, tokens: Sequence[int], max_tokens: int = 24, stream: bool = True
+) -> Any:
     return vllm.GenerateRequest(
         request_id=request_id,
         tokenized=vllm.TokenizedInput(input_ids=list(tokens)),
         sampling_params=vllm.SamplingParams(
             temperature=0.0, max_tokens=max_tokens, ignore_eos=True
         ),
-        stream=True,
+        stream=stream,
     )
 
 
