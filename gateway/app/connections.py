@@ -4,6 +4,7 @@ cap is reached, and the per-peer cap.
 grpc core enforces `limits.max_connections` itself (`grpc.max_allowed_incoming_connections`:
 it closes the connections past it as they arrive) but tells nobody, and it has no bound
 per peer. So a watch reads this process's established connections on the main port
+(and the picker's, `picker.listen`: a peer's connections to both count together)
 every few seconds (from /proc, in a thread): it logs once when the cap is reached and
 once when it is not any more, and shuts down a peer's newest connections past
 `limits.max_connections_per_peer` under grpc core (which drops them as if the peer had),
@@ -22,7 +23,7 @@ import ipaddress
 import os
 import resource
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,11 +71,11 @@ def _socket_fds() -> dict[str, int]:
     return sockets
 
 
-def connections(port: int) -> dict[str, list[tuple[int, int]]]:
-    """This process's established TCP connections on local port `port`, by peer address
+def connections(ports: Sequence[int]) -> dict[str, list[tuple[int, int]]]:
+    """This process's established TCP connections on the local `ports`, by peer address
     (as /proc spells it, hex): (inode, file descriptor) each, lowest inode first."""
     ours = _socket_fds()
-    wanted = f":{port:04X}"
+    wanted = tuple(f":{port:04X}" for port in ports)
     by_peer: dict[str, list[tuple[int, int]]] = {}
     # /proc/net/tcp is read in pieces while the kernel changes it: a line can come twice.
     counted: set[str] = set()
@@ -131,10 +132,10 @@ class Census:
     seen: frozenset[int]  # the inodes of the connections counted
 
 
-def census(port: int, per_peer: int, first_seen: Mapping[int, int]) -> Census:
+def census(ports: Sequence[int], per_peer: int, first_seen: Mapping[int, int]) -> Census:
     """Count the connections; close each peer's newest ones past `per_peer`, by the
     census that first saw them (`first_seen`: inode -> its number), then by inode."""
-    by_peer = connections(port)
+    by_peer = connections(ports)
 
     def age(entry: tuple[int, int]) -> int:  # a stable sort keeps inode order within one
         return first_seen.get(entry[0], NOT_SEEN)
@@ -157,13 +158,18 @@ class ConnectionWatch:
 
     def __init__(
         self,
-        port: int,
+        ports: Sequence[int],
         cap: int,
         per_peer: int,
         interval_s: float = WATCH_INTERVAL_S,
         report: Callable[[int, int], None] | None = None,
     ) -> None:
-        self.port, self.cap, self.per_peer, self.interval_s = port, cap, per_peer, interval_s
+        self.ports, self.cap, self.per_peer, self.interval_s = (
+            tuple(ports),
+            cap,
+            per_peer,
+            interval_s,
+        )
         self.count = 0
         self.at_cap = False
         self.over_peers: set[str] = set()
@@ -207,7 +213,7 @@ class ConnectionWatch:
 
     async def _run(self) -> None:
         while True:
-            seen = await asyncio.to_thread(census, self.port, self.per_peer, self.first_seen)
+            seen = await asyncio.to_thread(census, self.ports, self.per_peer, self.first_seen)
             self.observe(seen)
             await asyncio.sleep(self.interval_s)
 

@@ -308,7 +308,7 @@ class Gateway:
         self.trimmer.start()
         limits = self.config.limits
         self.connections = ConnectionWatch(
-            self.port,
+            (self.port, self.picker_port) if self.picker_port else (self.port,),
             limits.max_connections,
             limits.max_connections_per_peer,
             report=self.metrics.connections,
@@ -366,7 +366,14 @@ class Gateway:
         Envoy health-checks), naming this process's relay for the calls it cannot place."""
         assert self.picker_server is not None and self.config.picker.listen is not None
         relay = relay_address(self.config, self.port)
-        picker = Picker(fronts, self.config, relay, self._observe, count=self.metrics.picker_answer)
+        # Its failed authentications block an address on the picker port only.
+        identities = Identities(
+            self.auth.at_door("picker") if self.auth is not None else None,
+            certificates=self.config.tls.client_ca is not None,
+        )
+        picker = Picker(
+            fronts, self.config, relay, self._observe, self.metrics.picker_answer, identities
+        )
         self.picker_server.add_generic_rpc_handlers((picker.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.picker_server)
         self.picker_port = bind(self.picker_server, self.config.picker.listen)

@@ -4,11 +4,12 @@ messages, and how much a client may send ahead on a stream the front has not rea
 from __future__ import annotations
 
 from gateway.config import GatewayConfig
+from gateway.picker.wire import MAX_HEADER_BYTES
 
 REQUEST_WINDOW_BYTES = 64 * 1024  # what a client may send ahead on a stream not read yet
 # What an external processing message carries beside a request body: the call's headers
-# (Envoy's own limit for them is 60 KiB by default).
-PICKER_ENVELOPE_BYTES = 256 * 1024
+# (bounded by the picker, `picker.wire.MAX_HEADER_BYTES`), and protobuf's framing.
+PICKER_ENVELOPE_BYTES = MAX_HEADER_BYTES + 4096
 
 
 def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[str, int]]:
@@ -38,10 +39,10 @@ def server_options(config: GatewayConfig, shared: bool = False) -> list[tuple[st
 
 
 def picker_options(config: GatewayConfig, shared: bool = False) -> list[tuple[str, int]]:
-    """The picker port's: the main port's, with room for a request of `max_message_bytes`
-    and the headers around it in one message from Envoy (a body past the picker's own
-    bound is handed to the relay, which answers what it answers to a call that big)."""
-    receive = config.max_message_bytes + PICKER_ENVELOPE_BYTES
+    """The picker port's: the main port's, with messages bounded by what the picker reads
+    of a call: a body of `picker.max_body_bytes` and the headers around it (a longer body
+    is the relay's: Envoy must buffer no more, see `gateway envoy-config`)."""
+    receive = config.picker.max_body_bytes + PICKER_ENVELOPE_BYTES
     return [
         (key, receive if key == "grpc.max_receive_message_length" else value)
         for key, value in server_options(config, shared)

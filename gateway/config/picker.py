@@ -23,6 +23,7 @@ def _network(text: str) -> str:
 Network = Annotated[str, Strict(), AfterValidator(_network)]
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"  # the Gateway API Inference Extension's
+MAX_BODY_BYTES = 1024 * 1024  # Envoy's own default buffer limit
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -45,7 +46,7 @@ class PickerConfig:
     relay_address: Text | None = None  # HOST:PORT, checked by build_config
     header: HeaderName = DESTINATION_HEADER
     migrate_streams: Flag = False
-    max_body_bytes: AtLeastOne = 1024 * 1024  # Envoy's own default buffer limit
+    max_body_bytes: AtLeastOne = MAX_BODY_BYTES
     # Peers whose forwarding headers are believed (else anyone reaching the port could
     # name any address: rotate past the failure block, or pose as another caller).
     trusted_proxies: Annotated[tuple[Network, ...], Field(max_length=256)] = ()

@@ -111,6 +111,7 @@ class PickerContext:
         "_metadata",
         "_peer",
         "_trailers",
+        "bodiless",
         "headers",
         "modes",
         "stream",
@@ -124,8 +125,10 @@ class PickerContext:
         modes: wire.Modes,
         max_body: int,
         trusted: TrustedProxies,
+        bodiless: bool = False,
     ) -> None:
         self.stream = stream
+        self.bodiless = bodiless  # the headers ended the request
         self.headers = headers
         self.modes = modes
         self._header = header  # where the destination is named
@@ -142,7 +145,7 @@ class PickerContext:
         self._peer = client_peer(headers, stream.peer(), trusted)
         self._code: grpc.StatusCode | None = None
         self._body = b""  # FULL_DUPLEX_STREAMED: the body read, Envoy holds none of it
-        self._ended = False  # ... and it was the whole body
+        self._ended = bodiless  # ... and it was the whole body
         self._trailers = False  # ... and the request's trailers came after it
 
     # -- read by the stages ---------------------------------------------------------------
@@ -171,7 +174,7 @@ class PickerContext:
         if self.modes.request_duplex:
             return await self._read_pieces()
         while True:
-            request = await self.next_part()
+            request = await self._request_part()
             part = _part(request)
             if request is not None and part == "request_body":
                 return self._message(request.request_body.body)
@@ -185,7 +188,7 @@ class PickerContext:
         pieces: list[bytes] = []
         size = 0
         while True:
-            request = await self.next_part()
+            request = await self._request_part()
             part = _part(request)
             if part == "request_trailers":
                 self._trailers = True
@@ -211,10 +214,27 @@ class PickerContext:
             raise Unreadable()
         return message
 
-    async def next_part(self) -> ext_proc.ProcessingRequest | None:
+    async def next_part(self) -> ext_proc.ProcessingRequest | wire.Oversized | None:
         """The stream's next part (None: Envoy closed it)."""
         request = await self.stream.read()
         return None if request is aio.EOF else request
+
+    async def _request_part(self) -> ext_proc.ProcessingRequest | None:
+        """The request's next part; one past the bounds ends the call (RESOURCE_EXHAUSTED,
+        as grpc answers headers too large on the main port)."""
+        request = await self.next_part()
+        if isinstance(request, wire.Oversized):
+            await self.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Request headers too large for the gateway: {request.detail}",
+                (("x-http-status", "431"),),
+            )
+        return request
+
+    async def hand_back(self) -> None:
+        """FULL_DUPLEX_STREAMED: what is left of the request's body after what was read,
+        handed back as it comes, up to its end."""
+        await hand_back(self.stream, self.modes, self._ended or self._trailers)
 
     async def answer(self, answer: bytes) -> None:
         await self.stream.write(answer)
@@ -251,6 +271,19 @@ class PickerContext:
     ) -> NoReturn:
         self._code = code
         raise Answered(code, wire.immediate(code, details, trailing_metadata))
+
+
+async def hand_back(stream: aio.ServicerContext, modes: wire.Modes, ended: bool) -> None:
+    """FULL_DUPLEX_STREAMED: the rest of the request's body handed back as it comes
+    (Envoy keeps none of a body it sent), up to its end (`ended`: it has come). Then the
+    stream may end: a closed stream tells Envoy nothing more of the call needs the
+    picker."""
+    while modes.request_duplex and not ended:
+        request = await stream.read()
+        if not isinstance(request, ext_proc.ProcessingRequest):
+            return
+        await stream.write(wire.go_on(request, modes))
+        ended = _part(request) != "request_body" or request.request_body.end_of_stream
 
 
 def _part(request: ext_proc.ProcessingRequest | None) -> str:

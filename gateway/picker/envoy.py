@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config.picker import DESTINATION_HEADER
+from gateway.config.picker import DESTINATION_HEADER, MAX_BODY_BYTES
 
 TYPES = "type.googleapis.com/envoy.extensions."
 PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -24,6 +24,7 @@ HTTP2 = {
 WIDE_OPEN = {"thresholds": [{"max_connections": 100_000, "max_pending_requests": 100_000,
                              "max_requests": 100_000, "max_retries": 1_000}]}  # fmt: skip
 PICKED, PICKER = "picked", "gateway_picker"
+MIN_WINDOW_BYTES = 65_535  # HTTP/2's smallest stream window
 # What the filter sends the picker: everything it needs to place a call and see how it
 # ended, and never a response message (relaying those is Envoy's job). The request body
 # whole, up to Envoy's buffer limit: a longer one comes cut short, and the picker sends
@@ -50,10 +51,13 @@ def envoy_config(
     admin: str | None = "127.0.0.1:9901",
     header: str = DESTINATION_HEADER,
     message_timeout_s: float = 330.0,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> dict[str, Any]:
     """Envoy's bootstrap: `listen` for clients, `picker` (HOST:PORT) the gateway's picker
     port. `message_timeout_s` bounds each answer of the picker, so it must cover a call's
-    wait in its model's queue (with flow control: its class's `ttl_s`)."""
+    wait in its model's queue (with flow control: its class's `ttl_s`). Envoy buffers
+    `max_body_bytes` of a request at most (`picker.max_body_bytes`: the picker port takes
+    no longer message); a longer one reaches the picker cut short and goes to the relay."""
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -89,6 +93,10 @@ def envoy_config(
         # shares are then the clients', not Envoy's.
         "use_remote_address": True,
         "server_header_transformation": "PASS_THROUGH",  # no `server: envoy` of its own
+        # A gRPC call's buffer limit is its HTTP/2 stream window (16 MiB by default).
+        "http2_protocol_options": {
+            "initial_stream_window_size": max(max_body_bytes, MIN_WINDOW_BYTES)
+        },
         "route_config": {
             "virtual_hosts": [
                 {

@@ -23,8 +23,10 @@ travels as an ImmediateResponse with the same grpc-status, message and trailers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -33,26 +35,36 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from gateway.config import GatewayConfig
+from gateway.core.roles import Runtime
 from gateway.engines import RpcKind, RpcSpec
 from gateway.observability.record import CallRecord
 from gateway.picker import wire
-from gateway.picker.context import Answered, PickerContext, TrustedProxies, Unreadable
+from gateway.picker.context import (
+    Answered,
+    PickerContext,
+    TrustedProxies,
+    Unreadable,
+    hand_back,
+)
 from gateway.picker.destinations import Destinations, endpoint, literal
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
 from gateway.proxy import stages
 from gateway.proxy.call import Call
 from gateway.proxy.front import UNREAD, EngineFront
 from gateway.proxy.inflight import Holder
-from gateway.proxy.intake import NO_REQUEST
+from gateway.proxy.intake import NO_REQUEST, ReadGate, ReadTimeout
 from gateway.proxy.job import Job
 from gateway.proxy.stages import REGULAR_ONLY, Env, Stage
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import CLIENT_DEADLINE_SLACK_S, Reserved
+from gateway.security.identity import Identities
 
 log = structlog.get_logger("gateway.picker")
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 PICKED_KINDS = frozenset({RpcKind.GENERATE, RpcKind.EMBED, RpcKind.ABORT})
+# Past a call's deadline, how long the picker still waits for Envoy to say how it ended.
+FOLLOW_SLACK_S = 1.0
 
 
 class ToRelay(Exception):
@@ -69,7 +81,10 @@ class Picker:
         relay_address: str,
         observe: Callable[[CallRecord], None],
         count: Callable[[str], None] = lambda answer: None,
+        identities: Identities | None = None,
     ) -> None:
+        """`identities`: who the picker's calls come from, if not the fronts' (the picker's
+        failed authentications are counted apart from the main port's)."""
         self._by_path: dict[str, tuple[EngineFront, RpcSpec]] = {
             spec.path: (front, spec) for front in fronts for spec in front.adapter.rpcs.values()
         }
@@ -85,6 +100,17 @@ class Picker:
         self._destinations = Destinations()
         self._lines = config.log_level in ("debug", "info")
         self._check_s = config.probe.timeout_s  # the check of a worker whose stream broke
+        limits = config.limits
+        self._read_s = limits.request_read_timeout_s
+        self._idle_s = limits.stream_idle_timeout_s
+        # The picker's own turns to read a request: it never takes the main port's.
+        gate = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
+        self._envs: dict[Runtime, Env] = {}
+        for front in fronts:
+            door = replace(front.env.door, gate=gate)
+            if identities is not None:
+                door = replace(door, identities=identities)
+            self._envs[front.adapter.runtime] = replace(front.env, door=door)
         self._placed: tuple[Stage, ...] = (
             stages.decode,
             stages.resolve,
@@ -97,37 +123,51 @@ class Picker:
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
             self._process,
-            request_deserializer=ext_proc.ProcessingRequest.FromString,
+            request_deserializer=wire.parse,  # headers bounded before they are parsed
             response_serializer=None,  # answers are built as bytes (`wire`)
         )
         return grpc.method_handlers_generic_handler(SERVICE, {"Process": method})
 
     async def _process(self, _requests: Any, stream: aio.ServicerContext) -> None:
-        request = await stream.read()
+        """One call's stream. Everything before the request is read is bounded by the read
+        timeout from the stream's opening, as on the main port; a placed call's wait for
+        its answer by the call's deadline, else the idle timeout. The picker ends the
+        stream once nothing more of the call needs it (Envoy then goes on alone)."""
+        opened_at = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout_at(opened_at + self._read_s):
+                request = await stream.read()
+        except TimeoutError:
+            return  # not even the headers came: nothing to answer
         if request is aio.EOF:
+            return
+        if isinstance(request, wire.Oversized):
+            self._count("verdict")
+            await _bounded(stream.write(_oversized(request)), self._read_s)
             return
         modes = wire.modes(request)
         part = request.WhichOneof("request")
         if part != "request_headers":  # a filter not set to send the request's headers
-            await stream.write(wire.go_on(request, modes) or wire.GO_ON_REQUEST_HEADERS)
-            await _go_on(stream, modes)
+            await _bounded(self._pass(stream, modes, request), self._read_s)
             return
         headers = wire.header_list(request.request_headers.headers)
         path = next((v for k, v in headers if k == ":path"), "")
         found = self._by_path.get(path)
+        bodiless = request.request_headers.end_of_stream
         if found is None or found[1].kind not in PICKED_KINDS or not modes.placeable:
             # The relay answers it as it would anyway (and reads a body the picker
             # would see only once the call is routed: STREAMED, NONE).
             self._count("relay")  # counted as decided: the call may end before the write does
-            await stream.write(self._to_relay(modes))
-            await _go_on(stream, modes)
+            await _bounded(self._pass_to_relay(stream, modes, bodiless), self._read_s)
             return
         front, spec = found
-        context = PickerContext(stream, headers, self._header, modes, self._max_body, self._trusted)
+        context = PickerContext(
+            stream, headers, self._header, modes, self._max_body, self._trusted, bodiless
+        )
         record = CallRecord(rpc=spec.name, service=front.adapter.service_name, picked=True)
         call = Call(spec, context, record, UNREAD, "")
         try:
-            await self._run(front.env, call, context, request.request_headers.end_of_stream)
+            await self._run(self._envs[front.adapter.runtime], call, context, opened_at)
         except asyncio.CancelledError:
             call.cancelled()
             raise
@@ -139,35 +179,64 @@ class Picker:
             if record.attempts or record.code != "OK":  # placed here, or answered here
                 self._log(call)
 
-    async def _run(self, env: Env, call: Call, context: PickerContext, bodiless: bool) -> None:
+    async def _run(self, env: Env, call: Call, context: PickerContext, opened_at: float) -> None:
+        read_s = self._read_s
+        limit = asyncio.timeout_at(opened_at + read_s)
         try:
-            await stages.open_call(env, call)
-            await stages.admit(env, call)
-            if bodiless:  # refused as the relay refuses a call with no request message
-                await abort_invalid(context, NO_REQUEST)
-            await context.headers_read()
-            await stages.read(env, call)
-            if call.spec.kind is RpcKind.ABORT:
-                await context.go_to(self._abort_destination(env, call))
-            else:
-                for stage in self._placed:
-                    await stage(env, call)
-                attempt = functools.partial(self._handed_over, env)
-                assert call.place is not None
-                job = Job(call, env.adapter, call.request, call.client(), call.record.request_id)
-                await env.routing.dispatcher.serve(job, call.place, attempt, call.placed_ahead)
-                return  # the response's trailers were the last part
+            try:
+                async with limit:
+                    await stages.open_call(env, call)
+                    await stages.admit(env, call)
+                    if context.bodiless:  # refused as the relay refuses a call with no message
+                        await abort_invalid(context, NO_REQUEST)
+                    await context.headers_read()
+                    await stages.read(env, call)
+                    if call.spec.kind is RpcKind.ABORT:
+                        await context.go_to(self._abort_destination(env, call))
+                        return
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    str(ReadTimeout(read_s)),
+                    (("x-http-status", "408"),),
+                )
+            for stage in self._placed:
+                await stage(env, call)
+            attempt = functools.partial(self._handed_over, env)
+            assert call.place is not None
+            job = Job(call, env.adapter, call.request, call.client(), call.record.request_id)
+            await env.routing.dispatcher.serve(job, call.place, attempt, call.placed_ahead)
         except (ToRelay, Unreadable):
             call.handed_over()
             call.end()  # what it took goes back first: the relay takes its own
             self._count("relay")
-            await context.go_to(self._relay)
+            await _bounded(self._relay_rest(context), read_s)
         except Answered as answered:  # Envoy answers the client: it sends nothing more
             call.ended_with(answered.code.name)
             self._count("verdict")
-            await context.answer(answered.answer)
-            return
-        await _go_on(context.stream, context.modes)
+            await _bounded(context.answer(answered.answer), read_s)
+
+    async def _relay_rest(self, context: PickerContext) -> None:
+        await context.go_to(self._relay)
+        await context.hand_back()
+
+    async def _pass(
+        self, stream: aio.ServicerContext, modes: wire.Modes, request: ext_proc.ProcessingRequest
+    ) -> None:
+        """A part the picker does nothing with, answered unchanged, and then what is left
+        of the request's body, if it streams through the picker."""
+        await stream.write(wire.go_on(request, modes) or wire.GO_ON_REQUEST_HEADERS)
+        part = request.WhichOneof("request")
+        if part == "request_body":
+            await hand_back(stream, modes, request.request_body.end_of_stream)
+
+    async def _pass_to_relay(
+        self, stream: aio.ServicerContext, modes: wire.Modes, bodiless: bool
+    ) -> None:
+        await stream.write(self._to_relay(modes))
+        await hand_back(stream, modes, bodiless)
 
     def _to_relay(self, modes: wire.Modes) -> bytes:
         """The answer to the headers of a call the relay runs whole."""
@@ -209,8 +278,7 @@ class Picker:
             remove = tuple(k for k, _ in context.invocation_metadata() if k in private)
             upstreams.inflight.add(job.upstream_id, holder)
             self._count("worker")
-            await context.go_to(address, remove, body)
-            await _follow(call, context, ended)
+            await self._sent_and_followed(call, context, ended, address, remove, body)
         finally:
             upstreams.inflight.discard(job.upstream_id, holder)
             code = ended.code
@@ -226,6 +294,40 @@ class Picker:
                 upstreams.release_checked(reservation, self._check_s)
             else:
                 reservation.release(code)
+
+    async def _sent_and_followed(
+        self,
+        call: Call,
+        context: PickerContext,
+        ended: Ended,
+        address: str,
+        remove: tuple[str, ...],
+        body: bytes | None,
+    ) -> None:
+        """The call sent to its worker, then its answer followed, each step within the
+        call's deadline (and a little more: Envoy's own end of the stream says more),
+        else within the idle timeout of the step before: a stream nobody answers gives
+        its reservation back."""
+        loop = asyncio.get_running_loop()
+        left = context.time_remaining()
+        deadline = None if left is None else loop.time() + left + FOLLOW_SLACK_S
+        idle_s = self._idle_s
+
+        def bound() -> float | None:
+            idle = loop.time() + idle_s if idle_s > 0 else None
+            if deadline is None or idle is None:
+                return deadline if idle is None else idle
+            return min(deadline, idle)
+
+        try:
+            async with asyncio.timeout_at(bound()):
+                await context.go_to(address, remove, body)
+            while not ended.known:
+                async with asyncio.timeout_at(bound()):
+                    if not await _follow(call, context, ended):
+                        return
+        except TimeoutError:
+            call.ended_with(grpc.StatusCode.DEADLINE_EXCEEDED.name)
 
     def _abort_destination(self, env: Env, call: Call) -> str:
         """Where an Abort goes: straight to the one worker that runs every request it
@@ -269,39 +371,43 @@ class Ended:
         self.known, self.code = True, code
 
 
-async def _follow(call: Call, context: PickerContext, ended: Ended) -> None:
-    """The response's headers and trailers, answered unchanged, until the worker's
-    grpc-status is known (`ended`), or the stream ends without one: the client left, or
-    Envoy reset it."""
-    while True:
-        request = await context.next_part()
-        if request is None:
-            call.ended_with("CANCELLED")
-            return
-        part = request.WhichOneof("request")
-        if part == "response_headers":
-            headers = request.response_headers
-            if headers.end_of_stream:  # Trailers-Only
-                ended.told(wire.grpc_status(wire.header_list(headers.headers)))
-                await context.answer(wire.GO_ON_RESPONSE_HEADERS)
-                return
-            await context.answer(wire.GO_ON_RESPONSE_HEADERS)
-            call.answer_began()
-        elif part == "response_trailers":
-            ended.told(wire.grpc_status(wire.header_list(request.response_trailers.trailers)))
-            await context.answer(wire.GO_ON_RESPONSE_TRAILERS)
-            return
+async def _follow(call: Call, context: PickerContext, ended: Ended) -> bool:
+    """The response's next part, answered unchanged; its headers and trailers say how
+    the worker answered (`ended`). False once the stream ends without a grpc-status: the
+    client left, or Envoy reset it (or sent a part past the bounds)."""
+    request = await context.next_part()
+    if not isinstance(request, ext_proc.ProcessingRequest):
+        call.ended_with("CANCELLED")
+        return False
+    part = request.WhichOneof("request")
+    if part == "response_headers":
+        headers = request.response_headers
+        if headers.end_of_stream:  # Trailers-Only
+            ended.told(wire.grpc_status(wire.header_list(headers.headers)))
         else:
-            await context.answer(wire.go_on(request, context.modes) or wire.GO_ON_RESPONSE_BODY)
+            call.answer_began()
+        await context.answer(wire.GO_ON_RESPONSE_HEADERS)
+    elif part == "response_trailers":
+        ended.told(wire.grpc_status(wire.header_list(request.response_trailers.trailers)))
+        await context.answer(wire.GO_ON_RESPONSE_TRAILERS)
+    else:
+        await context.answer(wire.go_on(request, context.modes) or wire.GO_ON_RESPONSE_BODY)
+    return True
 
 
-async def _go_on(stream: aio.ServicerContext, modes: wire.Modes) -> None:
-    """Answer every further part unchanged, until Envoy closes the stream."""
-    while True:
-        request = await stream.read()
-        if request is aio.EOF:
-            return
-        await stream.write(wire.go_on(request, modes))
+async def _bounded(step: Awaitable[None], seconds: float) -> None:
+    """`step` within `seconds` (a peer that stops reading its answers holds nothing)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await step
+
+
+def _oversized(request: wire.Oversized) -> bytes:
+    return wire.immediate(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"Request headers too large for the gateway: {request.detail}",
+        (("x-http-status", "431"),),
+    )
 
 
 def _clients_deadline(context: PickerContext) -> bool:

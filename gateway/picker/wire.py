@@ -233,3 +233,88 @@ def immediate(code: grpc.StatusCode, message: str, trailers: Trailers) -> bytes:
             details="gateway_picker_verdict",
         )
     )
+
+
+# -- what Envoy may send ---------------------------------------------------------------
+
+# Bounds on a message's parts other than a body (its headers, trailers, protocol config):
+# Envoy's own default limits on a request's headers are 60 KiB and 100 headers; past
+# these, reading them would cost the event loop milliseconds per message.
+MAX_HEADER_BYTES = 96 * 1024
+MAX_HEADERS = 1024
+MAX_FIELDS = 16  # top-level fields scanned: Envoy sends at most a handful
+BODIES = frozenset({4, 5})  # request_body, response_body: bounded by the message length
+HEADER_PARTS = ("request_headers", "response_headers")
+TRAILER_PARTS = ("request_trailers", "response_trailers")
+
+
+class Oversized:
+    """A message whose headers are past the bounds, left unparsed (its `detail` says
+    which bound)."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+def envelope_bytes(raw: bytes) -> int | None:
+    """The bytes of a ProcessingRequest outside its body, read off the top-level fields
+    without parsing them; None past MAX_FIELDS fields or on a wire type no field of the
+    message has (the parser then decides)."""
+    size, at, fields = 0, 0, 0
+    end = len(raw)
+    while at < end:
+        fields += 1
+        if fields > MAX_FIELDS:
+            return None
+        tag, at = _varint(raw, at)
+        kind = tag & 7
+        if kind == 0:
+            _, after = _varint(raw, at)
+        elif kind == 2:
+            length, after = _varint(raw, at)
+            after += length
+        elif kind == 1:
+            after = at + 8
+        elif kind == 5:
+            after = at + 4
+        else:
+            return None
+        if kind != 2 or tag >> 3 not in BODIES:
+            size += after - at
+        at = after
+    return size
+
+
+def _varint(raw: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    for _ in range(10):
+        if at >= len(raw):
+            break
+        byte = raw[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+    return value, len(raw) + 1  # cut short: past the end
+
+
+def parse(raw: bytes) -> ext_proc.ProcessingRequest | Oversized:
+    """A message from Envoy (the picker port's deserializer): its headers' bytes bounded
+    before it is parsed, their number after (counting them costs nothing once parsed)."""
+    envelope = envelope_bytes(raw)
+    if envelope is None or envelope > MAX_HEADER_BYTES:
+        return Oversized(f"headers past {MAX_HEADER_BYTES} bytes")
+    request = ext_proc.ProcessingRequest.FromString(raw)
+    part = request.WhichOneof("request")
+    if part in HEADER_PARTS:
+        count = len(getattr(request, part).headers.headers)
+    elif part in TRAILER_PARTS:
+        count = len(getattr(request, part).trailers.headers)
+    else:
+        count = 0
+    if count > MAX_HEADERS:
+        return Oversized(f"{count} headers, past {MAX_HEADERS}")
+    return request

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
@@ -80,6 +81,15 @@ class ApiKeyAuth:
         self._tasks = TaskScope()
         self._summary_at = clock()
         self._asked = asyncio.Event()  # a SIGHUP since the poll task last read the file
+        self._door = ""  # what failures are counted under, beside the address
+
+    def at_door(self, door: str) -> ApiKeyAuth:
+        """The same keys, counts and failure table, for calls through another port: its
+        failures are counted against `door` and the address, so they block that address
+        there only (the picker's, whose peer is often a proxy many clients share)."""
+        twin = copy.copy(self)
+        twin._door = door + " "
+        return twin
 
     @classmethod
     def from_config(
@@ -156,7 +166,8 @@ class ApiKeyAuth:
         known and the address is not blocked; else the call is refused (counted, maybe
         logged, UNAUTHENTICATED). The key is looked up once."""
         now = self.clock()
-        if self.failures.active(now) and self.failures.blocked(peer_address(context.peer()), now):
+        address = self._door + peer_address(context.peer())
+        if self.failures.active(now) and self.failures.blocked(address, now):
             await self.refuse(context, BLOCKED, method)
         if given is None:
             await self.refuse(context, MISSING, method)
@@ -167,7 +178,7 @@ class ApiKeyAuth:
 
     async def refuse(self, context: aio.ServicerContext, reason: str, method: str) -> NoReturn:
         peer = context.peer()
-        address, now = peer_address(peer), self.clock()
+        address, now = self._door + peer_address(peer), self.clock()
         failures = self.failures
         blocks = False
         if reason == BLOCKED or failures.blocked(address, now):

@@ -253,7 +253,7 @@ async def test_a_cancelled_fleet_remove_is_cancelled_not_swallowed() -> None:
 
 
 async def test_a_cancelled_connection_watch_stop_is_cancelled_not_swallowed() -> None:
-    watch = ConnectionWatch(port=1, cap=10, per_peer=10)
+    watch = ConnectionWatch(ports=(1,), cap=10, per_peer=10)
     release = asyncio.Event()
     watch._tasks.spawn(stubborn(release), "stubborn")
     stopping = await cancelled_while_stopping(watch.stop)

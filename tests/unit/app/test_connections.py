@@ -57,7 +57,7 @@ def pairs() -> Iterator[Pairs]:
 
 def test_census_counts_the_accepted_side_only(pairs: Pairs) -> None:
     pairs.connect(3)
-    seen = census(pairs.port, per_peer=10, first_seen={})
+    seen = census((pairs.port,), per_peer=10, first_seen={})
     assert seen.total == 3 and seen.over == {} and len(seen.seen) == 3
     assert pairs.shut() == [False, False, False]
 
@@ -65,11 +65,11 @@ def test_census_counts_the_accepted_side_only(pairs: Pairs) -> None:
 def test_the_connections_first_seen_stay_and_the_newer_ones_past_the_cap_close(
     pairs: Pairs,
 ) -> None:
-    watch = ConnectionWatch(pairs.port, cap=100, per_peer=3)
+    watch = ConnectionWatch((pairs.port,), cap=100, per_peer=3)
     pairs.connect(3)
-    watch.observe(census(pairs.port, 3, watch.first_seen))
+    watch.observe(census((pairs.port,), 3, watch.first_seen))
     pairs.connect(4)
-    seen = census(pairs.port, 3, watch.first_seen)
+    seen = census((pairs.port,), 3, watch.first_seen)
     watch.observe(seen)
     assert seen.total == 7 and seen.over == {"127.0.0.1": 4}
     assert pairs.shut() == [False] * 3 + [True] * 4
@@ -78,11 +78,11 @@ def test_the_connections_first_seen_stay_and_the_newer_ones_past_the_cap_close(
 
 def test_a_peer_back_under_its_cap_is_logged_again_next_time(pairs: Pairs) -> None:
     reports: list[tuple[int, int]] = []
-    watch = ConnectionWatch(pairs.port, cap=100, per_peer=1, report=lambda *r: reports.append(r))
+    watch = ConnectionWatch((pairs.port,), cap=100, per_peer=1, report=lambda *r: reports.append(r))
     pairs.connect(2)
-    watch.observe(census(pairs.port, 1, watch.first_seen))
+    watch.observe(census((pairs.port,), 1, watch.first_seen))
     assert watch.over_peers == {"127.0.0.1"}
-    watch.observe(census(pairs.port, 1, watch.first_seen))  # the closed one is gone
+    watch.observe(census((pairs.port,), 1, watch.first_seen))  # the closed one is gone
     assert watch.over_peers == set()
     assert reports[0] == (2, 1) and reports[1][1] == 0
 
@@ -105,5 +105,19 @@ def test_a_line_read_twice_is_one_connection(pairs: Pairs, monkeypatch: Any) -> 
         return text
 
     monkeypatch.setattr(Path, "read_text", doubled)
-    seen = census(pairs.port, per_peer=10, first_seen={})
+    seen = census((pairs.port,), per_peer=10, first_seen={})
     assert seen.total == 2 and len(seen.seen) == 2
+
+
+def test_a_peers_connections_to_both_ports_count_together(pairs: Pairs) -> None:
+    """The main port and the picker's: one peer's share covers both."""
+    other = Pairs()
+    try:
+        pairs.connect(2)
+        other.connect(2)
+        watch = ConnectionWatch((pairs.port, other.port), cap=100, per_peer=3)
+        seen = census(watch.ports, 3, watch.first_seen)
+        assert seen.total == 4 and seen.over == {"127.0.0.1": 1}
+        assert pairs.shut() + other.shut() == [False, False, False, True]
+    finally:
+        other.close()
