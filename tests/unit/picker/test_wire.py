@@ -184,3 +184,36 @@ def test_in_full_duplex_the_headers_answer_names_the_destination() -> None:
     lb = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert lb["x-dest"].string_value == "10.0.0.1:8000"
     assert not answer.HasField("mode_override")  # pieces of the body may be on their way
+
+
+def _headers(count: int, value: bytes = b"") -> ext_proc.ProcessingRequest:
+    header_map = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=f"x{i}", raw_value=value) for i in range(count)]
+    )
+    return ext_proc.ProcessingRequest(request_headers=ext_proc.HttpHeaders(headers=header_map))
+
+
+def test_a_body_is_outside_the_envelope_and_headers_are_in_it() -> None:
+    body = ext_proc.ProcessingRequest(
+        request_body=ext_proc.HttpBody(body=b"b" * 500_000, end_of_stream=True)
+    )
+    assert wire.envelope_bytes(body.SerializeToString()) == 0
+    headers = _headers(10).SerializeToString()
+    assert wire.envelope_bytes(headers) == len(headers) - 1  # less the field tag
+    assert isinstance(wire.parse(body.SerializeToString()), ext_proc.ProcessingRequest)
+
+
+def test_headers_past_the_bounds_are_refused_unparsed_or_counted() -> None:
+    big = wire.parse(_headers(100, b"v" * 1024).SerializeToString())  # ~100 KiB
+    assert isinstance(big, wire.Oversized) and "bytes" in big.detail
+    many = wire.parse(_headers(wire.MAX_HEADERS + 1).SerializeToString())
+    assert isinstance(many, wire.Oversized) and f"{wire.MAX_HEADERS + 1} headers" in many.detail
+    assert isinstance(
+        wire.parse(_headers(wire.MAX_HEADERS).SerializeToString()), ext_proc.ProcessingRequest
+    )
+
+
+def test_a_message_of_many_top_level_fields_is_not_scanned_past_a_handful() -> None:
+    fields = b"\x18\x01" * (wire.MAX_FIELDS + 1)  # an unknown varint field, again and again
+    assert wire.envelope_bytes(fields) is None
+    assert isinstance(wire.parse(fields), wire.Oversized)
