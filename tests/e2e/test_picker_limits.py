@@ -43,11 +43,14 @@ WAIT_S = 20.0
 
 
 def headers_part(
-    path: str, extra: Sequence[tuple[str, str]] = (), *, end: bool = False
+    path: str, extra: Sequence[tuple[str, str | bytes]] = (), *, end: bool = False
 ) -> ext_proc.ProcessingRequest:
     pairs = [(":path", path), ("content-type", "application/grpc"), *extra]
     header_map = base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]
+        headers=[
+            base_pb2.HeaderValue(key=k, raw_value=v if isinstance(v, bytes) else v.encode())
+            for k, v in pairs
+        ]
     )
     return ext_proc.ProcessingRequest(
         request_headers=ext_proc.HttpHeaders(headers=header_map, end_of_stream=end)
