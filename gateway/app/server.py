@@ -371,9 +371,7 @@ class Gateway:
             self.auth.at_door("picker") if self.auth is not None else None,
             certificates=self.config.tls.client_ca is not None,
         )
-        picker = Picker(
-            fronts, self.config, relay, self._observe, self.metrics.picker_answer, identities
-        )
+        picker = Picker(fronts, self.config, relay, self.metrics.picker_answer, identities)
         self.picker_server.add_generic_rpc_handlers((picker.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.picker_server)
         self.picker_port = bind(self.picker_server, self.config.picker.listen)

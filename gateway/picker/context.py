@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -16,6 +16,7 @@ from grpc import aio
 from gateway.core.address import IpAddress, peer_host, unmapped
 from gateway.picker import wire
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
+from gateway.proxy.metadata import Metadata
 
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 MAX_TIMEOUT_DIGITS = 8  # the gRPC spec's bound on grpc-timeout's value
@@ -264,6 +265,17 @@ class PickerContext:
         if self._trailers:
             await write(wire.GO_ON_REQUEST_TRAILERS)
 
+    # -- what a relay's client side does: never here ---------------------------------------
+
+    def write(self, message: bytes) -> Awaitable[None]:
+        raise RelayedByEnvoy()
+
+    async def send_initial_metadata(self, metadata: Metadata) -> None:
+        raise RelayedByEnvoy()
+
+    def set_trailing_metadata(self, metadata: Metadata) -> None:
+        raise RelayedByEnvoy()
+
     # -- what ends it ---------------------------------------------------------------------
 
     async def abort(
@@ -289,6 +301,10 @@ async def hand_back(stream: aio.ServicerContext, modes: wire.Modes, ended: bool)
 def _part(request: ext_proc.ProcessingRequest | None) -> str:
     """Which part of the call `request` is ("" once the stream has ended)."""
     return "" if request is None else request.WhichOneof("request") or ""
+
+
+class RelayedByEnvoy(Exception):
+    """Envoy relays the worker's answer to the client: the picker writes none of it."""
 
 
 class Unreadable(Exception):

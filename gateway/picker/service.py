@@ -30,7 +30,6 @@ from dataclasses import replace
 from typing import Any
 
 import grpc
-import structlog
 from google.protobuf.message import DecodeError
 from grpc import aio
 
@@ -59,8 +58,6 @@ from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import CLIENT_DEADLINE_SLACK_S, Reserved
 from gateway.security.identity import Identities
 
-log = structlog.get_logger("gateway.picker")
-
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 PICKED_KINDS = frozenset({RpcKind.GENERATE, RpcKind.EMBED, RpcKind.ABORT})
 # Past a call's deadline, how long the picker still waits for Envoy to say how it ended.
@@ -79,7 +76,6 @@ class Picker:
         fronts: list[EngineFront],
         config: GatewayConfig,
         relay_address: str,
-        observe: Callable[[CallRecord], None],
         count: Callable[[str], None] = lambda answer: None,
         identities: Identities | None = None,
     ) -> None:
@@ -95,10 +91,8 @@ class Picker:
         self._max_body = picker.max_body_bytes
         self._trusted = TrustedProxies(picker.trusted_proxies)
         self._migrate_streams = picker.migrate_streams
-        self._observe = observe
         self._count = count  # each call's answer: `worker`, `relay` or `verdict`
         self._destinations = Destinations()
-        self._lines = config.log_level in ("debug", "info")
         self._check_s = config.probe.timeout_s  # the check of a worker whose stream broke
         limits = config.limits
         self._read_s = limits.request_read_timeout_s
@@ -165,19 +159,12 @@ class Picker:
             stream, headers, self._header, modes, self._max_body, self._trusted, bodiless
         )
         record = CallRecord(rpc=spec.name, service=front.adapter.service_name, picked=True)
-        call = Call(spec, context, record, UNREAD, "")
-        try:
+        trace = None
+        if front.tracing is not None:
+            trace = front.tracing.start(record, context.invocation_metadata(), context.peer())
+        call = Call(spec, context, record, UNREAD, "", trace=trace, call_log=front.call_log)
+        async with call:
             await self._run(self._envs[front.adapter.runtime], call, context, opened_at)
-        except asyncio.CancelledError:
-            call.cancelled()
-            raise
-        except BaseException:
-            call.failed()
-            raise
-        finally:
-            call.end()
-            if record.attempts or record.code != "OK":  # placed here, or answered here
-                self._log(call)
 
     async def _run(self, env: Env, call: Call, context: PickerContext, opened_at: float) -> None:
         read_s = self._read_s
@@ -349,11 +336,6 @@ class Picker:
             raise ToRelay()
         self._count("worker")
         return endpoint(ip, worker.spec.port)
-
-    def _log(self, call: Call) -> None:
-        self._observe(call.record)
-        if self._lines:
-            log.info("request", **call.record.log_fields())
 
 
 class Ended:

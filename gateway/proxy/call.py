@@ -14,14 +14,16 @@ which gives it back once, in the reverse order, however the call ends.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn, TypeAlias
+from types import TracebackType
+from typing import Any, NoReturn, Protocol
 
 import grpc
 import structlog
-from grpc import aio
 
 from gateway.core.roles import Role
 from gateway.engines import GenerateInfo, RpcSpec
@@ -37,12 +39,52 @@ from gateway.proxy.metadata import Metadata, RequestMeta
 from gateway.proxy.status import abort_with_verdict
 from gateway.proxy.upstream import CLIENT_DEADLINE_SLACK_S, Reserved, UpstreamFailure
 
-Context: TypeAlias = aio.ServicerContext  # grpc ships no type hints: Any to mypy
+
+class Context(Protocol):
+    """What the stages and a call's client side use of its context: grpc's servicer
+    context has it all, and so do the stand-ins a call may come with (the picker's
+    `PickerContext`, the load report's `OrcaContext`), so whichever door a call came
+    through, the same stages run on it."""
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str | bytes]] | None: ...
+
+    def peer(self) -> str: ...
+
+    def auth_context(self) -> Mapping[str, Sequence[bytes]]: ...
+
+    def time_remaining(self) -> float | None: ...
+
+    def code(self) -> grpc.StatusCode | int | None: ...
+
+    async def read(self) -> Any: ...
+
+    def write(self, message: bytes) -> Awaitable[None]: ...
+
+    async def send_initial_metadata(self, metadata: Metadata) -> None: ...
+
+    def set_trailing_metadata(self, metadata: Metadata) -> None: ...
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()
+    ) -> NoReturn: ...
+
+
+class LoadTrailed(Protocol):
+    """A context whose trailers end with the load report (`reporting.OrcaContext`)."""
+
+    def end(self) -> None:
+        """Set the trailers and the report, as the call ends."""
+
 
 Place = Callable[[Collection[str]], Decision | Verdict]  # an attempt's placement, given who failed
 
 log = structlog.get_logger("gateway.proxy")
+requests = structlog.get_logger("gateway.request")
 USAGE_LINES = Throttle(1.0, 5)  # worker_usage_rejected lines: a worker may cause one a call
+# Request lines of calls refused UNAUTHENTICATED, per process: 10 a second after a burst
+# of 20; the next line says how many were held back (every refusal is counted in
+# gateway_auth_failures_total, and gateway.security.auth logs them by address).
+REFUSED_LINES = Throttle(10.0, 20)
 NO_HINTS = Hints()  # a call that names no hints (a frozen value, shared)
 
 
@@ -96,7 +138,7 @@ class Downstream:
             self._every.see(message)
         else:
             self._last = message
-        return self._context.write(message)  # type: ignore[no-any-return]
+        return self._context.write(message)
 
     def tally(self) -> None:
         """The call ended: what the engine reported goes into the record."""
@@ -162,8 +204,11 @@ class Call:
     placed_ahead: Reserved | None = None  # the first attempt, placed by a waiting room (`wait`)
     reply: bytes | None = None  # a unary call's answer (`dispatch`)
     downstream: Downstream | None = None  # the client side, once dispatch starts
-    ending: list[Callable[[], object]] = field(default_factory=list)  # `on_end`'s
+    orca: LoadTrailed | None = None  # ORCA trailers on: the context that adds the report
+    call_log: CallLog | None = None  # its door's: metrics, trace and log as it ends
+    ending: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # `on_end`'s
     told: bool = False  # its status came from whoever answered the client (`ended_with`)
+    handed: bool = False  # sent whole to the relay, which tells of it (`handed_over`)
 
     # -- the record, written here only ----------------------------------------------
 
@@ -282,6 +327,7 @@ class Call:
         """Sent whole to the relay, which admits, charges, places and logs it as its own
         call: no placement here counts (its charge all back as it ends, no log line)."""
         self.record.attempts = 0
+        self.handed = True
 
     def answer_began(self) -> None:
         """The worker's answer began (its headers), relayed by someone else (Envoy)."""
@@ -310,20 +356,63 @@ class Call:
 
     def on_end(self, callback: Callable[[], object]) -> None:
         """Run `callback` as the call ends (the last registered first)."""
-        self.ending.append(callback)
+        self.ending.callback(callback)
 
     def end(self) -> None:
         """Give back everything the stages took, once: every callback runs, whatever an
-        earlier one raised; the last exception raised is raised after them."""
-        ending, self.ending = self.ending, []
-        error: BaseException | None = None
-        for callback in reversed(ending):
-            try:
-                callback()
-            except BaseException as exc:
-                error = exc
-        if error is not None:
-            raise error
+        earlier one raised (the last exception raised goes on)."""
+        self.ending.close()
+
+    async def __aenter__(self) -> Call:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """The call's one ending, whichever door it came through and however it ends
+        (grpclib's `Stream.__aexit__`): its code from how it ended, the load report set
+        while it still counts as in flight, what the stages took given back, then its
+        door's call log has it. The exception, if any, goes on."""
+        if isinstance(error, asyncio.CancelledError):
+            self.cancelled()
+        elif error is not None:
+            self.failed()
+        try:
+            if self.orca is not None:
+                self.orca.end()
+            self.end()
+        finally:
+            if self.call_log is not None:
+                self.call_log.ended(self)
+
+
+class CallLog:
+    """How a door tells of its calls as they end: observed (metrics, load reports), the
+    trace finished, and a request line at the info level, those of calls refused
+    UNAUTHENTICATED at a bounded rate (a client may send them at any rate). A call
+    handed whole to the relay is the relay's to tell of."""
+
+    __slots__ = ("_lines", "observe")
+
+    def __init__(self, observe: Callable[[CallRecord], None], log_level: str) -> None:
+        self.observe = observe
+        self._lines = log_level in ("debug", "info")
+
+    def ended(self, call: Call) -> None:
+        if call.handed:
+            return
+        record, trace = call.record, call.trace
+        if trace is not None:
+            trace.finish(record)
+        self.observe(record)
+        if not self._lines:  # below the log level: its fields are not even built
+            return
+        if record.code == "UNAUTHENTICATED" and not call.logged(REFUSED_LINES):
+            return
+        requests.info("request", **record.log_fields())
 
 
 async def abort_with_failure(context: Context, failure: UpstreamFailure) -> NoReturn:

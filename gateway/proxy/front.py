@@ -15,20 +15,18 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol
 
 import grpc
-import structlog
 from google.protobuf.message import DecodeError
 
 from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
 from gateway.core.roles import Role
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
-from gateway.observability.logs import Throttle
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import TRACE_KEYS, Tracing
 from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Verdict, shown
 from gateway.proxy import stages
-from gateway.proxy.call import Call, Context, abort_with_failure
+from gateway.proxy.call import Call, CallLog, Context, abort_with_failure
 from gateway.proxy.idle import StreamIdle
 from gateway.proxy.inflight import Holder
 from gateway.proxy.intake import ReadTimeout
@@ -38,12 +36,6 @@ from gateway.proxy.reporting import OrcaContext
 from gateway.proxy.stages import OPENING, PLACED, Door, Env, Routing
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import Outbound, UpstreamFailure
-
-log = structlog.get_logger("gateway.request")
-# Request lines of calls refused UNAUTHENTICATED, per process: 10 a second after a burst
-# of 20; the next line says how many were held back (every refusal is counted in
-# gateway_auth_failures_total, and gateway.security.auth logs them by address).
-REFUSED_LINES = Throttle(10.0, 20)
 
 Handler = Callable[[Call], Awaitable[Any]]
 UNREAD = RequestMeta(model=None, hints=Hints(), forward=())  # before `open` reads it
@@ -94,7 +86,6 @@ class EngineFront:
         self._config = config
         self._door = door
         self._siblings = siblings
-        self._observe = observe
         self._abort_path = next(
             spec.path for spec in adapter.rpcs.values() if spec.kind is RpcKind.ABORT
         )
@@ -103,8 +94,8 @@ class EngineFront:
         self._placer = routing.placer
         self._dispatcher = routing.dispatcher
         self._upstreams = routing.dispatcher.upstreams
-        self._tracing = tracing
-        self._request_lines = config.log_level in ("debug", "info")
+        self.tracing = tracing
+        self.call_log = CallLog(observe, config.log_level)  # how its calls are told of
         # With tracing on, the gateway continues the client's trace and sends workers its
         # own trace context: the client's is not forwarded as it is.
         private = door.identities.private_keys
@@ -145,11 +136,12 @@ class EngineFront:
             RpcKind.FAN_OUT: self._fan_out,
         }[spec.kind]
 
-        env, tracing = self.env, self._tracing
+        env, tracing = self.env, self.tracing
         read_s = self._config.limits.request_read_timeout_s
         # Streams are ended once idle too long (0: never).
         idle = self._door.idle if spec.server_streaming and self._door.idle.idle_s > 0 else None
         load = self._door.load
+        call_log = self.call_log
 
         async def run(_requests: Any, context: Context) -> Any:
             orca = None
@@ -159,12 +151,14 @@ class EngineFront:
             trace = None
             if tracing is not None:  # the SERVER span: from the stream's opening
                 trace = tracing.start(record, context.invocation_metadata(), context.peer())
-            call = Call(spec, context, record, UNREAD, "", trace=trace)
-            opened = False
-            try:
+            call = Call(
+                spec, context, record, UNREAD, "", trace=trace, orca=orca, call_log=call_log
+            )
+            async with call:
                 # One deadline per call: the read timeout, from the stream's opening; then
                 # a stream's is the idle watch's to set (once nothing moved for a period).
                 limit = asyncio.timeout_at(asyncio.get_running_loop().time() + read_s)
+                opened = False
                 try:
                     async with limit:
                         for stage in OPENING:
@@ -191,17 +185,6 @@ class EngineFront:
                         str(ReadTimeout(read_s)),
                         (("x-http-status", "408"),),
                     )
-            except asyncio.CancelledError:
-                call.cancelled()
-                raise
-            except BaseException:
-                call.failed()
-                raise
-            finally:
-                if orca is not None:  # first: the report counts this call as in flight
-                    orca.end()
-                call.end()
-                self._log(call)
 
         return run
 
@@ -210,17 +193,6 @@ class EngineFront:
         for stage in PLACED:
             await stage(self.env, call)
         return call.reply
-
-    def _log(self, call: Call) -> None:
-        record, trace = call.record, call.trace
-        if trace is not None:
-            trace.finish(record)
-        self._observe(record)
-        if not self._request_lines:  # below the log level: its fields are not even built
-            return
-        if record.code == "UNAUTHENTICATED" and not call.logged(REFUSED_LINES):
-            return  # a client may send these at any rate
-        log.info("request", **record.log_fields())
 
     async def _model(self, call: Call) -> str:
         await stages.resolve(self.env, call)

@@ -21,6 +21,7 @@ per call: a call only takes the cached trailer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -68,6 +69,12 @@ class OrcaContext:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
+
+    def auth_context(self) -> Mapping[str, Sequence[bytes]]:
+        return self._context.auth_context()
+
+    def code(self) -> grpc.StatusCode | int | None:
+        return self._context.code()
 
     def set_trailing_metadata(self, metadata: Metadata) -> None:
         """Kept until the call ends (`end`), when they go out with the report."""

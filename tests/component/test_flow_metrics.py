@@ -18,7 +18,7 @@ from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics import FLOW_OUTCOMES
 from gateway.observability.record import CallRecord
 from tests.support.helpers import collect, model_md, sgl_generate
-from tests.support.inproc import client, gateway, idle, sim
+from tests.support.inproc import client, gateway, idle, recorded, sim
 from tests.support.waits import until
 
 HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's one slot
@@ -38,14 +38,7 @@ async def one_slot() -> AsyncIterator[tuple[Gateway, Any, list[CallRecord]]]:
         gateway(w.url(model="m", runtime="sglang"), **overrides) as gw,
         client(gw) as ch,
     ):
-        records: list[CallRecord] = []
-        for front in gw.fronts:
-
-            def keep(record: CallRecord, observe: Any = front._observe) -> None:
-                records.append(record)
-                observe(record)
-
-            front._observe = keep
+        records = recorded(gw)
         yield gw, sgl_grpc.SglangSchedulerStub(ch), records
 
 

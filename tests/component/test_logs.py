@@ -16,7 +16,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from structlog.testing import capture_logs
 
 from gateway.observability.logs import Throttle
-from gateway.proxy import front
+from gateway.proxy import call as calls
 from tests.support.helpers import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, sim
 from tests.support.waits import until
@@ -40,8 +40,8 @@ async def test_request_lines_name_the_principal_and_the_peer_and_refusals_are_bo
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = Clock()
-    monkeypatch.setattr(front, "REFUSED_LINES", Throttle(10.0, 20, clock))
-    throttle = front.REFUSED_LINES
+    monkeypatch.setattr(calls, "REFUSED_LINES", Throttle(10.0, 20, clock))
+    throttle = calls.REFUSED_LINES
     keys = tmp_path / "keys"
     keys.write_text(f"alice:{KEY}\n")
     settings: dict[str, Any] = {"auth.api_keys_file": str(keys)}

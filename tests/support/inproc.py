@@ -122,11 +122,11 @@ def recorded(gw: Gateway) -> list[CallRecord]:
     """The records of the calls that end from now on (as the metrics see them)."""
     records: list[CallRecord] = []
     for front in gw.fronts:
-        observe = front._observe
+        observe = front.call_log.observe
 
         def keep(record: CallRecord, observe: Any = observe) -> None:
             records.append(record)
             observe(record)
 
-        front._observe = keep
+        front.call_log.observe = keep
     return records
