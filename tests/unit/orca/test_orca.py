@@ -184,7 +184,7 @@ LOAD = (LOAD_TRAILER, b"report")
 
 
 def test_an_answer_ends_with_the_relayed_trailers_and_one_report() -> None:
-    real = FakeContext()
+    real: Any = FakeContext()
     context = OrcaContext(real, FixedLoad())
     context.set_trailing_metadata((("x-worker", "a"), (LOAD_TRAILER, b"the worker's own")))
     assert real.trailers is None  # kept until the call ends
@@ -195,13 +195,13 @@ def test_an_answer_ends_with_the_relayed_trailers_and_one_report() -> None:
 
 
 def test_a_call_that_sets_no_trailers_still_carries_the_report() -> None:
-    real = FakeContext()
+    real: Any = FakeContext()
     OrcaContext(real, FixedLoad()).end()
     assert real.trailers == (LOAD,)
 
 
 async def test_an_abort_carries_its_trailers_and_the_report_once() -> None:
-    real = FakeContext()
+    real: Any = FakeContext()
     context = OrcaContext(real, FixedLoad())
     with pytest.raises(RuntimeError):
         await context.abort(grpc.StatusCode.NOT_FOUND, "no", (("x-http-status", "404"),))
@@ -211,7 +211,7 @@ async def test_an_abort_carries_its_trailers_and_the_report_once() -> None:
 
 
 async def test_an_abort_without_trailers_sends_those_set_before() -> None:
-    real = FakeContext()
+    real: Any = FakeContext()
     context = OrcaContext(real, FixedLoad())
     context.set_trailing_metadata((("x-worker", "a"),))
     with pytest.raises(RuntimeError):

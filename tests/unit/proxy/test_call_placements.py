@@ -5,7 +5,7 @@ reservation is released when its attempt ends."""
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -57,7 +57,7 @@ class Sink:
 def job() -> Job:
     record = CallRecord(rpc="Generate", service=ADAPTER.service_name)
     meta = RequestMeta(model="m", hints=Hints(), forward=())
-    call = Call(ADAPTER.rpcs["Generate"], None, record, meta, "peer:127.0.0.1")
+    call = Call(ADAPTER.rpcs["Generate"], cast(Any, None), record, meta, "peer:127.0.0.1")
     return Job(call, ADAPTER, b"", Sink(), "r")  # type: ignore[arg-type]
 
 
@@ -112,7 +112,7 @@ async def test_a_refused_call_has_no_placement_and_no_reservation() -> None:
         raise AssertionError("never run")
 
     the_job = job()
-    context = Context()
+    context: Any = Context()
     the_job.call.context = context
     dispatcher = Dispatcher(Upstreams(Fleet(), InflightTable(), 1.0), max_attempts=3)
     with pytest.raises(Aborted):
