@@ -58,6 +58,9 @@ class CallRecord:
     # Placed by the endpoint picker, answered through Envoy: the gateway saw no message
     # of the answer (no usage, no message count), only its headers and status.
     picked: bool = False
+    # The stage of the call pipeline it was in last (`proxy/stages.py`), or the kind of
+    # RPC its handler serves: where a refusal came from.
+    stage: str = ""
 
     @property
     def continued(self) -> int:
@@ -98,6 +101,8 @@ class CallRecord:
         }
         if self.target is not None:  # the call named an alias
             fields["target"] = self.target
+        if self.code != "OK" and self.stage:  # where it was refused, or failed
+            fields["stage"] = self.stage
         if self.picked:  # answered through Envoy: its messages were not counted here
             fields["via"] = "picker"
         if self.trace_id is not None:  # tracing on

@@ -295,6 +295,7 @@ class CallTrace:
             "gateway.expected_cached_tokens": record.expected_cached_tokens,
             "gateway.worker": record.worker,
             "gateway.reason": record.verdict.reason.name if record.verdict else None,
+            "gateway.stage": record.stage if record.code != "OK" else None,
             "gateway.principal": record.principal,
             "gateway.tenant": record.tenant,
             "gateway.class": record.priority,

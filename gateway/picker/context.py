@@ -16,6 +16,7 @@ from grpc import aio
 from gateway.core.address import IpAddress, peer_host, unmapped
 from gateway.picker import wire
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
+from gateway.proxy.call import Call
 from gateway.proxy.metadata import Metadata
 
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -301,6 +302,17 @@ async def hand_back(stream: aio.ServicerContext, modes: wire.Modes, ended: bool)
 def _part(request: ext_proc.ProcessingRequest | None) -> str:
     """Which part of the call `request` is ("" once the stream has ended)."""
     return "" if request is None else request.WhichOneof("request") or ""
+
+
+class ToRelay(Exception):
+    """The call is the relay's to run whole (a disaggregated pair, a migratable stream)."""
+
+
+def picker_context(call: Call) -> PickerContext:
+    """The context of a call that came through the picker."""
+    context = call.context
+    assert isinstance(context, PickerContext)
+    return context
 
 
 class RelayedByEnvoy(Exception):

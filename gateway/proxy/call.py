@@ -37,7 +37,7 @@ from gateway.placement.policies import Hints
 from gateway.placement.verdicts import Verdict
 from gateway.proxy.metadata import Metadata, RequestMeta
 from gateway.proxy.status import abort_with_verdict
-from gateway.proxy.upstream import CLIENT_DEADLINE_SLACK_S, Reserved, UpstreamFailure
+from gateway.proxy.upstream import Reserved, UpstreamFailure, clients_deadline
 
 
 class Context(Protocol):
@@ -217,6 +217,10 @@ class Call:
         self.record.verdict = verdict
         await abort_with_verdict(self.context, verdict)
 
+    def entered(self, stage: str) -> None:
+        """It is in `stage` of the pipeline now (or its handler's, an RPC kind's name)."""
+        self.record.stage = stage
+
     def came_from(self, peer: str) -> None:
         """The client's address, noted before anything can refuse the call."""
         self.record.peer = peer
@@ -312,8 +316,7 @@ class Call:
         client's: a cancel within that slack of it is the deadline."""
         if self.told:  # its answer had ended: a cancel then changes nothing
             return
-        left = self.context.time_remaining()
-        expired = left is not None and left <= CLIENT_DEADLINE_SLACK_S
+        expired = clients_deadline(self.context.time_remaining())
         self.record.code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
 
     def failed(self) -> None:

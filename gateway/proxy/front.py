@@ -137,6 +137,8 @@ class EngineFront:
         }[spec.kind]
 
         env, tracing = self.env, self.tracing
+        # Past the opening, a call the pipeline does not place is its handler's doing.
+        handled = None if spec.kind in (RpcKind.GENERATE, RpcKind.EMBED) else spec.kind.value
         read_s = self._config.limits.request_read_timeout_s
         # Streams are ended once idle too long (0: never).
         idle = self._door.idle if spec.server_streaming and self._door.idle.idle_s > 0 else None
@@ -161,9 +163,10 @@ class EngineFront:
                 opened = False
                 try:
                     async with limit:
-                        for stage in OPENING:
-                            await stage(env, call)
+                        await stages.run(OPENING, env, call)
                         opened = True
+                        if handled is not None:
+                            call.entered(handled)
                         if idle is None:
                             limit.reschedule(None)
                             return await serve(call)
@@ -190,8 +193,7 @@ class EngineFront:
 
     async def _placed(self, call: Call) -> bytes | None:
         """Generate and Embed: the rest of the pipeline (`proxy/stages.py`)."""
-        for stage in PLACED:
-            await stage(self.env, call)
+        await stages.run(PLACED, self.env, call)
         return call.reply
 
     async def _model(self, call: Call) -> str:

@@ -1,9 +1,12 @@
 """A job: one client call, or one choice of an n>1 call, as dispatch places and runs it,
-and the one place where any of its legs is opened (regular calls, and every PD/EPD leg).
+and the one place where any of its legs is opened (regular calls, and every PD/EPD leg),
+or handed to someone else to open (the picker's: Envoy calls the worker).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.core.roles import Role
@@ -11,8 +14,8 @@ from gateway.engines import EngineAdapter
 from gateway.observability.record import CallRecord
 from gateway.placement.decision import Decision
 from gateway.proxy.call import Call, Context
-from gateway.proxy.inflight import Hold
-from gateway.proxy.upstream import Outbound, Reserved, Sink, UpstreamCall, Upstreams
+from gateway.proxy.inflight import Hold, Holder
+from gateway.proxy.upstream import Outbound, Reservation, Reserved, Sink, UpstreamCall, Upstreams
 from gateway.upstream.worker import Worker
 
 
@@ -92,3 +95,20 @@ class Job:
             hold=None if encoder or not streaming else self.hold(),
             until_started=until_started,
         )
+
+    @contextlib.contextmanager
+    def handed_over(
+        self, upstreams: Upstreams, reserved: Reserved, worker: Worker
+    ) -> Iterator[Reservation]:
+        """A leg someone else opens (Envoy, told by the picker): noted on the call as its
+        answering leg, and held in flight under the call's id while it runs, so an Abort
+        finds it. The worker's reservation is the caller's to give back, once it learns
+        how the leg ended."""
+        self.call.called(worker.role, worker.id, answers=True)
+        holder = Holder(worker, self.upstream_id, self.call.record.principal, direct=True)
+        reservation = reserved.take(worker)
+        upstreams.inflight.add(self.upstream_id, holder)
+        try:
+            yield reservation
+        finally:
+            upstreams.inflight.discard(self.upstream_id, holder)

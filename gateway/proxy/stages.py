@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -102,7 +102,44 @@ class Env:
     estimate: int  # a call's output in tokens, when it does not say
 
 
-Stage = Callable[[Env, Call], Awaitable[None]]
+class Stage(Protocol):
+    """One step of the pipeline: a small function of the call and its door's `Env`."""
+
+    __name__: str
+
+    def __call__(self, env: Env, call: Call, /) -> Awaitable[None]: ...
+
+
+async def run(sequence: Sequence[Stage], env: Env, call: Call) -> None:
+    """The stages in order, the record naming the one running (a refusal says where)."""
+    for stage in sequence:
+        call.entered(stage.__name__)
+        await stage(env, call)
+
+
+def in_mode(
+    table: Sequence[Stage],
+    *,
+    before: Mapping[Stage, Stage] | None = None,
+    after: Mapping[Stage, Stage] | None = None,
+    instead: Mapping[Stage, Stage] | None = None,
+) -> tuple[Stage, ...]:
+    """The table run another way (SMG's modes: the same stages, another execution
+    stage): a mode's own stages `before` or `after` some of the table's, one `instead`
+    of another. Naming a stage the table does not have is an error, so a table that
+    changes cannot leave a mode behind unnoticed."""
+    before, after, instead = before or {}, after or {}, instead or {}
+    unknown = [s.__name__ for s in (*before, *after, *instead) if s not in table]
+    if unknown:
+        raise ValueError(f"not stages of the table: {', '.join(unknown)}")
+    sequence: list[Stage] = []
+    for stage in table:
+        if stage in before:
+            sequence.append(before[stage])
+        sequence.append(instead.get(stage, stage))
+        if stage in after:
+            sequence.append(after[stage])
+    return tuple(sequence)
 
 
 async def open_call(env: Env, call: Call) -> None:

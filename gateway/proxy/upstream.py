@@ -56,7 +56,11 @@ LOCAL_FAILURES = frozenset({(grpc.StatusCode.INTERNAL, "Invalid metadata")})
 # carries) is the client's deadline: it says nothing about the worker.
 CLIENT_DEADLINE_SLACK_S = 0.05
 
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+def clients_deadline(left_s: float | None) -> bool:
+    """Whether a call with `left_s` of its deadline left (None: it has none) ends by the
+    client's own deadline: the one rule that keeps it from being any worker's fault."""
+    return left_s is not None and left_s <= CLIENT_DEADLINE_SLACK_S
 
 
 class UpstreamFailure(Exception):
@@ -201,7 +205,7 @@ class Upstreams:
         relay: MetadataRelay | None = None,
     ) -> None:
         """`relay`: what of a worker's headers and trailers reaches the client."""
-        self._fleet = fleet
+        self.fleet = fleet  # each worker's channel, and where outcomes are reported
         self.inflight = inflight
         self.relay = relay if relay is not None else MetadataRelay()
         self._abort_wait_s = abort_wait_s
@@ -211,10 +215,9 @@ class Upstreams:
         # Their outcomes are their calls' business: not logged here.
         self.tasks = TaskScope(log_failures=False)
         self._live: dict[Worker, set[UpstreamCall]] = {}  # each worker's calls not settled
-        self._checks: dict[Worker, asyncio.Task[bool]] = {}  # `answers`, one per worker
 
     def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
-        return Reservation(worker, self._fleet, judge=judge)
+        return Reservation(worker, self.fleet, judge=judge)
 
     def reserve_all(self, decision: Decision) -> Reserved:
         """Reserve every worker of a placement at once (call right after placing)."""
@@ -238,7 +241,7 @@ class Upstreams:
         """
         worker = reservation.worker
         timeout, metadata = outbound.timeout, outbound.metadata
-        method = self._fleet.method(worker, outbound.path, streaming=outbound.streaming)
+        method = self.fleet.method(worker, outbound.path, streaming=outbound.streaming)
         span = None
         if outbound.trace is not None:
             span, carried = outbound.trace.leg(worker, leg, outbound.rank)
@@ -290,40 +293,6 @@ class Upstreams:
         its failure names the worker."""
         worker = reservation.worker
         return self.call(reservation, worker.role, outbound, label=label(worker))
-
-    def release_checked(self, reservation: Reservation, timeout_s: float) -> None:
-        """Release once the worker answered a grpc.health Check, or failed to: for a
-        stream relayed by Envoy that ended with no status, which is the client leaving
-        (no verdict) or the worker failing (UNAVAILABLE, if it does not answer). One
-        check per worker at a time; the reservations that wait on it share it."""
-        worker = reservation.worker
-        pending = self._checks.get(worker)
-        if pending is None:
-            pending = self._checks[worker] = self.tasks.spawn(
-                self._check(worker, timeout_s), "worker_check"
-            )
-            pending.add_done_callback(lambda _: self._checks.pop(worker, None))
-
-        def settle(done: asyncio.Task[bool]) -> None:
-            gone = not done.cancelled() and done.exception() is None and not done.result()
-            reservation.release(grpc.StatusCode.UNAVAILABLE if gone else None)
-
-        pending.add_done_callback(settle)
-
-    async def _check(self, worker: Worker, timeout_s: float) -> bool:
-        """Whether the worker answers a grpc.health Check (any answer but UNAVAILABLE or
-        no answer in time)."""
-        try:
-            check = self._fleet.method(worker, HEALTH_CHECK, streaming=False)
-            await check(b"", timeout=timeout_s)  # HealthCheckRequest(service=""): no bytes
-        except aio.AioRpcError as error:
-            return error.code() not in (
-                grpc.StatusCode.UNAVAILABLE,
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-            )
-        except KeyError:  # no longer registered: its channel is closed
-            return False
-        return True
 
     def defer(self, call: UpstreamCall, first: asyncio.Future[Any]) -> None:
         self.tasks.spawn(self._settle_after_start(call, first), "settle_after_start")
@@ -404,11 +373,11 @@ class UpstreamCall:
         worker's message, and trailers, as relayed (bounded)."""
         self.code = code
         details = bounded_details(details)
-        if (
-            code is grpc.StatusCode.DEADLINE_EXCEEDED
-            and self.deadline is not None
-            and time.monotonic() >= self.deadline - CLIENT_DEADLINE_SLACK_S
-        ) or (code, details) in LOCAL_FAILURES:
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        if (code is grpc.StatusCode.DEADLINE_EXCEEDED and clients_deadline(left)) or (
+            code,
+            details,
+        ) in LOCAL_FAILURES:
             self._blameless = True
         return UpstreamFailure(self.leg, self.worker, code, details, trailers, self._label)
 

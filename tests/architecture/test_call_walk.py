@@ -8,7 +8,8 @@ business).
 
 The walk is traced with `sys.setprofile` on the event loop's thread while one call runs
 in process (tests/support/inproc): every function the gateway enters, and the modules on
-its stack at that moment."""
+its stack at that moment. A call the endpoint picker places walks the same way: the
+picker's stages run in the relay's pipeline, its attempt in the relay's dispatch."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from grpc import aio
+
 import gateway
+from tests.support.extproc import placed_call
 from tests.support.helpers import collect, model_md, sgl, sgl_grpc
 from tests.support.inproc import client, pd_urls, sim
 from tests.support.inproc import gateway as in_process
@@ -113,3 +117,23 @@ async def test_a_prefill_decode_generate_walks_down_the_layers() -> None:
     assert traced.entered > 50
     assert traced.most == 2, traced.returns  # back into a module it left: once at most
     assert traced.repeated == {"gateway.proxy.legs"}, traced.returns  # under the hand-off
+
+
+async def test_a_picker_call_walks_down_the_layers() -> None:
+    """Placed through the picker (Envoy's side spoken directly): no more returns than
+    the relay's own Generate (none)."""
+    path = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+    async with (
+        sim("--model", "m") as worker,
+        in_process(
+            worker.url(model="m", runtime="sglang"), **{"picker.listen": "127.0.0.1:0"}
+        ) as gw,
+        aio.insecure_channel(f"127.0.0.1:{gw.picker_port}") as channel,
+    ):
+        body = request("warm").SerializeToString()
+        assert await placed_call(channel, path, body, model_md("m")) == worker.address
+        with Walk() as traced:
+            body = request("walked").SerializeToString()
+            assert await placed_call(channel, path, body, model_md("m")) == worker.address
+    assert traced.entered > 50
+    assert traced.returns == []

@@ -11,17 +11,20 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc import aio
 from grpc_health.v1 import health_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from structlog.testing import capture_logs
 
 from gateway.observability.logs import Throttle
 from gateway.proxy import call as calls
+from tests.support.extproc import headers_part, process
 from tests.support.helpers import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, sim
 from tests.support.waits import until
 
 KEY = "alice-key-0123456789"
+GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 
 
 class Clock:
@@ -59,6 +62,7 @@ async def test_request_lines_name_the_principal_and_the_peer_and_refusals_are_bo
             (served,) = requests(logged, "OK")
             assert served["principal"] == "key:alice"
             assert served["peer"].startswith("ipv4:127.0.0.1:")
+            assert "stage" not in served  # a refusal's line says where it was refused
             # A client without a key, as fast as it can: 20 lines, then 10 a second.
             for i in range(30):
                 _, error = await collect(
@@ -71,6 +75,7 @@ async def test_request_lines_name_the_principal_and_the_peer_and_refusals_are_bo
             assert {e["principal"] for e in refused} == {None}
             assert all(e["peer"].startswith("ipv4:127.0.0.1:") for e in refused)
             assert not [e for e in refused if "suppressed" in e]
+            assert {e["stage"] for e in refused} == {"open_call"}
             clock.now += 0.1  # room for one more line, which counts the ten held back
             _, error = await collect(stub.Generate(sgl_generate("late", 2), metadata=model_md("m")))
             assert error is not None
@@ -103,3 +108,36 @@ async def test_a_gateway_with_every_model_served_says_nothing_of_it() -> None:
         async with sim("--model", "m") as up, gateway(up.url(model="m", runtime="sglang")):
             pass
     assert not [e for e in logged if e["event"] == "no_usable_workers"]
+
+
+async def test_the_pickers_refusals_are_logged_as_the_relays_bounded_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls without a key through the picker (Envoy's side spoken directly): one ending
+    for both doors, so their request lines are bounded by the same throttle, say
+    `via=picker` and where they were refused."""
+    clock = Clock()
+    monkeypatch.setattr(calls, "REFUSED_LINES", Throttle(10.0, 20, clock))
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice:{KEY}\n")
+    settings: dict[str, Any] = {
+        "auth.api_keys_file": str(keys),
+        "picker.listen": "127.0.0.1:0",
+        "auth.failure_limit": 0,  # every call refused for its key, none for its address
+    }
+    with capture_logs() as logged:
+        async with (
+            sim("--model", "m") as worker,
+            gateway(worker.url(model="m", runtime="sglang"), **settings) as gw,
+            aio.insecure_channel(f"127.0.0.1:{gw.picker_port}") as ch,
+        ):
+            for i in range(30):
+                call = process(ch)()
+                await call.write(headers_part(GENERATE, model_md("m")))
+                answer = (await call.read()).immediate_response
+                assert answer.grpc_status.status == grpc.StatusCode.UNAUTHENTICATED.value[0], i
+                assert await call.read() is aio.EOF
+            await until(lambda: calls.REFUSED_LINES.suppressed == 10)
+    refused = requests(logged, "UNAUTHENTICATED")
+    assert len(refused) == 20
+    assert {(e["via"], e["stage"]) for e in refused} == {("picker", "open_call")}

@@ -17,12 +17,9 @@ import pytest
 from grpc import aio
 
 from gateway.config.picker import DESTINATION_HEADER
-from gateway.picker import wire
-from gateway.picker.service import SERVICE
-from gateway.picker.v3 import base_pb2
-from gateway.picker.v3 import external_processor_pb2 as ext_proc
 from gateway_sim.launch import Child
 from tests.conftest import Launcher, worker_url
+from tests.support.extproc import body_part, headers_part, process
 from tests.support.helpers import (
     channel,
     collect,
@@ -40,35 +37,6 @@ GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 HEALTH_CHECK = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
 KEY = "alice-key-0123456789"
 WAIT_S = 20.0
-
-
-def headers_part(
-    path: str, extra: Sequence[tuple[str, str | bytes]] = (), *, end: bool = False
-) -> ext_proc.ProcessingRequest:
-    pairs = [(":path", path), ("content-type", "application/grpc"), *extra]
-    header_map = base_pb2.HeaderMap(
-        headers=[
-            base_pb2.HeaderValue(key=k, raw_value=v if isinstance(v, bytes) else v.encode())
-            for k, v in pairs
-        ]
-    )
-    return ext_proc.ProcessingRequest(
-        request_headers=ext_proc.HttpHeaders(headers=header_map, end_of_stream=end)
-    )
-
-
-def body_part(message: bytes) -> ext_proc.ProcessingRequest:
-    return ext_proc.ProcessingRequest(
-        request_body=ext_proc.HttpBody(body=wire.framed(message), end_of_stream=True)
-    )
-
-
-def process(ch: aio.Channel) -> aio.StreamStreamMultiCallable:
-    return ch.stream_stream(
-        f"/{SERVICE}/Process",
-        request_serializer=ext_proc.ProcessingRequest.SerializeToString,
-        response_deserializer=ext_proc.ProcessingResponse.FromString,
-    )
 
 
 def picker_gateway(
