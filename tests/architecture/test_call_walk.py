@@ -123,11 +123,10 @@ async def test_a_picker_call_walks_down_the_layers() -> None:
     """Placed through the picker (Envoy's side spoken directly): no more returns than
     the relay's own Generate (none)."""
     path = "/sglang.grpc.scheduler.SglangScheduler/Generate"
+    picker: dict[str, Any] = {"picker.listen": "127.0.0.1:0"}
     async with (
         sim("--model", "m") as worker,
-        in_process(
-            worker.url(model="m", runtime="sglang"), **{"picker.listen": "127.0.0.1:0"}
-        ) as gw,
+        in_process(worker.url(model="m", runtime="sglang"), **picker) as gw,
         aio.insecure_channel(f"127.0.0.1:{gw.picker_port}") as channel,
     ):
         body = request("warm").SerializeToString()
