@@ -471,7 +471,7 @@ class Gateway:
         drain = self.config.drain
         self.draining = True
         for front in self.fronts:
-            front.drain()
+            front.fleet_calls.drain()
         self._refresh_health()
         delay_s = drain.delay_s if delay else 0.0
         log.info("draining", delay_s=delay_s, grace_s=drain.grace_s)

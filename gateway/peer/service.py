@@ -55,7 +55,7 @@ class PeerService(peer_pb2_grpc.PeerServiceServicer):  # type: ignore[misc]
         except DecodeError:
             await abort_invalid(context, "not a valid AbortRequest")
         principal = request.principal if request.HasField("principal") else None
-        reply = await front.abort_held(
+        reply = await front.aborts.abort_held(
             request.request,
             ids,
             principal,

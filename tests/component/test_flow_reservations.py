@@ -30,7 +30,7 @@ async def test_a_raise_before_the_first_upstream_call_returns_the_reservation() 
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         front = gw.fronts[0]
-        dispatcher = front._dispatcher
+        dispatcher = front.env.routing.dispatcher
         serve = dispatcher.serve
         calls = 0
 
