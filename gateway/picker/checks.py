@@ -9,8 +9,8 @@ import asyncio
 import grpc
 from grpc import aio
 
+from gateway.core import health
 from gateway.proxy.upstream import Reservation, Upstreams
-from gateway.upstream.health.active import HEALTH_CHECK
 from gateway.upstream.worker import Worker
 
 
@@ -45,7 +45,7 @@ class WorkerChecks:
         """Whether the worker answers a Check (any answer but UNAVAILABLE, or no answer
         in time)."""
         try:
-            check = self._upstreams.fleet.method(worker, HEALTH_CHECK, streaming=False)
+            check = self._upstreams.fleet.method(worker, health.CHECK, streaming=False)
             await check(b"", timeout=self._timeout_s)  # HealthCheckRequest(service=""): no bytes
         except aio.AioRpcError as error:
             return error.code() not in (

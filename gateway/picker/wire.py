@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf import struct_pb2
+from google.protobuf.message import DecodeError
 
+from gateway.core.wire import LENGTH_DELIMITED, records
 from gateway.picker.v3 import base_pb2, http_status_pb2, processing_mode_pb2
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
 
@@ -259,53 +261,28 @@ class Oversized:
 
 
 def envelope_bytes(raw: bytes) -> int | None:
-    """The bytes of a ProcessingRequest outside its body, read off the top-level fields
-    without parsing them; None past MAX_FIELDS fields or on a wire type no field of the
-    message has (the parser then decides)."""
-    size, at, fields = 0, 0, 0
-    end = len(raw)
-    while at < end:
-        fields += 1
-        if fields > MAX_FIELDS:
-            return None
-        tag, at = _varint(raw, at)
-        kind = tag & 7
-        if kind == 0:
-            _, after = _varint(raw, at)
-        elif kind == 2:
-            length, after = _varint(raw, at)
-            after += length
-        elif kind == 1:
-            after = at + 8
-        elif kind == 5:
-            after = at + 4
-        else:
-            return None
-        if kind != 2 or tag >> 3 not in BODIES:
-            size += after - at
-        at = after
+    """The bytes of a ProcessingRequest outside its body, read off the top-level records
+    without parsing them; None past MAX_FIELDS records, or on bytes that are no records
+    (the parser then decides)."""
+    size = 0
+    try:
+        for count, (number, kind, start, end) in enumerate(records(raw, 0, len(raw)), 1):
+            if count > MAX_FIELDS:
+                return None
+            if kind != LENGTH_DELIMITED or number not in BODIES:
+                size += end - start
+    except DecodeError:
+        return None
     return size
-
-
-def _varint(raw: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    for _ in range(10):
-        if at >= len(raw):
-            break
-        byte = raw[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-    return value, len(raw) + 1  # cut short: past the end
 
 
 def parse(raw: bytes) -> ext_proc.ProcessingRequest | Oversized:
     """A message from Envoy (the picker port's deserializer): its headers' bytes bounded
     before it is parsed, their number after (counting them costs nothing once parsed)."""
     envelope = envelope_bytes(raw)
-    if envelope is None or envelope > MAX_HEADER_BYTES:
+    if envelope is None:
+        return Oversized(f"more than {MAX_FIELDS} fields, or no message at all")
+    if envelope > MAX_HEADER_BYTES:
         return Oversized(f"headers past {MAX_HEADER_BYTES} bytes")
     request = ext_proc.ProcessingRequest.FromString(raw)
     part = request.WhichOneof("request")

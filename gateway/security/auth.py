@@ -19,6 +19,7 @@ import structlog
 from grpc import aio
 
 from gateway.config import AuthConfig
+from gateway.core import health
 from gateway.core.tasks import TaskScope
 from gateway.security.bearer import bearer
 from gateway.security.blocking import LOG_EVERY_S, FailureTable, peer_address
@@ -31,8 +32,8 @@ log = structlog.get_logger("gateway.security.auth")
 # decide from the name they are asked about (`HealthService`: the probes' names are
 # open, the others need a key). Health List needs a key.
 OPEN_PREFIXES = (
-    "/grpc.health.v1.Health/Check",
-    "/grpc.health.v1.Health/Watch",
+    health.CHECK,
+    health.WATCH,
     "/grpc.reflection.",
 )
 MISSING_KEY = "this gateway needs the metadata 'authorization: Bearer <API key>'"

@@ -37,6 +37,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.config import MAX_NAME
+from gateway.core.health import CHECK, WATCH
 from gateway.core.roles import Runtime
 from gateway.engines import Adapters
 
@@ -55,8 +56,6 @@ MAX_WATCHES = 1024
 MAX_NAMES_PER_PEER = 16  # distinct names one client connection may watch at once
 MAX_SHOWN = 256  # characters of an unknown name that NOT_FOUND repeats
 WATCH_BACKLOG = 4  # statuses kept for a watcher that does not read: the newest ones
-CHECK = "/grpc.health.v1.Health/Check"
-WATCH = "/grpc.health.v1.Health/Watch"
 # Asked before a Check or Watch of a name that is not a probe's: returns, or aborts the
 # call (UNAUTHENTICATED). `ApiKeyAuth.require(context, method)`.
 Guard = Callable[[aio.ServicerContext, str], Awaitable[None]]

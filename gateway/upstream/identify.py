@@ -6,11 +6,10 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
+from gateway.core import health
 from gateway.core.roles import Runtime
 from gateway.engines import Adapters, EngineAdapter
 from gateway.engines.base import ModelFacts, ServerFacts
-
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
 class DiscoveryError(Exception):
@@ -20,7 +19,7 @@ class DiscoveryError(Exception):
 async def _speaks(channel: aio.Channel, adapter: EngineAdapter, call_timeout: float) -> bool:
     """grpc.health knows the engine's service name; else an engine RPC is not UNIMPLEMENTED."""
     check = channel.unary_unary(
-        HEALTH_CHECK,
+        health.CHECK,
         request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
         response_deserializer=health_pb2.HealthCheckResponse.FromString,
     )

@@ -24,6 +24,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2
 
 from gateway.config import ProbeConfig
+from gateway.core import health
 from gateway.core.roles import Role
 from gateway.engines import EngineAdapter
 from gateway.engines.encoder import SERVICE_NAME as ENCODER_SERVICE
@@ -31,7 +32,6 @@ from gateway.upstream import stagger
 from gateway.upstream.signals.probe import ProbeKind, ProbeResult
 from gateway.upstream.worker import Worker
 
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 log = structlog.get_logger("gateway.upstream")
@@ -57,7 +57,7 @@ async def probe_once(
             return ProbeResult(kind, f"HealthCheck healthy={healthy} {message}".strip())
         # Raw bytes, decoded here: grpc's own deserializer would log and return None.
         check = channel.unary_unary(
-            HEALTH_CHECK,
+            health.CHECK,
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
         )
         service = ENCODER_SERVICE if worker.role is Role.ENCODE else adapter.service_name

@@ -199,7 +199,7 @@ def test_a_body_is_outside_the_envelope_and_headers_are_in_it() -> None:
     )
     assert wire.envelope_bytes(body.SerializeToString()) == 0
     headers = _headers(10).SerializeToString()
-    assert wire.envelope_bytes(headers) == len(headers) - 1  # less the field tag
+    assert wire.envelope_bytes(headers) == len(headers)
     assert isinstance(wire.parse(body.SerializeToString()), ext_proc.ProcessingRequest)
 
 
@@ -217,3 +217,4 @@ def test_a_message_of_many_top_level_fields_is_not_scanned_past_a_handful() -> N
     fields = b"\x18\x01" * (wire.MAX_FIELDS + 1)  # an unknown varint field, again and again
     assert wire.envelope_bytes(fields) is None
     assert isinstance(wire.parse(fields), wire.Oversized)
+    assert wire.envelope_bytes(b"\x12\x7f") is None  # a record cut short
