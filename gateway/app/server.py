@@ -53,7 +53,7 @@ from gateway.placement.routes import RouteTable
 from gateway.proxy.admission import Admission
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
-from gateway.proxy.front import Door, EngineFront, Routing
+from gateway.proxy.front import EngineFront
 from gateway.proxy.idle import IdleWatch
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.intake import ReadGate
@@ -61,6 +61,7 @@ from gateway.proxy.legs import BootstrapRooms
 from gateway.proxy.lora import LoraLoader
 from gateway.proxy.metadata import MetadataRelay
 from gateway.proxy.migration import UNFOLLOWED, Migrations
+from gateway.proxy.stages import Door, Routing
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
 from gateway.security.auth import ApiKeyAuth

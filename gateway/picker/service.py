@@ -48,8 +48,9 @@ from gateway.picker.stages import PickerStages
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
 from gateway.proxy import stages
 from gateway.proxy.call import Call
-from gateway.proxy.front import UNREAD, EngineFront
+from gateway.proxy.front import EngineFront
 from gateway.proxy.intake import ReadGate, ReadTimeout
+from gateway.proxy.metadata import UNREAD
 from gateway.proxy.stages import Env
 from gateway.security.identity import Identities
 

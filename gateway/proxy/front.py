@@ -20,21 +20,17 @@ from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import TRACE_KEYS, Tracing
-from gateway.placement.policies import Hints
 from gateway.proxy import stages
 from gateway.proxy.aborts import Aborts, Siblings
 from gateway.proxy.call import Call, CallLog, Context
 from gateway.proxy.fleet_calls import FleetCalls
 from gateway.proxy.idle import StreamIdle
 from gateway.proxy.intake import ReadTimeout
-from gateway.proxy.metadata import RequestMeta
+from gateway.proxy.metadata import UNREAD
 from gateway.proxy.reporting import OrcaContext
 from gateway.proxy.stages import OPENING, PLACED, Door, Env, Routing
 
 Handler = Callable[[Call], Awaitable[Any]]
-UNREAD = RequestMeta(model=None, hints=Hints(), forward=())  # before `open` reads it
-
-__all__ = ["Door", "EngineFront", "Routing"]
 
 
 class EngineFront:

@@ -73,6 +73,9 @@ class RequestMeta:
     session: str | None = None  # the session it belongs to (affinity on; see `session_key`)
 
 
+UNREAD = RequestMeta(model=None, hints=Hints(), forward=())  # a call's, before `open` reads it
+
+
 def read_request_meta(
     metadata: Sequence[tuple[str, str | bytes]] | None,
     model_headers: Sequence[str],

@@ -18,7 +18,7 @@ from gateway.engines import engine_adapters
 from gateway.observability.record import CallRecord
 from gateway.picker.context import PickerContext
 from gateway.proxy.call import Call, CallLog, Context
-from gateway.proxy.front import UNREAD
+from gateway.proxy.metadata import UNREAD
 from gateway.proxy.reporting import OrcaContext
 
 PROTOCOL = [name for name, _ in inspect.getmembers(Context, callable) if not name.startswith("_")]
