@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -88,6 +89,7 @@ class Fleet:
         self._methods: dict[Worker, dict[tuple[str, bool], Any]] = {}
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
+        self.registry.subscribe(self._watch_outliers)
         self._scope = TaskScope()  # every task the fleet starts; `close` ends them all
         self._tasks: dict[str, set[asyncio.Task[None]]] = {}  # by worker, for `remove`
         self._timers: dict[str, set[asyncio.TimerHandle]] = {}
@@ -159,6 +161,8 @@ class Fleet:
             for timer in timers:
                 timer.cancel()
         self._timers.clear()
+        for worker in self.registry:
+            worker.outlier.close()
         await self._scope.close()
         channels, self._channels = self._channels, {}
         self._methods.clear()
@@ -181,11 +185,7 @@ class Fleet:
 
     def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
         """Dispatch reports how a request ended; feeds the worker's outlier detection."""
-        now = time.monotonic()
-        outlier = worker.outlier
-        old = outlier.state
-        if outlier.record(outcome, now, trial=trial):
-            self._outlier_changed(worker, old.value, outcome.value)
+        worker.outlier.record(outcome, time.monotonic(), trial=trial)
 
     def released(self, worker: Worker) -> None:
         """A request's slot on the worker came free, or its load was reported again:
@@ -200,18 +200,20 @@ class Fleet:
     def on_dispatch(self, worker: Worker) -> bool:
         """A request was placed on the worker; returns whether it is the half-open trial."""
         outlier = worker.outlier
-        old = outlier.state
-        if outlier.on_dispatch(time.monotonic()):
-            self._outlier_changed(worker, old.value, "cool-down over: trial request")
+        outlier.on_dispatch(time.monotonic())
         return outlier.trial_in_flight
 
-    def _outlier_changed(self, worker: Worker, old: str, cause: str) -> None:
-        new = worker.outlier.state.value
-        self.registry.publish(FleetEvent("outlier", worker, old, new, cause))
-        if new == "open":
-            # Health answers change when the cool-down ends, with no request to say so.
-            event = FleetEvent("outlier", worker, new, new, "cool-down over")
-            self._later(worker, worker.outlier.settings.cooldown_s, self.registry.publish, event)
+    def _watch_outliers(self, event: FleetEvent) -> None:
+        """A worker's outlier detector tells the fleet its changes while it is in it."""
+        if event.kind == "added":
+            event.worker.outlier.watch(functools.partial(self._outlier_changed, event.worker))
+        elif event.kind == "removed":
+            event.worker.outlier.close()
+
+    def _outlier_changed(
+        self, worker: Worker, old: OutlierState, new: OutlierState, cause: str
+    ) -> None:
+        self.registry.publish(FleetEvent("outlier", worker, old.value, new.value, cause))
 
     def _later(
         self,

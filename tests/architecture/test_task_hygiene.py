@@ -163,18 +163,20 @@ def make_ready_then_not(fleet: Fleet, worker: Worker) -> None:
 
 async def test_removing_a_worker_cancels_its_timers() -> None:
     fleet, worker, events = fleet_with_worker()
-    eject(fleet, worker)  # the cool-down's end is a timer
-    make_ready_then_not(fleet, worker)  # so is forgetting its cache
+    eject(fleet, worker)  # the cool-down's end is the detector's timer
+    cooldown = worker.outlier._cooldown
+    assert cooldown is not None
+    make_ready_then_not(fleet, worker)  # forgetting its cache is the fleet's
     timers = set(fleet._timers[worker.id])
-    assert len(timers) == 2
+    assert len(timers) == 1
     await fleet.remove(worker, 0.0)
-    assert fleet._timers == {} and all(t.cancelled() for t in timers)
+    assert fleet._timers == {} and all(t.cancelled() for t in timers) and cooldown.cancelled()
     events.clear()
     await asyncio.sleep(0.15)
     assert events == []  # no "cool-down over" for a worker that is gone
     # An outcome reported after the removal (a request that was in flight) sets none.
     fleet.record_outcome(worker, Outcome.FAILURE, trial=True)
-    assert fleet._timers == {}
+    assert fleet._timers == {} and worker.outlier._cooldown is None
     await fleet.close()
 
 
@@ -183,16 +185,19 @@ async def test_a_timer_that_fires_forgets_itself() -> None:
     eject(fleet, worker)
     await asyncio.sleep(0.15)
     assert [e.cause for e in events if e.kind == "outlier"][-1] == "cool-down over"
-    assert fleet._timers == {worker.id: set()}
+    assert worker.outlier._cooldown is None and fleet._timers == {}
     await fleet.close()
 
 
 async def test_closing_the_fleet_cancels_every_timer() -> None:
     fleet, worker, _ = fleet_with_worker()
     eject(fleet, worker)
+    make_ready_then_not(fleet, worker)
     (timer,) = fleet._timers[worker.id]
+    cooldown = worker.outlier._cooldown
     await fleet.close()
     assert timer.cancelled() and fleet._timers == {}
+    assert cooldown is not None and cooldown.cancelled()
 
 
 async def test_a_worker_removed_and_added_again_keeps_its_new_cache_entries() -> None:

@@ -9,6 +9,8 @@ limits on requests per host, are gateway/upstream/load/limits.py.)
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from enum import Enum, StrEnum
 
 import grpc
@@ -48,8 +50,13 @@ def outcome_of(code: grpc.StatusCode) -> Outcome:
     return Outcome.FAILURE if code in FAILURE_CODES else Outcome.SUCCESS
 
 
+Changed = Callable[[OutlierState, OutlierState, str], None]  # (old, new, cause)
+
+
 class OutlierDetector:
-    """One worker's ejection state, fed the outcomes of the requests placed on it."""
+    """One worker's ejection state, fed the outcomes of the requests placed on it. Its
+    changes go to `on_change` (Envoy's detector is the model: it owns its timer), the end
+    of a cool-down included, which no request tells: the detector's own timer does."""
 
     def __init__(self, settings: OutlierDetectionConfig) -> None:
         self.settings = settings
@@ -58,6 +65,34 @@ class OutlierDetector:
         self.successes = 0
         self.opened_at = 0.0
         self.trial_in_flight = False
+        self._on_change: Changed | None = None
+        self._cooldown: asyncio.TimerHandle | None = None
+
+    def watch(self, on_change: Changed) -> None:
+        """`on_change(old, new, cause)` from now on, as the state changes."""
+        self._on_change = on_change
+
+    def close(self) -> None:
+        """The worker is gone: no cool-down ends for it any more."""
+        self._on_change = None
+        if self._cooldown is not None:
+            self._cooldown.cancel()
+            self._cooldown = None
+
+    def _changed(self, old: OutlierState, cause: str) -> None:
+        if self._on_change is None:
+            return
+        self._on_change(old, self.state, cause)
+        if self.state is OutlierState.OPEN:
+            if self._cooldown is not None:
+                self._cooldown.cancel()
+            loop = asyncio.get_running_loop()
+            self._cooldown = loop.call_later(self.settings.cooldown_s, self._cooled)
+
+    def _cooled(self) -> None:
+        self._cooldown = None
+        if self._on_change is not None and self.state is OutlierState.OPEN:
+            self._on_change(self.state, self.state, "cool-down over")
 
     def admits(self, now: float) -> bool:
         """Whether a new request may go to this worker now (no side effect)."""
@@ -76,6 +111,7 @@ class OutlierDetector:
         changed = self.state is OutlierState.OPEN
         if changed:
             self.state, self.successes = OutlierState.HALF_OPEN, 0
+            self._changed(OutlierState.OPEN, "cool-down over: trial request")
         self.trial_in_flight = True
         return changed
 
@@ -84,6 +120,13 @@ class OutlierDetector:
 
         Returns True if the state changed.
         """
+        old = self.state
+        if self._judge(outcome, now, trial=trial):
+            self._changed(old, outcome.value)
+            return True
+        return False
+
+    def _judge(self, outcome: Outcome, now: float, *, trial: bool) -> bool:
         if self.state is OutlierState.CLOSED:
             if outcome is Outcome.FAILURE:
                 self.failures += 1
