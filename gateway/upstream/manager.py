@@ -337,6 +337,7 @@ class Fleet:
                     self.kv_index,
                     settings=self.settings.kv,
                     connect=self._kv_channel(worker),
+                    on_report=functools.partial(self.released, worker),
                 )
                 self.followers[worker.id] = follower
                 self._keep(worker, "kv_events", follower.run)

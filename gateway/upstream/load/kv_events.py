@@ -53,7 +53,7 @@ from gateway.core.wire import payload, records
 from gateway.engines.base import EngineAdapter, block_size_ok
 from gateway.kv.blocks import namespace_of, on_device
 from gateway.kv.index import KvIndex
-from gateway.upstream.signals.load import LoadReport
+from gateway.upstream.signals.load import LoadReport, kept_good
 
 log = structlog.get_logger("gateway.kv")
 
@@ -127,11 +127,13 @@ class KvFollower:
         *,
         settings: KvConfig,
         connect: Connect,
+        on_report: Callable[[], None] = lambda: None,
     ) -> None:
         """`connect` opens the subscription's own channel (receive limit
         `kv.max_event_bytes`), closed when the subscription ends: a flood of oversized
         events is refused by that channel, not by the one requests use."""
         self.worker = worker
+        self._on_report = on_report
         self.index = index
         self.settings = settings
         self.state = FollowState.CONNECTING
@@ -438,15 +440,8 @@ class KvFollower:
     def _load(self, rank: int, load: common_pb2.EngineLoad) -> None:
         """The worker's load, summed over its ranks, as fresh as its last batch; figures
         out of range keep the rank's previous ones (counted)."""
-        before = self._loads.get(rank, (0, 0, 0.0))
-        running, waiting, usage = load.running_requests, load.waiting_requests, load.token_usage
-        bad = 0
-        if not LoadReport.count_ok(running):
-            running, bad = before[0], bad + 1
-        if not LoadReport.count_ok(waiting):
-            waiting, bad = before[1], bad + 1
-        if not LoadReport.usage_ok(usage):
-            usage, bad = before[2], bad + 1
+        figures = (load.running_requests, load.waiting_requests, load.token_usage)
+        (running, waiting, usage), bad = kept_good(figures, self._loads.get(rank))
         if bad:
             self._reject("load", count=bad)
         self._loads[rank] = (running, waiting, usage)
@@ -463,6 +458,7 @@ class KvFollower:
                 kv_tokens=previous.kv_tokens if previous is not None else None,
             )
         )
+        self._on_report()  # a fresh report may leave room: whoever waits hears it
 
 
 class TooLarge(Exception):

@@ -59,21 +59,29 @@ class LoadReport:
     ) -> LoadReport:
         """A report from a worker's figures: each one out of range (NaN, infinite,
         negative, overflowing) is ignored, the previous report's (or 0) kept instead."""
-        bad = 0
-        if cls.count_ok(running):
-            run = running
-        else:
-            run, bad = (previous.running if previous else 0), bad + 1
-        if cls.count_ok(waiting):
-            wait = waiting
-        else:
-            wait, bad = (previous.waiting if previous else 0), bad + 1
-        if cls.usage_ok(token_usage):
-            usage = token_usage
-        else:
-            usage, bad = (previous.token_usage if previous else 0.0), bad + 1
+        before = (previous.running, previous.waiting, previous.token_usage) if previous else None
+        (run, wait, usage), bad = kept_good((running, waiting, token_usage), before)
         kept = previous.kv_tokens if previous else None
         if kv_tokens is not None and not 0 < kv_tokens <= MAX_KV_TOKENS:
             kv_tokens, bad = kept, bad + 1
         rejected = (previous.rejected if previous else 0) + bad
         return cls(run, wait, usage, at, own, rejected, kv_tokens if kv_tokens else kept)
+
+
+Figures = tuple[int, int, float]  # running, waiting, token usage
+
+
+def kept_good(figures: Figures, before: Figures | None) -> tuple[Figures, int]:
+    """A worker's load figures, each one out of range (NaN, infinite, negative,
+    overflowing) replaced by its previous value (or 0): the one rule for every way a
+    worker reports its load; and how many were replaced."""
+    running, waiting, usage = figures
+    last = before if before is not None else (0, 0, 0.0)
+    bad = 0
+    if not LoadReport.count_ok(running):
+        running, bad = last[0], bad + 1
+    if not LoadReport.count_ok(waiting):
+        waiting, bad = last[1], bad + 1
+    if not LoadReport.usage_ok(usage):
+        usage, bad = last[2], bad + 1
+    return (running, waiting, usage), bad

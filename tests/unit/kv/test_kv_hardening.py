@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,9 @@ A = ("a:1", 0)
 PROMPT = list(range(100, 100 + 16 * 10))  # 10 blocks of 16
 
 
-def follower(index: KvIndex | None = None, **settings: Any) -> KvFollower:
+def follower(
+    index: KvIndex | None = None, on_report: Callable[[], None] = lambda: None, **settings: Any
+) -> KvFollower:
     index = index if index is not None else KvIndex(**settings)
     return KvFollower(
         worker_on(),
@@ -42,6 +45,7 @@ def follower(index: KvIndex | None = None, **settings: Any) -> KvFollower:
         index,
         settings=KvConfig(block_size=index.block_size),
         connect=unused_channel,
+        on_report=on_report,
     )
 
 
@@ -199,6 +203,15 @@ def test_load_records_out_of_range_are_ignored_and_counted() -> None:
     f.apply(batch(1, token_usage=math.inf))
     f.apply(batch(1, token_usage=-1.0))
     assert f.worker.load is not None and f.worker.load.rejected == 4
+
+
+def test_every_load_record_wakes_whoever_waits_for_capacity() -> None:
+    """As a polled report does: a fresh load may leave room for a queued call."""
+    woken: list[int] = []
+    f = follower(on_report=lambda: woken.append(1))
+    f.apply(batch(1, running_requests=3, waiting_requests=1, token_usage=0.5))
+    f.apply(batch(1, running_requests=2, waiting_requests=0, token_usage=0.25))
+    assert len(woken) == 2
 
 
 # -- KV events: sizes, slices, backoff ---------------------------------------------------
