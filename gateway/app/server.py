@@ -70,7 +70,7 @@ from gateway.security.keys import ApiKeys
 from gateway.security.tls import CertificateFiles, channel_credentials
 from gateway.services.health import HealthService, desired_statuses
 from gateway.upstream.manager import Fleet
-from gateway.upstream.registry import FleetEvent
+from gateway.upstream.registry import EVERY, FleetEvent
 
 log = structlog.get_logger("gateway")
 
@@ -176,8 +176,6 @@ class Gateway:
                 self.upstreams,
                 config.retry_after_ms,
             )
-            waiting = self.rooms
-            self.fleet.on_capacity(lambda worker: waiting.kick(worker.model))
         self.rates = rate_limits(config)
         self.migrations = Migrations(config.migration, config.limits.max_prompt_tokens)
         # LoRA adapters loaded on demand (`lora.adapters`): before a call's legs open.
@@ -314,7 +312,7 @@ class Gateway:
             limits.max_connections_per_peer,
             report=self.metrics.connections,
         )
-        self.fleet.registry.subscribe(self._on_fleet_event)
+        self.fleet.registry.subscribe(self._on_fleet_event, EVERY)  # capacity: rooms
         self.routes.subscribe(self._refresh_health)
         self.fleet.registry.subscribe(self.upstreams.on_fleet_event)
         self._refresh_health()
@@ -432,8 +430,10 @@ class Gateway:
     def _on_fleet_event(self, event: FleetEvent) -> None:
         """Recompute health once per burst of events, after the code that changed the
         fleet (often a request's end) has moved on: that code does constant work."""
-        if self.rooms is not None and event.kind in ("status", "outlier", "added"):
-            self.rooms.kick(event.worker.model)  # a worker back: calls may wait no more
+        if self.rooms is not None and event.kind in ("status", "outlier", "added", "capacity"):
+            self.rooms.kick(event.worker.model)  # room, or a worker back: calls may go on
+        if event.kind == "capacity":
+            return  # health answers do not change with a worker's load
         if self._health_due:
             return
         self._health_due = True

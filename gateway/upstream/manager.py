@@ -90,11 +90,14 @@ class Fleet:
         self.followers: dict[str, KvFollower] = {}
         self.registry.subscribe(self._forget_cache)
         self.registry.subscribe(self._watch_outliers)
+        # A request's slot on a worker came free, or its load was reported again: told
+        # by the registry itself (the fleet's own listeners hear it, never the fleet's
+        # code in between).
+        self.released: Callable[[Worker], None] = self.registry.capacity
         self._scope = TaskScope()  # every task the fleet starts; `close` ends them all
         self._tasks: dict[str, set[asyncio.Task[None]]] = {}  # by worker, for `remove`
         self._timers: dict[str, set[asyncio.TimerHandle]] = {}
         self._credentials: grpc.ChannelCredentials | None = None
-        self._capacity: list[Callable[[Worker], None]] = []
 
     async def start(self, specs: Iterable[WorkerSpec], source: str = "static") -> None:
         """Register every worker; waits (bounded) for discovery and a first connection
@@ -186,16 +189,6 @@ class Fleet:
     def record_outcome(self, worker: Worker, outcome: Outcome, *, trial: bool) -> None:
         """Dispatch reports how a request ended; feeds the worker's outlier detection."""
         worker.outlier.record(outcome, time.monotonic(), trial=trial)
-
-    def released(self, worker: Worker) -> None:
-        """A request's slot on the worker came free, or its load was reported again:
-        listeners for capacity hear it."""
-        for listener in self._capacity:
-            listener(worker)
-
-    def on_capacity(self, listener: Callable[[Worker], None]) -> None:
-        """`listener(worker)` whenever a slot on a worker comes free (flow control)."""
-        self._capacity.append(listener)
 
     def on_dispatch(self, worker: Worker) -> bool:
         """A request was placed on the worker; returns whether it is the half-open trial."""

@@ -21,7 +21,7 @@ from gateway.upstream.worker import Worker, WorkerStatus
 
 @dataclass(frozen=True, slots=True)
 class FleetEvent:
-    kind: str  # added | removed | status | outlier
+    kind: str  # added | removed | status | outlier | capacity (a slot free, a fresh load)
     worker: Worker
     old: str = ""
     new: str = ""
@@ -29,6 +29,10 @@ class FleetEvent:
 
 
 Listener = Callable[[FleetEvent], None]
+# The events that change the fleet (what its state, health and log follow); `capacity`
+# comes at every request's end and goes only to those who ask for it.
+CHANGES = frozenset({"added", "removed", "status", "outlier"})
+EVERY = CHANGES | {"capacity"}
 
 
 @dataclass(slots=True)
@@ -64,15 +68,18 @@ class Registry:
         self._clusters = clusters
         self._by_id: dict[str, Worker] = {}
         self._index: dict[str, dict[Runtime, dict[Role, Cluster]]] = {}
-        self._listeners: list[Listener] = []
+        self._listeners: list[tuple[Listener, frozenset[str]]] = []
         self._unidentified: dict[str, Unidentified] = {}
 
-    def subscribe(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+    def subscribe(self, listener: Listener, kinds: frozenset[str] = CHANGES) -> None:
+        """`listener(event)` for every event of `kinds` from now on."""
+        self._listeners.append((listener, kinds))
 
     def unsubscribe(self, listener: Listener) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
+        for i, (known, _) in enumerate(self._listeners):
+            if known == listener:
+                del self._listeners[i]
+                return
 
     def add(self, worker: Worker) -> None:
         self._by_id[worker.id] = worker
@@ -138,10 +145,18 @@ class Registry:
             self.publish(FleetEvent("status", worker, old.value, worker.status.value, cause))
         return True
 
+    def capacity(self, worker: Worker) -> None:
+        """A slot on `worker` came free, or its load was reported again: whoever waits
+        for room hears it (a `capacity` event)."""
+        self.publish(FleetEvent("capacity", worker))
+
     def publish(self, event: FleetEvent) -> None:
         """Tell every listener; one that raises is logged and skipped, so it can neither
         keep the others from hearing nor fail whatever changed the fleet (a request)."""
-        for listener in list(self._listeners):
+        kind = event.kind
+        for listener, kinds in list(self._listeners):
+            if kind not in kinds:
+                continue
             try:
                 listener(event)
             except Exception:
@@ -211,4 +226,4 @@ class Registry:
         ]
 
 
-__all__ = ["FleetEvent", "Listener", "Registry", "Unidentified", "WorkerStatus"]
+__all__ = ["CHANGES", "EVERY", "FleetEvent", "Listener", "Registry", "Unidentified", "WorkerStatus"]
