@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from gateway.core.roles import Role
-from gateway.placement.verdicts import Verdict
+from gateway.core.verdicts import Verdict
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
@@ -36,10 +36,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from gateway.config import TracingConfig
 from gateway.core.roles import Role
+from gateway.core.verdicts import Verdict
 from gateway.observability.record import CallRecord
-from gateway.placement.decision import Decision
-from gateway.placement.verdicts import Verdict
-from gateway.upstream.worker import Worker
 
 log = structlog.get_logger("gateway.observability.tracing")
 
@@ -193,6 +191,44 @@ class Tracing:
         done.join(timeout_s)
 
 
+class Named(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+class Placed(Protocol):
+    """What a span tells of a placement (`placement.decision.Decision`)."""
+
+    @property
+    def policy(self) -> str: ...
+
+    @property
+    def candidates(self) -> int: ...
+
+    @property
+    def expected_cached_tokens(self) -> int | None: ...
+
+    def all(self) -> Sequence[Named]: ...
+
+
+class Address(Protocol):
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+class Upstream(Protocol):
+    """What a span tells of the worker an upstream call goes to (`upstream.worker.Worker`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def spec(self) -> Address: ...
+
+
 class CallTrace:
     """The spans of one call. The front starts it and finishes it from the record; the
     dispatch adds placements and upstream legs."""
@@ -208,7 +244,7 @@ class CallTrace:
     def placement(
         self,
         started_ns: int,
-        placed: Decision | Verdict,
+        placed: Placed | Verdict,
         tried: Sequence[str] = (),
         queued_s: float | None = None,
     ) -> None:
@@ -235,7 +271,7 @@ class CallTrace:
         span.end()
 
     def leg(
-        self, worker: Worker, leg: Role, rank: int | None
+        self, worker: Upstream, leg: Role, rank: int | None
     ) -> tuple[Span, tuple[tuple[str, str], ...]]:
         """A CLIENT span for one upstream RPC, and the metadata that carries it."""
         attempt = self._record.attempts

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import grpc
 
 from gateway.core.roles import Role
-from gateway.placement.verdicts import Verdict
+from gateway.core.verdicts import Verdict
 
 PD_LEGS = (Role.PREFILL, Role.DECODE)
 

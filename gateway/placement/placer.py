@@ -16,9 +16,10 @@ from typing import cast
 
 from gateway.config import Declared, ModelSettings
 from gateway.config.lora import LoraConfig
+from gateway.core import verdicts
 from gateway.core.roles import ENGINE_ROLES, Role, Runtime
+from gateway.core.verdicts import Verdict
 from gateway.engines import Adapters
-from gateway.placement import verdicts
 from gateway.placement.affinity import NO_BINDING, Affinity
 from gateway.placement.decision import NO_RANKS, Decision
 from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
@@ -26,7 +27,6 @@ from gateway.placement.lora import Holding, adapter_of, preferred
 from gateway.placement.policies import Choice, Hints, Policy, rendezvous_pick
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.placement.policies.round_robin import RoundRobin
-from gateway.placement.verdicts import Verdict
 from gateway.upstream.cluster import Cluster
 from gateway.upstream.load.limits import overload_reason
 from gateway.upstream.load.lora import AdapterWatch

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from gateway.config import Route, route_problem
-from gateway.placement.verdicts import Verdict
+from gateway.core.verdicts import Verdict
 
 POINTS = float(1 << 64)  # a key's point is its hash's first 8 bytes over this
 

@@ -10,8 +10,8 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
+from gateway.core.verdicts import shown
 from gateway.engines import EngineAdapter
-from gateway.placement.verdicts import shown
 from gateway.proxy.call import Call
 from gateway.proxy.inflight import Holder
 from gateway.proxy.metadata import Metadata

@@ -26,6 +26,7 @@ import grpc
 import structlog
 
 from gateway.core.roles import Role
+from gateway.core.verdicts import Verdict
 from gateway.engines import GenerateInfo, RpcSpec
 from gateway.engines.base import Tally
 from gateway.kv.prefix import Prefix
@@ -34,7 +35,6 @@ from gateway.observability.record import CallRecord
 from gateway.observability.tracing import CallTrace
 from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
-from gateway.placement.verdicts import Verdict
 from gateway.proxy.metadata import Metadata, RequestMeta
 from gateway.proxy.status import abort_with_verdict
 from gateway.proxy.upstream import Reserved, UpstreamFailure, clients_deadline

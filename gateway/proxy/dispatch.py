@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.placement import verdicts
+from gateway.core import verdicts
+from gateway.core.verdicts import Verdict
 from gateway.placement.decision import Decision
-from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Place, abort_with_failure
 from gateway.proxy.job import Job
 from gateway.proxy.lora import LoadFailed, LoraLoader

@@ -9,8 +9,8 @@ import time
 from collections.abc import Collection
 
 from gateway.core.roles import Role
+from gateway.core.verdicts import Verdict
 from gateway.placement.decision import Decision
-from gateway.placement.verdicts import Verdict
 from gateway.proxy import stages
 from gateway.proxy.call import Call, abort_with_failure
 from gateway.proxy.job import Job

@@ -24,14 +24,7 @@ from gateway.config import GatewayConfig
 from gateway.core.address import peer_host
 from gateway.core.offload import Offload
 from gateway.core.roles import Role, Runtime
-from gateway.engines import EngineAdapter, RpcKind
-from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
-from gateway.engines.tokens import highest
-from gateway.flow.budget import Charge, OverBudget, RateLimits
-from gateway.placement.placer import Placer, Placing
-from gateway.placement.policies import Hints
-from gateway.placement.routes import RouteTable, unroutable
-from gateway.placement.verdicts import (
+from gateway.core.verdicts import (
     Verdict,
     bad_metadata,
     caller_over_share,
@@ -41,6 +34,13 @@ from gateway.placement.verdicts import (
     rate_limited,
     shown,
 )
+from gateway.engines import EngineAdapter, RpcKind
+from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
+from gateway.engines.tokens import highest
+from gateway.flow.budget import Charge, OverBudget, RateLimits
+from gateway.placement.placer import Placer, Placing
+from gateway.placement.policies import Hints
+from gateway.placement.routes import RouteTable, unroutable
 from gateway.proxy.admission import Admission, Refusal
 from gateway.proxy.call import Call
 from gateway.proxy.disagg import DisaggregatedDispatch

@@ -16,7 +16,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc import aio
 
-from gateway.placement.verdicts import Verdict
+from gateway.core.verdicts import Verdict
 
 DOMAIN = "model-gateway.grpc"
 

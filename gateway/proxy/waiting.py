@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.config import FlowConfig, TenantConfig
+from gateway.core import verdicts
+from gateway.core.verdicts import Reason, Verdict
 from gateway.flow.queue import FlowClass, FlowQueue, Waiter
-from gateway.placement import verdicts
 from gateway.placement.decision import Decision
-from gateway.placement.verdicts import Reason, Verdict
 from gateway.proxy.call import Place
 from gateway.proxy.upstream import Reserved, Upstreams
 

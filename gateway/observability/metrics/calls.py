@@ -8,8 +8,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from gateway.core.verdicts import Reason
 from gateway.observability.record import CallRecord
-from gateway.placement.verdicts import Reason
 
 # Time to first message of an LLM stream: prefill of a short prompt on an idle GPU is a few
 # milliseconds; long prompts, queueing and PD handoff take seconds.

@@ -10,10 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.core.verdicts import Reason
 from gateway.flow.labels import TenantLabels
 from gateway.observability.metrics.calls import child
 from gateway.observability.record import CallRecord
-from gateway.placement.verdicts import Reason
 
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # Every value `flow_outcome` gives: an evicted tenant's series are removed by this list.

@@ -8,10 +8,10 @@ import gc
 from typing import cast
 
 from gateway.config import FlowClassConfig, FlowConfig, TenantConfig
+from gateway.core import verdicts
+from gateway.core.verdicts import Reason, Verdict
 from gateway.flow.queue import Waiter
-from gateway.placement import verdicts
 from gateway.placement.decision import Decision
-from gateway.placement.verdicts import Reason, Verdict
 from gateway.proxy.upstream import Reserved, Upstreams
 from gateway.proxy.waiting import Ticket, WaitingRooms
 

@@ -9,10 +9,10 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.core import verdicts
 from gateway.flow.labels import OTHER, Labelled, TenantLabels
 from gateway.observability.metrics import FLOW_OUTCOMES, Metrics, flow_outcome
 from gateway.observability.record import CallRecord
-from gateway.placement import verdicts
 from tests.support.factories import make_registry
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"

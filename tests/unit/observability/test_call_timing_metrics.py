@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.core import verdicts
 from gateway.observability.metrics import Metrics
 from gateway.observability.metrics.calls import DURATION_BUCKETS, INTER_TOKEN_BUCKETS, mean_gap
 from gateway.observability.record import CallRecord
-from gateway.placement import verdicts
 from tests.support.factories import make_registry
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"

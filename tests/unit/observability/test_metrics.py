@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.config import OutlierDetectionConfig
+from gateway.core import verdicts
 from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics import TTFT_BUCKETS, Metrics
 from gateway.observability.record import CallRecord
-from gateway.placement import verdicts
 from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import OutlierDetector, OutlierState
 from gateway.upstream.worker import LoadReport, Worker, WorkerStatus

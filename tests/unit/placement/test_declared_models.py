@@ -10,8 +10,8 @@ from types import MappingProxyType
 
 from gateway.config import ModelSettings, WorkerSpec, build_config, declared_models
 from gateway.core.roles import Role, Runtime
+from gateway.core.verdicts import Reason, Verdict
 from gateway.placement.policies import Hints
-from gateway.placement.verdicts import Reason, Verdict
 from tests.support.factories import make_placer, make_registry, worker_on
 
 NOW = 0.0

@@ -9,11 +9,11 @@ import pytest
 
 from gateway.config import ModelSettings, WorkerSpec
 from gateway.core.roles import Role, Runtime
+from gateway.core.verdicts import Reason, Verdict, leg_not_deployed, workers_overloaded
+from gateway.core.verdicts import workers_unavailable as unavailable
 from gateway.placement.decision import Decision
 from gateway.placement.legs import demanded_legs, most_permanent
 from gateway.placement.policies import Hints
-from gateway.placement.verdicts import Reason, Verdict, leg_not_deployed, workers_overloaded
-from gateway.placement.verdicts import workers_unavailable as unavailable
 from gateway.upstream.worker import Worker
 from tests.support.factories import make_placer, make_registry, make_worker
 

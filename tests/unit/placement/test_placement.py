@@ -11,9 +11,9 @@ import pytest
 
 from gateway.config import ModelSettings, WorkerSpec
 from gateway.core.roles import Role, Runtime
+from gateway.core.verdicts import Reason, Verdict
 from gateway.placement.placer import Placer
 from gateway.placement.policies import Hints
-from gateway.placement.verdicts import Reason, Verdict
 from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import Outcome
 from gateway.upstream.worker import Worker, WorkerStatus

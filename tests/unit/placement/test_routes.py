@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gateway.placement import verdicts
+from gateway.core import verdicts
 from gateway.placement.routes import (
     BadRoute,
     RouteTable,

@@ -11,13 +11,13 @@ import grpc
 import pytest
 
 from gateway.config import WorkerSpec
+from gateway.core import verdicts
 from gateway.core.roles import Role, Runtime
+from gateway.core.verdicts import Verdict
 from gateway.engines import engine_adapters
 from gateway.observability.record import CallRecord
-from gateway.placement import verdicts
 from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
-from gateway.placement.verdicts import Verdict
 from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.inflight import InflightTable

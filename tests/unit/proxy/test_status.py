@@ -6,8 +6,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from gateway.placement import verdicts
-from gateway.placement.verdicts import Reason
+from gateway.core import verdicts
+from gateway.core.verdicts import Reason
 from gateway.proxy.aborts import named
 from gateway.proxy.metadata import clean, read_request_meta
 from gateway.proxy.status import DOMAIN, verdict_trailers

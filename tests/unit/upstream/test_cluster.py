@@ -8,11 +8,11 @@ import dataclasses
 
 from gateway.config import ModelSettings, WorkerSpec
 from gateway.core.roles import Role, Runtime
+from gateway.core.verdicts import Reason, Verdict
 from gateway.placement.policies import Hints
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.placement.policies.least_inflight import LeastInflight
 from gateway.placement.policies.round_robin import RoundRobin
-from gateway.placement.verdicts import Reason, Verdict
 from gateway.upstream.cluster import ClusterKey
 from gateway.upstream.load.limits import WorkerLimits
 from gateway.upstream.registry import Registry
