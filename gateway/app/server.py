@@ -70,7 +70,7 @@ from gateway.security.keys import ApiKeys
 from gateway.security.tls import CertificateFiles, channel_credentials
 from gateway.services.health import HealthService, desired_statuses
 from gateway.upstream.manager import Fleet
-from gateway.upstream.registry import EVERY, FleetEvent
+from gateway.upstream.registry import CHANGES, EVERY, FleetEvent
 
 log = structlog.get_logger("gateway")
 
@@ -312,7 +312,9 @@ class Gateway:
             limits.max_connections_per_peer,
             report=self.metrics.connections,
         )
-        self.fleet.registry.subscribe(self._on_fleet_event, EVERY)  # capacity: rooms
+        # Capacity events (every request's end) only for the waiting rooms.
+        kinds = EVERY if self.rooms is not None else CHANGES
+        self.fleet.registry.subscribe(self._on_fleet_event, kinds)
         self.routes.subscribe(self._refresh_health)
         self.fleet.registry.subscribe(self.upstreams.on_fleet_event)
         self._refresh_health()

@@ -68,18 +68,19 @@ class Registry:
         self._clusters = clusters
         self._by_id: dict[str, Worker] = {}
         self._index: dict[str, dict[Runtime, dict[Role, Cluster]]] = {}
-        self._listeners: list[tuple[Listener, frozenset[str]]] = []
+        # Replaced, never changed in place: a publish reads the tuple it started with.
+        self._listeners: tuple[tuple[Listener, frozenset[str]], ...] = ()
+        self._capacity_heard = False  # a listener follows `capacity` (else none is made)
         self._unidentified: dict[str, Unidentified] = {}
 
     def subscribe(self, listener: Listener, kinds: frozenset[str] = CHANGES) -> None:
         """`listener(event)` for every event of `kinds` from now on."""
-        self._listeners.append((listener, kinds))
+        self._listeners = (*self._listeners, (listener, kinds))
+        self._capacity_heard = any("capacity" in k for _, k in self._listeners)
 
     def unsubscribe(self, listener: Listener) -> None:
-        for i, (known, _) in enumerate(self._listeners):
-            if known == listener:
-                del self._listeners[i]
-                return
+        self._listeners = tuple((known, k) for known, k in self._listeners if known != listener)
+        self._capacity_heard = any("capacity" in k for _, k in self._listeners)
 
     def add(self, worker: Worker) -> None:
         self._by_id[worker.id] = worker
@@ -147,14 +148,15 @@ class Registry:
 
     def capacity(self, worker: Worker) -> None:
         """A slot on `worker` came free, or its load was reported again: whoever waits
-        for room hears it (a `capacity` event)."""
-        self.publish(FleetEvent("capacity", worker))
+        for room hears it (a `capacity` event; none is made when no one listens)."""
+        if self._capacity_heard:
+            self.publish(FleetEvent("capacity", worker))
 
     def publish(self, event: FleetEvent) -> None:
         """Tell every listener; one that raises is logged and skipped, so it can neither
         keep the others from hearing nor fail whatever changed the fleet (a request)."""
         kind = event.kind
-        for listener, kinds in list(self._listeners):
+        for listener, kinds in self._listeners:
             if kind not in kinds:
                 continue
             try:

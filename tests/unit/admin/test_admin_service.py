@@ -173,8 +173,8 @@ async def test_list_drain_remove(admin: Admin) -> None:
 
 
 async def test_watch_sends_snapshot_then_events_and_unsubscribes(admin: Admin) -> None:
-    listeners = admin.fleet.registry._listeners  # white box: the watcher must unsubscribe
-    baseline = len(listeners)
+    registry = admin.fleet.registry  # white box: the watcher must unsubscribe
+    baseline = len(registry._listeners)
     first = f"127.0.0.1:{closed_port()}"
     await admin.stub.AddWorker(pb.AddWorkerRequest(url=f"grpc://{first}?model=m&runtime=sglang"))
 
@@ -182,7 +182,7 @@ async def test_watch_sends_snapshot_then_events_and_unsubscribes(admin: Admin) -
     snapshot = await asyncio.wait_for(call.read(), 5)
     assert snapshot.kind == pb.WORKER_EVENT_KIND_SNAPSHOT
     assert snapshot.worker.id == first
-    assert len(listeners) == baseline + 1
+    assert len(registry._listeners) == baseline + 1
 
     second = f"127.0.0.1:{closed_port()}"
     await admin.stub.AddWorker(pb.AddWorkerRequest(url=f"grpc://{second}?model=v&runtime=vllm"))
@@ -204,10 +204,10 @@ async def test_watch_sends_snapshot_then_events_and_unsubscribes(admin: Admin) -
 
     call.cancel()
     for _ in range(100):
-        if len(listeners) == baseline:
+        if len(registry._listeners) == baseline:
             break
         await asyncio.sleep(0.01)
-    assert len(listeners) == baseline
+    assert len(registry._listeners) == baseline
 
 
 class AbortError(Exception):
