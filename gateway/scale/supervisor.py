@@ -102,6 +102,7 @@ class Supervisor:
         self.signals: list[signal.Signals] = []
         self._stop = asyncio.Event()
         self._dir = ""
+        self._endpoint: Endpoint | None = None  # the metrics endpoint, once started
         self.port = 0
         self.picker_port = 0
         self._tasks = TaskScope()  # per process: its keeper, liveness check, output drain
@@ -321,100 +322,120 @@ class Supervisor:
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; 0 once every process drained and exited, non-zero
-        if a process could not start at all."""
+        if a process could not start at all. Each step registers its own undoing on one
+        stack, so whatever ends the run undoes what was done, in reverse order."""
         preflight(self.config)
+        async with contextlib.AsyncExitStack() as undo:
+            self._hold(undo)
+            ended = await self._start(undo)
+            if ended is not None:
+                return ended
+            await self._serve(undo)
+            return await self._until_stopped()
+
+    def _hold(self, undo: contextlib.AsyncExitStack) -> None:
+        """The ports (the main one and the picker's, shared by the serving processes),
+        the signal handlers, and the private directory (mode 0700: launch files and
+        control sockets; if this process is killed outright, the last serving process to
+        exit removes it, see `gateway.scale.child`)."""
         holder, self.port = hold_port(self.config.listen)
-        picker_holder = None
-        if self.config.picker.listen is not None:  # the endpoint picker's port, shared too
+        undo.callback(holder.close)
+        if self.config.picker.listen is not None:
             picker_holder, self.picker_port = hold_port(self.config.picker.listen)
+            undo.callback(picker_holder.close)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
-        admin_server: aio.Server | None = None
-        control: ControlPlane | None = None
-        endpoint: Endpoint | None = None
-        try:
-            # Mode 0700: launch files and control sockets. Removed below on every exit this
-            # process lives through; if it is killed outright, the last serving process to
-            # exit removes it (see `gateway.scale.child`).
-            self._dir = tempfile.mkdtemp(prefix="gateway-")
-            endpoint = Endpoint(self.prometheus_registry())
-            if self.relay is not None:  # the processes start with what it found
-                self.relay.start()
-                timeout_s = self.config.discovery_timeout_s
-                if not await self.relay.first_reports(timeout_s):
-                    log.warning("discovery_incomplete", waited_s=timeout_s)
-            starts = await asyncio.gather(
-                *(self._spawn(s, self._start_timeout_s) for s in self.positions),
-                return_exceptions=True,
-            )
-            if self.signals:  # stopped during start-up: quietly, as one process does
-                self._forward(signal.SIGTERM)
-                await self._wait_all()
-                return 0
-            for start in starts:
-                if isinstance(start, BaseException) and not isinstance(start, NotStarted):
-                    raise start
-            failures = [f for f in starts if isinstance(f, NotStarted)]
-            if failures:
-                for failure in failures:
-                    log.error("serving_process_not_started", error=str(failure))
-                self.stopping = True
-                self._forward(signal.SIGTERM)
-                await self._wait_all()
-                exits = [f.code for f in failures if f.code]
-                return exits[0] if exits else 1
-            discovered_by = self.relay.origins if self.relay is not None else _nobody
-            control = ControlPlane(
-                self.config, self.desired, self.reachable, self.replace, discovered_by
-            )
-            admin_server, admin_port = await serve_admin(control, self.config.admin)
-            metrics_port = 0
-            if self.config.metrics.listen:
-                try:
-                    metrics_port = endpoint.serve(self.config.metrics.listen)
-                except OSError as exc:
-                    listen = self.config.metrics.listen
-                    raise CannotListen(listen, exc.strerror or str(exc)) from None
-            for position in self.positions:
-                which = str(position.index)
-                self._tasks.spawn(self._keep(position), "process_keeper", serving_process=which)
-                self._tasks.spawn(self._watch(position), "process_liveness", serving_process=which)
-            log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
-            line = ready_line(self.config, self.port, admin_port, metrics_port, self.picker_port)
-            print(line, flush=True)
-            await self._stop.wait()
-            log.info("draining", processes=sum(s.running for s in self.positions))
-            codes = await self._wait_all()
-            log.info("stopped", exit_codes=codes)
-            return 1 if any(codes) else 0
-        finally:
-            # The signal handlers stay until the end: a signal now (say a second Ctrl-C)
-            # must not end this process before it removed its directory.
-            self.stopping = True
-            await self._tasks.close()
-            if self.relay is not None:
-                await self.relay.close()
-            if admin_server is not None:
-                await admin_server.stop(None)
-            if control is not None:
-                await control.close()
-            if endpoint is not None:
-                endpoint.close()
-            for position in self.positions:
-                if position.running:
-                    assert position.process is not None
-                    position.process.kill()
-                    await position.process.wait()
-                await self._forget(position)
-            if self._dir:
-                shutil.rmtree(self._dir, ignore_errors=True)
-            holder.close()
-            if picker_holder is not None:
-                picker_holder.close()
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
+        # The handlers stay until the very end: a signal now (say a second Ctrl-C) must
+        # not end this process before it removed its directory.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            undo.callback(loop.remove_signal_handler, sig)
+        self._dir = tempfile.mkdtemp(prefix="gateway-")
+        undo.callback(shutil.rmtree, self._dir, ignore_errors=True)
+
+    async def _start(self, undo: contextlib.AsyncExitStack) -> int | None:
+        """The metrics endpoint, discovery's first reports, then every serving process;
+        an exit code if start-up ended the run (a signal, a process that did not start)."""
+        self._endpoint = endpoint = Endpoint(self.prometheus_registry())
+        undo.callback(endpoint.close)
+        undo.push_async_callback(self._kill_all)
+        if self.relay is not None:  # the processes start with what it found
+            undo.push_async_callback(self.relay.close)
+            self.relay.start()
+            timeout_s = self.config.discovery_timeout_s
+            if not await self.relay.first_reports(timeout_s):
+                log.warning("discovery_incomplete", waited_s=timeout_s)
+        starts = await asyncio.gather(
+            *(self._spawn(s, self._start_timeout_s) for s in self.positions),
+            return_exceptions=True,
+        )
+        if self.signals:  # stopped during start-up: quietly, as one process does
+            self._forward(signal.SIGTERM)
+            await self._wait_all()
+            return 0
+        for start in starts:
+            if isinstance(start, BaseException) and not isinstance(start, NotStarted):
+                raise start
+        failures = [f for f in starts if isinstance(f, NotStarted)]
+        if not failures:
+            return None
+        for failure in failures:
+            log.error("serving_process_not_started", error=str(failure))
+        self.stopping = True
+        self._forward(signal.SIGTERM)
+        await self._wait_all()
+        exits = [f.code for f in failures if f.code]
+        return exits[0] if exits else 1
+
+    async def _serve(self, undo: contextlib.AsyncExitStack) -> None:
+        """The admin API over the fleet, the metrics port, each process's keeper and
+        liveness watch; then READY."""
+        discovered_by = self.relay.origins if self.relay is not None else _nobody
+        control = ControlPlane(
+            self.config, self.desired, self.reachable, self.replace, discovered_by
+        )
+        undo.push_async_callback(control.close)
+        admin_server, admin_port = await serve_admin(control, self.config.admin)
+        undo.push_async_callback(admin_server.stop, None)
+        metrics_port = 0
+        if self.config.metrics.listen:
+            assert self._endpoint is not None
+            try:
+                metrics_port = self._endpoint.serve(self.config.metrics.listen)
+            except OSError as exc:
+                listen = self.config.metrics.listen
+                raise CannotListen(listen, exc.strerror or str(exc)) from None
+        undo.push_async_callback(self._tasks.close)
+        undo.callback(self._no_restarts)  # undone first of all
+        for position in self.positions:
+            which = str(position.index)
+            self._tasks.spawn(self._keep(position), "process_keeper", serving_process=which)
+            self._tasks.spawn(self._watch(position), "process_liveness", serving_process=which)
+        log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
+        line = ready_line(self.config, self.port, admin_port, metrics_port, self.picker_port)
+        print(line, flush=True)
+
+    async def _until_stopped(self) -> int:
+        """Until SIGTERM/SIGINT; then every process drains and exits."""
+        await self._stop.wait()
+        log.info("draining", processes=sum(s.running for s in self.positions))
+        codes = await self._wait_all()
+        log.info("stopped", exit_codes=codes)
+        return 1 if any(codes) else 0
+
+    def _no_restarts(self) -> None:
+        self.stopping = True
+
+    async def _kill_all(self) -> None:
+        """Whatever still runs is killed, and forgotten."""
+        self.stopping = True
+        for position in self.positions:
+            if position.running:
+                assert position.process is not None
+                position.process.kill()
+                await position.process.wait()
+            await self._forget(position)
 
     async def _wait_all(self) -> list[int]:
         """Wait for every running process to exit (they drain on their own)."""
