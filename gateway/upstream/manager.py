@@ -51,7 +51,6 @@ from gateway.upstream.load.lora import AdapterWatch, poll_loras
 from gateway.upstream.load.poller import poll_load
 from gateway.upstream.registry import FleetEvent, Registry
 from gateway.upstream.signals.outlier import Outcome, OutlierDetector, OutlierState
-from gateway.upstream.signals.probe import judge
 from gateway.upstream.worker import Worker, WorkerStatus
 
 log = structlog.get_logger("gateway.upstream")
@@ -131,13 +130,11 @@ class Fleet:
 
     def set_in_service(self, worker: Worker, in_service: bool, cause: str) -> None:
         """What the worker's discovery source says of it (out of service: no new calls)."""
-        if worker.set_in_service(in_service):
-            self.registry.update(worker, cause)
+        worker.set_in_service(in_service, cause)
 
     async def drain(self, worker: Worker, timeout_s: float) -> bool:
         """No new requests; wait (bounded) until in-flight ones finish. True if it emptied."""
         idle = worker.begin_drain()
-        self.registry.update(worker, "draining")
         if idle is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
@@ -318,7 +315,7 @@ class Fleet:
         self._keep(
             worker,
             "connection",
-            lambda: watch_connection(worker, channel, self.registry, settled, prober.wake),
+            lambda: watch_connection(worker, channel, settled, prober.wake),
         )
         self._keep(worker, "probe", lambda: self._probe_loop(worker, prober, probed))
         if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
@@ -386,8 +383,7 @@ class Fleet:
     async def _probe_loop(self, worker: Worker, prober: ProbeLoop, probed: asyncio.Event) -> None:
         result = await prober.probe()
         while True:
-            judge(worker.probe, result, self.settings.probe)
-            self.registry.update(worker, f"probe: {result.detail}")
+            worker.probed(result, self.settings.probe)
             probed.set()
             result = await prober.next_result()
 

@@ -90,6 +90,7 @@ class Registry:
             key = ClusterKey(worker.model, worker.runtime, worker.role)
             cluster = roles[worker.role] = self._clusters(key)
         cluster.admit(worker)
+        worker.told(self._status_changed)
         self.publish(FleetEvent("added", worker, new=worker.status.value))
 
     def identifying(self, spec: WorkerSpec, sources: tuple[str, ...], now: float) -> None:
@@ -126,6 +127,7 @@ class Registry:
         if self._by_id.get(worker.id) is not worker:
             return
         del self._by_id[worker.id]
+        worker.told(None)
         runtimes = self._index[worker.model]
         roles = runtimes[worker.runtime]
         roles[worker.role].evict(worker)
@@ -137,14 +139,9 @@ class Registry:
             del self._index[worker.model]
         self.publish(FleetEvent("removed", worker, old=worker.status.value))
 
-    def update(self, worker: Worker, cause: str) -> bool:
-        """Have the worker re-derive its status from its signals; publish if it changed."""
-        old = worker.restatus(cause)
-        if old is None:
-            return False
-        if worker.id in self._by_id:
-            self.publish(FleetEvent("status", worker, old.value, worker.status.value, cause))
-        return True
+    def _status_changed(self, worker: Worker, old: WorkerStatus, cause: str) -> None:
+        """A worker's signals changed its status (it tells, as it holds them)."""
+        self.publish(FleetEvent("status", worker, old.value, worker.status.value, cause))
 
     def capacity(self, worker: Worker) -> None:
         """A slot on `worker` came free, or its load was reported again: whoever waits

@@ -11,15 +11,15 @@ checks the source).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gateway.config import WorkerSpec
+from gateway.config import ProbeConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.upstream.signals.load import LoadReport as LoadReport  # re-exported: it lived here
 from gateway.upstream.signals.outlier import OutlierDetector
-from gateway.upstream.signals.probe import ProbeState
+from gateway.upstream.signals.probe import ProbeResult, ProbeState, judge
 
 # Where a worker came from that no discovery report can take away: flags and the config
 # file, and the admin API. Any other source is a discovery source.
@@ -50,6 +50,9 @@ def derive_status(
     if healthy is None:
         return WorkerStatus.PENDING
     return WorkerStatus.READY if healthy and connected and in_service else WorkerStatus.NOT_READY
+
+
+StatusTold = Callable[["Worker", "WorkerStatus", str], None]  # (worker, old status, cause)
 
 
 @dataclass(eq=False, slots=True)
@@ -87,6 +90,8 @@ class Worker:
     idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
     # Its address, built once (the spec is frozen): a call's path reads it many times.
     id: str = field(init=False)
+    # Who hears its status change (its registry, while it holds the worker).
+    _told: StatusTold | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.id = self.spec.address
@@ -105,7 +110,20 @@ class Worker:
         if self.inflight == 0 and self.idle is not None:
             self.idle.set()
 
-    def set_connected(self, connected: bool) -> bool:
+    def told(self, told: StatusTold | None) -> None:
+        """`told(worker, old, cause)` as its status changes from now on (None: nobody)."""
+        self._told = told
+
+    def signalled(self, cause: str) -> bool:
+        """Its signals changed: its status derived again, and told if it changed."""
+        old = self.restatus(cause)
+        if old is None:
+            return False
+        if self._told is not None:
+            self._told(self, old, cause)
+        return True
+
+    def set_connected(self, connected: bool, cause: str) -> bool:
         """The channel's state; True if it changed. A lost connection makes the worker
         prove itself to the prober again."""
         if connected == self.connected:
@@ -113,19 +131,24 @@ class Worker:
         self.connected = connected
         if not connected:
             self.probe.reset_for_reconnect()
+        self.signalled(cause)
         return True
+
+    def probed(self, result: ProbeResult, settings: ProbeConfig) -> None:
+        """A probe's result, judged against the probe settings."""
+        judge(self.probe, result, settings)
+        self.signalled(f"probe: {result.detail}")
 
     def named_by(self, sources: tuple[str, ...]) -> None:
         """The sources that list this worker now (discovery keeps them current)."""
         self.sources = sources
 
-    def set_in_service(self, in_service: bool) -> bool:
-        """What its discovery source says of it; True if that changed. Out of service,
-        it takes no new requests; those in flight finish."""
-        if in_service == self.in_service:
-            return False
-        self.in_service = in_service
-        return True
+    def set_in_service(self, in_service: bool, cause: str) -> None:
+        """What its discovery source says of it. Out of service, it takes no new
+        requests; those in flight finish."""
+        if in_service != self.in_service:
+            self.in_service = in_service
+            self.signalled(cause)
 
     def reported(self, report: LoadReport) -> None:
         """A load report (GetLoads, or a KV event stream's load record)."""
@@ -176,6 +199,7 @@ class Worker:
         """No new requests from now on; the event set once in-flight ones are done (None:
         none in flight)."""
         self.draining = True
+        self.signalled("draining")
         if not self.inflight:
             return None
         if self.idle is None:

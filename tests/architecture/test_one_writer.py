@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import gateway
+from gateway.upstream.registry import Registry
 
 SIGNALS = frozenset(
     {
@@ -123,3 +124,28 @@ def test_the_check_sees_a_write_into_a_sub_object() -> None:
     source = "worker.probe.failures = 3\nw.outlier.state = s\nself.probe = p\n"
     found = {(obj, attr) for _, obj, attr in assigned(ast.parse(source))}
     assert ("worker.probe", "failures") in found and ("w.outlier", "state") in found
+
+
+def calls_of(method: str) -> list[str]:
+    """Where the gateway calls `.method(...)` on anything."""
+    root = FLEET.parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "_pb2" in path.name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == method
+            ):
+                found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_a_signal_carries_its_consequence() -> None:
+    """A worker's signal methods derive its status and tell its registry themselves: no
+    one re-derives a worker's status after changing a signal, and the registry has no
+    method for it."""
+    assert [c for c in calls_of("restatus") if not c.startswith("upstream/worker.py")] == []
+    assert not hasattr(Registry, "update")

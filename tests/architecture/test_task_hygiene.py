@@ -155,10 +155,10 @@ def eject(fleet: Fleet, worker: Worker) -> None:
 
 def make_ready_then_not(fleet: Fleet, worker: Worker) -> None:
     worker.connected, worker.probe.healthy = True, True
-    fleet.registry.update(worker, "probe")
+    worker.signalled("probe")
     assert worker.status is WorkerStatus.READY
     worker.connected = False
-    fleet.registry.update(worker, "connection closed")  # ready -> not ready: a cache timer
+    worker.signalled("connection closed")  # ready -> not ready: a cache timer
 
 
 async def test_removing_a_worker_cancels_its_timers() -> None:

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import grpc
 from grpc import aio
 
-from gateway.upstream.registry import Registry
 from gateway.upstream.worker import Worker
 
 _CAUSES = {
@@ -30,7 +29,6 @@ SETTLED = frozenset(
 async def watch_connection(
     worker: Worker,
     channel: aio.Channel,
-    registry: Registry,
     settled: asyncio.Event,
     on_connected: Callable[[], None],
 ) -> None:
@@ -43,10 +41,8 @@ async def watch_connection(
     state = channel.get_state(try_to_connect=True)
     while True:
         connected = state is grpc.ChannelConnectivity.READY
-        if worker.set_connected(connected):
-            if connected:
-                on_connected()
-            registry.update(worker, _CAUSES.get(state, "connected"))
+        if worker.set_connected(connected, _CAUSES.get(state, "connected")) and connected:
+            on_connected()
         if state in SETTLED:
             settled.set()
         if state is grpc.ChannelConnectivity.SHUTDOWN:

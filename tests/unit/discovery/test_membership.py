@@ -44,8 +44,9 @@ class Door:
         worker.named_by(sources)
 
     def set_in_service(self, worker: Worker, in_service: bool, cause: str) -> None:
-        if worker.set_in_service(in_service):
+        if in_service != worker.in_service:
             self.log.append(f"{'in' if in_service else 'out'} {worker.id}")
+        worker.set_in_service(in_service, cause)
 
     async def remove(self, worker: Worker, drain_timeout_s: float) -> bool:
         self.log.append(f"drain {worker.id}")

@@ -35,7 +35,7 @@ def worker(
 def make_ready(registry: Registry, w: Worker) -> None:
     w.connected = True
     w.probe.healthy = True
-    registry.update(w, "test")
+    w.signalled("test")
     assert w.status is WorkerStatus.READY
 
 

@@ -99,7 +99,7 @@ def up(registry: Registry, port: int, role: Role = REG) -> Worker:
     registry.add(added)
     added.connected = True
     added.probe.healthy = True
-    registry.update(added, "test")
+    added.signalled("test")
     assert added.status is WorkerStatus.READY
     return added
 

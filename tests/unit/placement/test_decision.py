@@ -32,7 +32,7 @@ def routable(registry: Registry, *workers: Any) -> None:
     for w in workers:
         registry.add(w)
         w.connected, w.probe.healthy = True, True
-        registry.update(w, "test")
+        w.signalled("test")
 
 
 def test_the_decision_carries_the_rank_and_hit_and_the_hints_stay_as_they_were() -> None:

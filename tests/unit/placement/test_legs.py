@@ -34,7 +34,7 @@ class Fleet:
         worker = make_worker(spec, runtime=runtime, role=role, pairing=pairing)
         self.registry.add(worker)
         worker.connected, worker.probe.healthy = True, up
-        self.registry.update(worker, "test")
+        worker.signalled("test")
         return worker
 
     def place(self, runtime: Runtime = SGL, items: tuple[str, ...] = ()) -> Decision | Verdict:

@@ -25,7 +25,7 @@ def add(registry: Registry, port: int, model: str, runtime: Runtime, ready: bool
     registry.add(worker)
     worker.connected = True
     worker.probe.healthy = ready
-    registry.update(worker, "test")
+    worker.signalled("test")
     assert worker.status is (WorkerStatus.READY if ready else WorkerStatus.NOT_READY)
     return worker
 

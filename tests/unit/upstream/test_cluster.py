@@ -38,9 +38,8 @@ def ready(
 ) -> Worker:
     worker = make_worker(WorkerSpec("h", port, model, runtime), model, runtime, role=role)
     registry.add(worker)
-    worker.set_connected(True)
     worker.probe.healthy = True
-    registry.update(worker, "test")
+    worker.set_connected(True, "test")
     return worker
 
 
