@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from gateway.admin.service import AdminService, start_admin_server
 from gateway.app.connections import ConnectionWatch, raise_fd_limit
 from gateway.app.memory import Trimmer
+from gateway.app.metrics import Metrics
 from gateway.app.transport import picker_options, server_options
 from gateway.config import (
     DEFAULT_TENANT_LABELS,
@@ -35,7 +36,6 @@ from gateway.discovery.runner import Sources, grace_by_source
 from gateway.discovery.source import Discovered
 from gateway.engines import engine_adapters
 from gateway.flow.budget import RateLimits
-from gateway.observability.metrics import Metrics
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import Tracing
 from gateway.observability.tracing import enabled as tracing_enabled

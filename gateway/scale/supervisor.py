@@ -33,13 +33,13 @@ from prometheus_client.registry import Collector
 from gateway.admin.service import serve_admin
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
+from gateway.app.metrics import Endpoint
 from gateway.app.server import preflight, ready_line
 from gateway.config import GatewayConfig
 from gateway.core.listen import CannotListen
 from gateway.core.tasks import TaskScope
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.observability.corelog import real_stderr
-from gateway.observability.metrics import Endpoint
 from gateway.observability.metrics.process import build_series, process_series
 from gateway.peer.v1 import peer_pb2 as peer_pb
 from gateway.peer.v1 import peer_pb2_grpc

@@ -15,7 +15,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from gateway.app.server import Gateway
 from gateway.core.roles import Role, Runtime
-from gateway.observability.metrics import FLOW_OUTCOMES
+from gateway.flow.metrics import FLOW_OUTCOMES
 from gateway.observability.record import CallRecord
 from tests.support.helpers import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, idle, recorded, sim

@@ -1,27 +1,13 @@
-"""Prometheus metrics: per-call counters fed by dispatch, fleet gauges read at scrape time.
+"""Prometheus metrics of what a call's record and the process say: per-call counters
+fed by each call's record (`calls`), counts kept elsewhere (`counts`: spans, metadata not
+relayed, migration's kept tokens), the process's resources and build (`process`). Per
+call, `observe` costs a few dict lookups: label children are cached, so the hot path never
+re-validates labels.
 
-Per call, `observe` costs a few dict lookups: label children are cached, so the hot path
-never re-validates labels. Fleet gauges cost nothing per request: a custom collector reads
-the registry when Prometheus scrapes. The scrape runs in the HTTP server's thread, so the
-collector only copies what it reads and never changes fleet state.
-
-By subject: `calls` (the series fed by each call's record), `flow` (flow control's: by
-class and tenant, and its queues), `fleet` (the workers' gauges), `kv` (the prefix index
-and KV event streams), `counts` (counts kept elsewhere: spans, metadata not relayed),
-`process` (the process's resources and build),
-`exposition` (`Metrics`, which holds them all in one registry, and the /metrics endpoint).
+The collectors of what other parts hold sit beside them, read at scrape time in the HTTP
+server's thread (copying what they read, never changing it): the fleet's
+(`upstream/metrics.py`, `upstream/lora_metrics.py`, `upstream/load/kv_metrics.py`),
+flow control's (`flow/metrics.py`), session affinity's (`placement/metrics.py`),
+discovery's (`discovery/metrics.py`); `app/metrics.py` holds them all in one registry and
+serves /metrics.
 """
-
-from gateway.observability.metrics.calls import TTFT_BUCKETS
-from gateway.observability.metrics.exposition import Endpoint, Metrics
-from gateway.observability.metrics.fleet import FleetCollector
-from gateway.observability.metrics.flow import FLOW_OUTCOMES, flow_outcome
-
-__all__ = [
-    "FLOW_OUTCOMES",
-    "TTFT_BUCKETS",
-    "Endpoint",
-    "FleetCollector",
-    "Metrics",
-    "flow_outcome",
-]

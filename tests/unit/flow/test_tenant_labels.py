@@ -9,9 +9,10 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.app.metrics import Metrics
 from gateway.core import verdicts
 from gateway.flow.labels import OTHER, Labelled, TenantLabels
-from gateway.observability.metrics import FLOW_OUTCOMES, Metrics, flow_outcome
+from gateway.flow.metrics import FLOW_OUTCOMES, flow_outcome
 from gateway.observability.record import CallRecord
 from tests.support.factories import make_registry
 

@@ -23,10 +23,10 @@ from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex, StoredBlock
 from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, root
 from gateway.kv.walk import STRIDE
-from gateway.observability.metrics import FleetCollector
 from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.upstream.load.kv_events import CHUNK_BYTES, Backoff, KvFollower, TooLarge
+from gateway.upstream.metrics import FleetCollector
 from gateway.upstream.worker import LoadReport
 from tests.support.factories import make_registry, make_worker, worker_on
 from tests.support.kv_events import batch, blocks, stored

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.app.metrics import Metrics
 from gateway.core import verdicts
-from gateway.observability.metrics import Metrics
 from gateway.observability.metrics.calls import DURATION_BUCKETS, INTER_TOKEN_BUCKETS, mean_gap
 from gateway.observability.record import CallRecord
 from tests.support.factories import make_registry

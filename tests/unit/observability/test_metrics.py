@@ -9,10 +9,11 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.app.metrics import Metrics
 from gateway.config import OutlierDetectionConfig
 from gateway.core import verdicts
 from gateway.core.roles import Role, Runtime
-from gateway.observability.metrics import TTFT_BUCKETS, Metrics
+from gateway.observability.metrics.calls import TTFT_BUCKETS
 from gateway.observability.record import CallRecord
 from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import OutlierDetector, OutlierState

@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.app.metrics import Metrics
 from gateway.discovery.metrics import DiscoveryCollector, wall_time
 from gateway.discovery.source import SourceStats
-from gateway.observability.metrics import Metrics
 from gateway.observability.record import CallRecord
 from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import OutlierState

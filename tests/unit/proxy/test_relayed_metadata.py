@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
-from gateway.observability.metrics import Metrics
+from gateway.app.metrics import Metrics
 from gateway.proxy.metadata import (
     CUT,
     HEADERS,

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.app.metrics import Metrics
 from gateway.config import build_config
-from gateway.observability.metrics import Metrics
 from gateway.peer.v1 import peer_pb2 as peer_pb
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.merge import COMBINED, FIRST_WINS, merge_expositions

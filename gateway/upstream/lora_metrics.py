@@ -11,8 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.core.roles import Runtime
-from gateway.observability.metrics.fleet import workers_of
 from gateway.upstream.load.lora import FAILED, LOADED
+from gateway.upstream.metrics import workers_of
 from gateway.upstream.registry import Registry
 
 

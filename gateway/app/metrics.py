@@ -22,17 +22,17 @@ from prometheus_client import (
 from gateway.config import DEFAULT_TENANT_LABELS, parse_address
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.discovery.source import SourceStats
-from gateway.observability.metrics.affinity import AffinityCollector
+from gateway.flow.metrics import FlowCollector, FlowQueues, FlowSeries
 from gateway.observability.metrics.calls import CallSeries
 from gateway.observability.metrics.counts import RelayedMetadataCollector, TracingCollector
-from gateway.observability.metrics.fleet import FleetCollector
-from gateway.observability.metrics.flow import FlowCollector, FlowQueues, FlowSeries
-from gateway.observability.metrics.kv import KvCollector, KvSource
-from gateway.observability.metrics.lora import LoraCollector, LoraCounts
 from gateway.observability.metrics.migration import KeptTokens, MigrationCollector
 from gateway.observability.metrics.process import build_series, process_series
 from gateway.observability.record import CallRecord
 from gateway.placement.affinity import Affinity
+from gateway.placement.metrics import AffinityCollector
+from gateway.upstream.load.kv_metrics import KvCollector, KvSource
+from gateway.upstream.lora_metrics import LoraCollector, LoraCounts
+from gateway.upstream.metrics import FleetCollector
 from gateway.upstream.registry import Registry
 
 # Read at every scrape: this holds for every registry. (prometheus_client leaves it unannotated.)
