@@ -50,20 +50,24 @@ from gateway.placement.affinity import Affinity
 from gateway.placement.placer import Placer
 from gateway.placement.policies import build_policy
 from gateway.placement.routes import RouteTable
-from gateway.proxy.admission import Admission
-from gateway.proxy.disagg import DisaggregatedDispatch
-from gateway.proxy.dispatch import Dispatcher
-from gateway.proxy.front import EngineFront
-from gateway.proxy.idle import IdleWatch
-from gateway.proxy.inflight import InflightTable
-from gateway.proxy.intake import ReadGate
-from gateway.proxy.legs import BootstrapRooms
-from gateway.proxy.lora import LoraLoader
-from gateway.proxy.metadata import MetadataRelay
-from gateway.proxy.migration import UNFOLLOWED, Migrations
-from gateway.proxy.stages import Door, Routing
-from gateway.proxy.upstream import Upstreams
-from gateway.proxy.waiting import WaitingRooms
+from gateway.proxy import (
+    UNFOLLOWED,
+    Admission,
+    BootstrapRooms,
+    DisaggregatedDispatch,
+    Dispatcher,
+    Door,
+    EngineFront,
+    IdleWatch,
+    InflightTable,
+    LoraLoader,
+    MetadataRelay,
+    Migrations,
+    ReadGate,
+    Routing,
+    Upstreams,
+    WaitingRooms,
+)
 from gateway.security.auth import ApiKeyAuth
 from gateway.security.identity import Identities
 from gateway.security.keys import ApiKeys

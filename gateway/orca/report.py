@@ -31,9 +31,7 @@ from dataclasses import dataclass
 
 from gateway.observability.record import CallRecord
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
-from gateway.proxy.admission import Admission
-from gateway.proxy.reporting import LOAD_TRAILER
-from gateway.proxy.waiting import WaitingRooms
+from gateway.proxy import LOAD_TRAILER, Admission, WaitingRooms
 
 REFRESH_S = 0.1  # the cached report is at most this old when a call ends
 WINDOW_S = 1.0  # rates and utilizations are over about this long

@@ -12,7 +12,7 @@ from grpc import aio
 from gateway.peer.service import metadata_to_headers
 from gateway.peer.v1 import peer_pb2 as pb
 from gateway.peer.v1 import peer_pb2_grpc
-from gateway.proxy.metadata import Metadata
+from gateway.proxy import Metadata
 
 log = structlog.get_logger("gateway.peer")
 

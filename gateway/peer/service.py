@@ -14,9 +14,7 @@ from gateway.discovery.membership import Membership
 from gateway.discovery.source import Discovered
 from gateway.peer.v1 import peer_pb2 as pb
 from gateway.peer.v1 import peer_pb2_grpc
-from gateway.proxy.front import EngineFront
-from gateway.proxy.metadata import Metadata
-from gateway.proxy.status import abort_invalid
+from gateway.proxy import EngineFront, Metadata, abort_invalid
 
 Context: TypeAlias = aio.ServicerContext
 

@@ -10,7 +10,7 @@ import grpc
 from grpc import aio
 
 from gateway.core import health
-from gateway.proxy.upstream import Reservation, Upstreams
+from gateway.proxy import Reservation, Upstreams
 from gateway.upstream.worker import Worker
 
 

@@ -16,8 +16,7 @@ from grpc import aio
 from gateway.core.address import IpAddress, peer_host, unmapped
 from gateway.picker import wire
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
-from gateway.proxy.call import Call
-from gateway.proxy.metadata import Metadata
+from gateway.proxy import Call, Metadata
 
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 MAX_TIMEOUT_DIGITS = 8  # the gRPC spec's bound on grpc-timeout's value

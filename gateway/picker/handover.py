@@ -17,10 +17,7 @@ from gateway.picker.checks import WorkerChecks
 from gateway.picker.context import PickerContext, ToRelay, picker_context
 from gateway.picker.destinations import Destinations
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
-from gateway.proxy.call import Call
-from gateway.proxy.job import Job
-from gateway.proxy.stages import Env
-from gateway.proxy.upstream import Reserved, clients_deadline
+from gateway.proxy import Call, Env, Job, Reserved, clients_deadline
 
 # Past a call's deadline, how long the picker still waits for Envoy to say how it ended.
 FOLLOW_SLACK_S = 1.0

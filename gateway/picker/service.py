@@ -46,12 +46,7 @@ from gateway.picker.context import (
 from gateway.picker.handover import HandOver
 from gateway.picker.stages import PickerStages
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
-from gateway.proxy import stages
-from gateway.proxy.call import Call
-from gateway.proxy.front import EngineFront
-from gateway.proxy.intake import ReadGate, ReadTimeout
-from gateway.proxy.metadata import UNREAD
-from gateway.proxy.stages import Env
+from gateway.proxy import UNREAD, Call, EngineFront, Env, ReadGate, ReadTimeout, stages
 from gateway.security.identity import Identities
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"

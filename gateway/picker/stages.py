@@ -12,12 +12,18 @@ from google.protobuf.message import DecodeError
 from gateway.picker.context import ToRelay, picker_context
 from gateway.picker.destinations import endpoint, literal
 from gateway.picker.handover import HandOver
-from gateway.proxy import stages
-from gateway.proxy.call import Call
-from gateway.proxy.intake import NO_REQUEST
-from gateway.proxy.job import Job
-from gateway.proxy.stages import OPENING, PLACED, REGULAR_ONLY, Env, Stage
-from gateway.proxy.status import abort_invalid
+from gateway.proxy import (
+    NO_REQUEST,
+    OPENING,
+    PLACED,
+    REGULAR_ONLY,
+    Call,
+    Env,
+    Job,
+    Stage,
+    abort_invalid,
+    stages,
+)
 
 
 class PickerStages:
