@@ -90,6 +90,8 @@ def preflight(config: GatewayConfig) -> None:
         ApiKeys.load(config.auth.api_keys_file)
     if config.tls.enabled:
         CertificateFiles(config.tls)
+    if config.picker.enabled and config.picker.tls.enabled:
+        CertificateFiles(config.picker.tls)
     if any(spec.tls for spec in config.workers):
         channel_credentials(config.upstream_tls)
 
@@ -224,6 +226,10 @@ class Gateway:
         self.metrics.relayed_metadata(lambda: relay.dropped)
         self.auth = ApiKeyAuth.from_config(config.auth, count=self.metrics.auth_failure)
         self.certificates = CertificateFiles(config.tls) if config.tls.enabled else None
+        # The picker port's: its own, else the main port's same files.
+        self.picker_certificates = self.certificates
+        if config.picker.enabled and config.picker.tls.enabled:
+            self.picker_certificates = CertificateFiles(config.picker.tls)
         self.identities = Identities(self.auth, certificates=config.tls.client_ca is not None)
         # This process's own load (ORCA), on trailers and StreamCoreMetrics streams.
         self.reporter = OrcaReporter(self.admission, self.rooms, usable_cores())
@@ -379,7 +385,9 @@ class Gateway:
         picker = Picker(fronts, self.config, relay, self.metrics.picker_answer, identities)
         self.picker_server.add_generic_rpc_handlers((picker.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.picker_server)
-        self.picker_port = bind(self.picker_server, self.config.picker.listen)
+        files = self.picker_certificates
+        credentials = files.credentials() if files is not None else None
+        self.picker_port = bind(self.picker_server, self.config.picker.listen, credentials)
 
     def _warn_unservable(self) -> None:
         """READY with no usable worker for a model is worth a warning an operator can
@@ -422,11 +430,13 @@ class Gateway:
 
     def reload(self) -> None:
         """SIGHUP: read the certificate files again (when serving TLS); logged either way."""
-        if self.certificates is not None:
-            self.certificates.reload()
+        for files in {self.certificates, self.picker_certificates} - {None}:
+            assert files is not None
+            files.reload()
         if self.auth is not None:
             self.auth.reload()
-        log.info("reloaded", certificates=self.certificates is not None)
+        tls = self.certificates is not None or self.picker_certificates is not None
+        log.info("reloaded", certificates=tls)
 
     def ready_line(self) -> str:
         return ready_line(

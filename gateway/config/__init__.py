@@ -52,7 +52,7 @@ from gateway.config.observability import (
     OrcaConfig,
     TracingConfig,
 )
-from gateway.config.picker import DESTINATION_HEADER, PickerConfig
+from gateway.config.picker import DESTINATION_HEADER, PickerConfig, picker_tls
 from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
@@ -105,6 +105,7 @@ __all__ = [
     "parse_processes",
     "parse_worker_list",
     "parse_worker_url",
+    "picker_tls",
     "route_problem",
     "routes_of",
     "served_models",

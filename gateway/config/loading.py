@@ -21,6 +21,7 @@ from gateway.config.errors import ConfigError, show
 from gateway.config.flow import check_tenant_classes
 from gateway.config.gateway import SECTIONS, GatewayConfig
 from gateway.config.models import ModelSettings, named_models, route_problem, routes_of
+from gateway.config.picker import picker_tls
 from gateway.config.workers import MAX_URL, WorkerEntry, WorkerSpec, check_workers
 from gateway.core.policy_names import policy_names
 from gateway.core.roles import Runtime
@@ -340,6 +341,14 @@ def _check_addresses(config: GatewayConfig) -> None:
     for path, text in listens:
         if host_port(text) is None:
             raise ConfigError(f"{path}: {text!r} is not HOST:PORT")
+    if picker.listen is not None and not picker.plaintext:
+        picker_host, _ = parse_address(picker.listen, "picker.listen")
+        if not is_loopback(picker_host) and not picker_tls(picker, config.tls).enabled:
+            raise ConfigError(
+                f"picker.listen: {picker.listen!r} is not loopback: serve the picker port "
+                "with TLS (picker.tls, or the main port's tls), or set picker.plaintext: "
+                "true where the network encrypts the hop (a service mesh's mTLS)"
+            )
     admin_host, _ = parse_address(config.admin.listen, "admin.listen")
     if not config.admin.token and not is_loopback(admin_host):
         raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from typing import Annotated
 
@@ -9,6 +10,7 @@ from pydantic import AfterValidator, Field, Strict
 from pydantic.dataclasses import dataclass
 
 from gateway.config.fields import SETTINGS, AtLeastOne, Flag, HeaderName, Text
+from gateway.config.security import TlsConfig
 
 
 def _network(text: str) -> str:
@@ -40,7 +42,9 @@ class PickerConfig:
     its own buffer limit): the picker holds at most that much of a call. A call's client is
     the stream's own peer (Envoy) unless that peer is in `trusted_proxies`: then the
     address Envoy saw (`x-envoy-external-address`, else `x-forwarded-for` read from the
-    right past the trusted hops)."""
+    right past the trusted hops). The port is Envoy's only: it serves TLS (`tls`, else the
+    main port's `tls`, client CA included), and a `listen` past loopback without TLS is
+    refused unless `plaintext` says the network encrypts the hop."""
 
     listen: Text | None = None  # HOST:PORT, checked by build_config
     relay_address: Text | None = None  # HOST:PORT, checked by build_config
@@ -50,7 +54,18 @@ class PickerConfig:
     # Peers whose forwarding headers are believed (else anyone reaching the port could
     # name any address: rotate past the failure block, or pose as another caller).
     trusted_proxies: Annotated[tuple[Network, ...], Field(max_length=256)] = ()
+    # The port's own TLS; unset, the main port's `tls` (certificates and client CA).
+    tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
+    # Plaintext past loopback, on a network that encrypts the hop itself (a service
+    # mesh's mTLS): else a non-loopback `listen` needs TLS.
+    plaintext: Flag = False
 
     @property
     def enabled(self) -> bool:
         return self.listen is not None
+
+
+def picker_tls(picker: PickerConfig, main: TlsConfig) -> TlsConfig:
+    """The picker port's TLS: its own, else the main port's (never plaintext by accident
+    where the main port is not)."""
+    return picker.tls if picker.tls.enabled else main

@@ -7,6 +7,7 @@ health-checks the picker (the gateway's gRPC health service on the picker's port
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config.picker import DESTINATION_HEADER, MAX_BODY_BYTES
@@ -39,6 +40,32 @@ PROCESSING_MODE = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class PickerTls:
+    """How Envoy reaches a picker port that serves TLS: `ca` verifies the picker's
+    certificate (for the name `sni`, else the picker's host); `cert` and `key` are
+    Envoy's own, where the port requires a client certificate (mTLS)."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+    sni: str | None = None
+
+
+def _transport_socket(tls: PickerTls, host: str) -> dict[str, Any]:
+    common: dict[str, Any] = {"validation_context": {"trusted_ca": {"filename": tls.ca}}}
+    if tls.cert is not None and tls.key is not None:
+        common["tls_certificates"] = [
+            {"certificate_chain": {"filename": tls.cert}, "private_key": {"filename": tls.key}}
+        ]
+    context: dict[str, Any] = {
+        "@type": f"{TYPES}transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": common,
+        "sni": tls.sni or host,
+    }
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
+
+
 def _address(host_port: str) -> dict[str, Any]:
     host, _, port = host_port.rpartition(":")
     return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
@@ -52,12 +79,14 @@ def envoy_config(
     header: str = DESTINATION_HEADER,
     message_timeout_s: float = 330.0,
     max_body_bytes: int = MAX_BODY_BYTES,
+    picker_tls: PickerTls | None = None,
 ) -> dict[str, Any]:
     """Envoy's bootstrap: `listen` for clients, `picker` (HOST:PORT) the gateway's picker
     port. `message_timeout_s` bounds each answer of the picker, so it must cover a call's
     wait in its model's queue (with flow control: its class's `ttl_s`). Envoy buffers
     `max_body_bytes` of a request at most (`picker.max_body_bytes`: the picker port takes
-    no longer message); a longer one reaches the picker cut short and goes to the relay."""
+    no longer message); a longer one reaches the picker cut short and goes to the relay.
+    `picker_tls`: the picker port serves TLS (mTLS with Envoy's own certificate)."""
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -137,6 +166,9 @@ def envoy_config(
             }
         ],
     }
+    if picker_tls is not None:
+        host = picker.rpartition(":")[0].strip("[]")
+        picker_cluster["transport_socket"] = _transport_socket(picker_tls, host)
     listener = {
         "name": "models",
         "address": _address(listen),
