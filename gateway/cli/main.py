@@ -171,6 +171,26 @@ def _add_serve_flags(
         "127.0.0.1)",
     )
     p.add_argument(
+        "--picker-tls-cert",
+        metavar="FILE",
+        help="TLS on the picker port: certificate (PEM; default: the main port's --tls-cert)",
+    )
+    p.add_argument(
+        "--picker-tls-key", metavar="FILE", help="TLS on the picker port: private key (PEM)"
+    )
+    p.add_argument(
+        "--picker-tls-client-ca",
+        metavar="FILE",
+        help="require Envoy's client certificate, signed by this CA, on the picker port",
+    )
+    p.add_argument(
+        "--picker-plaintext",
+        action="store_const",
+        const=True,
+        help="serve the picker port without TLS past loopback: only where the network "
+        "encrypts the hop itself (a service mesh's mTLS)",
+    )
+    p.add_argument(
         "--processes",
         metavar="N|auto",
         help="serving processes sharing the main port (default 1; auto: usable cores, "
@@ -248,6 +268,10 @@ def config_from_args(
             "metrics.listen": args.metrics_listen,
             "picker.listen": args.picker_listen,
             "picker.relay_address": args.picker_relay_address,
+            "picker.tls.cert": args.picker_tls_cert,
+            "picker.tls.key": args.picker_tls_key,
+            "picker.tls.client_ca": args.picker_tls_client_ca,
+            "picker.plaintext": args.picker_plaintext,
             "processes": parse_processes(args.processes) if args.processes else None,
         },
     )

@@ -304,12 +304,16 @@ def _merged(
     for key, value in (overrides or {}).items():
         if value is None:  # the flag was not given
             continue
-        section, dot, name = key.partition(".")
-        if not dot:
-            data[key] = value
-        elif isinstance(data.get(section, {}), Mapping):
-            data[section] = {**data.get(section, {}), name: value}
-        # else: the section is not a mapping, which validation reports
+        *sections, name = key.split(".")
+        into = data
+        for section in sections:  # `picker.tls.cert`: into picker, then its tls
+            inner = into.get(section, {})
+            if not isinstance(inner, Mapping):
+                break  # not a mapping, which validation reports
+            into[section] = dict(inner)
+            into = into[section]
+        else:
+            into[name] = value
     models = data.get("models")
     policy = data.get("default_policy", "round_robin")
     if isinstance(models, Mapping) and isinstance(policy, str) and policy in policy_names():

@@ -13,13 +13,16 @@ from pydantic import ValidationError
 from gateway.config import (
     AdminConfig,
     AuthConfig,
+    ConfigError,
     GatewayConfig,
     KvConfig,
     LimitsConfig,
     ModelSettings,
     PickerConfig,
+    TlsConfig,
     WorkerSpec,
     build_config,
+    picker_tls,
 )
 from gateway.core.roles import Role, Runtime
 
@@ -131,6 +134,8 @@ SECTION_DEFAULTS = {
         migrate_streams=False,
         max_body_bytes=1024 * 1024,
         trusted_proxies=(),
+        tls=dict(cert=None, key=None, client_ca=None),
+        plaintext=False,
     ),
 }
 
@@ -207,3 +212,21 @@ def test_trusted_proxies_are_addresses_or_ranges() -> None:
             PickerConfig(trusted_proxies=(bad,))
     with pytest.raises(ValidationError):
         PickerConfig(trusted_proxies=("10.0.0.1",) * 257)
+
+
+def test_a_picker_port_past_loopback_needs_tls_or_says_the_network_encrypts() -> None:
+    """The port tells worker addresses and places calls: never plaintext by accident."""
+    with pytest.raises(ConfigError, match="is not loopback: serve the picker port with TLS"):
+        build_config({"picker": {"listen": "0.0.0.0:9002"}})
+    build_config({"picker": {"listen": "127.0.0.1:9002"}})  # loopback: Envoy beside it
+    build_config({"picker": {"listen": "0.0.0.0:9002", "plaintext": True}})
+    own = {"listen": "0.0.0.0:9002", "tls": {"cert": "c.pem", "key": "k.pem"}}
+    assert picker_tls_of(build_config({"picker": own})).cert == "c.pem"
+    main = build_config(
+        {"picker": {"listen": "0.0.0.0:9002"}, "tls": {"cert": "m.pem", "key": "k.pem"}}
+    )
+    assert picker_tls_of(main).cert == "m.pem"  # the main port's, by default
+
+
+def picker_tls_of(config: GatewayConfig) -> TlsConfig:
+    return picker_tls(config.picker, config.tls)
