@@ -246,6 +246,12 @@ MEANING: dict[str, str] = {
     "one goes to the relay",
     "picker.trusted_proxies": "addresses or CIDR ranges (at most 256) whose forwarding "
     "headers name the client; none: the stream's own peer is",
+    "picker.tls.cert": "TLS on the picker port: certificate chain (PEM; `--picker-tls-cert`); "
+    "null: the main port's `tls`",
+    "picker.tls.key": "its private key (PEM)",
+    "picker.tls.client_ca": "require Envoy's client certificate, signed by this CA (mTLS)",
+    "picker.plaintext": "a `listen` past loopback without TLS, where the network encrypts "
+    "the hop itself (a service mesh); else refused at start",
     "processes": "serving processes sharing the main port (`auto`: usable cores)",
 }
 
@@ -317,6 +323,9 @@ RELOAD: dict[str, str] = {
     "tls.cert": "file: SIGHUP, change",
     "tls.key": "file: SIGHUP, change",
     "tls.client_ca": "file: SIGHUP, change",
+    "picker.tls.cert": "file: SIGHUP, change",
+    "picker.tls.key": "file: SIGHUP, change",
+    "picker.tls.client_ca": "file: SIGHUP, change",
     "auth.api_keys_file": "file: SIGHUP, change",
     "discovery[file].path": "file: watched",
 }

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.app.run import own_signals, run_until_done, say
 from gateway.config import (
@@ -35,7 +35,11 @@ from gateway.config import (
     warn_renamed,
 )
 from gateway.config.addresses import host_port
+from gateway.config.picker import MAX_BODY_BYTES
 from gateway.core.policy_names import policy_names
+
+if TYPE_CHECKING:
+    from gateway.picker.envoy import PickerTls
 
 __all__ = ["build_parser", "checked_config", "config_from_args", "main", "run_until_done", "say"]
 
@@ -460,6 +464,7 @@ ENVOY_DEFAULTS = {
     "admin": "127.0.0.1:9901",
     "header": DESTINATION_HEADER,
     "message_timeout_s": 330.0,
+    "max_body_bytes": MAX_BODY_BYTES,
 }
 METADATA_KEY = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")  # gRPC's, lowercase
 # Envoy reads a duration; the picker's answer to a queued call may take this long.
@@ -538,11 +543,43 @@ def _envoy_config_parser() -> argparse.ArgumentParser:
         help="how long Envoy waits for each answer of the picker (default "
         f"{ENVOY_DEFAULTS['message_timeout_s']:g})",
     )
+    add(
+        "--max-body-bytes",
+        metavar="N",
+        type=_positive,
+        help="the most of a request Envoy buffers for the picker: picker.max_body_bytes "
+        f"(default {MAX_BODY_BYTES})",
+    )
+    add(
+        "--picker-ca",
+        metavar="FILE",
+        help="the picker port serves TLS: the CA that signed its certificate (as Envoy "
+        "reads the file)",
+    )
+    add(
+        "--picker-sni",
+        metavar="NAME",
+        help="the name the picker's certificate is checked for (default: --picker's host)",
+    )
+    add("--picker-cert", metavar="FILE", help="Envoy's client certificate for the picker (mTLS)")
+    add("--picker-key", metavar="FILE", help="its private key")
     return parser
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def envoy_config_yaml(
-    listen: str, picker: str, admin: str | None, header: str, message_timeout_s: float
+    listen: str,
+    picker: str,
+    admin: str | None,
+    header: str,
+    message_timeout_s: float,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    picker_tls: PickerTls | None = None,
 ) -> str:
     """`gateway envoy-config`'s output: the bootstrap, under a comment with the command
     that made it (a copy kept in a repository then says how to make it again)."""
@@ -551,21 +588,51 @@ def envoy_config_yaml(
     from gateway.picker.envoy import envoy_config
 
     bootstrap = envoy_config(
-        listen, picker, admin=admin, header=header, message_timeout_s=message_timeout_s
+        listen,
+        picker,
+        admin=admin,
+        header=header,
+        message_timeout_s=message_timeout_s,
+        max_body_bytes=max_body_bytes,
+        picker_tls=picker_tls,
     )
+    tls = ""
+    if picker_tls is not None:
+        tls = f" \\\n#     --picker-ca {picker_tls.ca}"
+        if picker_tls.cert is not None:
+            tls += f" --picker-cert {picker_tls.cert} --picker-key {picker_tls.key}"
+        if picker_tls.sni is not None:
+            tls += f" --picker-sni {picker_tls.sni}"
     head = (
         "# Envoy with the gateway as its endpoint picker, made by\n"
         f"#   gateway envoy-config --listen {listen} --picker {picker} --admin {admin or 'off'}"
-        f" \\\n#     --header {header} --message-timeout-s {message_timeout_s:g}\n"
+        f" \\\n#     --header {header} --message-timeout-s {message_timeout_s:g}"
+        f" --max-body-bytes {max_body_bytes}{tls}\n"
         "# Run it with `envoy -c FILE`, the gateway with `gateway serve --picker-listen`.\n"
     )
     return head + yaml.safe_dump(bootstrap, sort_keys=False)
 
 
 def _envoy_config(argv: Sequence[str]) -> int:
-    args = _envoy_config_parser().parse_args(argv)
+    parser = _envoy_config_parser()
+    args = parser.parse_args(argv)
+    from gateway.picker.envoy import PickerTls
+
+    tls = None
+    if args.picker_ca is not None:
+        tls = PickerTls(args.picker_ca, args.picker_cert, args.picker_key, args.picker_sni)
+    elif args.picker_cert or args.picker_key or args.picker_sni:
+        parser.error("--picker-cert, --picker-key and --picker-sni need --picker-ca")
+    if (args.picker_cert is None) != (args.picker_key is None):
+        parser.error("--picker-cert and --picker-key go together")
     text = envoy_config_yaml(
-        args.listen, args.picker, args.admin, args.header, args.message_timeout_s
+        args.listen,
+        args.picker,
+        args.admin,
+        args.header,
+        args.message_timeout_s,
+        args.max_body_bytes,
+        tls,
     )
     sys.stdout.write(text)
     sys.stdout.flush()

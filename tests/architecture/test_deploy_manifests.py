@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import trustme
 import yaml
 from kubernetes_validate.utils import ValidationError
 
@@ -466,6 +467,13 @@ def test_the_patched_command_makes_the_pod_ip_the_relay_address(
     script = script.replace(mounted, str(tmp_path / "config.yaml")).replace(
         serve, f"exec {shlex.quote(sys.executable)} -m gateway check-config"
     )
+    # The picker port's TLS, from the Secret's mount: a certificate made here.
+    secret = "/etc/gateway-picker-tls"
+    assert script.count(secret) == 2
+    made = trustme.CA().issue_cert("grpc-model-gateway-picker")
+    made.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    made.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    script = script.replace(secret, str(tmp_path))
     result = subprocess.run(
         ["sh", "-c", script],
         env={**os.environ, "POD_IP": pod_ip},
@@ -477,6 +485,7 @@ def test_the_patched_command_makes_the_pod_ip_the_relay_address(
     assert result.returncode == 0, result.stderr
     picker = yaml.safe_load(result.stdout)["picker"]
     assert picker["listen"] == "0.0.0.0:9002"
+    assert picker["tls"]["cert"] == str(tmp_path / "tls.crt")
     assert picker["relay_address"] == f"{relay}:{parse_address(_config().listen, 'listen')[1]}"
 
 
