@@ -54,7 +54,7 @@ from tests.support.serial import run_alone
 pytestmark = [pytest.mark.timeout(240), pytest.mark.sim_processes]
 
 ROOT = Path(__file__).resolve().parents[2]
-INDEX_BYTES_PER_BLOCK = 200  # measured: ~200 B per stored block (scripts/bench_prefix.py)
+INDEX_BYTES_PER_BLOCK = 200  # measured: ~200 B per stored block (scripts/bench/bench_prefix.py)
 CAP_BLOCKS = 25_000  # kv.max_blocks_per_worker, set by the test (default 250,000)
 # The index at its cap, plus grpc's buffers for a few 4 MiB messages and allocator slack.
 RSS_GROWTH_BOUND = CAP_BLOCKS * INDEX_BYTES_PER_BLOCK + 96 * 1024 * 1024

@@ -503,8 +503,8 @@ async def queued_calls(gw: Child, count: int) -> bool:
 
 
 def bench_routing() -> Any:
-    """scripts/bench_routing.py, for its trace and its runs."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_routing.py"
+    """scripts/bench/bench_routing.py, for its trace and its runs."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_routing.py"
     spec = importlib.util.spec_from_file_location("bench_routing", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
