@@ -563,15 +563,14 @@ class Orca(Scenario):
 
 # --------------------------------------------------------------------------- trailers
 
-TRAILER_KEY = "x-trailer-bytes"  # tests/e2e/trailers_worker.py: trailers of about N bytes
+TRAILER_KEY = "x-trailer-bytes"  # gateway_sim/trailers_worker.py: trailers of about N bytes
 TRAILER_BYTES = 14 * 1024
-REPO = Path(__file__).resolve().parents[2]
 
 
 def start_trailers_worker() -> Child:
-    """The test suite's worker that sends the trailers a request asks for (ready)."""
-    command = [sys.executable, "-m", "tests.e2e.trailers_worker"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    """The worker that sends the trailers a request asks for (ready)."""
+    command = [sys.executable, "-m", "gateway_sim.trailers_worker"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     return ready(process, command)
 
 

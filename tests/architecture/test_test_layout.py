@@ -9,6 +9,7 @@ benchmarks live in scripts/bench/."""
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,17 @@ def _imports_tests(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
+def run_modules(source: str) -> list[str]:
+    """The modules a process is started with (`python -m MODULE`): the string after "-m"
+    in a list of arguments."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.List | ast.Tuple):
+            words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            found += [str(b) for a, b in itertools.pairwise(words) if a == "-m" and b]
+    return found
+
+
 def test_nothing_imports_the_conftest() -> None:
     strays = [
         f"{path.relative_to(ROOT)} imports {module}"
@@ -78,7 +90,7 @@ def test_the_scripts_import_nothing_from_the_tests() -> None:
     strays = [
         f"{path.relative_to(ROOT)} imports {module}"
         for path in sorted(SCRIPTS.rglob("*.py"))
-        for module in imports_of(path.read_text())
+        for module in imports_of(path.read_text()) + run_modules(path.read_text())
         if _imports_tests(module, "tests")
     ]
     assert strays == [], "what scripts and tests share lives in gateway_sim"
@@ -100,3 +112,4 @@ def test_the_import_checks_see_every_form() -> None:
     for line in source.splitlines():
         assert any(_imports_tests(m, "tests.conftest") for m in imports_of(line)), line
     assert not any(_imports_tests(m, "tests") for m in imports_of("import testsuite\n"))
+    assert run_modules('[sys.executable, "-m", "tests.e2e.simhost"]') == ["tests.e2e.simhost"]
