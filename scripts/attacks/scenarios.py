@@ -26,14 +26,8 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.config import OrcaConfig
 from gateway.orca.v3 import orca_pb2_grpc
 from gateway.orca.v3.orca_pb2 import OrcaLoadReportRequest
-from gateway_sim.launch import Child, ready
-from scripts.attacks.harness import Check, Scenario, until
-from scripts.attacks.worker_scenarios import WORKER_SCENARIOS
-from tests.conftest import worker_url
-from tests.e2e.dnsmasq import Dnsmasq
-from tests.e2e.test_kv_flood import Hostile
-from tests.support.availability import SERVING, wait_health_status
-from tests.support.helpers import (
+from gateway_sim.client import (
+    SERVING,
     closed_port,
     collect,
     generate_for,
@@ -43,7 +37,13 @@ from tests.support.helpers import (
     stub_for,
     trailers,
     wait_health,
+    wait_health_status,
 )
+from gateway_sim.dnsmasq import Dnsmasq
+from gateway_sim.kv_flood import KvFlooder
+from gateway_sim.launch import Child, ready, worker_url
+from scripts.attacks.harness import Check, Scenario, until
+from scripts.attacks.worker_scenarios import WORKER_SCENARIOS
 
 LIE = 2**32 - 1  # the usage a lying worker reports (completion_tokens is a uint32)
 QUEUED = 2_000  # calls a queue attack holds
@@ -563,15 +563,14 @@ class Orca(Scenario):
 
 # --------------------------------------------------------------------------- trailers
 
-TRAILER_KEY = "x-trailer-bytes"  # tests/e2e/trailers_worker.py: trailers of about N bytes
+TRAILER_KEY = "x-trailer-bytes"  # gateway_sim/trailers_worker.py: trailers of about N bytes
 TRAILER_BYTES = 14 * 1024
-REPO = Path(__file__).resolve().parents[2]
 
 
 def start_trailers_worker() -> Child:
-    """The test suite's worker that sends the trailers a request asks for (ready)."""
-    command = [sys.executable, "-m", "tests.e2e.trailers_worker"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    """The worker that sends the trailers a request asks for (ready)."""
+    command = [sys.executable, "-m", "gateway_sim.trailers_worker"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     return ready(process, command)
 
 
@@ -623,7 +622,7 @@ class KvSnapshot(Scenario):
     BLOCKS = 1_000_000
 
     async def prepare(self) -> Child:
-        self.hostile = await asyncio.to_thread(Hostile)
+        self.hostile = await asyncio.to_thread(KvFlooder)
         self.run.on_exit(self.hostile.stop)
         self.run.workers()
         evil = f"grpc://127.0.0.1:{self.hostile.port}?model=evil&runtime=sglang"

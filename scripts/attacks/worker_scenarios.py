@@ -2,7 +2,7 @@
 items 5-7): migration's memory over long streams and many streams, a worker's answer
 that does not decode, a worker listing 200,000 LoRA adapters or hanging its loads, a
 table of long session keys, a SIGHUP storm with a large keys file. The hostile workers
-run in this process (tests/support/hostile.py), the gateway in its own."""
+run in this process (gateway_sim/hostile.py), the gateway in its own."""
 
 from __future__ import annotations
 
@@ -19,18 +19,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from gateway_sim.launch import Child
-from scripts.attacks.harness import MIB, Scenario, until
-from tests.conftest import worker_url
-from tests.support.availability import (
+from gateway_sim.client import (
     SERVING,
+    SGL,
     admin_address,
+    collect,
     list_workers,
+    model_md,
+    wait_health,
     wait_health_status,
 )
-from tests.support.helpers import collect, model_md, wait_health
-from tests.support.hostile import Hostile, hostile
-from tests.support.inproc import SGL
+from gateway_sim.hostile import Hostile, hostile
+from gateway_sim.launch import Child, worker_url
+from scripts.attacks.harness import MIB, Scenario, until
 
 # (scenarios.py registers these: nothing of it is imported here, so either loads first.)
 ISSUE_MIGRATION_MIB = 395.0  # 100 streams of 100,000 tokens, migration on, before the fix

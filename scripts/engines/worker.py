@@ -1,5 +1,5 @@
 """One real vLLM gRPC worker as a child process, on 127.0.0.1, for the real-engine tests
-(tests/engines) and the transcript recorder (scripts/record_transcripts.py).
+(tests/engines) and the transcript recorder (tests/contract/record.py).
 
     with EngineWorker(python=".venv-engines/bin/python", model=".engines/model") as worker:
         worker.start()            # bounded wait until grpc.health says SERVING

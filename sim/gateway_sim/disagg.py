@@ -11,6 +11,7 @@ stays the regular worker's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
@@ -74,18 +75,30 @@ class _FirstWrite:
 
 
 async def _unless_aborted(abort: Awaitable[bool], work: Awaitable[Start]) -> Start | None:
-    """``work``'s result, or None if the request is aborted first."""
-    work_task = asyncio.ensure_future(work)
-    abort_task = asyncio.ensure_future(abort)
-    try:
+    """``work``'s result (or its error), or None if the request is aborted first (however
+    the abort's wait ends: it only cuts the work short)."""
+    done: list[Start] = []
+    failed: list[Exception] = []
+
+    async def run_work() -> None:
+        try:
+            done.append(await work)
+        except Exception as error:  # raised below, as it was (not wrapped by the group)
+            failed.append(error)
+
+    async def wait_abort() -> None:
+        with contextlib.suppress(Exception):
+            await abort
+
+    async with asyncio.TaskGroup() as both:
+        work_task = both.create_task(run_work())
+        abort_task = both.create_task(wait_abort())
         await asyncio.wait((work_task, abort_task), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (work_task, abort_task):
-            task.cancel()
-        await asyncio.gather(work_task, abort_task, return_exceptions=True)
-    if work_task.cancelled():
-        return None  # the abort came first and cut the work short
-    return work_task.result()  # or the work's own error
+        work_task.cancel()  # whichever is still waiting: the group awaits its end
+        abort_task.cancel()
+    if failed:
+        raise failed[0]
+    return done[0] if done else None  # none: the abort came first and cut the work short
 
 
 async def run_leg(

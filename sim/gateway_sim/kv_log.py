@@ -14,11 +14,15 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smg_grpc_proto.generated import common_pb2
 
 from gateway_sim.prefix_cache import Block
+
+if TYPE_CHECKING:
+    from gateway_sim.config import SimConfig
+    from gateway_sim.prefix_cache import PrefixCache
 
 TIER = common_pb2.KV_CACHE_TIER_DEVICE
 MEDIUM = "GPU"
@@ -236,3 +240,18 @@ class RankLog:
             return  # lost on the way (a rust relay's history still has it)
         for subscription in self._subscriptions:
             subscription.offer(self.rank, batch)
+
+
+class KvSource(Protocol):
+    """What a SubscribeKvEvents relay (relay_python, relay_rust) reads of the engine's KV
+    events: met by kv_events.KvEvents, which picks the relay (the relays never import it)."""
+
+    config: SimConfig
+    load_of: LoadOf  # the rust relay's load record
+    load_source: Callable[[int], Any] | None  # the python relay's, once the servicer set it
+    logs: list[RankLog]
+    caches: list[PrefixCache]
+
+    def subscribe(self, subscription: Subscription) -> None: ...
+
+    def unsubscribe(self, subscription: Subscription) -> None: ...

@@ -25,16 +25,20 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import common_pb2
 
-from gateway_sim.kv_log import Batch, Subscription, cleared_event, removed_event, stored_event
-
-if TYPE_CHECKING:
-    from gateway_sim.kv_events import KvEvents
+from gateway_sim.kv_log import (
+    Batch,
+    KvSource,
+    Subscription,
+    cleared_event,
+    removed_event,
+    stored_event,
+)
 
 OUT_OF_RANGE_MESSAGE = (
     "KV event replay cursors are per subscription; resubscribe with zero and rebuild"
@@ -100,7 +104,7 @@ def _active(record: Any) -> float:
     )
 
 
-async def serve(events: KvEvents, request: Any, context: ServicerContext[Any, Any]) -> None:
+async def serve(events: KvSource, request: Any, context: ServicerContext[Any, Any]) -> None:
     """One SubscribeKvEvents call, until the client goes away or a batch is lost."""
     if request.start_sequence_number:
         await _abort(context, grpc.StatusCode.OUT_OF_RANGE, OUT_OF_RANGE_MESSAGE)
@@ -117,7 +121,7 @@ class _LiveStream:
     """One subscription: its cursors per rank, event ids, load records and heartbeats."""
 
     def __init__(
-        self, events: KvEvents, context: ServicerContext[Any, Any], subscription: Subscription
+        self, events: KvSource, context: ServicerContext[Any, Any], subscription: Subscription
     ) -> None:
         config = events.config
         self._events = events

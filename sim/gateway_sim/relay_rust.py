@@ -26,17 +26,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from grpc.aio import ServicerContext
 from smg_grpc_proto.generated import common_pb2
 
-from gateway_sim.kv_log import Batch, RankLog, Subscription, cleared_event, stored_event
+from gateway_sim.kv_log import Batch, KvSource, RankLog, Subscription, cleared_event, stored_event
 from gateway_sim.prefix_cache import Block, PrefixCache
-
-if TYPE_CHECKING:
-    from gateway_sim.kv_events import KvEvents
 
 # Blocks per snapshot chunk (more when a rank has fewer sequence numbers than chunks).
 SNAPSHOT_CHUNK_BLOCKS = 512
@@ -91,7 +88,7 @@ def snapshot(log: RankLog, cache: PrefixCache) -> list[Batch]:
     return batches
 
 
-def _initial(events: KvEvents, start: int) -> list[tuple[int, Batch]]:
+def _initial(events: KvSource, start: int) -> list[tuple[int, Batch]]:
     """What a new subscription gets before live batches (no await: see ``serve``)."""
     if start == 0:
         return [
@@ -103,7 +100,7 @@ def _initial(events: KvEvents, start: int) -> list[tuple[int, Batch]]:
     return [(rank, batch) for rank, batches in replays for batch in batches]
 
 
-async def serve(events: KvEvents, request: Any, context: ServicerContext[Any, Any]) -> None:
+async def serve(events: KvSource, request: Any, context: ServicerContext[Any, Any]) -> None:
     """One SubscribeKvEvents call, until the client goes away or falls behind."""
     subscription = Subscription(events.config.kv_queue)
     try:
@@ -124,7 +121,7 @@ class _Stream:
 
     def __init__(
         self,
-        events: KvEvents,
+        events: KvSource,
         request: Any,
         context: ServicerContext[Any, Any],
         subscription: Subscription,

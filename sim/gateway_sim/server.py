@@ -172,20 +172,19 @@ async def serve(
     switch = HealthSwitch(engine, health, service_name)
     await switch.set(not config.not_serving)
 
-    stop = asyncio.Event()
-    pending: set[asyncio.Task[None]] = set()
+    # What the signals ask, in order: a health flip (serving or not), or None: stop. Served
+    # here, one after another, by serve itself (no task).
+    asked: asyncio.Queue[bool | None] = asyncio.Queue()
 
     def flip(serving: bool) -> None:
         log.info("%s: health -> %s", engine.name, "SERVING" if serving else "NOT_SERVING")
-        task = asyncio.get_running_loop().create_task(switch.set(serving))
-        pending.add(task)
-        task.add_done_callback(pending.discard)
+        asked.put_nowait(serving)
 
     handlers: dict[signal.Signals, Callable[[], None]] = {
         signal.SIGUSR1: lambda: flip(False),
         signal.SIGUSR2: lambda: flip(True),
-        signal.SIGTERM: stop.set,
-        signal.SIGINT: stop.set,
+        signal.SIGTERM: lambda: asked.put_nowait(None),
+        signal.SIGINT: lambda: asked.put_nowait(None),
     }
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
@@ -208,7 +207,8 @@ async def serve(
             port,
             side_ports,
         )
-        await stop.wait()
+        while (serving := await asked.get()) is not None:
+            await switch.set(serving)
         log.info("%s: stopping", engine.name)
     finally:
         for signum in installed:

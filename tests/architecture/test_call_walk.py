@@ -22,8 +22,8 @@ from typing import Any
 from grpc import aio
 
 import gateway
+from gateway_sim.client import collect, model_md, sgl, sgl_grpc
 from tests.support.extproc import placed_call
-from tests.support.helpers import collect, model_md, sgl, sgl_grpc
 from tests.support.inproc import client, pd_urls, sim
 from tests.support.inproc import gateway as in_process
 

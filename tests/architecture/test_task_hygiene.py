@@ -1,5 +1,6 @@
 """Tasks and timers: no module but gateway/core/tasks.py starts a bare task (each has an
-owner that cancels and awaits it); the fleet cancels every timer it set for a worker when
+owner that cancels and awaits it), nor does any module of the simulator (sim/gateway_sim:
+an asyncio.TaskGroup owns its tasks); the fleet cancels every timer it set for a worker when
 the worker is removed (and all of them when it closes); stopping a component never
 swallows the cancellation of whoever is stopping it; the KV follower opens its channel
 through the fleet's `connect`."""
@@ -29,6 +30,7 @@ from tests.support.factories import make_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = "gateway/core/tasks.py"  # the one place that creates tasks
+CHECKED = ("gateway", "sim/gateway_sim")  # the gateway's modules and the simulator's
 SPAWNERS = frozenset({"ensure_future", "create_task"})  # asyncio's, a loop's
 # Files allowed to start a bare task, each with why (a file leaves the list once it starts
 # none: the test below fails while a listed file is clean). None today.
@@ -83,7 +85,7 @@ def _is_bare_spawn(node: ast.AST, groups: set[str]) -> bool:
 
 def spawns_by_file() -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
-    for path in sorted((ROOT / "gateway").rglob("*.py")):
+    for path in sorted(p for top in CHECKED for p in (ROOT / top).rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
         lines = sorted(set(bare_spawns(path.read_text())))
         if lines and name != HELPER:
@@ -98,7 +100,10 @@ def test_no_module_but_the_helper_starts_a_bare_task() -> None:
         if name not in ALLOWED
         for line in lines
     ]
-    assert offenders == [], "start tasks through gateway.core.tasks (TaskScope) instead"
+    assert offenders == [], (
+        "start tasks through gateway.core.tasks (TaskScope), in the simulator under an "
+        "asyncio.TaskGroup, instead"
+    )
 
 
 def test_every_allowed_file_still_starts_one() -> None:

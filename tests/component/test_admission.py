@@ -9,7 +9,8 @@ import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from tests.support.helpers import assert_verdict, collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
+from tests.support.helpers import assert_verdict
 from tests.support.inproc import client, gateway, idle, sim
 from tests.support.waits import until
 

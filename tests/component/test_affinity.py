@@ -15,7 +15,7 @@ import pytest
 from gateway.app.server import Gateway
 from gateway.core.roles import Role
 from gateway.observability.record import CallRecord
-from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc
 from tests.support.inproc import Sim, client, gateway, recorded, sim, worker
 from tests.support.waits import until
 

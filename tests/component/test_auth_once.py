@@ -14,7 +14,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from gateway.app.server import Gateway
 from gateway.security.auth import MISSING_KEY, REJECTED_KEY
-from tests.support.helpers import collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, idle, sim
 
 KEY = "alice-key-0123456789"

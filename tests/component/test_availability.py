@@ -16,8 +16,8 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from tests.support.availability import ClosedLoop, is_ready, list_workers, wait_worker
-from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import collect, list_workers, model_md, sgl_generate, sgl_grpc
+from tests.support.availability import ClosedLoop, is_ready, wait_worker
 from tests.support.inproc import Sim, client, gateway, sim
 from tests.support.waits import until
 

@@ -9,8 +9,8 @@ import pytest
 from gateway.core.roles import Role
 from gateway.proxy.upstream import Outbound, UpstreamFailure
 from gateway.upstream.signals.outlier import OutlierState
-from tests.support.helpers import sgl_generate
-from tests.support.inproc import SGL, gateway, idle, sim, worker
+from gateway_sim.client import SGL, sgl_generate
+from tests.support.inproc import gateway, idle, sim, worker
 
 
 class Nowhere:

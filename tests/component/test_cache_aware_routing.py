@@ -21,7 +21,7 @@ from gateway.admin.v1 import admin_pb2, admin_pb2_grpc
 from gateway.app.server import Gateway
 from gateway.kv.prefix import Prefix
 from gateway.upstream.load.kv_events import FollowState
-from tests.support.helpers import collect, model_md
+from gateway_sim.client import collect, model_md
 from tests.support.inproc import Sim, client, gateway, idle
 from tests.support.inproc import sim as bare_sim
 from tests.support.waits import until

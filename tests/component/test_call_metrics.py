@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability.metrics.calls import mean_gap
-from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc
 from tests.support.inproc import client, gateway, idle, recorded, sim
 from tests.support.waits import until
 

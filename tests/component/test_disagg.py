@@ -15,9 +15,7 @@ import pytest
 from grpc import aio
 from structlog.testing import capture_logs
 
-from gateway_sim.engine import input_logprobs_for, output_tokens
-from tests.support.helpers import (
-    assert_verdict,
+from gateway_sim.client import (
     channel,
     collect,
     model_md,
@@ -28,6 +26,8 @@ from tests.support.helpers import (
     wait_health,
     wait_idle,
 )
+from gateway_sim.engine import input_logprobs_for, output_tokens
+from tests.support.helpers import assert_verdict
 from tests.support.inproc import Sim, gateway, pd_urls, sim
 from tests.support.waits import until
 

@@ -16,7 +16,7 @@ import yaml
 
 from gateway.app.server import Gateway
 from gateway.config import FileDiscovery
-from tests.support.helpers import closed_port, dead_worker_url
+from gateway_sim.client import closed_port, dead_worker_url
 from tests.support.inproc import gateway, sim
 from tests.support.waits import until
 

@@ -11,7 +11,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from gateway.observability.record import CallRecord
-from tests.support.helpers import collect, model_md
+from gateway_sim.client import collect, model_md
 from tests.support.inproc import client, gateway, idle, recorded, sim
 
 # Four full blocks of 16 and a token (an engine's hit stops short of the last token).

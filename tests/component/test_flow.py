@@ -21,7 +21,8 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.app.server import Gateway
 from gateway.observability.record import CallRecord
-from tests.support.helpers import assert_verdict, collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
+from tests.support.helpers import assert_verdict
 from tests.support.inproc import client, gateway, idle, recorded, sim
 from tests.support.waits import until
 

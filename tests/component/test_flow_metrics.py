@@ -17,7 +17,7 @@ from gateway.app.server import Gateway
 from gateway.core.roles import Role, Runtime
 from gateway.flow.metrics import FLOW_OUTCOMES
 from gateway.observability.record import CallRecord
-from tests.support.helpers import collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, idle, recorded, sim
 from tests.support.waits import until
 

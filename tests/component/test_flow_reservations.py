@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from tests.support.helpers import collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, idle, sim
 
 

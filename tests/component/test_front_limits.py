@@ -11,7 +11,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from gateway.app.transport import server_options
 from gateway.config import build_config
-from tests.support.helpers import collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, idle, sim, worker
 
 M = model_md("m")

@@ -18,8 +18,8 @@ from structlog.testing import capture_logs
 
 from gateway.observability.logs import Throttle
 from gateway.proxy import call as calls
+from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.extproc import headers_part, process
-from tests.support.helpers import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, sim
 from tests.support.waits import until
 

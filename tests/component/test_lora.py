@@ -16,8 +16,9 @@ import pytest
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 
 from gateway.app.server import Gateway
-from tests.support.helpers import collect, model_md, rich_status, sgl_generate, sgl_grpc
-from tests.support.hostile import Hostile, hostile
+from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.hostile import Hostile, hostile
+from tests.support.helpers import rich_status
 from tests.support.inproc import Sim, client, gateway, idle, sim, worker
 from tests.support.waits import until
 

@@ -22,18 +22,10 @@ from structlog.testing import capture_logs
 
 from gateway.app.server import Gateway
 from gateway.observability.record import CallRecord
+from gateway_sim.client import SGL, collect, model_md, sgl, sgl_grpc, vllm, vllm_grpc, wait_idle
 from gateway_sim.engine import output_tokens
-from tests.support.helpers import (
-    collect,
-    model_md,
-    sgl,
-    sgl_grpc,
-    vllm,
-    vllm_grpc,
-    wait_idle,
-)
-from tests.support.hostile import Hostile, hostile
-from tests.support.inproc import SGL, Sim, client, gateway, idle, recorded, sim, worker
+from gateway_sim.hostile import Hostile, hostile
+from tests.support.inproc import Sim, client, gateway, idle, recorded, sim, worker
 from tests.support.tracing import receiver
 from tests.support.waits import until
 

@@ -17,7 +17,7 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.app.server import Gateway
 from gateway.services.health import NOT_SERVING, SERVING
-from tests.support.helpers import (
+from gateway_sim.client import (
     closed_port,
     collect,
     dead_worker_url,

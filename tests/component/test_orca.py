@@ -15,7 +15,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from gateway.orca.report import IN_FLIGHT
 from gateway.orca.v3 import orca_pb2, orca_pb2_grpc
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
-from tests.support.helpers import collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, sim
 from tests.support.waits import WAIT_S, until
 

@@ -16,7 +16,7 @@ from grpc import aio
 
 from gateway.app.server import Gateway
 from gateway.orca.v3 import orca_pb2, orca_pb2_grpc
-from tests.support.helpers import collect
+from gateway_sim.client import collect
 from tests.support.inproc import gateway, sim
 from tests.support.waits import until
 

@@ -22,8 +22,8 @@ from grpc import aio
 from structlog.testing import capture_logs
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from tests.support.availability import admin_watch, list_workers
-from tests.support.helpers import channel, collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import channel, collect, list_workers, model_md, sgl_generate, sgl_grpc
+from tests.support.availability import admin_watch
 from tests.support.inproc import gateway, sim
 from tests.support.waits import WAIT_S, until
 

@@ -18,18 +18,19 @@ import pytest
 from grpc import aio
 from structlog.testing import capture_logs
 
-from tests.support.availability import is_ready, list_workers, wait_worker
-from tests.support.helpers import (
+from gateway_sim.client import (
     channel,
     collect,
+    list_workers,
     model_md,
-    rich_status,
     running_on_sim,
     sgl_generate,
     sgl_grpc,
     trailers,
     wait_idle,
 )
+from tests.support.availability import is_ready, wait_worker
+from tests.support.helpers import rich_status
 from tests.support.inproc import Sim, client, gateway, sim
 from tests.support.waits import until
 

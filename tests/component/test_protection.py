@@ -11,14 +11,8 @@ import time
 import grpc
 import pytest
 
-from tests.support.helpers import (
-    assert_verdict,
-    collect,
-    model_md,
-    rich_status,
-    sgl_generate,
-    sgl_grpc,
-)
+from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc
+from tests.support.helpers import assert_verdict, rich_status
 from tests.support.inproc import client, gateway, pd_urls, sim
 
 

@@ -16,7 +16,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from structlog.testing import capture_logs
 
 from gateway.app.server import Gateway
-from tests.support.helpers import assert_verdict, collect, model_md, sgl_generate
+from gateway_sim.client import collect, model_md, sgl_generate
+from tests.support.helpers import assert_verdict
 from tests.support.inproc import client, gateway, idle, recorded, sim
 from tests.support.waits import until
 

@@ -17,7 +17,7 @@ from grpc import aio
 from structlog.testing import capture_logs
 
 from gateway.upstream.worker import WorkerStatus
-from tests.support.helpers import (
+from gateway_sim.client import (
     channel,
     closed_port,
     collect,

@@ -20,7 +20,8 @@ from gateway.app.server import Gateway
 from gateway.peer.v1 import peer_pb2 as peer
 from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.member import Member
-from tests.support.helpers import ABORT_COMPLETES, collect, model_md, sgl_generate, vllm_generate
+from gateway_sim.client import collect, model_md, sgl_generate, vllm_generate
+from tests.support.helpers import ABORT_COMPLETES
 from tests.support.inproc import client, gateway, idle, sim
 
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}

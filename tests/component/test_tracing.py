@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc
 from tests.support.inproc import Sim, client, gateway, idle, pd_urls, recorded, sim
 from tests.support.tracing import CLIENT_SPAN, TRACE_ID, TRACEPARENT, attributes, receiver
 from tests.support.waits import until

@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from gateway.upstream.registry import FleetEvent
 from gateway.upstream.signals.outlier import OutlierState
-from tests.support.helpers import collect, model_md, sgl_generate, vllm_generate
+from gateway_sim.client import collect, model_md, sgl_generate, vllm_generate
 from tests.support.inproc import client, gateway, idle, sim, worker
 from tests.support.waits import until
 

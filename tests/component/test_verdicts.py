@@ -17,16 +17,14 @@ import pytest
 from grpc import aio
 from structlog.testing import capture_logs
 
-from tests.support.helpers import (
+from gateway_sim.client import (
     SGL_SERVICE,
     VLLM_SERVICE,
-    assert_verdict,
     channel,
     closed_port,
     collect,
     dead_worker_url,
     model_md,
-    rich_status,
     sgl,
     sgl_generate,
     sgl_grpc,
@@ -34,6 +32,7 @@ from tests.support.helpers import (
     vllm_generate,
     vllm_grpc,
 )
+from tests.support.helpers import assert_verdict, rich_status
 from tests.support.inproc import gateway, sim
 from tests.support.waits import until
 

@@ -1,5 +1,5 @@
 """The calls of the worker contract, as data, one list per engine: what
-scripts/record_transcripts.py sends a real gRPC worker (smg-grpc-servicer's VllmEngine or
+tests/contract/record.py sends a real gRPC worker (smg-grpc-servicer's VllmEngine or
 SglangScheduler) to record its answers, and what tests/contract/test_transcripts.py sends
 the simulator to compare its answers with them.
 

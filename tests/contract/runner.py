@@ -3,7 +3,7 @@ the status code and message, the initial headers (and how long before the first 
 they came), the trailers, and every message as protobuf JSON (field presence kept: a
 set field holding its default is written, an unset one is not).
 
-Shared by scripts/record_transcripts.py (a real vLLM or SGLang worker) and
+Shared by tests/contract/record.py (a real vLLM or SGLang worker) and
 tests/contract/test_transcripts.py (the simulator); grpc.aio, one event loop.
 """
 

@@ -3,7 +3,7 @@ calls (calls.py: each engine's regular worker, and each engine's prefill/decode 
 to `gateway sim --runtime vllm|sglang` (two of them, `--role prefill` and `--role decode`,
 for a pair), started to match the recorded workers (the tiny model's context, vocabulary,
 KV block or page size), and each answer compared with the transcript
-(scripts/record_transcripts.py), what legitimately differs aside (compare.py). Each
+(tests/contract/record.py), what legitimately differs aside (compare.py). Each
 contract's calls run in an xdist group of their own, so the simulators run side by side.
 
 GATEWAY_CONTRACT_SIM_TREE=DIR runs the simulator of another checkout (its `sim/` and

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-from tests.support.helpers import channel
+from gateway_sim.client import channel
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 

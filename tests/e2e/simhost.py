@@ -1,5 +1,5 @@
 """Simulated workers for the end-to-end tests, many in one process (`python -m
-tests.e2e.simhost`, started by tests/conftest.py's SimHost).
+tests.e2e.simhost`, started by tests/support/launch.py's SimHost).
 
 A simulated worker is a test double: starting a Python process for each (a third of a
 second of CPU, hundreds of them a run) is most of what it costs. Here each is the same

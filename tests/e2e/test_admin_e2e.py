@@ -21,30 +21,23 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway_sim.launch import Child
-from tests.conftest import START_S, STOP_S, Launcher, SimHost, grpcurl, run_alone, worker_url
-from tests.support.availability import (
-    admin_address,
-    is_ready,
-    labels,
-    list_workers,
-    run_cli_async,
-    samples,
-    scrape,
-    wait_worker,
-)
-from tests.support.helpers import (
+from gateway_sim.client import (
     SGL_SERVICE,
-    SharedProcesses,
+    admin_address,
     channel,
     closed_port,
     collect,
     dead_worker_url,
+    list_workers,
     model_md,
     sgl_generate,
     sgl_grpc,
-    wait_for_events,
 )
+from gateway_sim.launch import START_S, Child, SharedProcesses, worker_url
+from tests.support.availability import is_ready, labels, run_cli_async, samples, scrape, wait_worker
+from tests.support.helpers import wait_for_events
+from tests.support.launch import STOP_S, Launcher, SimHost, grpcurl
+from tests.support.serial import run_alone
 from tests.support.waits import WAIT_S
 
 MISSING = "the admin API needs the metadata 'authorization: Bearer <token>'"

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import Launcher, worker_url
-from tests.support.availability import admin_address, run_cli
-from tests.support.helpers import closed_port, write_config
+from gateway_sim.client import admin_address, closed_port, write_config
+from gateway_sim.launch import worker_url
+from tests.support.availability import run_cli
+from tests.support.launch import Launcher
 
 TOKEN = "s3cret"
 

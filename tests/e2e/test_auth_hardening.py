@@ -21,17 +21,10 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.core.wire import encode_varint
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, run_alone, worker_url
-from tests.support.helpers import (
-    channel,
-    collect,
-    model_md,
-    sgl,
-    sgl_generate,
-    sgl_grpc,
-    write_config,
-)
+from gateway_sim.client import channel, collect, model_md, sgl, sgl_generate, sgl_grpc, write_config
+from gateway_sim.launch import Child, worker_url
+from tests.support.launch import Launcher
+from tests.support.serial import run_alone
 from tests.support.waits import WAIT_S
 
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789"}

@@ -18,39 +18,38 @@ import pytest
 from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, run_alone, worker_url
-from tests.support.availability import (
+from gateway_sim.client import (
     NOT_SERVING,
     SERVING,
-    ClosedLoop,
-    admin_address,
-    admin_watch,
-    health_check,
-    health_list,
-    is_ready,
-    list_workers,
-    status_event,
-    wait_health_status,
-    wait_worker,
-    wall_start,
-)
-from tests.support.helpers import (
     SGL_SERVICE,
     VLLM_SERVICE,
-    assert_verdict,
+    admin_address,
     channel,
     collect,
     generate_for,
+    health_check,
     is_healthy,
+    list_workers,
     model_md,
     sgl_generate,
     sgl_grpc,
-    start_many,
     stub_for,
-    wait_for_events,
+    wait_health_status,
     write_config,
 )
+from gateway_sim.launch import Child, start_many, worker_url
+from tests.support.availability import (
+    ClosedLoop,
+    admin_watch,
+    health_list,
+    is_ready,
+    status_event,
+    wait_worker,
+    wall_start,
+)
+from tests.support.helpers import assert_verdict, wait_for_events
+from tests.support.launch import Launcher
+from tests.support.serial import run_alone
 from tests.support.waits import WAIT_S
 
 UNAVAILABLE_MESSAGE = (

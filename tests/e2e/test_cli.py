@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway_sim.launch import Child, start
-from tests.conftest import START_S, STOP_S, Launcher, grpcurl
-from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, closed_port, dead_worker_url
+from gateway_sim.client import SGL_SERVICE, VLLM_SERVICE, closed_port, dead_worker_url
+from gateway_sim.launch import START_S, Child, start
+from tests.support.launch import STOP_S, Launcher, grpcurl
 from tests.support.waits import WAIT_S
 
 SERVICES = {

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway_sim.launch import ready
-from tests.conftest import START_S, STOP_S
+from gateway_sim.launch import START_S, ready
+from tests.support.launch import STOP_S
 
 SERVE = (
     "serve",

@@ -13,14 +13,13 @@ from smg_grpc_proto import vllm_engine_pb2 as vllm
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.services.health import NOT_SERVING
-from tests.conftest import Launcher, worker_url
-from tests.support.availability import admin_address, health_check, is_ready, wait_worker
-from tests.support.helpers import (
-    assert_verdict,
+from gateway_sim.client import (
+    admin_address,
     channel,
     closed_port,
     collect,
     dead_worker_url,
+    health_check,
     model_md,
     sgl_generate,
     stub_for,
@@ -28,6 +27,10 @@ from tests.support.helpers import (
     wait_health,
     write_config,
 )
+from gateway_sim.launch import worker_url
+from tests.support.availability import is_ready, wait_worker
+from tests.support.helpers import assert_verdict
+from tests.support.launch import Launcher
 
 DOWN_MESSAGE = (
     "Model '{model}' has no {what} up or identified yet; 1 named worker is still being "

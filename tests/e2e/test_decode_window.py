@@ -12,17 +12,18 @@ from pathlib import Path
 
 import grpc
 
-from tests.conftest import Launcher, worker_url
-from tests.support.helpers import (
+from gateway_sim.client import (
     channel,
     collect,
     model_md,
-    rich_status,
     stub_for,
     vllm_generate,
     wait_health,
     write_config,
 )
+from gateway_sim.launch import worker_url
+from tests.support.helpers import rich_status
+from tests.support.launch import Launcher
 
 WINDOW = 2
 BURST = 6 * WINDOW

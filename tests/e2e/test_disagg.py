@@ -12,18 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, worker_url
-from tests.support.helpers import (
-    channel,
-    collect,
-    model_md,
-    sgl,
-    sgl_grpc,
-    start_many,
-    wait_health,
-    wait_idle,
-)
+from gateway_sim.client import channel, collect, model_md, sgl, sgl_grpc, wait_health, wait_idle
+from gateway_sim.launch import Child, start_many, worker_url
+from tests.support.launch import Launcher
 
 PROMPT = [1, 2, 3]
 

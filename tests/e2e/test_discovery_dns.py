@@ -17,18 +17,19 @@ from structlog.testing import capture_logs
 from gateway.config import DnsDiscovery
 from gateway.discovery.dns import LOGGED_TARGETS, ROUND_TIMEOUT_S, AddressPort, DnsError, DnsSource
 from gateway.discovery.source import Discovered
-from tests.conftest import Launcher
-from tests.e2e.dnsmasq import Dnsmasq
-from tests.support.availability import admin_address, list_workers
-from tests.support.helpers import (
+from gateway_sim.client import (
+    admin_address,
     channel,
     collect,
+    list_workers,
     model_md,
     sgl_generate,
     sgl_grpc,
     wait_health,
     write_config,
 )
+from gateway_sim.dnsmasq import Dnsmasq
+from tests.support.launch import Launcher
 from tests.support.processes import per_process
 from tests.support.waits import WAIT_S
 

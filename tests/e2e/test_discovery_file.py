@@ -18,9 +18,17 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from tests.conftest import Launcher, worker_url
-from tests.support.availability import admin_address, labels, list_workers, samples, scrape
-from tests.support.helpers import closed_port, dead_worker_url, wait_health, write_config
+from gateway_sim.client import (
+    admin_address,
+    closed_port,
+    dead_worker_url,
+    list_workers,
+    wait_health,
+    write_config,
+)
+from gateway_sim.launch import worker_url
+from tests.support.availability import labels, samples, scrape
+from tests.support.launch import Launcher
 from tests.support.waits import until
 
 

@@ -1,4 +1,4 @@
-"""Kubernetes discovery end to end: the stand-in API server (tests/kube/apiserver.py, in a
+"""Kubernetes discovery end to end: the stand-in API server (tests/support/fakes/apiserver.py, in a
 thread of the test process), `gateway serve` as a real process with a `discovery:`
 kubernetes entry whose kubeconfig names the stand-in, and simulated workers on 127.0.0.2
 and 127.0.0.3, the IPs of their Pods. A Pod gets calls only while Ready; prefill and
@@ -16,19 +16,21 @@ from typing import Any
 import pytest
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from gateway_sim.launch import Child
-from tests.conftest import Launcher
-from tests.kube.apiserver import InThread
-from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
-from tests.support.helpers import (
+from gateway_sim.client import (
+    admin_address,
     channel,
     collect,
+    list_workers,
     model_md,
     sgl_generate,
     sgl_grpc,
     wait_health,
     write_config,
 )
+from gateway_sim.launch import Child
+from tests.support.availability import is_ready, wait_worker
+from tests.support.fakes.apiserver import InThread
+from tests.support.launch import Launcher
 from tests.support.processes import per_process
 from tests.support.waits import WAIT_S
 

@@ -14,27 +14,24 @@ from typing import Any
 
 import grpc
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, run_alone, worker_url
-from tests.support.availability import (
+from gateway_sim.client import (
     NOT_SERVING,
     SERVING,
-    health_check,
-    health_list,
-    health_watch,
-    wait_health_status,
-)
-from tests.support.helpers import (
     channel,
     collect,
+    health_check,
     model_md,
     sgl,
     sgl_generate,
     sgl_grpc,
-    start_many,
     wait_health,
+    wait_health_status,
     wait_idle,
 )
+from gateway_sim.launch import Child, start_many, worker_url
+from tests.support.availability import health_list, health_watch
+from tests.support.launch import Launcher
+from tests.support.serial import run_alone
 from tests.support.waits import WAIT_S
 
 DRAIN_DELAY_S = 1.5

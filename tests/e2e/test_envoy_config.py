@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gateway.picker.envoy import envoy_config
-from tests.e2e.envoy import envoy_binary
+from gateway_sim.envoy import envoy_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYED = ROOT / "deploy" / "envoy" / "envoy.yaml"

@@ -14,14 +14,9 @@ import grpc
 import pytest
 from smg_grpc_proto.generated import common_pb2
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, SimHost, worker_url
-from tests.support.helpers import (
-    ABORT_COMPLETES,
+from gateway_sim.client import (
     SGL_SERVICE,
     VLLM_SERVICE,
-    SharedProcesses,
-    assert_verdict,
     channel,
     collect,
     is_healthy,
@@ -29,14 +24,15 @@ from tests.support.helpers import (
     sgl,
     sgl_generate,
     sgl_grpc,
-    start_many,
     vllm,
     vllm_generate,
     vllm_grpc,
-    wait_for_events,
     wait_health,
     wait_idle,
 )
+from gateway_sim.launch import Child, SharedProcesses, start_many, worker_url
+from tests.support.helpers import ABORT_COMPLETES, assert_verdict, wait_for_events
+from tests.support.launch import Launcher, SimHost
 
 SLOW = ("x-sim-token-ms", "50")  # 100 tokens: 5 s unless aborted or cancelled
 VOCAB = ("--vocab-size", "32000")  # the ids the simulated workers take

@@ -28,31 +28,25 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, run_alone, worker_url
-from tests.support.availability import (
+from gateway_sim.client import (
     admin_address,
-    labels,
-    list_workers,
-    samples,
-    scrape,
-)
-from tests.support.helpers import (
-    assert_verdict,
     channel,
     collect,
+    list_workers,
     model_md,
-    rich_status,
     running_on_sim,
     sgl_generate,
     sgl_grpc,
-    start_many,
     trailers,
-    wait_for_events,
     wait_health,
     wait_idle,
     write_config,
 )
+from gateway_sim.launch import Child, start_many, worker_url
+from tests.support.availability import labels, samples, scrape
+from tests.support.helpers import assert_verdict, rich_status, wait_for_events
+from tests.support.launch import Launcher
+from tests.support.serial import run_alone
 from tests.support.waits import until
 
 HOLD = ("x-sim-ttft-ms", "30000")  # a call that holds its worker's slot until cancelled

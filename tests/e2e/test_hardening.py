@@ -17,14 +17,11 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from gateway_sim.launch import Child, ready
-from tests.conftest import START_S, Launcher, run_alone, worker_url
-from tests.e2e.rawclient import RawClient
-from tests.support.availability import admin_address, list_workers, samples, scrape
-from tests.support.helpers import (
-    assert_verdict,
+from gateway_sim.client import (
+    admin_address,
     channel,
     collect,
+    list_workers,
     model_md,
     sgl,
     sgl_generate,
@@ -32,6 +29,12 @@ from tests.support.helpers import (
     wait_health,
     write_config,
 )
+from gateway_sim.launch import START_S, Child, ready, worker_url
+from tests.e2e.rawclient import RawClient
+from tests.support.availability import samples, scrape
+from tests.support.helpers import assert_verdict
+from tests.support.launch import Launcher
+from tests.support.serial import run_alone
 from tests.support.waits import WAIT_S, until
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"

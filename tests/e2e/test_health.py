@@ -20,17 +20,18 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway_sim.launch import Child
-from tests.conftest import grpcurl, worker_url
-from tests.support.availability import (
+from gateway_sim.client import (
     NOT_SERVING,
     SERVICE_UNKNOWN,
     SERVING,
-    health_list,
-    health_watch,
+    SGL_SERVICE,
+    VLLM_SERVICE,
+    channel,
     wait_health_status,
 )
-from tests.support.helpers import SGL_SERVICE, VLLM_SERVICE, SharedProcesses, channel
+from gateway_sim.launch import Child, SharedProcesses, worker_url
+from tests.support.availability import health_list, health_watch
+from tests.support.launch import grpcurl
 from tests.support.waits import WAIT_S
 
 PROBE_INTERVAL_S = 0.2

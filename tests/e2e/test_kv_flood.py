@@ -1,6 +1,6 @@
 """Issue 14, item 4: one worker's KV events must not harm the whole gateway.
 
-A hostile worker (tests/e2e/kv_flood_worker.py, its own process) floods the gateway's
+A hostile worker (sim/gateway_sim/kv_flood.py, its own process) floods the gateway's
 subscription in turn with stored blocks, a snapshot batch far over `kv.max_event_bytes`,
 a block size per rank, a dp rank per batch, and load figures out of range (GetLoads
 answers about 3 x 2**32 running and NaN usage throughout). Meanwhile a client calls
@@ -28,31 +28,33 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, run_alone, worker_url
-from tests.support.availability import admin_address, list_workers, samples, scrape
-from tests.support.helpers import (
+from gateway_sim.client import (
+    admin_address,
     channel,
+    list_workers,
     model_md,
     sgl_generate,
     sgl_grpc,
     wait_health,
     write_config,
 )
+from gateway_sim.kv_flood import KvFlooder
+from gateway_sim.launch import Child, worker_url
+from tests.support.availability import samples, scrape
+from tests.support.launch import Launcher
+from tests.support.serial import run_alone
 
 # The small calls' latency is measured: the good worker is a process of its own.
 pytestmark = [pytest.mark.timeout(240), pytest.mark.sim_processes]
 
 ROOT = Path(__file__).resolve().parents[2]
-INDEX_BYTES_PER_BLOCK = 200  # measured: ~200 B per stored block (scripts/bench_prefix.py)
+INDEX_BYTES_PER_BLOCK = 200  # measured: ~200 B per stored block (scripts/bench/bench_prefix.py)
 CAP_BLOCKS = 25_000  # kv.max_blocks_per_worker, set by the test (default 250,000)
 # The index at its cap, plus grpc's buffers for a few 4 MiB messages and allocator slack.
 RSS_GROWTH_BOUND = CAP_BLOCKS * INDEX_BYTES_PER_BLOCK + 96 * 1024 * 1024
@@ -68,40 +70,9 @@ def rss_kb(pid: int, key: str) -> int:
     raise AssertionError(f"no {key} for {pid}")
 
 
-class Hostile:
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.kv_flood_worker"],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert self.process.stdout is not None
-            line = self.process.stdout.readline().split()  # [] if it dies first
-            assert line[:1] == ["READY"], line
-            self.port = int(line[1])
-        except BaseException:
-            self.stop()
-            raise
-
-    async def flood(self, command: str) -> None:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        done = await asyncio.to_thread(self.process.stdout.readline)
-        assert done.strip() == f"DONE {command}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-
-
 @pytest.fixture
-def hostile() -> Iterator[Hostile]:
-    worker = Hostile()
+def hostile() -> Iterator[KvFlooder]:
+    worker = KvFlooder()
     yield worker
     worker.stop()
 
@@ -158,7 +129,7 @@ async def until_marker(gw: Child, worker_id: str, marker: int, within_s: float) 
 
 
 async def test_a_flooding_worker_costs_the_gateway_bounded_memory_and_no_stall(
-    gateway: Launcher, sim: Launcher, hostile: Hostile, tmp_path: Path, strict: bool
+    gateway: Launcher, sim: Launcher, hostile: KvFlooder, tmp_path: Path, strict: bool
 ) -> None:
     good = sim("--runtime", "sglang", "--model", "good", "--name", "good-0")
     evil = f"grpc://127.0.0.1:{hostile.port}?model=evil&runtime=sglang"

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import trustme
 
-from gateway_sim.launch import Child, start
-from tests.conftest import SERVE_ARGS, START_S, STOP_S, Launcher, worker_url
+from gateway_sim.launch import SERVE_ARGS, START_S, Child, start, worker_url
+from tests.support.launch import STOP_S, Launcher
 
 WAIT_S = 30.0  # a safety net for every bounded wait: only a hang reaches it
 POLL_S = 0.05

@@ -16,19 +16,21 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway_sim.engine import output_tokens
-from gateway_sim.launch import Child, start_sim
-from tests.conftest import START_S, Launcher, run_alone, worker_url
-from tests.support.availability import admin_address, is_ready, wait_worker
-from tests.support.helpers import (
+from gateway_sim.client import (
+    admin_address,
     channel,
     generate_for,
     model_md,
-    request_events,
     stub_for,
     wait_health,
     write_config,
 )
+from gateway_sim.engine import output_tokens
+from gateway_sim.launch import START_S, Child, start_sim, worker_url
+from tests.support.availability import is_ready, wait_worker
+from tests.support.helpers import request_events
+from tests.support.launch import Launcher
+from tests.support.serial import run_alone
 
 pytestmark = [pytest.mark.sim_processes, pytest.mark.timeout(120)]
 

@@ -8,18 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Launcher, worker_url
-from tests.support.availability import admin_address, run_cli
-from tests.support.helpers import (
+from gateway_sim.client import (
+    admin_address,
     channel,
     collect,
     model_md,
     sgl_generate,
     sgl_grpc,
-    wait_for_events,
     wait_health,
     write_config,
 )
+from gateway_sim.launch import worker_url
+from tests.support.availability import run_cli
+from tests.support.helpers import wait_for_events
+from tests.support.launch import Launcher
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,17 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, stop_child, worker_url
-from tests.e2e.envoy import envoy_binary, host_weights, start_envoy
-from tests.support.helpers import (
-    channel,
-    model_md,
-    sgl_generate,
-    sgl_grpc,
-    start_many,
-    write_config,
-)
+from gateway_sim.client import channel, model_md, sgl_generate, sgl_grpc, write_config
+from gateway_sim.envoy import envoy_binary, host_weights, start_envoy
+from gateway_sim.launch import Child, start_many, stop_child, worker_url
+from tests.support.launch import Launcher
 
 CONCURRENCY = 6  # calls Envoy's client keeps going at once
 IDLE_TTFT_MS, BUSY_TTFT_MS = "25", "125"

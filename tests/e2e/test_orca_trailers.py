@@ -14,9 +14,10 @@ import pytest
 
 from gateway.orca.report import IN_FLIGHT
 from gateway.orca.v3.orca_load_report_pb2 import OrcaLoadReport
-from tests.conftest import Launcher, worker_url
+from gateway_sim.client import channel, sgl_generate, sgl_grpc, write_config
+from gateway_sim.launch import worker_url
 from tests.e2e.rawclient import RawClient, Stream
-from tests.support.helpers import channel, sgl_generate, sgl_grpc, write_config
+from tests.support.launch import Launcher
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 LOAD = b"endpoint-load-metrics-bin"

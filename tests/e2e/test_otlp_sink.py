@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gateway_sim.launch import Child, ready
-from tests.conftest import START_S, STOP_S
+from gateway_sim.launch import START_S, Child, ready
+from tests.support.launch import STOP_S
 from tests.support.waits import WAIT_S
 
 SINK = Path(__file__).resolve().parents[2] / "scripts" / "otlp_sink.py"

@@ -25,12 +25,8 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.picker.envoy import envoy_config
 from gateway.picker.service import SERVICE as PICKER_SERVICE
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, worker_url
-from tests.e2e.envoy import envoy_binary, run_envoy
-from tests.support.availability import admin_address
-from tests.support.helpers import (
-    assert_verdict,
+from gateway_sim.client import (
+    admin_address,
     channel,
     closed_port,
     collect,
@@ -41,12 +37,15 @@ from tests.support.helpers import (
     sgl,
     sgl_generate,
     sgl_grpc,
-    start_many,
     stub_for,
     vllm_generate,
     wait_health,
     write_config,
 )
+from gateway_sim.envoy import envoy_binary, run_envoy
+from gateway_sim.launch import Child, start_many, worker_url
+from tests.support.helpers import assert_verdict
+from tests.support.launch import Launcher
 from tests.support.processes import scrape
 from tests.support.waits import until
 
@@ -504,8 +503,8 @@ async def queued_calls(gw: Child, count: int) -> bool:
 
 
 def bench_routing() -> Any:
-    """scripts/bench_routing.py, for its trace and its runs."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_routing.py"
+    """scripts/bench/bench_routing.py, for its trace and its runs."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_routing.py"
     spec = importlib.util.spec_from_file_location("bench_routing", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

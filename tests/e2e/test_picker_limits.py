@@ -17,10 +17,7 @@ import pytest
 from grpc import aio
 
 from gateway.config.picker import DESTINATION_HEADER
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, worker_url
-from tests.support.extproc import body_part, headers_part, process
-from tests.support.helpers import (
+from gateway_sim.client import (
     channel,
     collect,
     model_md,
@@ -29,6 +26,9 @@ from tests.support.helpers import (
     wait_health,
     write_config,
 )
+from gateway_sim.launch import Child, worker_url
+from tests.support.extproc import body_part, headers_part, process
+from tests.support.launch import Launcher
 from tests.support.processes import scrape
 from tests.support.waits import until
 

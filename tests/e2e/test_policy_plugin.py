@@ -9,18 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway_sim.launch import Child, start
-from tests.conftest import SERVE_ARGS, START_S, Launcher, worker_url
-from tests.support.availability import admin_address, is_ready, wait_worker
-from tests.support.helpers import (
+from gateway_sim.client import (
+    admin_address,
     channel,
     model_md,
     sgl_generate,
     sgl_grpc,
-    start_many,
-    wait_for_events,
     write_config,
 )
+from gateway_sim.launch import SERVE_ARGS, START_S, Child, start, start_many, worker_url
+from tests.support.availability import is_ready, wait_worker
+from tests.support.helpers import wait_for_events
+from tests.support.launch import Launcher
 from tests.support.policy_plugin import LAST_ID, write_plugin
 
 CALLS = 6

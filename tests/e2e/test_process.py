@@ -17,9 +17,7 @@ from typing import Any
 
 import pytest
 
-from gateway_sim.launch import Child, ready, spawn
-from tests.conftest import ROOT, SERVE_ARGS, Launcher, worker_url
-from tests.support.helpers import (
+from gateway_sim.client import (
     channel,
     dead_worker_url,
     model_md,
@@ -28,6 +26,8 @@ from tests.support.helpers import (
     sgl_grpc,
     wait_health,
 )
+from gateway_sim.launch import SERVE_ARGS, Child, ready, spawn, worker_url
+from tests.support.launch import ROOT, Launcher
 
 
 @pytest.fixture

@@ -22,9 +22,9 @@ from grpc import aio
 from gateway.admin.v1 import admin_pb2 as admin
 from gateway.scale.control import READ_TIMEOUT_S
 from gateway.scale.supervisor import LIVENESS_INTERVAL_S, LIVENESS_MISSES, LIVENESS_TIMEOUT_S
-from gateway_sim.launch import Child
-from tests.conftest import STOP_S, Launcher, run_alone, worker_url
-from tests.support.helpers import POLL_S, collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import POLL_S, collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.launch import Child, worker_url
+from tests.support.launch import STOP_S, Launcher
 from tests.support.processes import (
     PROCESSES,
     admin_stub,
@@ -34,6 +34,7 @@ from tests.support.processes import (
     serving_processes,
     wait_servable,
 )
+from tests.support.serial import run_alone
 from tests.support.waits import WAIT_S
 
 # The slowest a check can notice: a full interval, then LIVENESS_MISSES deadlines.

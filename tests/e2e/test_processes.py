@@ -27,17 +27,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.admin.v1 import admin_pb2 as admin
 from gateway.scale.supervisor import FIRST_BACKOFF_S
-from tests.conftest import STOP_S, Launcher, run_alone, worker_url
-from tests.support.helpers import (
-    ABORT_COMPLETES,
-    POLL_S,
-    collect,
-    model_md,
-    request_events,
-    sgl,
-    sgl_generate,
-    sgl_grpc,
-)
+from gateway_sim.client import POLL_S, collect, model_md, sgl, sgl_generate, sgl_grpc
+from gateway_sim.launch import worker_url
+from tests.support.helpers import ABORT_COMPLETES, request_events
+from tests.support.launch import STOP_S, Launcher
 from tests.support.processes import (
     PROCESSES,
     admin_stub,
@@ -48,6 +41,7 @@ from tests.support.processes import (
     serving_processes,
     wait_servable,
 )
+from tests.support.serial import run_alone
 from tests.support.waits import WAIT_S
 
 

@@ -15,24 +15,26 @@ import pytest
 from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from tests.conftest import Launcher, worker_url
-from tests.e2e.stalled import StalledClient
-from tests.support.availability import admin_address, list_workers, wait_worker
-from tests.support.helpers import (
+from gateway_sim.client import (
     SGL_SERVICE,
+    admin_address,
     channel,
     collect,
+    list_workers,
     model_md,
     running_on_sim,
     sgl,
     sgl_generate,
     sgl_grpc,
-    start_many,
-    wait_for_events,
     wait_health,
     wait_running,
     write_config,
 )
+from gateway_sim.launch import start_many, worker_url
+from tests.e2e.stalled import StalledClient
+from tests.support.availability import wait_worker
+from tests.support.helpers import wait_for_events
+from tests.support.launch import Launcher
 from tests.support.waits import WAIT_S
 
 

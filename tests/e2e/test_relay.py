@@ -17,28 +17,26 @@ import grpc
 import pytest
 from grpc import aio
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, SimHost, worker_url
-from tests.support.helpers import (
+from gateway_sim.client import (
     SGL_SERVICE,
     VLLM_SERVICE,
-    SharedProcesses,
     channel,
     collect,
     model_md,
     sgl,
     sgl_generate,
     sgl_grpc,
-    start_many,
     trailers,
     vllm,
     vllm_generate,
     vllm_grpc,
-    wait_for_events,
     wait_health,
     wait_idle,
     wait_running,
 )
+from gateway_sim.launch import Child, SharedProcesses, start_many, worker_url
+from tests.support.helpers import wait_for_events
+from tests.support.launch import Launcher, SimHost
 from tests.support.waits import WAIT_S
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

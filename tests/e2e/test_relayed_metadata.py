@@ -1,5 +1,5 @@
 """A worker's headers and trailers as the client gets them, with a real worker process
-(tests/e2e/trailers_worker.py) and a real gateway: a worker's 14 KB of trailers (over
+(sim/gateway_sim/trailers_worker.py) and a real gateway: a worker's 14 KB of trailers (over
 grpc's soft metadata limit of 8 KiB, under its hard one of 16 KiB) end a complete
 stream OK, cut to `upstream.max_relayed_metadata_bytes`, the gateway's own trailers
 added, the cut counted and logged; response headers likewise; an OK answer carries
@@ -25,12 +25,12 @@ import pytest
 from grpc import aio
 
 from gateway.proxy.metadata import entry_size
-from gateway_sim.launch import Child, ready
-from tests.conftest import Launcher, worker_url
+from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc, trailers
+from gateway_sim.launch import Child, ready, worker_url
+from gateway_sim.trailers_worker import ENTRY_BYTES
 from tests.e2e.rawclient import RawClient
-from tests.e2e.trailers_worker import ENTRY_BYTES
 from tests.support.availability import labels, samples, scrape
-from tests.support.helpers import collect, model_md, sgl_generate, sgl_grpc, trailers
+from tests.support.launch import Launcher
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 SOFT_LIMIT = 8192  # grpc's soft metadata limit, the most a default client always takes
@@ -43,7 +43,7 @@ DROPPED = "gateway_relayed_metadata_dropped_total"
 
 @pytest.fixture
 def worker(processes: list[Child]) -> Child:
-    args = [sys.executable, "-m", "tests.e2e.trailers_worker"]
+    args = [sys.executable, "-m", "gateway_sim.trailers_worker"]
     child = ready(subprocess.Popen(args, stdout=subprocess.PIPE, text=True), args)
     processes.append(child)
     return child

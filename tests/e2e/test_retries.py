@@ -7,18 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, worker_url
-from tests.support.helpers import (
-    channel,
-    collect,
-    model_md,
-    sgl_generate,
-    sgl_grpc,
-    start_many,
-    wait_for_events,
-    wait_health,
-)
+from gateway_sim.client import channel, collect, model_md, sgl_generate, sgl_grpc, wait_health
+from gateway_sim.launch import Child, start_many, worker_url
+from tests.support.helpers import wait_for_events
+from tests.support.launch import Launcher
 
 
 def urls(*children: Child) -> list[str]:

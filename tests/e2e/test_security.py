@@ -14,10 +14,7 @@ import pytest
 import trustme
 from grpc import aio
 
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, grpcurl, worker_url
-from tests.support.helpers import (
-    ABORT_COMPLETES,
+from gateway_sim.client import (
     SGL_SERVICE,
     channel,
     collect,
@@ -25,9 +22,11 @@ from tests.support.helpers import (
     sgl,
     sgl_generate,
     sgl_grpc,
-    wait_for_events,
     write_config,
 )
+from gateway_sim.launch import Child, worker_url
+from tests.support.helpers import ABORT_COMPLETES, wait_for_events
+from tests.support.launch import Launcher, grpcurl
 
 
 @dataclass(frozen=True)

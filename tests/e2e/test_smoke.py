@@ -6,8 +6,10 @@ import grpc
 import pytest
 from grpc import aio
 
-from tests.conftest import Launcher, worker_url
-from tests.support.helpers import channel, model_md, rich_status, sgl_generate, sgl_grpc, trailers
+from gateway_sim.client import channel, model_md, sgl_generate, sgl_grpc, trailers
+from gateway_sim.launch import worker_url
+from tests.support.helpers import rich_status
+from tests.support.launch import Launcher
 
 
 async def test_generate_streams_through_and_unknown_model_is_not_found(

@@ -9,8 +9,8 @@ import json
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from gateway_sim.launch import Child, start
-from tests.conftest import SERVE_ARGS, START_S, Launcher, grpcurl, worker_url
+from gateway_sim.launch import SERVE_ARGS, START_S, Child, start, worker_url
+from tests.support.launch import Launcher, grpcurl
 from tests.support.tracing import CLIENT_SPAN, TRACE_ID, TRACEPARENT, attributes, receiver
 from tests.support.waits import until
 

@@ -11,10 +11,8 @@ import grpc
 import pytest
 from grpc import aio
 
-from tests.conftest import Launcher, grpcurl, worker_url
-from tests.support.helpers import (
+from gateway_sim.client import (
     SGL_SERVICE,
-    assert_verdict,
     channel,
     closed_port,
     collect,
@@ -25,6 +23,9 @@ from tests.support.helpers import (
     sgl_grpc,
     wait_health,
 )
+from gateway_sim.launch import worker_url
+from tests.support.helpers import assert_verdict
+from tests.support.launch import Launcher, grpcurl
 
 UNAVAILABLE_MESSAGE = (
     "All {n} regular workers for model '{model}' are unavailable "

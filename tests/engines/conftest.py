@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from gateway_sim.launch import Child
-from tests.conftest import Launcher
+from tests.support.launch import Launcher
 
 ENGINES_PYTHON = os.environ.get("GATEWAY_ENGINES_PYTHON", "")
 ENGINES_MODEL = os.environ.get("GATEWAY_ENGINES_MODEL", "")

@@ -15,25 +15,12 @@ import grpc
 import pytest
 from grpc import aio
 
+from gateway_sim.client import admin_address, channel, model_md, vllm, vllm_grpc, write_config
 from scripts.engines.worker import EngineWorker
-from tests.conftest import Launcher
 from tests.engines.conftest import Engines
-from tests.support.availability import (
-    admin_address,
-    is_ready,
-    labels,
-    samples,
-    scrape,
-    wait_worker,
-)
+from tests.support.availability import is_ready, labels, samples, scrape, wait_worker
 from tests.support.engines import greedy, load_on, logged, prompt, wait_idle
-from tests.support.helpers import (
-    channel,
-    model_md,
-    vllm,
-    vllm_grpc,
-    write_config,
-)
+from tests.support.launch import Launcher
 
 FOLLOW_S = 2.0  # the bound: events applied within this of the worker's first batch
 WAIT_S = 30.0  # bounded waits for a state (a busy 2-core machine runs the engine too)

@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 import pytest
 
+from gateway_sim.client import admin_address, channel, list_workers, model_md, write_config
 from scripts.engines.worker import EngineWorker
-from tests.conftest import Launcher
 from tests.engines.conftest import Engines
-from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
+from tests.support.availability import is_ready, wait_worker
 from tests.support.engines import (
     VOCAB,
     WAIT_S,
@@ -40,7 +40,7 @@ from tests.support.engines import (
     sglang_greedy,
     streamed,
 )
-from tests.support.helpers import channel, model_md, write_config
+from tests.support.launch import Launcher
 
 LEGS = ("prefill", "decode")
 # SGLang 0.5.23's decode keeps what it cached of a prefill that comes back on its address:

@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 import pytest
 
+from gateway_sim.client import admin_address, channel, list_workers, vllm_grpc, write_config
 from scripts.engines.worker import EngineWorker
-from tests.conftest import Launcher
 from tests.engines.conftest import Engines
-from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
+from tests.support.availability import is_ready, wait_worker
 from tests.support.engines import (
     CANCEL_WHEN,
     PREFILL_KV,
@@ -40,7 +40,8 @@ from tests.support.engines import (
     until_unavailable,
     wait_idle,
 )
-from tests.support.helpers import channel, rich_status, vllm_grpc, write_config
+from tests.support.helpers import rich_status
+from tests.support.launch import Launcher
 
 
 def invalid_reads(prefill: EngineWorker, prefix: str) -> list[str]:

@@ -12,10 +12,10 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway_sim.client import admin_address, channel, model_md, sgl, sgl_grpc, write_config
 from scripts.engines.sglang_worker import KV_TOKENS, SGLANG_SERVICE
 from scripts.engines.worker import EngineWorker
-from tests.conftest import Launcher
-from tests.support.availability import admin_address, is_ready, wait_worker
+from tests.support.availability import is_ready, wait_worker
 from tests.support.engines import (
     VOCAB,
     WAIT_S,
@@ -26,7 +26,7 @@ from tests.support.engines import (
     streamed,
     wait_idle,
 )
-from tests.support.helpers import channel, model_md, sgl, sgl_grpc, write_config
+from tests.support.launch import Launcher
 
 
 def bounded_gateway(gateway: Launcher, tmp_path: Path, worker: EngineWorker, *more: str) -> Any:

@@ -21,11 +21,11 @@ from typing import Any
 import grpc
 import pytest
 
+from gateway_sim.client import admin_address, list_workers, sgl, write_config
 from scripts.engines.sglang_worker import SglangWorker
 from scripts.engines.worker import EngineWorker
-from tests.conftest import Launcher
 from tests.engines.conftest import Engines
-from tests.support.availability import admin_address, is_ready, list_workers, wait_worker
+from tests.support.availability import is_ready, wait_worker
 from tests.support.engines import (
     CANCEL_WHEN,
     VOCAB,
@@ -43,10 +43,7 @@ from tests.support.engines import (
     until_unavailable,
     wait_idle,
 )
-from tests.support.helpers import (
-    sgl,
-    write_config,
-)
+from tests.support.launch import Launcher
 
 WINDOW = 4  # the decode's --max-running-requests
 SEQUENTIAL = 30

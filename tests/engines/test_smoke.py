@@ -5,10 +5,10 @@ from __future__ import annotations
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway_sim.client import admin_address, channel, model_md, vllm, vllm_grpc
 from scripts.engines.worker import ENGINE_SERVICE, EngineWorker
-from tests.conftest import Launcher
-from tests.support.availability import admin_address, is_ready, wait_worker
-from tests.support.helpers import channel, model_md, vllm, vllm_grpc
+from tests.support.availability import is_ready, wait_worker
+from tests.support.launch import Launcher
 
 DISCOVERY_S = 30.0  # bounded wait for the gateway to register a discovered worker
 

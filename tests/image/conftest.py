@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway_sim.launch import Child, NotReady, ready
-from tests.conftest import START_S, STOP_S
+from gateway_sim.launch import START_S, Child, NotReady, ready
+from tests.support.launch import STOP_S
 
 IMAGE = os.environ.get("GATEWAY_IMAGE", "")
 ROOT = Path(__file__).resolve().parents[2]

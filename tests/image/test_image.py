@@ -12,10 +12,17 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2
 
-from tests.conftest import Launcher, worker_url
+from gateway_sim.client import (
+    channel,
+    model_md,
+    sgl_generate,
+    sgl_grpc,
+    wait_health,
+    wait_health_status,
+)
+from gateway_sim.launch import worker_url
 from tests.image.conftest import CONFIG_DIR, IMAGE, ROOT, ImageLauncher, inspect_image
-from tests.support.availability import wait_health_status
-from tests.support.helpers import channel, model_md, sgl_generate, sgl_grpc, wait_health
+from tests.support.launch import Launcher
 
 UID = GID = 10001  # deployment.yaml's runAsUser and runAsGroup
 DEPLOY = ROOT / "deploy" / "kubernetes"

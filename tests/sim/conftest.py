@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gateway_sim.launch import Child, start_sim
-from tests.conftest import START_S, HostedSim, SimHost
+from gateway_sim.launch import START_S, Child, start_sim
+from tests.support.launch import HostedSim, SimHost
 
 SimProcess = Child | HostedSim
 

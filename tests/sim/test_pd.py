@@ -28,7 +28,7 @@ from gateway_sim import SimConfig, add_sim_arguments
 from gateway_sim.engine import input_logprobs_for, output_tokens
 from gateway_sim.lines import Line, ProtocolError
 from gateway_sim.mailbox import Mailbox
-from tests.conftest import HostedSim, SimHost
+from tests.support.launch import HostedSim, SimHost
 from tests.support.waits import WAIT_S
 
 PROMPT = [5, 7, 11, 13]

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import pytest
 
 from gateway_sim.prefix_cache import Block, Lease, PrefixCache
-from tests.conftest import run_alone
 from tests.sim.kv import RUNTIMES, engine, hashes, kinds, prompt, removed_of, stored_of
+from tests.support.serial import run_alone
 from tests.support.sim import StartSim
 
 

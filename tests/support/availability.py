@@ -26,20 +26,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway_sim.launch import Child
-from tests.conftest import START_S
-from tests.support.helpers import channel, collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import (
+    channel,
+    collect,
+    list_workers,
+    model_md,
+    sgl_generate,
+    sgl_grpc,
+    status_name,
+)
+from gateway_sim.launch import START_S, Child
 from tests.support.waits import WAIT_S
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-
 T = TypeVar("T")
-
-
-def status_name(status: int) -> str:
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status))
 
 
 # --------------------------------------------------------------------------- load
@@ -267,47 +266,11 @@ def status_event(worker_id: str, new: int) -> Callable[[Any], bool]:
 # --------------------------------------------------------------------------- health
 
 
-async def health_check(address: str, name: str) -> int:
-    async with channel(address) as ch:
-        reply = await health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=name), timeout=2
-        )
-    return int(reply.status)
-
-
 async def health_list(address: str) -> dict[str, str]:
     """Every health entry by name, with its status name."""
     async with channel(address) as ch:
         reply = await health_pb2_grpc.HealthStub(ch).List(health_pb2.HealthListRequest(), timeout=2)
     return {name: status_name(s.status) for name, s in reply.statuses.items()}
-
-
-async def wait_health_status(
-    address: str, name: str, status: int, within_s: float = WAIT_S
-) -> float:
-    """Poll Check (bounded) until `name` has `status`; returns the monotonic time seen."""
-    deadline = time.monotonic() + within_s
-    while True:
-        if await health_check(address, name) == status:
-            return time.monotonic()
-        assert time.monotonic() < deadline, f"{name!r} not {status_name(status)} in {within_s}s"
-        await asyncio.sleep(0.02)
-
-
-# --------------------------------------------------------------------------- admin
-
-
-def admin_address(gw: Child) -> str:
-    return f"127.0.0.1:{gw.port_of('admin')}"
-
-
-async def list_workers(address: str, metadata: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-    """ListWorkers on the admin port: the workers by id."""
-    async with aio.insecure_channel(address) as ch:
-        reply = await admin_pb2_grpc.AdminServiceStub(ch).ListWorkers(
-            admin_pb.ListWorkersRequest(), metadata=tuple(metadata) or None, timeout=2
-        )
-    return {w.id: w for w in reply.workers}
 
 
 async def wait_worker(

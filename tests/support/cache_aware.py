@@ -12,6 +12,7 @@ from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
 from gateway.upstream.load.kv_events import KvFollower
 from tests.support.factories import worker_on
+from tests.support.fakes.channel import FakeChannel
 
 PROMPT = list(range(1000, 1512))  # 512 tokens, 32 blocks
 
@@ -36,8 +37,3 @@ def stored(sequence: int, engine_hashes: list[int], tokens: list[int], **extra: 
     return kv.KvEventBatch(
         sequence_number=sequence, events=[event], load=kv.EngineLoad(running_requests=2)
     )
-
-
-class FakeChannel:
-    def unary_stream(self, *args: Any, **kwargs: Any) -> None:
-        return None

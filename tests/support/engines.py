@@ -15,19 +15,10 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from gateway_sim.client import channel, model_md, sgl, sgl_grpc, trailers, vllm, vllm_grpc
 from scripts.engines.sglang_worker import SGLANG_SERVICE
 from scripts.engines.worker import EngineWorker
-from tests.support.helpers import (
-    channel,
-    model_md,
-    request_events,
-    rich_status,
-    sgl,
-    sgl_grpc,
-    trailers,
-    vllm,
-    vllm_grpc,
-)
+from tests.support.helpers import request_events, rich_status
 
 VOCAB = 512
 WAIT_S = 90.0  # bounded waits for a state on a busy 2-core machine

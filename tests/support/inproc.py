@@ -22,9 +22,6 @@ from gateway_sim.config import SimConfig, add_sim_arguments
 from gateway_sim.server import serve
 from tests.support.waits import until
 
-SGL = "/sglang.grpc.scheduler.SglangScheduler/"
-VLLM = "/vllm.grpc.engine.VllmEngine/"
-
 
 @dataclass(frozen=True)
 class Sim:

@@ -12,15 +12,9 @@ import grpc
 from grpc import aio
 
 from gateway.admin.v1 import admin_pb2_grpc
+from gateway_sim.client import MAX, POLL_S, model_md, sgl, sgl_grpc
 from gateway_sim.launch import Child
-from tests.support.helpers import (
-    MAX,
-    POLL_S,
-    model_md,
-    request_events,
-    sgl,
-    sgl_grpc,
-)
+from tests.support.helpers import request_events
 from tests.support.waits import WAIT_S
 
 PROCESSES = ("--processes", "2", "--probe-interval", "0.2")

@@ -1,4 +1,4 @@
-"""The Kubernetes source against the stand-in API server (tests/kube/apiserver.py) on an
+"""The Kubernetes source against the stand-in API server (tests/support/fakes/apiserver.py) on an
 ephemeral port, through lightkube as in production: what it reports as pods come, change
 and go, how it mends an expired or broken watch, what it makes of a pod's labels,
 annotations and ports, and what it keeps when the server is down. Every wait is a bounded
@@ -20,7 +20,7 @@ from gateway.config import KubernetesDiscovery
 from gateway.discovery import kubernetes
 from gateway.discovery.kubernetes import KubernetesSource
 from gateway.discovery.source import Discovered
-from tests.kube.apiserver import ApiServer, running
+from tests.support.fakes.apiserver import ApiServer, running
 from tests.support.waits import until
 
 NS = "serving"

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.engines.sglang import SglangAdapter
 from gateway.engines.vllm import VllmAdapter
-from tests.support.helpers import sgl, vllm
+from gateway_sim.client import sgl, vllm
 
 SGLANG, VLLM = SglangAdapter(), VllmAdapter()
 

@@ -25,7 +25,7 @@ from gateway.config import build_config
 from gateway.scale.child import Orphan, share_directory, tidy
 from gateway.scale.control import ControlPlane, DesiredFleet, NoAnswer, reconcile, within
 from gateway.scale.supervisor import Position, ProcessesCollector, Supervisor
-from tests.support.fakes import Aborted, FakeContext
+from tests.support.fakes.context import Aborted, FakeContext
 
 READ_S = 0.2  # the read deadline in these tests
 SLACK_S = 0.2  # a change's deadline on top of the wait it asks for

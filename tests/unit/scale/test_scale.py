@@ -22,7 +22,7 @@ from gateway.proxy.legs import MAX_ROOM, BootstrapRooms
 from gateway.scale.control import ControlPlane, DesiredFleet, merge_workers, reconcile
 from gateway.scale.member import Member, serving_config
 from gateway.scale.port import hold_port
-from tests.support.fakes import Aborted, FakeContext
+from tests.support.fakes.context import Aborted, FakeContext
 
 # ------------------------------------------------------------------ member and config
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """A bare grpc.aio raw-bytes relay with no routing: the per-core floor the gateway is
-measured against (scripts/bench.py). Same transport options as the gateway's main port and
+measured against (scripts/bench/bench.py). Same transport options as the gateway's main port and
 worker channels, one upstream, and only what any transparent relay does: the request's
 metadata and deadline up, the worker's headers, messages and trailers down.
 
-    python scripts/bare_relay.py --upstream 127.0.0.1:30000   # prints READY 127.0.0.1:PORT
+    python scripts/bench/bare_relay.py --upstream 127.0.0.1:30000   # prints READY 127.0.0.1:PORT
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gateway.app.run import on_loop
 from gateway.app.transport import server_options
@@ -30,7 +30,7 @@ from gateway.upstream.channels import open_channel
 
 def relaying(method: Callable[..., Any]) -> Callable[[bytes, Any], Awaitable[None]]:
     """The handler of one method: `method(request, metadata=, timeout=)` starts the
-    upstream call (a channel's unary_stream callable). scripts/bench_call.py runs it too."""
+    upstream call (a channel's unary_stream callable). scripts/bench/bench_call.py runs it too."""
 
     async def stream(request: bytes, context: aio.ServicerContext) -> None:
         call = method(
@@ -70,7 +70,8 @@ async def relay(upstream: str) -> None:
 
 async def serve_until_terminated(server: aio.Server) -> None:
     """Serve on a free loopback port, announced as `READY 127.0.0.1:PORT` (what
-    scripts/bench.py waits for), until SIGTERM. scripts/floor_picker.py serves so too."""
+    scripts/bench/bench.py waits for), until SIGTERM. scripts/bench/floor_picker.py
+    serves so too."""
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(f"READY 127.0.0.1:{port}", flush=True)

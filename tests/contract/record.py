@@ -3,7 +3,7 @@
 the simulator is compared with (tests/contract/test_transcripts.py).
 
     make record-transcripts CONTRACT=vllm|sglang|vllm-pd|sglang-pd
-    .venv/bin/python scripts/record_transcripts.py [--contract NAME]
+    .venv/bin/python -m tests.contract.record [--contract NAME]
 
 Starts the contract's real workers (vLLM: scripts/engines/worker.py, its gRPC launcher
 with smg-grpc-servicer, KV events on an ipc:// socket; SGLang:
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = WORKERS[contract.engine].engine
     transcript: dict[str, Any] = {
         "about": f"answers of a real {engine} gRPC worker to tests/contract/calls.py, "
-        "recorded by scripts/record_transcripts.py",
+        "recorded by tests/contract/record.py",
         "recorded": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "versions": versions,
         "model": model_spec(args.model),

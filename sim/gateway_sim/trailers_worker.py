@@ -1,6 +1,7 @@
 """An SGLang worker whose answers carry the headers and trailers a request asks for:
-`python -m tests.e2e.trailers_worker`, prints `READY 127.0.0.1:PORT`. For the tests of
-what the gateway relays of a worker's metadata (tests/e2e/test_relayed_metadata.py).
+`python -m gateway_sim.trailers_worker`, prints `READY 127.0.0.1:PORT`. For the tests of
+what the gateway relays of a worker's metadata (tests/e2e/test_relayed_metadata.py) and
+the trailers attack (scripts/attacks/scenarios.py).
 
 A Generate streams one chunk per token asked for (`max_new_tokens`, at most MAX_TOKENS),
 then a Complete, and ends OK. Request metadata says what goes with the answer:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway_sim.launch import Child
-from tests.conftest import START_S
+from gateway_sim.launch import START_S, Child
 
 POLICY = "envoy.load_balancing_policies.client_side_weighted_round_robin"
 POLICY_TYPE = (

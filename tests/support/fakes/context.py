@@ -1,4 +1,4 @@
-"""Helpers several tests share (no test imports another test module)."""
+"""A servicer context whose abort raises `Aborted` with its code and details."""
 
 from __future__ import annotations
 

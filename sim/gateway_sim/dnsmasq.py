@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dns.resolver
 
-from tests.support.waits import WAIT_S
+from gateway_sim.client import WAIT_S
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ Prints, as ratios to the targets of issue 14:
   `--decode`, each prompt is also decoded from its GenerateRequest bytes on the loop, as
   the front does before placement (not part of the KV code's budget: shown apart).
 
-    .venv/bin/python scripts/bench_prefix.py [--decode] [--rounds 5]
+    .venv/bin/python scripts/bench/bench_prefix.py [--decode] [--rounds 5]
 """
 
 from __future__ import annotations
