@@ -17,11 +17,11 @@ import trustme
 from grpc import aio
 
 from gateway.picker.envoy import PickerTls, envoy_config
-from gateway_sim.launch import Child
-from tests.conftest import Launcher, worker_url
-from tests.e2e.envoy import envoy_binary, run_envoy
+from gateway_sim.client import channel, collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.envoy import envoy_binary, run_envoy
+from gateway_sim.launch import Child, worker_url
 from tests.support.extproc import headers_part, process
-from tests.support.helpers import channel, collect, model_md, sgl_generate, sgl_grpc
+from tests.support.launch import Launcher
 from tests.support.waits import until
 
 HEALTH_CHECK = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
