@@ -43,6 +43,7 @@ from gateway_sim.dnsmasq import Dnsmasq
 from gateway_sim.kv_flood import KvFlooder
 from gateway_sim.launch import Child, ready, worker_url
 from scripts.attacks.harness import Check, Scenario, until
+from scripts.attacks.picker_scenarios import PICKER_SCENARIOS
 from scripts.attacks.worker_scenarios import WORKER_SCENARIOS
 
 LIE = 2**32 - 1  # the usage a lying worker reports (completion_tokens is a uint32)
@@ -680,4 +681,4 @@ SCENARIOS: dict[str, type[Scenario]] = {
         DnsSrv,
         QueueMemory,
     )
-} | {kind.name: kind for kind in WORKER_SCENARIOS}
+} | {kind.name: kind for kind in (*WORKER_SCENARIOS, *PICKER_SCENARIOS)}
