@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -614,7 +613,8 @@ class PickerPlaintextRefused(PickerScenario):
         with open(log, "w") as errors:
             args = [*SERVE_ARGS, "--config", config, "--worker", worker]
             process = spawn(args, stderr=errors.fileno(), cwd=cwd)
-        self.run.on_exit(lambda: stop(process))
+        child = Child(process, 0, tuple(args))  # stopped as every child is
+        self.run.on_exit(child.stop)
         started = time.monotonic()
         ready = ""
         assert process.stdout is not None
@@ -628,7 +628,7 @@ class PickerPlaintextRefused(PickerScenario):
                 break
             if not line:
                 break
-        stop(process)
+        child.stop()
         took = time.monotonic() - started
         lines = log.read_text(errors="replace").splitlines()
         naming = [line for line in lines if "picker.listen" in line]
@@ -649,19 +649,6 @@ class PickerPlaintextRefused(PickerScenario):
 
     async def end(self) -> None:
         pass
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    """SIGTERM, SIGKILL after 5 s; reaped."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    if process.stdout is not None:
-        process.stdout.close()
 
 
 PICKER_SCENARIOS: tuple[type[Scenario], ...] = (
