@@ -674,7 +674,7 @@ async def _serving(data: Mapping[str, Any]) -> list[Family]:
     gateway = Gateway(build_config({**data, **QUIET}))
     try:
         await gateway.start()
-        return _families(gateway.metrics.prometheus, "")
+        return _families(gateway.parts.metrics.prometheus, "")
     finally:
         await gateway.close()
 

@@ -327,7 +327,7 @@ def checked_config(
     (API keys, certificates); then the renamed keys the file still uses are warned
     about. None once the first problem is told in one line (`config error: ...`, in the
     configured log format as soon as it is known)."""
-    from gateway.app.server import preflight
+    from gateway.app.assembly import preflight
     from gateway.observability.logs import prefer
 
     prefer(args.log_format or "console")  # a config error is a JSON line with the flag

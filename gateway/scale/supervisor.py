@@ -33,8 +33,9 @@ from prometheus_client.registry import Collector
 from gateway.admin.service import serve_admin
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
+from gateway.app.assembly import preflight
 from gateway.app.metrics import Endpoint
-from gateway.app.server import preflight, ready_line
+from gateway.app.server import ready_line
 from gateway.config import GatewayConfig
 from gateway.core.listen import CannotListen
 from gateway.core.tasks import TaskScope

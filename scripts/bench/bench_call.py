@@ -187,16 +187,16 @@ async def main_async(args: argparse.Namespace) -> None:
     await gw.start()
     try:
         for _ in range(200):  # bounded: the worker identified and probed ready
-            if all(w.status is WorkerStatus.READY for w in gw.fleet.registry):
+            if all(w.status is WorkerStatus.READY for w in gw.parts.fleet.registry):
                 break
             await asyncio.sleep(0.05)
         else:
             raise SystemExit("the simulated worker did not become ready")
         messages = answer_messages(args.tokens)
-        gw.fleet.method = lambda worker, path, streaming: (  # type: ignore[method-assign]
+        gw.parts.fleet.method = lambda worker, path, streaming: (  # type: ignore[method-assign]
             lambda request, metadata, timeout: FakeStream(messages)
         )
-        front = next(f for f in gw.fronts if f.adapter.service_name.startswith("sglang"))
+        front = next(f for f in gw.parts.fronts if f.adapter.service_name.startswith("sglang"))
         gateway = front._make(front.adapter.rpcs["Generate"])  # its handler
         bare = bare_handler(messages)
         request = request_bytes(args.tokens)

@@ -22,8 +22,6 @@ def layer_names() -> list[str]:
 
 def test_one_layer_per_package() -> None:
     names = layer_names()
-    packages = sorted(
-        f"gateway.{path.parent.name}" for path in ROOT.glob("*/__init__.py")
-    )
+    packages = sorted(f"gateway.{path.parent.name}" for path in ROOT.glob("*/__init__.py"))
     assert sorted(name for name in names if name != "gateway.__main__") == packages
     assert len(names) == len(set(names))

@@ -26,7 +26,7 @@ async def test_calls_past_the_gateway_limit_are_refused_at_once() -> None:
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         held = stub.Generate(sgl_generate("held"), metadata=M)
-        await until(lambda: gw.admission.active == 1)
+        await until(lambda: gw.parts.admission.active == 1)
         _, error = await collect(stub.Generate(sgl_generate("shed"), metadata=M))
         assert error is not None
         assert_verdict(
@@ -42,7 +42,7 @@ async def test_calls_past_the_gateway_limit_are_refused_at_once() -> None:
         assert health.healthy is True
         held.cancel()
         await idle(gw)
-        await until(lambda: gw.admission.active == 0)
+        await until(lambda: gw.parts.admission.active == 0)
         messages, error = await collect(
             stub.Generate(sgl_generate("after"), metadata=model_md("m", ("x-sim-ttft-ms", "0")))
         )

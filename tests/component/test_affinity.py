@@ -27,11 +27,11 @@ SESSIONS, CALLS = 100, 10
 
 def affinity_count(gw: Gateway, outcome: str) -> float:
     labels = {"model": "m", "outcome": outcome}
-    return gw.metrics.prometheus.get_sample_value("gateway_affinity_total", labels) or 0.0
+    return gw.parts.metrics.prometheus.get_sample_value("gateway_affinity_total", labels) or 0.0
 
 
 def sessions_held(gw: Gateway) -> float:
-    return gw.metrics.prometheus.get_sample_value("gateway_affinity_sessions") or 0.0
+    return gw.parts.metrics.prometheus.get_sample_value("gateway_affinity_sessions") or 0.0
 
 
 @contextlib.asynccontextmanager
@@ -92,7 +92,9 @@ async def test_a_session_stays_on_its_worker_and_moves_once_when_it_leaves() -> 
 
         gone = Counter(homes.values()).most_common(1)[0][0]
         moved = [n for n in names if homes[n] == gone]
-        assert await gw.fleet.remove(worker(gw, next(w for w in workers if w.address == gone)), 0)
+        assert await gw.parts.fleet.remove(
+            worker(gw, next(w for w in workers if w.address == gone)), 0
+        )
         records.clear()
         await rounds(gw, names, CALLS, "b")
         await until(lambda: len(records) == SESSIONS * CALLS)

@@ -33,8 +33,8 @@ async def keyed(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 def count_lookups(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    assert gw.auth is not None
-    keys = gw.auth.keys
+    assert gw.parts.auth is not None
+    keys = gw.parts.auth.keys
     looked: list[Any] = []
     original = keys.name_of
 

@@ -34,9 +34,9 @@ async def test_the_gateways_own_channel_failure_is_not_the_workers() -> None:
         target = worker(gw, w)
         request = sgl_generate("r").SerializeToString()
         for _ in range(2 * gw.config.outlier_detection.failure_threshold):
-            reservation = gw.upstreams.reserve(target)
+            reservation = gw.parts.upstreams.reserve(target)
             outbound = Outbound(SGL + "Generate", request, (("x-odd", "café"),), 5.0, True)
-            with gw.upstreams.call(reservation, Role.REGULAR, outbound) as call:
+            with gw.parts.upstreams.call(reservation, Role.REGULAR, outbound) as call:
                 with pytest.raises(UpstreamFailure) as failed:
                     await call.first(Nowhere())
                 assert failed.value.code is grpc.StatusCode.INTERNAL

@@ -68,7 +68,9 @@ def url(s: Sim, runtime: str = "sglang", **extra: Any) -> str:
 
 async def following(gw: Gateway, *sims: Sim) -> None:
     await until(
-        lambda: all(gw.fleet.followers[s.address].state is FollowState.FOLLOWING for s in sims)
+        lambda: all(
+            gw.parts.fleet.followers[s.address].state is FollowState.FOLLOWING for s in sims
+        )
     )
 
 
@@ -86,7 +88,7 @@ async def two_workers() -> AsyncIterator[tuple[Gateway, aio.Channel, str, Sim]]:
         first, cached = await generate(ch, sgl_request(PROMPT, "p0"))
         assert cached == 0
         holder = a if first == "a" else b
-        await until(lambda: gw.fleet.kv_index.size(holder.address) == 4)  # its event
+        await until(lambda: gw.parts.fleet.kv_index.size(holder.address) == 4)  # its event
         yield gw, ch, first, holder
 
 
@@ -111,12 +113,14 @@ async def test_without_kv_events_placements_teach_the_index() -> None:
         client(gw) as ch,
     ):
         await until(
-            lambda: all(f.state is FollowState.UNSUPPORTED for f in gw.fleet.followers.values())
+            lambda: all(
+                f.state is FollowState.UNSUPPORTED for f in gw.parts.fleet.followers.values()
+            )
         )
         first, _ = await generate(ch, sgl_request(PROMPT, "p0"))
         for i in range(3):
             assert await generate(ch, sgl_request(PROMPT, f"p{i + 1}")) == (first, 64)
-        assert not gw.fleet.kv_index.exact(a.address)
+        assert not gw.parts.fleet.kv_index.exact(a.address)
 
 
 async def test_namespaces_sharing_token_ids_never_hit_each_other() -> None:
@@ -127,11 +131,11 @@ async def test_namespaces_sharing_token_ids_never_hit_each_other() -> None:
     ):
         await following(gw, a)
         assert await generate(ch, sgl_request(PROMPT, "f0", lora_id="finance")) == ("a", 0)
-        await until(lambda: gw.fleet.kv_index.size(a.address) == 4)
+        await until(lambda: gw.parts.fleet.kv_index.size(a.address) == 4)
         assert await generate(ch, sgl_request(PROMPT, "l0", lora_id="legal")) == ("a", 0)
         assert await generate(ch, sgl_request(PROMPT, "b0")) == ("a", 0)
         assert await generate(ch, sgl_request(PROMPT, "f1", lora_id="finance")) == ("a", 64)
-        index = gw.fleet.kv_index
+        index = gw.parts.fleet.kv_index
         assert index.matched_tokens(Prefix(PROMPT, "lora:finance"), [a.address], 0) == {
             (a.address, 0): 64
         }
@@ -150,7 +154,7 @@ async def test_a_data_parallel_worker_is_sent_to_the_rank_holding_the_prompt() -
                 "a",
                 0,
             )
-        await until(lambda: gw.fleet.kv_index.size(a.address) == 4)
+        await until(lambda: gw.parts.fleet.kv_index.size(a.address) == 4)
         assert await generate(ch, sgl_request(PROMPT, "g0")) == ("a", 64)  # rank 1 it was
 
 
@@ -174,7 +178,7 @@ async def test_sglang_pd_places_the_prefill_leg_cache_aware() -> None:
                         )
 
                         def cached(p: str = prefill) -> bool:
-                            return gw.fleet.kv_index.size(p) == 4
+                            return gw.parts.fleet.kv_index.size(p) == 4
 
                         await until(cached)
             prefills = [e["legs"]["prefill"] for e in logs if e.get("event") == "request"]
@@ -208,7 +212,7 @@ async def test_vllm_workers_route_cache_aware_too() -> None:
 
         first, _ = await ask("v0")
         holder = a if first == "a" else b
-        await until(lambda: gw.fleet.kv_index.size(holder.address) == 4)
+        await until(lambda: gw.parts.fleet.kv_index.size(holder.address) == 4)
         assert [await ask(f"v{i}") for i in range(1, 4)] == [(first, 64)] * 3
 
 
@@ -247,7 +251,9 @@ async def test_expected_cached_tokens_agree_with_the_engines_when_caches_evict(
         if events:
             await following(gw, a, b)
         else:  # each worker's size comes with its load report: 32 blocks of 16
-            await until(lambda: all(w.load and w.load.kv_tokens == 512 for w in gw.fleet.registry))
+            await until(
+                lambda: all(w.load and w.load.kv_tokens == 512 for w in gw.parts.fleet.registry)
+            )
         reported = 0
         with capture_logs() as logs:
             for i, (lora, tokens) in enumerate(sessions_trace()):
@@ -255,7 +261,7 @@ async def test_expected_cached_tokens_agree_with_the_engines_when_caches_evict(
                 reported += (await generate(ch, request))[1]
         expected = sum(e["expected_cached_tokens"] for e in logs if e.get("event") == "request")
         if events:
-            evictions = sum(f.events.get("removed", 0) for f in gw.fleet.followers.values())
+            evictions = sum(f.events.get("removed", 0) for f in gw.parts.fleet.followers.values())
             assert evictions > 0
         assert reported > 0
         assert abs(expected - reported) <= 0.05 * reported, (expected, reported)
@@ -263,11 +269,11 @@ async def test_expected_cached_tokens_agree_with_the_engines_when_caches_evict(
 
 async def test_a_removed_worker_leaves_the_index() -> None:
     async with two_workers() as (gw, ch, first, holder):
-        worker = gw.fleet.registry.get(holder.address)
+        worker = gw.parts.fleet.registry.get(holder.address)
         assert worker is not None
-        await gw.fleet.remove(worker, drain_timeout_s=1)
-        assert gw.fleet.kv_index.size(holder.address) == 0
-        assert holder.address not in gw.fleet.followers
+        await gw.parts.fleet.remove(worker, drain_timeout_s=1)
+        assert gw.parts.fleet.kv_index.size(holder.address) == 0
+        assert holder.address not in gw.parts.fleet.followers
         survivor, cached = await generate(ch, sgl_request(PROMPT, "p1"))
         assert (survivor != first, cached) == (True, 0)
 
@@ -280,9 +286,9 @@ async def test_kv_metrics_and_admin_show_the_index() -> None:
     ):
         await following(gw, a)
         await generate(ch, sgl_request(PROMPT, "p0"))
-        await until(lambda: gw.fleet.kv_index.size(a.address) == 4)
+        await until(lambda: gw.parts.fleet.kv_index.size(a.address) == 4)
         await generate(ch, sgl_request(PROMPT, "p1"))
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         assert sample("gateway_kv_index_blocks", {"worker": a.address}) == 4
         # SGLang stores a page per event: four blocks, four events.
         assert sample("gateway_kv_events_total", {"worker": a.address, "kind": "stored"}) == 4

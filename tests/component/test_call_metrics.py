@@ -46,7 +46,7 @@ async def test_a_streamed_generate_is_timed_once_and_its_tokens_counted() -> Non
         [record] = records
         assert record.messages == TOKENS + 1 and record.first_message_s is not None
 
-        metric = gw.metrics.prometheus.get_sample_value
+        metric = gw.parts.metrics.prometheus.get_sample_value
         answered = {"model": "m", "service": SGL, "rpc": "Generate", "code": "OK"}
         where = {"model": "m", "service": SGL}
         assert metric("gateway_request_duration_seconds_count", answered) == 1
@@ -61,11 +61,11 @@ async def test_a_streamed_generate_is_timed_once_and_its_tokens_counted() -> Non
         assert gap is not None and gap >= 0.9 * TOKEN_MS / 1000 * (TOKENS - 1) / TOKENS
         assert metric("gateway_generated_tokens_total", {"model": "m"}) == TOKENS
 
-        port = gw.metrics.serve("127.0.0.1:0")
+        port = gw.parts.metrics.serve("127.0.0.1:0")
         try:
             text = await asyncio.to_thread(fetch, port)
         finally:
-            gw.metrics.close()
+            gw.parts.metrics.close()
     assert "_created" not in text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     unlabelled = {s.name: s.value for f in families.values() for s in f.samples if not s.labels}

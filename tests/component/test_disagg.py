@@ -15,6 +15,7 @@ import pytest
 from grpc import aio
 from structlog.testing import capture_logs
 
+from gateway.app.server import Gateway
 from gateway_sim.client import (
     channel,
     collect,
@@ -189,14 +190,14 @@ async def test_a_cancel_before_the_first_token_lets_the_hand_off_finish() -> Non
             call = sgl_grpc.SglangSchedulerStub(ch).Generate(
                 sgl_request("cancel-early", 100), metadata=model_md("m")
             )
-            await until(lambda: gw.fleet.registry.get(decode.address).inflight == 1)  # type: ignore[union-attr]
+            await until(lambda: gw.parts.fleet.registry.get(decode.address).inflight == 1)  # type: ignore[union-attr]
             call.cancel()
             (event,) = await logged(logs, 1)
             assert event["code"] == "CANCELLED"
             assert await wait_idle(decode.address) == 0
             assert await wait_idle(prefill.address) == 0
-            await until(lambda: all(w.inflight == 0 for w in gw.fleet.registry))
-        for worker in gw.fleet.registry:
+            await until(lambda: all(w.inflight == 0 for w in gw.parts.fleet.registry))
+        for worker in gw.parts.fleet.registry:
             assert worker.outlier.failures == 0, worker.id
 
 
@@ -263,7 +264,7 @@ async def test_vllm_prefill_without_transfer_params_fails_naming_the_prefill() -
             f"prefill worker {p.address}: returned no kv_transfer_params; "
             "the decode cannot fetch the KV cache"
         )
-        failures = gw.metrics.prometheus.get_sample_value(
+        failures = gw.parts.metrics.prometheus.get_sample_value(
             "gateway_pd_handoff_failures_total", {"model": "m", "reason": "missing_kv_params"}
         )
         assert failures == 1.0
@@ -478,8 +479,8 @@ async def test_vllm_pd_decode_limited_to_one_never_runs_two() -> None:
         assert await wait_idle(decode.address, "vllm") == 0
 
 
-def stalled_handoffs(gw: Any) -> float | None:
-    return gw.metrics.prometheus.get_sample_value(  # type: ignore[no-any-return]
+def stalled_handoffs(gw: Gateway) -> float | None:
+    return gw.parts.metrics.prometheus.get_sample_value(
         "gateway_pd_handoff_failures_total", {"model": "m", "reason": "decode_stalled"}
     )
 
@@ -523,8 +524,8 @@ class TestDecodeFirstMessageBound:
             # the abandoned decode ran until its first message, then was cancelled
             assert await wait_idle(stalled.address, "vllm") == 0
             assert await wait_idle(healthy.address, "vllm") == 0
-            await until(lambda: all(w.inflight == 0 for w in gw.fleet.registry))
-            assert all(w.outlier.failures == 0 for w in gw.fleet.registry)
+            await until(lambda: all(w.inflight == 0 for w in gw.parts.fleet.registry))
+            assert all(w.outlier.failures == 0 for w in gw.parts.fleet.registry)
 
     async def test_the_only_decode_stalling_ends_the_call_unavailable_naming_the_bound(
         self,
@@ -557,6 +558,9 @@ class TestDecodeFirstMessageBound:
             assert await wait_idle(decode.address, "vllm") == 0
             assert await wait_idle(prefill.address, "vllm") == 0
             await until(  # the gateway holds nothing of it either
-                lambda: len(gw.inflight) == 0 and all(w.inflight == 0 for w in gw.fleet.registry)
+                lambda: (
+                    len(gw.parts.inflight) == 0
+                    and all(w.inflight == 0 for w in gw.parts.fleet.registry)
+                )
             )
-            assert all(w.outlier.failures == 0 for w in gw.fleet.registry)
+            assert all(w.outlier.failures == 0 for w in gw.parts.fleet.registry)

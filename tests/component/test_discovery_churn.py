@@ -38,7 +38,7 @@ def rss_mib() -> float:
 
 def leftovers(gw: Gateway, kept: str) -> dict[str, object]:
     """What the fleet and membership still hold for any address but `kept`."""
-    fleet, members = gw.fleet, gw.membership
+    fleet, members = gw.parts.fleet, gw.parts.membership
     tables: dict[str, object] = {
         "registry": [w.id for w in fleet.registry if w.id != kept],
         "channels": [w.id for w in fleet._channels if w.id != kept],
@@ -76,7 +76,7 @@ async def test_hosts_that_leave_take_what_they_cost_with_them(tmp_path: Path) ->
         source = {"source": "file", "path": str(listed), "interval_s": 0.1}
         settings: dict[str, Any] = {"discovery": [source], "kv.events": True}
         async with gateway(**settings) as gw:
-            await until(lambda: gw.fleet.registry.get(a.address) is not None)
+            await until(lambda: gw.parts.fleet.registry.get(a.address) is not None)
             costs = [Cost.now()]
 
             async def flood_and_back() -> None:
@@ -87,8 +87,8 @@ async def test_hosts_that_leave_take_what_they_cost_with_them(tmp_path: Path) ->
                     named = [dead_worker_url(s, model="m", runtime="sglang") for s in closed]
                     urls = named[: HOSTS // 2] + [dead_worker_url(s) for s in closed[HOSTS // 2 :]]
                     listed.write_text(yaml.safe_dump(one + urls))
-                    await until(lambda: len(gw.fleet.followers) == HOSTS // 2 + 1, 60)
-                    await until(lambda: len(gw.membership._joining) == HOSTS - HOSTS // 2, 60)
+                    await until(lambda: len(gw.parts.fleet.followers) == HOSTS // 2 + 1, 60)
+                    await until(lambda: len(gw.parts.membership._joining) == HOSTS - HOSTS // 2, 60)
                     costs.append(Cost.now())
                     listed.write_text(yaml.safe_dump(one))
                     try:
@@ -103,7 +103,7 @@ async def test_hosts_that_leave_take_what_they_cost_with_them(tmp_path: Path) ->
 
             await flood_and_back()
             await flood_and_back()
-            assert gw.fleet.registry.get(a.address) is not None
+            assert gw.parts.fleet.registry.get(a.address) is not None
     print(
         f"{HOSTS} hosts, twice: tasks {' -> '.join(str(c.tasks) for c in costs)}; "
         f"threads {' -> '.join(str(c.threads) for c in costs)}; "

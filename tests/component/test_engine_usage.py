@@ -51,6 +51,6 @@ async def test_engine_reported_tokens_are_recorded_beside_the_expected_ones() ->
         assert figures == {"cold": (0, 0, 3), "warm": (64, 64, 3), "two": (64, 64, 6)}
         fields = by_id["warm"].log_fields()
         assert (fields["expected_cached_tokens"], fields["cached_tokens"]) == (64, 64)
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         assert sample("gateway_engine_cached_tokens_total", {"model": "m"}) == 128
         assert sample("gateway_prefix_hit_tokens_total", {"model": "m"}) == 128

@@ -49,19 +49,19 @@ async def one_slot(
 
 
 def waiting(gw: Gateway) -> int:
-    assert gw.rooms is not None
-    return gw.rooms.waiting("m")
+    assert gw.parts.rooms is not None
+    return gw.parts.rooms.waiting("m")
 
 
 async def test_a_call_waits_for_the_busy_worker_and_is_served_when_it_frees() -> None:
     async with one_slot() as (gw, stub, records):
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
-        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        await until(lambda: gw.parts.fleet.registry.pool("m", *_regular())[0].inflight == 1)
         queued = asyncio.ensure_future(
             collect(stub.Generate(sgl_generate("queued"), metadata=model_md("m")))
         )
         await until(lambda: waiting(gw) == 1)
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         assert sample("gateway_flow_queue_depth", {"model": "m", "class": "standard"}) == 1
         queue_bytes = sample("gateway_flow_queue_bytes", {"model": "m"})
         assert queue_bytes is not None and queue_bytes > 0
@@ -82,7 +82,7 @@ async def test_a_call_waits_for_the_busy_worker_and_is_served_when_it_frees() ->
 async def test_a_full_queue_is_queue_full_with_retry_hints() -> None:
     async with one_slot(queue={"max_requests": 1}) as (gw, stub, _):
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
-        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        await until(lambda: gw.parts.fleet.registry.pool("m", *_regular())[0].inflight == 1)
         queued = stub.Generate(sgl_generate("queued"), metadata=model_md("m"))
         await until(lambda: waiting(gw) == 1)
         _, error = await collect(stub.Generate(sgl_generate("third"), metadata=model_md("m")))
@@ -106,7 +106,7 @@ async def test_a_call_waiting_past_its_class_ttl_is_queue_timeout() -> None:
     classes = [{"name": "standard", "ttl_s": 0.2}]
     async with one_slot(classes=classes) as (gw, stub, records):
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
-        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        await until(lambda: gw.parts.fleet.registry.pool("m", *_regular())[0].inflight == 1)
         _, error = await collect(stub.Generate(sgl_generate("late"), metadata=model_md("m")))
         assert error is not None and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert error.details().startswith(
@@ -136,7 +136,7 @@ async def test_a_call_waiting_past_its_class_ttl_is_queue_timeout() -> None:
 
 async def test_a_cancel_or_deadline_while_queued_reaches_no_worker_and_blames_none() -> None:
     async with one_slot() as (gw, stub, records):
-        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        busy = gw.parts.fleet.registry.pool("m", *_regular())[0]
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
         await until(lambda: busy.inflight == 1)
         cancelled = stub.Generate(sgl_generate("gone"), metadata=model_md("m"))
@@ -154,7 +154,7 @@ async def test_a_cancel_or_deadline_while_queued_reaches_no_worker_and_blames_no
         # Their time in the queue counts, though they left it unserved.
         assert (by_id["deadline"].queued_s or 0) >= 0.25
         assert (by_id["gone"].queued_s or 0) > 0
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         waited = {"class": "standard"}
         assert sample("gateway_flow_wait_seconds_count", waited) == 2
         for outcome in ("cancelled", "deadline"):
@@ -169,7 +169,7 @@ async def test_a_cancel_or_deadline_while_queued_reaches_no_worker_and_blames_no
 async def test_a_higher_class_is_served_first() -> None:
     async with one_slot() as (gw, stub, records):
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
-        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        busy = gw.parts.fleet.registry.pool("m", *_regular())[0]
         await until(lambda: busy.inflight == 1)
         batch = asyncio.ensure_future(
             collect(
@@ -212,8 +212,8 @@ async def test_a_tenant_asking_above_its_max_class_is_lowered_and_the_record_say
 
 async def test_a_model_without_any_ready_worker_is_refused_at_once_not_queued() -> None:
     async with one_slot() as (gw, stub, _):
-        for w in gw.fleet.registry:
-            gw.fleet.set_in_service(w, False, "test: out of service")
+        for w in gw.parts.fleet.registry:
+            gw.parts.fleet.set_in_service(w, False, "test: out of service")
         _, error = await collect(stub.Generate(sgl_generate("r"), metadata=model_md("m")))
         assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
         assert waiting(gw) == 0
@@ -242,7 +242,7 @@ async def test_a_tenant_at_its_max_inflight_waits_while_others_go_on() -> None:
             return model_md("m", ("x-tenant-id", tenant), *extra)
 
         held = stub.Generate(sgl_generate("alice-1"), metadata=as_("alice", HOLD))
-        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        busy = gw.parts.fleet.registry.pool("m", *_regular())[0]
         await until(lambda: busy.inflight == 1)
         second = asyncio.ensure_future(
             collect(stub.Generate(sgl_generate("alice-2"), metadata=as_("alice")))
@@ -255,7 +255,7 @@ async def test_a_tenant_at_its_max_inflight_waits_while_others_go_on() -> None:
         messages, error = await second
         assert error is None and len(messages) == 5
         await idle(gw)
-        assert gw.rooms is not None and gw.rooms._inflight == {}
+        assert gw.parts.rooms is not None and gw.parts.rooms._inflight == {}
 
 
 async def test_calls_still_queued_when_the_drain_ends_are_shutting_down_with_retry_hints() -> None:
@@ -272,7 +272,7 @@ async def test_calls_still_queued_when_the_drain_ends_are_shutting_down_with_ret
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
-        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        busy = gw.parts.fleet.registry.pool("m", *_regular())[0]
         await until(lambda: busy.inflight == 1)
         queued = asyncio.ensure_future(
             collect(stub.Generate(sgl_generate("queued"), metadata=model_md("m")))
@@ -292,7 +292,7 @@ async def test_calls_still_queued_when_the_drain_ends_are_shutting_down_with_ret
         )
         held.cancel()
         await draining
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         outcome = {"class": "standard", "outcome": "shutting_down"}
         assert sample("gateway_flow_outcomes_total", outcome) == 1
 
@@ -302,7 +302,7 @@ async def test_the_admin_api_and_cli_show_what_waits_by_model_class_and_tenant(
 ) -> None:
     async with one_slot() as (gw, stub, _):
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
-        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        busy = gw.parts.fleet.registry.pool("m", *_regular())[0]
         await until(lambda: busy.inflight == 1)
         waits = [
             stub.Generate(sgl_generate(f"w{i}"), metadata=model_md("m", ("x-priority", klass)))
@@ -352,7 +352,7 @@ async def test_a_worker_without_a_fresh_load_report_waits_out_the_load_limits() 
         client(gw) as ch,
     ):
         records = recorded(gw)
-        busy = gw.fleet.registry.pool("m", *_regular())[0]
+        busy = gw.parts.fleet.registry.pool("m", *_regular())[0]
         await until(lambda: busy.load is not None)
         assert busy.load is not None
         # Just after a poll, so the next one is an interval away (not between these lines).
@@ -371,7 +371,7 @@ async def test_a_worker_without_a_fresh_load_report_waits_out_the_load_limits() 
 async def test_a_call_with_several_choices_waits_as_one_call() -> None:
     async with one_slot() as (gw, stub, records):
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", HOLD))
-        await until(lambda: gw.fleet.registry.pool("m", *_regular())[0].inflight == 1)
+        await until(lambda: gw.parts.fleet.registry.pool("m", *_regular())[0].inflight == 1)
         queued = asyncio.ensure_future(
             collect(stub.Generate(sgl_generate("two", n=2), metadata=model_md("m")))
         )

@@ -48,8 +48,8 @@ def md(tenant: str, *extra: tuple[str, str]) -> tuple[tuple[str, str | bytes], .
 
 async def test_outcomes_are_counted_per_tenant_with_first_calls_as_other() -> None:
     async with one_slot() as (gw, stub, records):
-        busy = gw.fleet.registry.pool("m", Runtime.SGLANG, Role.REGULAR)[0]
-        rooms = gw.rooms
+        busy = gw.parts.fleet.registry.pool("m", Runtime.SGLANG, Role.REGULAR)[0]
+        rooms = gw.parts.rooms
         assert rooms is not None
 
         async def ended(*ids: str) -> None:  # pins each tenant's order of calls seen
@@ -83,7 +83,7 @@ async def test_outcomes_are_counted_per_tenant_with_first_calls_as_other() -> No
         # A tenant's label depends on its own calls only (20 names, 2 tenants).
         seen = {t: [r.request_id for r in records if r.tenant == t] for t in ("alice", "bob")}
         assert seen == {"alice": ["held", "late", "held2"], "bob": ["full", "q"]}
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         expected = {
             ("other", "queue_full"): 1.0,
             ("other", "admitted"): 1.0,

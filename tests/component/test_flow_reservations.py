@@ -29,7 +29,7 @@ async def test_a_raise_before_the_first_upstream_call_returns_the_reservation() 
         client(gw) as ch,
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
-        front = gw.fronts[0]
+        front = gw.parts.fronts[0]
         dispatcher = front.env.routing.dispatcher
         serve = dispatcher.serve
         calls = 0
@@ -46,7 +46,7 @@ async def test_a_raise_before_the_first_upstream_call_returns_the_reservation() 
             _, error = await collect(stub.Generate(sgl_generate("broken"), metadata=model_md("m")))
             assert error is not None and error.code() is grpc.StatusCode.UNKNOWN
             await idle(gw)  # the worker's slot is back
-            assert gw.rooms is not None and not gw.rooms._inflight  # and the tenant's
+            assert gw.parts.rooms is not None and not gw.parts.rooms._inflight  # and the tenant's
             # With one slot and a tenant limit of one, a leak would hold this one forever.
             _, error = await collect(
                 stub.Generate(sgl_generate("next"), metadata=model_md("m"), timeout=20)

@@ -90,7 +90,7 @@ async def test_ready_with_no_usable_worker_for_a_model_is_a_warning_naming_it() 
             sim("--model", "m", "--not-serving") as down,
             gateway(down.url(model="m", runtime="sglang"), ready=False) as gw,
         ):
-            assert gw.health.status("models/m") == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert gw.parts.health.status("models/m") == health_pb2.HealthCheckResponse.NOT_SERVING
     warned = [e for e in logged if e["event"] == "no_usable_workers"]
     assert [(e["log_level"], e["models"], e["workers"]) for e in warned] == [("warning", ["m"], 1)]
 

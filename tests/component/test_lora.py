@@ -35,12 +35,14 @@ SIM_FLAGS = ("--max-loras", "2", "--lora-load-ms", "20")
 
 def loads(gw: Gateway, outcome: str = "loaded") -> float:
     labels = {"model": "m", "outcome": outcome}
-    return gw.metrics.prometheus.get_sample_value("gateway_lora_loads_total", labels) or 0.0
+    return gw.parts.metrics.prometheus.get_sample_value("gateway_lora_loads_total", labels) or 0.0
 
 
 def evictions(gw: Gateway) -> float:
     labels = {"model": "m"}
-    return gw.metrics.prometheus.get_sample_value("gateway_lora_evictions_total", labels) or 0.0
+    return (
+        gw.parts.metrics.prometheus.get_sample_value("gateway_lora_evictions_total", labels) or 0.0
+    )
 
 
 @contextlib.asynccontextmanager
@@ -85,7 +87,7 @@ async def test_calls_go_where_their_adapter_is_and_load_only_on_a_miss() -> None
         assert loads(gw) == len(ADAPTERS) and evictions(gw) == 0
         held = [a for w in workers for a in worker(gw, w).loras]
         assert sorted(held) == ADAPTERS
-        gauge = gw.metrics.prometheus.get_sample_value(
+        gauge = gw.parts.metrics.prometheus.get_sample_value(
             "gateway_worker_lora_adapters", {"worker": workers[0].address}
         )
         assert gauge == len(worker(gw, workers[0]).loras)
@@ -213,7 +215,9 @@ async def test_the_admin_api_lists_each_workers_adapters_and_the_bound_sessions(
 
 def load_rejected(gw: Gateway, address: str) -> float:
     labels = {"worker": address}
-    value = gw.metrics.prometheus.get_sample_value("gateway_worker_load_rejected_total", labels)
+    value = gw.parts.metrics.prometheus.get_sample_value(
+        "gateway_worker_load_rejected_total", labels
+    )
     return value or 0.0
 
 
@@ -236,8 +240,8 @@ async def test_a_worker_listing_200000_adapters_is_read_up_to_the_cap(
         hostile(Hostile(adapters=200_000)) as bad,
         gateway(bad.url(), **settings) as gw,
     ):
-        gw.fleet.lora_watch.seen()  # a call named an adapter (else `lora.adapters` did)
-        held = gw.fleet.registry.get(bad.address)
+        gw.parts.fleet.lora_watch.seen()  # a call named an adapter (else `lora.adapters` did)
+        held = gw.parts.fleet.registry.get(bad.address)
         assert held is not None
         await until(lambda: held.loras == kept and held.loras_rejected >= 2)
         assert load_rejected(gw, bad.address) >= 2
@@ -254,21 +258,21 @@ async def test_a_load_that_timed_out_waits_there_longer_each_time() -> None:
         hostile(Hostile(hold_loads=True)) as bad,
         gateway(bad.url(), **settings) as gw,
     ):
-        assert gw.loras is not None
-        held = gw.fleet.registry.get(bad.address)
+        assert gw.parts.loras is not None
+        held = gw.parts.fleet.registry.get(bad.address)
         assert held is not None
         errors = await asyncio.gather(*(call(gw, f"r{i}", "x") for i in range(3)))
         assert all(e is not None for e in errors)
         assert len(bad.loads) == 1 and held.outlier.failures == 1
-        [(timeouts, _)] = gw.loras.timed_out.values()
+        [(timeouts, _)] = gw.parts.loras.timed_out.values()
         assert timeouts == 1
         error = await call(gw, "r3", "x")
         assert error is not None and "its last load timed out" in (error.details() or "")
         assert len(bad.loads) == 1 and held.outlier.failures == 1  # refused without a load
-        gw.loras.timed_out[(bad.address, "x")] = (1, time.monotonic())  # its wait over
+        gw.parts.loras.timed_out[(bad.address, "x")] = (1, time.monotonic())  # its wait over
         assert await call(gw, "r4", "x") is not None
         assert len(bad.loads) == 2 and held.outlier.failures == 2
-        [(timeouts, _)] = gw.loras.timed_out.values()
+        [(timeouts, _)] = gw.parts.loras.timed_out.values()
         assert timeouts == 2  # waits load_backoff_s(2): twice the first
         await idle(gw)
-        assert held.lora_calls == {} and not gw.loras._pending
+        assert held.lora_calls == {} and not gw.parts.loras._pending

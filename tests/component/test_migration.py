@@ -86,7 +86,7 @@ async def two_workers(
 
 def migrations(gw: Gateway, reason: str, outcome: str) -> float:
     labels = {"model": "m", "reason": reason, "outcome": outcome}
-    return gw.metrics.prometheus.get_sample_value("gateway_migrations_total", labels) or 0.0
+    return gw.parts.metrics.prometheus.get_sample_value("gateway_migrations_total", labels) or 0.0
 
 
 async def both(stub: Any, make: Any) -> list[Any]:
@@ -319,7 +319,7 @@ async def test_a_removed_workers_streams_go_on_instead_of_hanging() -> None:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         running = asyncio.ensure_future(both(stub, sgl_request))
         await until(lambda: worker(gw, a).inflight == 1 and worker(gw, b).inflight == 1)
-        emptied = await gw.fleet.remove(worker(gw, a), 0.05)  # its drain times out
+        emptied = await gw.parts.fleet.remove(worker(gw, a), 0.05)  # its drain times out
         assert not emptied
         for messages, error in await running:
             assert error is None
@@ -340,7 +340,7 @@ async def test_a_removed_workers_stream_that_cannot_go_on_ends_at_once() -> None
         call = sgl_grpc.SglangSchedulerStub(ch).Generate(sgl_request("r1"), metadata=model_md("m"))
         running = asyncio.ensure_future(collect(call))
         await until(lambda: worker(gw, a).inflight == 1)
-        await gw.fleet.remove(worker(gw, a), 0.05)
+        await gw.parts.fleet.remove(worker(gw, a), 0.05)
         messages, error = await running  # ended with a status, never left open
         assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
         assert "left service" in (error.details() or "")
@@ -427,7 +427,7 @@ async def raw_generate(ch: aio.Channel, tokens: int) -> tuple[list[bytes], str]:
 
 
 def kept(gw: Gateway) -> int:
-    return gw.migrations.budget.kept
+    return gw.parts.migrations.budget.kept
 
 
 async def test_an_undecodable_answer_reaches_the_client_as_a_direct_client_gets_it() -> None:
@@ -439,7 +439,7 @@ async def test_an_undecodable_answer_reaches_the_client_as_a_direct_client_gets_
             expected = await raw_generate(direct, 2_000)
         assert expected[1] == "OK" and len(expected[0]) == 2_001
         assert await raw_generate(ch, 2_000) == expected
-        assert gw.migrations.budget.unfollowed == {"undecodable": 1}
+        assert gw.parts.migrations.budget.unfollowed == {"undecodable": 1}
         await idle(gw)
         assert kept(gw) == 0
 

@@ -98,7 +98,7 @@ async def test_a_split_sends_calls_to_both_targets_and_logs_the_target() -> None
         fields = seen[0].log_fields()
         assert fields["model"] == "chat" and fields["target"] in ("v2", "v3")
         await idle(gw)
-        prometheus = gw.metrics.prometheus
+        prometheus = gw.parts.metrics.prometheus
         counts = {
             t: prometheus.get_sample_value(
                 "gateway_route_decisions_total", {"alias": "chat", "target": t}
@@ -140,13 +140,13 @@ async def test_with_every_v3_worker_down_every_call_goes_to_v2() -> None:
                 models=split(v2=10, v3=90),
             ) as gw,
         ):
-            await until(lambda: gw.placer.servable("v2"))
+            await until(lambda: gw.parts.placer.servable("v2"))
             seen = recorded(gw)
             await generate(gw, CALLS)
             await until(lambda: len(targets(seen)) == CALLS)
             assert set(targets(seen)) == {"v2"}
-            assert gw.health.status("models/chat") == SERVING
-            assert gw.health.status("models/v3") == NOT_SERVING
+            assert gw.parts.health.status("models/chat") == SERVING
+            assert gw.parts.health.status("models/v3") == NOT_SERVING
 
 
 async def test_with_no_target_servable_the_verdict_names_the_alias() -> None:
@@ -164,7 +164,7 @@ async def test_with_no_target_servable_the_verdict_names_the_alias() -> None:
             assert error is not None
             assert error.code() is grpc.StatusCode.UNAVAILABLE  # v3's: workers unavailable
             assert "Model 'chat' routes to v2, v3" in str(error.details())
-            assert gw.health.status("models/chat") == NOT_SERVING
+            assert gw.parts.health.status("models/chat") == NOT_SERVING
             assert not await is_healthy(f"127.0.0.1:{gw.port}", "chat")
 
 
@@ -192,7 +192,7 @@ async def test_health_of_the_alias_follows_its_targets() -> None:
         gateway(v2.url(model="v2", runtime="sglang"), models=split(v2=1)) as gw,
         client(gw) as ch,
     ):
-        assert gw.health.status("models/chat") == SERVING
+        assert gw.parts.health.status("models/chat") == SERVING
         health = await ch.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,

@@ -68,7 +68,7 @@ async def test_reports_come_at_the_interval_asked_for_never_under_the_floor(stri
         assert min(gaps(asked)) > 1.5 * min(gaps(floored)), (gaps(asked), gaps(floored))
         if strict:
             assert sum(gaps(asked)) / 4 < 0.45 and sum(gaps(floored)) / 4 < 0.2
-        await until(lambda: gw.orca.streams == 0)  # a client that leaves frees its slot
+        await until(lambda: gw.parts.orca.streams == 0)  # a client that leaves frees its slot
 
 
 async def test_a_report_shows_the_calls_in_flight() -> None:
@@ -80,7 +80,7 @@ async def test_a_report_shows_the_calls_in_flight() -> None:
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         held = [stub.Generate(sgl_generate(f"held-{i}"), metadata=M) for i in range(2)]
-        await until(lambda: gw.admission.active == 2)
+        await until(lambda: gw.parts.admission.active == 2)
         orca = orca_pb2_grpc.OpenRcaServiceStub(ch)
         got = await arrivals(orca.StreamCoreMetrics(ask(100)), 13)  # over a second
         last = got[-1][1]
@@ -105,7 +105,7 @@ async def test_streams_are_capped_and_end_when_the_gateway_drains() -> None:
         reports, error = await collect(orca.StreamCoreMetrics(ask(1000)))
         assert error is not None and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert not reports
-        gw.orca.close_streams()  # what drain_and_stop does as it stops
+        gw.parts.orca.close_streams()  # what drain_and_stop does as it stops
         async with asyncio.timeout(WAIT_S):
             assert await first.read() is grpc.aio.EOF
         assert await first.code() is grpc.StatusCode.OK

@@ -55,7 +55,7 @@ async def refusal(channel: aio.Channel, key: str | None = None) -> str:
 
 
 def refused(gw: Gateway, share: str) -> float | None:
-    sample = gw.metrics.prometheus.get_sample_value
+    sample = gw.parts.metrics.prometheus.get_sample_value
     return sample("gateway_orca_streams_refused_total", {"share": share})
 
 
@@ -75,7 +75,7 @@ async def test_a_connection_and_a_peer_address_each_hold_a_share_of_the_streams(
         held.append(await open_stream(second))  # another connection: its own share
         # ... but the same address (127.0.0.1) as the first: the peer's share is full.
         assert "orca.max_streams_per_peer: 3" in await refusal(second)
-        assert gw.orca.streams == 3
+        assert gw.parts.orca.streams == 3
         assert (refused(gw, "connection"), refused(gw, "peer"), refused(gw, "gateway")) == (
             1.0,
             1.0,
@@ -83,12 +83,12 @@ async def test_a_connection_and_a_peer_address_each_hold_a_share_of_the_streams(
         )
         for call in held:
             call.cancel()
-        await until(lambda: gw.orca.streams == 0 and gw.orca.shares.held() == 0)
+        await until(lambda: gw.parts.orca.streams == 0 and gw.parts.orca.shares.held() == 0)
         # Every share is free again.
         held = [await open_stream(first), await open_stream(second)]
         for call in held:
             call.cancel()
-        await until(lambda: gw.orca.streams == 0 and gw.orca.shares.held() == 0)
+        await until(lambda: gw.parts.orca.streams == 0 and gw.parts.orca.shares.held() == 0)
 
 
 async def test_with_api_keys_each_principal_has_its_own_share(tmp_path: Path) -> None:
@@ -107,8 +107,8 @@ async def test_with_api_keys_each_principal_has_its_own_share(tmp_path: Path) ->
         held = [await open_stream(channel, ALICE), await open_stream(channel, ALICE)]
         assert "for this caller" in await refusal(channel, ALICE)
         held.append(await open_stream(channel, BOB))  # same address, another principal
-        assert gw.orca.shares.held(owner="key:alice") == 2
-        assert gw.orca.shares.held(owner="key:bob") == 1
+        assert gw.parts.orca.shares.held(owner="key:alice") == 2
+        assert gw.parts.orca.shares.held(owner="key:bob") == 1
         for call in held:
             call.cancel()
-        await until(lambda: gw.orca.streams == 0 and gw.orca.shares.held() == 0)
+        await until(lambda: gw.parts.orca.streams == 0 and gw.parts.orca.shares.held() == 0)

@@ -100,7 +100,7 @@ async def test_outlier_detection_ejects_admits_one_trial_and_ignores_client_erro
             admin = f"127.0.0.1:{gw.admin_port}"
             stub = sgl_grpc.SglangSchedulerStub(ch)
             watch = admin_watch(admin_ch)
-            metric = gw.metrics.prometheus.get_sample_value
+            metric = gw.parts.metrics.prometheus.get_sample_value
 
             # 1. Client errors say the worker answered: twice the threshold of
             #    INVALID_ARGUMENT on each worker leaves both closed.

@@ -72,7 +72,7 @@ async def test_the_call_past_requests_per_minute_is_rate_limited_with_when_it_fi
             retry_ms_exact=True,
         )
         await idle(gw)
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         labels = {"model": "m", "reason": "RATE_LIMITED", "leg": ""}
         assert sample("gateway_verdicts_total", labels) == 1
 
@@ -133,10 +133,10 @@ async def test_a_call_refused_by_a_full_queue_costs_its_tenant_nothing() -> None
         models={"m": {"max_inflight": 1}},
         flow={"queue": {"max_requests": 1}},
     ) as (gw, stub):
-        rooms = gw.rooms
+        rooms = gw.parts.rooms
         assert rooms is not None
         held = stub.Generate(sgl_generate("held"), metadata=model_md("m", hold))
-        await until(lambda: len(gw.inflight) == 1)
+        await until(lambda: len(gw.parts.inflight) == 1)
         queued = stub.Generate(sgl_generate("queued"), metadata=model_md("m"))
         await until(lambda: rooms.waiting("m") == 1)
         for i in range(3):
@@ -165,7 +165,7 @@ async def test_a_workers_impossible_usage_counts_as_the_calls_bound_and_is_count
         await idle(gw)
         assert [r.completion_tokens for r in records] == [8, 8, 8]
         assert all(r.usage_rejected == ("completion_tokens",) for r in records)
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         labels = {"model": "m", "figure": "completion_tokens"}
         assert sample("gateway_worker_usage_rejected_total", labels) == 3
         rejected = [e for e in logs if e.get("event") == "worker_usage_rejected"]

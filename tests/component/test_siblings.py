@@ -56,7 +56,7 @@ async def test_an_abort_on_one_process_reaches_the_stream_the_other_holds(
             sgl_generate("long", 200), metadata=model_md("m", bearer("alice"), ABORT_COMPLETES)
         )
         assert (await stream.__aiter__().__anext__()).HasField("chunk")
-        assert (len(holder.inflight), len(other.inflight)) == (1, 0)
+        assert (len(holder.parts.inflight), len(other.parts.inflight)) == (1, 0)
 
         async def abort(who: str) -> sgl.AbortResponse:
             return await sgl_grpc.SglangSchedulerStub(far).Abort(
@@ -109,7 +109,7 @@ async def test_a_sibling_refuses_an_abort_for_a_service_it_does_not_serve(
 
 
 def test_each_process_takes_its_own_bootstrap_rooms(pair: tuple[Gateway, Gateway]) -> None:
-    rooms = [[gw.disagg.rooms.allocate() % 2 for _ in range(20)] for gw in pair]
+    rooms = [[gw.parts.disagg.rooms.allocate() % 2 for _ in range(20)] for gw in pair]
     assert rooms == [[0] * 20, [1] * 20]
 
 

@@ -104,7 +104,7 @@ async def test_a_retry_shows_as_two_attempt_spans_and_the_log_line_names_the_tra
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         now = time.monotonic
-        await until(lambda: all(w.available(now()) for w in gw.fleet.registry))
+        await until(lambda: all(w.available(now()) for w in gw.parts.fleet.registry))
         records = recorded(gw)
         # Round robin over the two: one of two calls goes to the bad one first.
         for i in range(2):
@@ -140,7 +140,7 @@ async def test_a_collector_that_goes_away_costs_the_calls_nothing_and_spans_coun
         client(gw) as ch,
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
-        sample = gw.metrics.prometheus.get_sample_value
+        sample = gw.parts.metrics.prometheus.get_sample_value
         _, error = await collect(stub.Generate(sgl_generate("before"), metadata=model_md("m")))
         assert error is None
         await until(lambda: (sample("gateway_trace_spans_exported_total") or 0) >= 3)

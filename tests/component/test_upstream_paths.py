@@ -43,7 +43,7 @@ async def test_vllm_pd_reserves_the_decode_when_it_places_the_prefill() -> None:
             call = vllm_grpc.VllmEngineStub(ch).Generate(vllm_generate("r1"), metadata=M)
             await until(lambda: prefill.inflight == 1)
             assert decode.inflight == 1  # the prefill is still computing
-            assert [h.worker for h in gw.inflight.holders("r1")] == [prefill]
+            assert [h.worker for h in gw.parts.inflight.holders("r1")] == [prefill]
             call.cancel()
         await idle(gw)
         assert decode.outlier.state is OutlierState.CLOSED
@@ -182,12 +182,12 @@ async def test_attempts_count_placements_and_retries_only_retries() -> None:
                         stub.Generate(sgl_generate(f"r-{i}"), metadata=model_md("r"))
                     )
                     assert error is None
-            retries = gw.metrics.prometheus.get_sample_value(
+            retries = gw.parts.metrics.prometheus.get_sample_value(
                 "gateway_retries_total",
                 {"model": "pd", "service": "sglang.grpc.scheduler.SglangScheduler"},
             )
             assert retries is None
-            retried = gw.metrics.prometheus.get_sample_value(
+            retried = gw.parts.metrics.prometheus.get_sample_value(
                 "gateway_retries_total",
                 {"model": "r", "service": "sglang.grpc.scheduler.SglangScheduler"},
             )
@@ -223,8 +223,8 @@ async def test_a_failing_fleet_listener_never_touches_the_request() -> None:
         def broken(event: FleetEvent) -> None:
             raise RuntimeError("listener bug")
 
-        gw.fleet.registry.subscribe(broken)
-        gw.fleet.registry.subscribe(heard.append)
+        gw.parts.fleet.registry.subscribe(broken)
+        gw.parts.fleet.registry.subscribe(heard.append)
         async with client(gw) as ch:
             with capture_logs() as logs:
                 messages, error = await collect(

@@ -84,21 +84,25 @@ async def gateway(
     await gw.start()
     try:
         if ready:
-            await until(lambda: all(w.status is WorkerStatus.READY for w in gw.fleet.registry))
+            await until(
+                lambda: all(w.status is WorkerStatus.READY for w in gw.parts.fleet.registry)
+            )
         yield gw
     finally:
         await gw.close()
 
 
 def worker(gw: Gateway, sim: Sim) -> Worker:
-    found = gw.fleet.registry.get(sim.address)
+    found = gw.parts.fleet.registry.get(sim.address)
     assert found is not None
     return found
 
 
 async def idle(gw: Gateway) -> None:
     """Every in-flight count back to zero and the abort table empty."""
-    await until(lambda: all(w.inflight == 0 for w in gw.fleet.registry) and not len(gw.inflight))
+    await until(
+        lambda: all(w.inflight == 0 for w in gw.parts.fleet.registry) and not len(gw.parts.inflight)
+    )
 
 
 @contextlib.asynccontextmanager
@@ -118,7 +122,7 @@ def pd_urls(prefill: Sim, decode: Sim, runtime: str = "sglang", **extra: Any) ->
 def recorded(gw: Gateway) -> list[CallRecord]:
     """The records of the calls that end from now on (as the metrics see them)."""
     records: list[CallRecord] = []
-    for front in gw.fronts:
+    for front in gw.parts.fronts:
         observe = front.call_log.observe
 
         def keep(record: CallRecord, observe: Any = observe) -> None:
