@@ -20,12 +20,20 @@ Sample timestamps are dropped too: the merged value is the value as of this scra
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+import grpc
 import structlog
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from gateway.peer.v1 import peer_pb2 as peer_pb
+from gateway.peer.v1 import peer_pb2_grpc
 
 log = structlog.get_logger("gateway.scale")
 
@@ -155,3 +163,65 @@ def merge_expositions(
                     continue
                 entry.add((sample.name, tuple(sorted(sample.labels.items()))), sample.value)
     return [entry.metric() for entry in merged.values()]
+
+
+SCRAPE_TIMEOUT_S = 5.0
+
+
+class Restarted(Protocol):
+    """What the merged /metrics reads of a serving process's position."""
+
+    index: int
+    restarts: int
+
+
+class ProcessesCollector(Collector):
+    """Every serving process's metrics, merged (counters summed, worker states once),
+    read at scrape time in the HTTP thread over the processes' control sockets; with
+    `own`, the supervisor's own series are merged in too (its `process_*`, build)."""
+
+    def __init__(
+        self,
+        addresses: Callable[[], list[str]],
+        positions: Iterable[Restarted],
+        timeout_s: float = SCRAPE_TIMEOUT_S,
+        own: CollectorRegistry | None = None,
+    ) -> None:
+        self._addresses = addresses
+        self._positions = list(positions)
+        self._timeout_s = timeout_s
+        self._own = own
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        channels = [grpc.insecure_channel(address) for address in self._addresses()]
+        try:
+            # All at once: a stuck process costs one timeout, not one each.
+            asked = [
+                peer_pb2_grpc.PeerServiceStub(ch).Metrics.future(
+                    peer_pb.MetricsRequest(), timeout=self._timeout_s
+                )
+                for ch in channels
+            ]
+            texts = []
+            for future in asked:
+                try:
+                    texts.append(future.result().text)
+                except grpc.RpcError:
+                    continue  # restarting or stuck: its counters come back with it
+        finally:
+            for ch in channels:
+                ch.close()
+        serving = GaugeMetricFamily(
+            "gateway_serving_processes", "serving processes answering on the main port"
+        )
+        serving.add_metric([], float(len(texts)))
+        restarts = CounterMetricFamily(
+            "gateway_process_restarts", "serving processes restarted", labels=["process"]
+        )
+        for position in self._positions:
+            restarts.add_metric([str(position.index)], float(position.restarts))
+        own = [generate_latest(self._own).decode()] if self._own is not None else []
+        return [*merge_expositions([*texts, *own]), serving, restarts]

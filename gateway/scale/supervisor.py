@@ -15,23 +15,15 @@ import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import grpc
 import structlog
 from grpc import aio
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry
 
 from gateway.admin.service import serve_admin
-from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.app.assembly import preflight
 from gateway.app.metrics import Endpoint
@@ -40,15 +32,13 @@ from gateway.config import GatewayConfig
 from gateway.core.listen import CannotListen
 from gateway.core.tasks import TaskScope
 from gateway.discovery.metrics import DiscoveryCollector
-from gateway.observability.corelog import real_stderr
 from gateway.observability.metrics.process import build_series, process_series
-from gateway.peer.v1 import peer_pb2 as peer_pb
-from gateway.peer.v1 import peer_pb2_grpc
 from gateway.scale.child import Launch
 from gateway.scale.control import AdminStub, ControlPlane, DesiredFleet, reconcile
 from gateway.scale.member import Member, serving_config
-from gateway.scale.merge import merge_expositions
+from gateway.scale.merge import ProcessesCollector
 from gateway.scale.port import hold_port
+from gateway.scale.process import NotStarted, Position, answers, drain_output, start_process
 from gateway.scale.relay import DiscoveryRelay
 
 log = structlog.get_logger("gateway.supervisor")
@@ -56,7 +46,6 @@ log = structlog.get_logger("gateway.supervisor")
 STABLE_S = 10.0  # a process that ran this long is restarted at once; else backoff grows
 FIRST_BACKOFF_S = 0.25
 MAX_BACKOFF_S = 10.0
-SCRAPE_TIMEOUT_S = 5.0
 # Liveness: every listening process is asked (ListWorkers on its control socket) every
 # LIVENESS_INTERVAL_S, each check within LIVENESS_TIMEOUT_S (a missed check is followed
 # by the next at once); LIVENESS_MISSES checks in a row without an answer (at least 4 s
@@ -65,31 +54,6 @@ SCRAPE_TIMEOUT_S = 5.0
 LIVENESS_INTERVAL_S = 1.0
 LIVENESS_TIMEOUT_S = 2.0
 LIVENESS_MISSES = 2
-
-
-class NotStarted(RuntimeError):
-    """A serving process exited, or stayed silent, before it listened."""
-
-    def __init__(self, index: int, detail: str, code: int | None = None) -> None:
-        super().__init__(f"serving process {index} did not start: {detail}")
-        self.code = code
-
-
-@dataclass
-class Position:
-    """One serving process position; its process is replaced when it dies."""
-
-    index: int
-    process: asyncio.subprocess.Process | None = None
-    channel: aio.Channel | None = None
-    admin: AdminStub | None = None  # set once it listens: the control plane reaches it
-    started_at: float = 0.0
-    restarts: int = 0
-    backoff_s: float = 0.0
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.returncode is None
 
 
 class Supervisor:
@@ -147,37 +111,10 @@ class Supervisor:
         member = self.member(position.index)
         with contextlib.suppress(FileNotFoundError):
             member.socket_path(position.index).unlink()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "gateway.scale.child",
-                str(path),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=real_stderr(),  # its own lines: not through this process's pipe
-                start_new_session=True,  # a Ctrl-C reaches the supervisor only; it forwards
-            )
-        except OSError as exc:  # e.g. out of processes or memory: try again later
-            raise NotStarted(position.index, exc.strerror or str(exc)) from None
-        position.process = process
-        if self.stopping:
-            process.send_signal(signal.SIGTERM)
+        process = await start_process(position, path, timeout_s, self.stopping)
         assert process.stdout is not None
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    line = await process.stdout.readline()
-                    if line.startswith(b"READY "):
-                        break
-                    if not line:
-                        code = await process.wait()
-                        raise NotStarted(position.index, f"exit status {code}", code)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise NotStarted(position.index, f"not listening after {timeout_s:g} s") from None
         self._tasks.spawn(
-            _drain(process.stdout), "process_output", serving_process=str(position.index)
+            drain_output(process.stdout), "process_output", serving_process=str(position.index)
         )
         position.channel = aio.insecure_channel(member.control_address())
         position.admin = admin_pb2_grpc.AdminServiceStub(position.channel)
@@ -244,7 +181,7 @@ class Supervisor:
             started = time.monotonic()
             admin = position.admin
             if admin is not None and position.running:
-                answered = await self._answers(admin)
+                answered = await answers(admin, self.liveness_timeout_s)
                 if answered or position.admin is not admin or self.stopping:
                     misses = 0
                 else:
@@ -256,15 +193,6 @@ class Supervisor:
             else:
                 misses = 0
             await asyncio.sleep(max(0.0, self.liveness_interval_s - (time.monotonic() - started)))
-
-    async def _answers(self, admin: AdminStub) -> bool:
-        timeout_s = self.liveness_timeout_s
-        try:
-            async with asyncio.timeout(timeout_s):
-                await admin.ListWorkers(admin_pb.ListWorkersRequest(), timeout=timeout_s)
-        except (TimeoutError, aio.AioRpcError):
-            return False
-        return True
 
     def replace(self, admin: AdminStub, reason: str) -> None:
         """The process behind `admin` stopped answering: SIGKILL it (it may be stopped or
@@ -459,64 +387,6 @@ class Supervisor:
 
 def _nobody(address: str) -> list[str]:
     return []
-
-
-class ProcessesCollector(Collector):
-    """Every serving process's metrics, merged (counters summed, worker states once),
-    read at scrape time in the HTTP thread over the processes' control sockets; with
-    `own`, the supervisor's own series are merged in too (its `process_*`, build)."""
-
-    def __init__(
-        self,
-        addresses: Callable[[], list[str]],
-        positions: Iterable[Position],
-        timeout_s: float = SCRAPE_TIMEOUT_S,
-        own: CollectorRegistry | None = None,
-    ) -> None:
-        self._addresses = addresses
-        self._positions = list(positions)
-        self._timeout_s = timeout_s
-        self._own = own
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> list[Any]:
-        channels = [grpc.insecure_channel(address) for address in self._addresses()]
-        try:
-            # All at once: a stuck process costs one timeout, not one each.
-            asked = [
-                peer_pb2_grpc.PeerServiceStub(ch).Metrics.future(
-                    peer_pb.MetricsRequest(), timeout=self._timeout_s
-                )
-                for ch in channels
-            ]
-            texts = []
-            for future in asked:
-                try:
-                    texts.append(future.result().text)
-                except grpc.RpcError:
-                    continue  # restarting or stuck: its counters come back with it
-        finally:
-            for ch in channels:
-                ch.close()
-        serving = GaugeMetricFamily(
-            "gateway_serving_processes", "serving processes answering on the main port"
-        )
-        serving.add_metric([], float(len(texts)))
-        restarts = CounterMetricFamily(
-            "gateway_process_restarts", "serving processes restarted", labels=["process"]
-        )
-        for position in self._positions:
-            restarts.add_metric([str(position.index)], float(position.restarts))
-        own = [generate_latest(self._own).decode()] if self._own is not None else []
-        return [*merge_expositions([*texts, *own]), serving, restarts]
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    """Read and drop what a process prints after READY, so its pipe never fills."""
-    while await stream.readline():
-        pass
 
 
 async def supervise(config: GatewayConfig) -> int:

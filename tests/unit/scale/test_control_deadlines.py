@@ -24,7 +24,9 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway.config import build_config
 from gateway.scale.child import Orphan, share_directory, tidy
 from gateway.scale.control import ControlPlane, DesiredFleet, NoAnswer, reconcile, within
-from gateway.scale.supervisor import Position, ProcessesCollector, Supervisor
+from gateway.scale.merge import ProcessesCollector
+from gateway.scale.process import Position
+from gateway.scale.supervisor import Supervisor
 from tests.support.fakes.context import Aborted, FakeContext
 
 READ_S = 0.2  # the read deadline in these tests

@@ -21,8 +21,8 @@ from gateway.app.metrics import Metrics
 from gateway.config import build_config
 from gateway.peer.v1 import peer_pb2 as peer_pb
 from gateway.peer.v1 import peer_pb2_grpc
-from gateway.scale.merge import COMBINED, FIRST_WINS, merge_expositions
-from gateway.scale.supervisor import ProcessesCollector, Supervisor
+from gateway.scale.merge import COMBINED, FIRST_WINS, ProcessesCollector, merge_expositions
+from gateway.scale.supervisor import Supervisor
 from tests.support.factories import make_registry
 
 SUMMED = (
