@@ -16,7 +16,8 @@ import grpc
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from gateway.admin.client import format_queues, run_queues
+from gateway.admin.client import run_queues
+from gateway.admin.text import format_queues
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.app.server import Gateway

@@ -181,7 +181,7 @@ async def test_an_adapter_loaded_elsewhere_is_polled_and_served_where_it_is() ->
 async def test_the_admin_api_lists_each_workers_adapters_and_the_bound_sessions() -> None:
     """ListWorkers names the adapters each worker holds (and the CLI's table has them);
     with session affinity on, how many sessions are bound."""
-    from gateway.admin.client import format_table
+    from gateway.admin.text import format_table
     from gateway.admin.v1 import admin_pb2 as admin_pb
     from gateway.admin.v1 import admin_pb2_grpc
 

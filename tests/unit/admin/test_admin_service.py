@@ -18,8 +18,9 @@ import structlog
 from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
-from gateway.admin.client import add_workers_arguments, format_table, run_workers
+from gateway.admin.client import add_workers_arguments, run_workers
 from gateway.admin.service import AdminService, start_admin_server
+from gateway.admin.text import format_table
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.config import build_config
