@@ -20,8 +20,6 @@ from gateway.upstream.signals.probe import ProbeKind
 from gateway.upstream.worker import WorkerStatus
 from tests.support.waits import until
 
-HEALTH_CHECK = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
-
 
 @pytest.fixture
 async def garbled() -> AsyncIterator[tuple[str, list[int]]]:

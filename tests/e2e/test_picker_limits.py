@@ -18,6 +18,7 @@ from grpc import aio
 
 from gateway.config.picker import DESTINATION_HEADER
 from gateway_sim.client import (
+    SGL,
     channel,
     collect,
     model_md,
@@ -34,7 +35,6 @@ from tests.support.waits import until
 
 READ_S = 2.0  # limits.request_read_timeout_s of these gateways
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
-HEALTH_CHECK = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
 KEY = "alice-key-0123456789"
 WAIT_S = 20.0
 
@@ -139,7 +139,7 @@ async def test_a_call_handed_to_the_relay_ends_its_stream_after_the_answer(
     gw = picker_gateway(gateway, tmp_path, [sim("--model", "m")])
     async with channel(gw.extra["picker"]) as ch:
         call = process(ch)()
-        await call.write(headers_part(HEALTH_CHECK))
+        await call.write(headers_part(SGL + "HealthCheck"))
         answer = await call.read()
         mutation = answer.request_headers.response.header_mutation
         assert [h.header.key for h in mutation.set_headers] == [DESTINATION_HEADER]

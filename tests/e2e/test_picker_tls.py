@@ -17,14 +17,13 @@ import trustme
 from grpc import aio
 
 from gateway.picker.envoy import PickerTls, envoy_config
-from gateway_sim.client import channel, collect, model_md, sgl_generate, sgl_grpc
+from gateway_sim.client import SGL, channel, collect, model_md, sgl_generate, sgl_grpc
 from gateway_sim.envoy import envoy_binary, run_envoy
 from gateway_sim.launch import Child, worker_url
 from tests.support.extproc import headers_part, process
 from tests.support.launch import Launcher
 from tests.support.waits import until
 
-HEALTH_CHECK = "/sglang.grpc.scheduler.SglangScheduler/HealthCheck"
 WAIT_S = 20.0
 
 
@@ -65,7 +64,7 @@ async def asks(ch: aio.Channel) -> grpc.StatusCode | str:
     """One Process stream's first answer (the part it answered), or its failure."""
     call = process(ch)()
     try:
-        await call.write(headers_part(HEALTH_CHECK))
+        await call.write(headers_part(SGL + "HealthCheck"))
         answer = await call.read()
     except aio.AioRpcError as error:
         return error.code()
