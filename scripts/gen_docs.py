@@ -7,8 +7,9 @@ and every metric family (docs/metrics.md, from the Prometheus registries the gat
 
 Each table sits between `<!-- generated: NAME -->` and `<!-- end generated -->`; the prose
 around it is hand-written and left alone. tests/architecture/test_docs_current.py runs the
-check. A key without a line in MEANING (or a line for a key that no longer exists) stops
-the generator: the table says what every key means.
+check. A key's meaning is its field's `description=` in gateway/config (NOT_IN_SCHEMA: the
+few keys that are no field); a key without one (or an entry here for a key that no longer
+exists) stops the generator: the table says what every key means.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
+
+from pydantic.fields import FieldInfo
 
 from gateway.config import GatewayConfig, build_config
 from gateway.config.discovery import ContainerPort, HostPort, PodField
@@ -47,212 +50,22 @@ def begin(tag: str) -> str:
 
 # -- configuration keys ------------------------------------------------------------------
 
-# What each key means, by its dotted path (`<model>`, `<tenant>`: any name; `[]`: every
-# entry of a list; `discovery[dns]`: an entry of that source).
-MEANING: dict[str, str] = {
-    "listen": "the main port: engine services, health, ORCA, reflection",
-    "workers[]": "static workers: a worker URL, or a mapping with `url` and the URL's query keys",
+# What each key means is its field's `description=` in gateway/config. These rows are no
+# field of their own, so their meaning is told here: a worker's `url` (read into `host`,
+# `port` and `tls`), the `source` tag the discovery sections share, and the old names of
+# renamed sections (RENAMED: no longer in the schema, still read).
+NOT_IN_SCHEMA: dict[str, str] = {
     "workers[].url": "`grpc://HOST:PORT` (`grpcs://`: TLS, see `upstream_tls`), query keys allowed",
-    "workers[].model": "the model it serves; absent: asked from the worker (`GetModelInfo`)",
-    "workers[].runtime": "its engine protocol; absent: detected from the services it serves",
-    "workers[].role": "absent: regular, or asked from the worker when model or runtime are",
-    "workers[].bootstrap_host": "SGLang prefill: the host decode workers fetch KV from "
-    "(default: the URL's host)",
-    "workers[].bootstrap_port": "SGLang prefill: its bootstrap port (else asked; else 8998)",
-    "workers[].embedding_port": "EPD prefill: the port encoders push embeddings to",
-    "discovery[]": "sources of workers, each a mapping with `source`",
     "discovery[].source": "which kind of source",
-    "discovery[dns].name": "the name to resolve",
-    "discovery[dns].port": "the workers' port, with A/AAAA records; absent: SRV records",
-    "discovery[dns].nameserver": "the resolver to ask; null: the system's",
-    "discovery[dns].interval_s": "resolve again this often (sooner when the records' TTL is "
-    "shorter)",
-    "discovery[dns].model": "as a URL's `model`; null: asked from each worker",
-    "discovery[dns].runtime": "as a URL's `runtime`",
-    "discovery[dns].role": "as a URL's `role`",
-    "discovery[dns].tls": "reach the workers over TLS (`grpcs://`, with `upstream_tls`)",
-    "discovery[dns].max_hosts": "a larger answer is refused whole; the last hosts stay",
-    "discovery[kubernetes].port": "the Pods' container port, by name or number",
-    "discovery[kubernetes].selector": "label selector of the Pods; empty: every Pod",
-    "discovery[kubernetes].namespace": "null: the pod's own (in cluster), else kubeconfig's",
-    "discovery[kubernetes].model": "as a URL's `model` (or `model_from`)",
-    "discovery[kubernetes].model_from": "the model from a Pod label or annotation",
-    "discovery[kubernetes].runtime": "as a URL's `runtime`",
-    "discovery[kubernetes].role": "as a URL's `role`",
-    "discovery[kubernetes].tls": "reach the Pods over TLS (`grpcs://`)",
-    "discovery[kubernetes].bootstrap_port_annotation": "SGLang PD: the annotation holding a "
-    "prefill's bootstrap port",
-    "discovery[kubernetes].unready_grace_s": "a Pod out of service this long leaves the fleet",
-    "discovery[kubernetes].resync_s": "list the Pods again this often, whatever the watch said",
-    "discovery[kubernetes].kubeconfig": "null: in-cluster credentials, else $KUBECONFIG or "
-    "~/.kube/config",
-    "discovery[kubernetes].max_hosts": "a larger set of Pods is refused whole; the last stay",
-    "discovery[file].path": "a YAML list of worker URLs (or `workers:` entries)",
-    "discovery[file].interval_s": "how often the file is checked for a change",
-    "discovery[file].max_hosts": "more entries (or over 256 bytes an entry) are refused",
-    "flow": "flow control: calls wait in per-model queues instead of WORKERS_OVERLOADED; "
-    "absent: off",
-    "flow.classes": "priority classes, highest first",
-    "flow.classes[].name": "the class's name, as clients ask for it",
-    "flow.classes[].ttl_s": "a call waits at most this long: then QUEUE_TIMEOUT",
-    "flow.classes[].starvation_s": "waited this long: served next, ahead of every class",
-    "flow.default_class": "the class of a call that names none (or an unknown one)",
-    "flow.priority_header": "the request header naming a call's class",
-    "flow.queue.max_requests": "calls waiting per model; past it: QUEUE_FULL",
-    "flow.queue.max_bytes": "bytes of waiting requests per model; past it: QUEUE_FULL",
-    "flow.trust_tenant_header": "true: `tenant_header` names the tenant (behind a trusted "
-    "proxy only)",
-    "flow.tenant_header": "the request header naming the tenant, when trusted",
-    "flow.cost_tokens": "a call's output when it sets no max new tokens (its cost, its charge)",
-    "flow.tenant_labels": "tenants named in per-tenant metrics at once; the rest `other`",
-    "tenants": "per tenant (principal name; `default`: every other tenant)",
-    "tenants.<tenant>.max_class": "the highest class it may ask for; null: any",
-    "tenants.<tenant>.weight": "its share within a class, against other tenants",
-    "tenants.<tenant>.max_inflight": "its calls in flight; past it, its calls wait (with "
-    "`flow:` only)",
-    "tenants.<tenant>.requests_per_minute": "token bucket of calls; past it: RATE_LIMITED",
-    "tenants.<tenant>.tokens_per_minute": "token bucket of prompt + generated tokens; past "
-    "it: RATE_LIMITED",
-    "models": "per-model settings",
-    "models.<model>.policy": "the model's placement policy",
-    "models.<model>.encode_leg": "multimodal calls need the encode leg even with no encoder up",
-    "models.<model>.max_inflight": "calls the gateway runs at once on one worker of the model",
-    "models.<model>.max_waiting": "a worker reporting more waiting requests takes no more calls",
-    "models.<model>.max_token_usage": "a worker reporting more KV usage takes no more calls",
-    "models.<model>.route": "makes the name an alias: each call goes to one of these "
-    "models by weight (see docs/routing.md, model aliases)",
-    "models.<model>.route[].model": "a target: a model the config names, or an alias one "
-    "level deep",
-    "models.<model>.route[].weight": "its share of the calls (at least one above 0)",
-    "models.<model>.vocab_size": "prompt token ids must be below it, else INVALID_ARGUMENT "
-    "(default: the smallest vocabulary its workers report)",
-    "default_policy": "the policy of models without one",
-    "model_headers": "request headers naming the model; the first one present wins",
-    "routing_key_header": "the `consistent_hash` key",
-    "target_worker_header": "`HOST:PORT`: the worker for `manual` and fleet-wide RPCs",
-    "max_attempts": "upstream attempts per call (retries before the first message)",
-    "retry_after_ms": "RetryInfo / `retry-after` / pushback of retryable verdicts",
-    "discovery_timeout_s": "start-up waits at most this long for workers and sources",
-    "max_message_bytes": "largest request or response message, on every port and channel",
-    "log_format": "console lines for people, JSON lines for machines",
-    "log_level": "the lowest level logged",
-    "probe.interval_s": "grpc.health probe of every worker this often",
-    "probe.timeout_s": "a probe's deadline",
-    "probe.success_threshold": "good probes in a row that bring a worker back",
-    "probe.failure_threshold": "failed probes in a row (timeouts, errors) that take it out",
-    "outlier_detection.failure_threshold": "failed calls in a row that eject a worker",
-    "outlier_detection.cooldown_s": "ejected this long, then one trial call at a time",
-    "outlier_detection.success_threshold": "trial successes in a row that bring it back",
     "breaker": "the old name of `outlier_detection`: read for one release, with a warning",
-    "loads.interval_s": "`GetLoads` poll of every worker this often (a report is trusted "
-    "for 3 intervals)",
-    "loads.timeout_s": "a poll's deadline",
-    "drain.delay_s": "on SIGTERM: NOT_SERVING, serving on for this long",
-    "drain.grace_s": "then in-flight calls get this long to finish",
-    "drain.worker_timeout_s": "bounds the drain of one worker removed (admin, discovery)",
-    "disagg.abort_wait_s": "an abort or cancel waits this long for a decode leg's first message",
-    "disagg.decode_first_message_timeout_s": "a decode leg with no first message this long "
-    "after it was called is given up and the call placed again (before any byte reached "
-    "the client); 0: no bound",
-    "migration.enabled": "a stream whose worker fails after tokens went goes on elsewhere",
-    "migration.max_migrations": "continuations per call (per choice of a split n > 1)",
-    "migration.max_resent_tokens": "the longest prompt + relayed tokens a continuation re-sends",
-    "migration.max_kept_tokens": "relayed token ids kept for all streams (~3 bytes each); "
-    "streams past it are not followed",
-    "limits.max_choices": "most `sampling_params.n`; past it: REQUEST_OVER_LIMIT",
-    "limits.max_inflight_requests": "calls in flight at once; past it: GATEWAY_OVERLOADED",
-    "limits.max_concurrent_streams": "streams per client connection (HTTP/2 SETTINGS)",
-    "limits.stream_idle_timeout_s": "a stream on which nothing moved this long is ended; 0: off",
-    "limits.connection_idle_timeout_s": "a connection with no call this long is closed; 0: off",
-    "limits.max_connection_age_s": "every connection is asked to go away after this; 0: off",
-    "limits.connection_age_grace_s": "then its calls get this long to finish",
-    "limits.max_inflight_per_principal": "one caller's calls in flight (null: a quarter of "
-    "`max_inflight_requests`); past it: CALLER_OVER_SHARE",
-    "limits.request_read_timeout_s": "from a stream's opening to its complete request",
-    "limits.max_request_reads": "request messages read at once; the rest wait their turn",
-    "limits.max_request_reads_per_peer": "request messages one caller has read at once",
-    "limits.max_connections": "client connections at once; grpc core closes the ones past it",
-    "limits.max_connections_per_peer": "one client address's connections; the newest past it "
-    "are closed",
-    "limits.max_prompt_tokens": "longest `tokenized.input_ids`; past it: REQUEST_OVER_LIMIT",
-    "limits.max_completion_tokens": "what a choice with no max new tokens is believed to "
-    "generate at most",
-    "upstream.keepalive_time_s": "HTTP/2 ping on a silent worker connection this often; 0: off",
-    "upstream.keepalive_timeout_s": "an unanswered ping closes the connection after this",
-    "upstream.stream_window_bytes": "what a worker may send ahead on one stream (HTTP/2 window)",
-    "upstream.max_relayed_metadata_bytes": "a worker's headers, and its trailers, relayed up "
-    "to this size",
-    "upstream.max_relayed_metadata_entries": "... and up to this many entries",
-    "tls.cert": "TLS on the main port: certificate chain (PEM)",
-    "tls.key": "its private key (PEM)",
-    "tls.client_ca": "require client certificates this CA signed (mTLS)",
-    "upstream_tls.ca": "verifies `grpcs://` workers; null: the system roots",
-    "upstream_tls.cert": "the gateway's client certificate, where workers require mTLS",
-    "upstream_tls.key": "its private key",
-    "auth.api_keys_file": "`name:key` lines; set: every call needs `authorization: Bearer KEY`",
-    "auth.failure_limit": "failed authentications from one address that block it; 0: off",
-    "auth.failure_window_s": "... counted within this window",
-    "auth.block_s": "a blocked address is refused this long, correct key or not",
-    "kv.events": "follow every worker's `SubscribeKvEvents` into the prefix index",
-    "kv.block_size": "block size for workers that report none",
-    "kv.prefill_cost_per_token": "weight of one uncached prompt token against one queued call",
-    "kv.balance_ratio": "balance guard: load and share at most this times the least / mean",
-    "kv.balance_slack": "balance guard: plus this much load",
-    "kv.share_window_s": "placement shares decay over this window",
-    "kv.assume_ttl_s": "workers without KV events: a placement assumed cached this long",
-    "kv.assume_capacity": "... at most this many blocks a worker",
-    "kv.pending_ttl_s": "workers with KV events: a placement remembered this long",
-    "kv.grace_s": "a worker not ready this long loses its index entries",
-    "kv.max_ranks": "data-parallel ranks indexed per worker",
-    "kv.max_block_sizes": "distinct block sizes indexed per worker",
-    "kv.max_blocks_per_worker": "stored blocks indexed per worker (~200 bytes each)",
-    "kv.max_blocks": "stored blocks indexed in all: the index's memory bound",
-    "kv.max_event_bytes": "largest KV event message; a bigger one restarts the subscription",
-    "kv.resubscribe_max_s": "a failing subscription's backoff grows to this",
-    "affinity.header": "request header naming a call's session; null: affinity off",
-    "affinity.ttl_s": "a session's binding unused this long is forgotten",
-    "affinity.max_sessions": "bindings (session, model, leg) kept; the least recently used go",
-    "lora.adapters": "LoRA adapter id -> its path on the workers (SGLang); empty: adapters "
-    "are only preferred where held, never loaded or refused",
-    "lora.max_loaded_per_worker": "adapters one worker may hold before the gateway unloads "
-    "its least recently used unused one",
-    "lora.load_on_demand": "load a call's adapter on the chosen worker when it lacks it",
-    "lora.load_timeout_s": "bound on one on-demand load (and the unload before it)",
-    "lora.max_listed_per_worker": "adapters read of one worker's list; the rest are ignored "
-    "(counted as a rejected load figure)",
-    "admin.listen": "the admin API's port (non-loopback needs a token)",
-    "admin.token": "bearer token the admin API requires",
-    "metrics.listen": "Prometheus `/metrics` endpoint; `off`: none",
-    "tracing.endpoint": "OTLP/gRPC collector; null: `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`, "
-    "else tracing off",
-    "tracing.insecure": "plaintext to the collector; null: from the endpoint's scheme",
-    "tracing.sample_ratio": "parent-based ratio; null: `OTEL_TRACES_SAMPLER(_ARG)`, else all",
-    "tracing.service_name": "null: `OTEL_SERVICE_NAME`, else `model-gateway`",
-    "tracing.max_queue": "spans waiting for export; past it the oldest are dropped",
-    "tracing.batch_size": "spans per export",
-    "tracing.schedule_delay_ms": "export at least this often",
-    "tracing.export_timeout_s": "an export's deadline",
-    "orca.trailers": "end every engine call's trailers with `endpoint-load-metrics-bin`",
-    "orca.min_interval_s": "shortest interval a `StreamCoreMetrics` stream gets",
-    "orca.max_streams": "`StreamCoreMetrics` streams at once",
-    "orca.max_streams_per_connection": "... on one client connection",
-    "orca.max_streams_per_peer": "... of one principal or address (null: `max_streams` / 4)",
-    "picker.listen": "the endpoint picker's port (Envoy's ext_proc, `--picker-listen`); null: off",
-    "picker.relay_address": "`IP:PORT` Envoy sends the relay's calls to "
-    "(`--picker-relay-address`); null: the main `listen` (a wildcard host as 127.0.0.1)",
-    "picker.header": "the request header the picker names each call's destination in",
-    "picker.migrate_streams": "streamed Generates go to the relay too, so they can migrate",
-    "picker.max_body_bytes": "the most of a request body the picker reads; a longer "
-    "one goes to the relay",
-    "picker.trusted_proxies": "addresses or CIDR ranges (at most 256) whose forwarding "
-    "headers name the client; none: the stream's own peer is",
+}
+
+# `picker.tls` is a TlsConfig too, whose descriptions are the main port's (`tls`): where
+# a key means something else under `picker.tls`, its meaning there.
+PICKER_TLS: dict[str, str] = {
     "picker.tls.cert": "TLS on the picker port: certificate chain (PEM; `--picker-tls-cert`); "
     "null: the main port's `tls`",
-    "picker.tls.key": "its private key (PEM)",
     "picker.tls.client_ca": "require Envoy's client certificate, signed by this CA (mTLS)",
-    "picker.plaintext": "a `listen` past loopback without TLS, where the network encrypts "
-    "the hop itself (a service mesh); else refused at start",
-    "processes": "serving processes sharing the main port (`auto`: usable cores)",
 }
 
 # Whose the bound is (see the legend in docs/configuration.md). Keys not named: not a limit.
@@ -412,6 +225,7 @@ class _Found:
     path: str
     hint: Any
     default: Any
+    meaning: str | None  # None: nobody said (the generator stops)
 
 
 def _is_section(hint: Any) -> bool:
@@ -431,19 +245,23 @@ def _strip(hint: Any) -> tuple[Any, bool]:
     return hint, optional
 
 
-def _default(field: dataclasses.Field[Any]) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return dataclasses.MISSING
+def _default(info: FieldInfo) -> Any:
+    """A field's default as pydantic has it (a `Field(default=...)` is no plain dataclass
+    default), a factory's called; MISSING: required."""
+    if info.is_required():
+        return dataclasses.MISSING
+    return info.get_default(call_default_factory=True, validated_data={})
 
 
 def _fields(cls: type, prefix: str, skip: Sequence[str] = ()) -> Iterator[_Found]:
+    """The keys of a section: each field's, with the field's `description` as meaning."""
     hints = typing.get_type_hints(cls, include_extras=True)
+    infos: Mapping[str, FieldInfo] = getattr(cls, "__pydantic_fields__")  # noqa: B009
     for field in dataclasses.fields(cls):
         if field.name not in skip:
-            yield from _walk(f"{prefix}{field.name}", hints[field.name], _default(field))
+            info = infos[field.name]
+            path = f"{prefix}{field.name}"
+            yield from _walk(path, hints[field.name], _default(info), info.description)
 
 
 def _sources(hint: Any) -> tuple[type, ...]:
@@ -454,34 +272,40 @@ def _sources(hint: Any) -> tuple[type, ...]:
     return members if members and all(_is_section(m) for m in members) else ()
 
 
-def _walk(path: str, hint: Any, default: Any) -> Iterator[_Found]:
-    """Every key under `path`: a section's keys, a list's entries, a mapping's values."""
+def _walk(path: str, hint: Any, default: Any, meaning: str | None) -> Iterator[_Found]:
+    """Every key under `path`: a section's keys, a list's entries, a mapping's values.
+    `meaning`: the field's description, for the row of `path` itself."""
     inner, optional = _strip(hint)
     origin, args = typing.get_origin(inner), typing.get_args(inner)
     if _is_section(inner):
         if optional:  # a section that is off unless given (flow:)
-            yield _Found(path, "section", ABSENT)
+            yield _Found(path, "section", ABSENT, meaning)
         yield from _fields(inner, f"{path}.")
     elif origin is tuple and _strip(args[0])[0] is WorkerSpec:
-        yield _Found(path + "[]", "worker URL \\| mapping", default)
-        yield _Found(path + "[].url", str, dataclasses.MISSING)
+        yield _Found(path + "[]", "worker URL \\| mapping", default, meaning)
+        yield _unlike_schema(path + "[].url", str, dataclasses.MISSING)
         kept = [f.name for f in dataclasses.fields(WorkerSpec) if f.name not in WORKER_URL_KEYS]
         yield from _fields(WorkerSpec, f"{path}[].", skip=kept)
     elif origin is tuple and _sources(args[0]):  # discovery sources
         sources = _sources(args[0])
         tags = [typing.get_args(typing.get_type_hints(s)["source"])[0] for s in sources]
-        yield _Found(path + "[]", "list", default)
-        yield _Found(path + "[].source", Literal[tuple(tags)], dataclasses.MISSING)
+        yield _Found(path + "[]", "list", default, meaning)
+        yield _unlike_schema(path + "[].source", Literal[tuple(tags)], dataclasses.MISSING)
         for source, tag in zip(sources, tags, strict=True):
             yield from _fields(source, f"{path}[{tag}].", skip=("source",))
     elif origin is tuple and _is_section(args[0]):  # flow.classes
-        yield _Found(path, "list of mappings", default)
+        yield _Found(path, "list of mappings", default, meaning)
         yield from _fields(args[0], f"{path}[].")
     elif origin is Mapping:
-        yield _Found(path, "mapping", default)
+        yield _Found(path, "mapping", default, meaning)
         yield from _fields(args[1], f"{path}.{MAPPING_KEYS[path]}.")
     else:
-        yield _Found(path, hint, default)
+        yield _Found(path, hint, default, PICKER_TLS.get(path, meaning))
+
+
+def _unlike_schema(path: str, hint: Any, default: Any) -> _Found:
+    """A key that is no field of the schema: its meaning from NOT_IN_SCHEMA."""
+    return _Found(path, hint, default, NOT_IN_SCHEMA.get(path))
 
 
 def _bound(meta: Sequence[Any]) -> str:
@@ -570,14 +394,19 @@ def unit_of(path: str) -> str:
 def config_keys() -> list[Key]:
     """Every key `GatewayConfig` takes, with its renamed sections, in the schema's order."""
     found = list(_fields(GatewayConfig, ""))
-    found += [_Found(old, f"section (= `{new}`)", ABSENT) for old, new in RENAMED.items()]
+    found += [_unlike_schema(old, f"section (= `{new}`)", ABSENT) for old, new in RENAMED.items()]
     paths = [f.path for f in found]
-    undescribed = [p for p in paths if p not in MEANING]
-    gone = [p for p in (*MEANING, *SCOPE, *RELOAD) if p not in paths]
+    undescribed = [f.path for f in found if not f.meaning]
+    gone = [p for p in (*NOT_IN_SCHEMA, *PICKER_TLS, *SCOPE, *RELOAD) if p not in paths]
     if undescribed or gone:
         raise SystemExit(
             "scripts/gen_docs.py: "
-            + (f"keys without a MEANING: {undescribed}; " if undescribed else "")
+            + (
+                f"keys without a meaning (give the field a `description=` in gateway/config; "
+                f"NOT_IN_SCHEMA is for keys that are no field): {undescribed}; "
+                if undescribed
+                else ""
+            )
             + (f"entries for keys that no longer exist: {sorted(set(gone))}" if gone else "")
         )
     keys = []
@@ -591,7 +420,7 @@ def config_keys() -> list[Key]:
                 unit=unit,
                 reload=RELOAD.get(f.path, "restart"),
                 scope=SCOPE.get(f.path, ""),
-                meaning=MEANING[f.path],
+                meaning=f.meaning or "",
             )
         )
     return keys

@@ -10,8 +10,9 @@ prints it and exits with status 2.
 
 This package's root is its API: what the rest of the tree imports. The modules hold one
 section each (workers, models, upstream, limits, kv, affinity, security, observability,
-discovery, flow), the field types (fields), `GatewayConfig` and `SECTIONS` (gateway), and reading,
-merging and the one-line errors (loading, errors).
+discovery, flow), the field types (fields), `GatewayConfig` and `SECTIONS` (gateway), reading,
+merging and the one-line errors (loading, errors), and the models a config serves and declares
+(served).
 """
 
 from gateway.config.addresses import parse_address
@@ -35,13 +36,10 @@ from gateway.config.gateway import SECTIONS, AdminConfig, GatewayConfig
 from gateway.config.kv import KvConfig
 from gateway.config.limits import LimitsConfig
 from gateway.config.loading import (
-    Declared,
     build_config,
-    declared_models,
     load_file,
     parse_worker_list,
     parse_worker_url,
-    served_models,
     warn_renamed,
 )
 from gateway.config.models import ModelSettings, Route, named_models, route_problem, routes_of
@@ -55,6 +53,7 @@ from gateway.config.observability import (
 from gateway.config.picker import DESTINATION_HEADER, PickerConfig, picker_tls
 from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
+from gateway.config.served import Declared, declared_models, served_models
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
 from gateway.config.workers import WORKER_URL_KEYS, WorkerSpec
 from gateway.core.policy_names import POLICIES  # the built-in policies (plugins: policy_names())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from gateway.config.fields import SETTINGS, AtLeastOne, HeaderName, Interval
@@ -15,9 +16,16 @@ class AffinityConfig:
     session is bound to where it went. Each serving process keeps at most `max_sessions`
     bindings (the least recently used go first); one unused for `ttl_s` is forgotten."""
 
-    header: HeaderName | None = None
-    ttl_s: Interval = 600.0
-    max_sessions: AtLeastOne = 100_000
+    header: HeaderName | None = Field(
+        default=None, description="request header naming a call's session; null: affinity off"
+    )
+    ttl_s: Interval = Field(
+        default=600.0, description="a session's binding unused this long is forgotten"
+    )
+    max_sessions: AtLeastOne = Field(
+        default=100_000,
+        description="bindings (session, model, leg) kept; the least recently used go",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -63,15 +63,28 @@ class DnsDiscovery:
     answer with more than `max_hosts` hosts (or SRV records) is refused: the last stay."""
 
     source: Literal["dns"]
-    name: Name
-    port: Port | None = None
-    nameserver: HostPort | None = None  # default: the system's resolver
-    interval_s: Annotated[float, Strict(), Field(ge=1)] = 5.0
-    model: ModelName | None = None  # None: asked from each worker
-    runtime: Runtime | None = None
-    role: Role | None = None
-    tls: Flag = False
-    max_hosts: AtLeastOne = 256
+    name: Name = Field(description="the name to resolve")
+    port: Port | None = Field(
+        default=None, description="the workers' port, with A/AAAA records; absent: SRV records"
+    )
+    nameserver: HostPort | None = Field(
+        default=None, description="the resolver to ask; null: the system's"
+    )
+    interval_s: Annotated[float, Strict(), Field(ge=1)] = Field(
+        default=5.0,
+        description="resolve again this often (sooner when the records' TTL is shorter)",
+    )
+    model: ModelName | None = Field(
+        default=None, description="as a URL's `model`; null: asked from each worker"
+    )
+    runtime: Runtime | None = Field(default=None, description="as a URL's `runtime`")
+    role: Role | None = Field(default=None, description="as a URL's `role`")
+    tls: Flag = Field(
+        default=False, description="reach the workers over TLS (`grpcs://`, with `upstream_tls`)"
+    )
+    max_hosts: AtLeastOne = Field(
+        default=256, description="a larger answer is refused whole; the last hosts stay"
+    )
 
     @property
     def label(self) -> str:
@@ -86,19 +99,37 @@ class KubernetesDiscovery:
     than `max_hosts` hosts is refused: the last stay."""
 
     source: Literal["kubernetes"]
-    port: ContainerPort
-    selector: Text = ""
-    namespace: Name | None = None  # None: the pod's own (in cluster), else kubeconfig's
-    model: ModelName | None = None
-    model_from: PodField | None = None  # label:KEY or annotation:KEY, instead of model
-    runtime: Runtime | None = None
-    role: Role | None = None
-    tls: Flag = False
-    bootstrap_port_annotation: Name | None = None  # SGLang PD: a prefill's bootstrap port
-    unready_grace_s: Seconds = 30.0
-    resync_s: Interval = 60.0
-    kubeconfig: Name | None = None  # None: in-cluster credentials, else $KUBECONFIG or ~/.kube
-    max_hosts: AtLeastOne = 256
+    port: ContainerPort = Field(description="the Pods' container port, by name or number")
+    selector: Text = Field(default="", description="label selector of the Pods; empty: every Pod")
+    namespace: Name | None = Field(
+        default=None, description="null: the pod's own (in cluster), else kubeconfig's"
+    )
+    model: ModelName | None = Field(
+        default=None, description="as a URL's `model` (or `model_from`)"
+    )
+    # label:KEY or annotation:KEY, instead of model
+    model_from: PodField | None = Field(
+        default=None, description="the model from a Pod label or annotation"
+    )
+    runtime: Runtime | None = Field(default=None, description="as a URL's `runtime`")
+    role: Role | None = Field(default=None, description="as a URL's `role`")
+    tls: Flag = Field(default=False, description="reach the Pods over TLS (`grpcs://`)")
+    bootstrap_port_annotation: Name | None = Field(
+        default=None, description="SGLang PD: the annotation holding a prefill's bootstrap port"
+    )
+    unready_grace_s: Seconds = Field(
+        default=30.0, description="a Pod out of service this long leaves the fleet"
+    )
+    resync_s: Interval = Field(
+        default=60.0, description="list the Pods again this often, whatever the watch said"
+    )
+    kubeconfig: Name | None = Field(
+        default=None,
+        description="null: in-cluster credentials, else $KUBECONFIG or ~/.kube/config",
+    )
+    max_hosts: AtLeastOne = Field(
+        default=256, description="a larger set of Pods is refused whole; the last stay"
+    )
 
     @property
     def label(self) -> str:
@@ -120,9 +151,13 @@ class FileDiscovery:
     the last hosts stay."""
 
     source: Literal["file"]
-    path: Name
-    interval_s: Interval = 1.0
-    max_hosts: AtLeastOne = 256
+    path: Name = Field(description="a YAML list of worker URLs (or `workers:` entries)")
+    interval_s: Interval = Field(
+        default=1.0, description="how often the file is checked for a change"
+    )
+    max_hosts: AtLeastOne = Field(
+        default=256, description="more entries (or over 256 bytes an entry) are refused"
+    )
 
     @property
     def label(self) -> str:

@@ -20,17 +20,26 @@ class FlowClassConfig:
     """A priority class; `starvation_s`: waited this long, served next, ahead of every
     class (so even a flood of higher classes cannot hold it back longer)."""
 
-    name: Name
-    ttl_s: Interval = 60.0
-    starvation_s: Interval | None = None
+    name: Name = Field(description="the class's name, as clients ask for it")
+    ttl_s: Interval = Field(
+        default=60.0, description="a call waits at most this long: then QUEUE_TIMEOUT"
+    )
+    starvation_s: Interval | None = Field(
+        default=None, description="waited this long: served next, ahead of every class"
+    )
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class FlowQueueConfig:
     """Per model: requests waiting, and the bytes of their requests."""
 
-    max_requests: AtLeastOne = 2048
-    max_bytes: AtLeastOne = 256 * 1024 * 1024
+    max_requests: AtLeastOne = Field(
+        default=2048, description="calls waiting per model; past it: QUEUE_FULL"
+    )
+    max_bytes: AtLeastOne = Field(
+        default=256 * 1024 * 1024,
+        description="bytes of waiting requests per model; past it: QUEUE_FULL",
+    )
 
 
 DEFAULT_COST_TOKENS = 256
@@ -51,16 +60,31 @@ class FlowConfig:
     docs/flow-control.md) instead of being refused at once; without a `flow:` section they
     are."""
 
-    classes: tuple[FlowClassConfig, ...] = dataclasses.field(default_factory=_standard_classes)
-    default_class: Name = "standard"
-    priority_header: HeaderName = "x-priority"
+    classes: tuple[FlowClassConfig, ...] = Field(
+        default_factory=_standard_classes, description="priority classes, highest first"
+    )
+    default_class: Name = Field(
+        default="standard", description="the class of a call that names none (or an unknown one)"
+    )
+    priority_header: HeaderName = Field(
+        default="x-priority", description="the request header naming a call's class"
+    )
     queue: FlowQueueConfig = dataclasses.field(default_factory=FlowQueueConfig)
-    trust_tenant_header: Flag = False  # true: x-tenant-id names the tenant
-    tenant_header: HeaderName = "x-tenant-id"
-    # A call's output when it does not set its max new tokens (its cost, its token budget).
-    cost_tokens: AtLeastOne = DEFAULT_COST_TOKENS
-    # Tenants named in per-tenant metrics at once; the rest `other`.
-    tenant_labels: Whole = DEFAULT_TENANT_LABELS
+    trust_tenant_header: Flag = Field(
+        default=False,
+        description="true: `tenant_header` names the tenant (behind a trusted proxy only)",
+    )
+    tenant_header: HeaderName = Field(
+        default="x-tenant-id", description="the request header naming the tenant, when trusted"
+    )
+    cost_tokens: AtLeastOne = Field(
+        default=DEFAULT_COST_TOKENS,
+        description="a call's output when it sets no max new tokens (its cost, its charge)",
+    )
+    tenant_labels: Whole = Field(
+        default=DEFAULT_TENANT_LABELS,
+        description="tenants named in per-tenant metrics at once; the rest `other`",
+    )
 
     @model_validator(mode="after")
     def _known_classes(self) -> FlowConfig:
@@ -82,11 +106,23 @@ class TenantConfig:
     """A tenant (an API key's name, a client certificate's identity; `default` for the
     rest): the highest class it may ask for, and its share within a class."""
 
-    max_class: Name | None = None  # None: any class
-    weight: Annotated[float, Strict(), Field(gt=0)] = 1.0
-    max_inflight: AtLeastOne | None = None  # its calls in flight; past it, they wait
-    requests_per_minute: AtLeastOne | None = None  # past it: RATE_LIMITED
-    tokens_per_minute: AtLeastOne | None = None  # prompt + generated tokens; past it: too
+    max_class: Name | None = Field(
+        default=None, description="the highest class it may ask for; null: any"
+    )
+    weight: Annotated[float, Strict(), Field(gt=0)] = Field(
+        default=1.0, description="its share within a class, against other tenants"
+    )
+    max_inflight: AtLeastOne | None = Field(
+        default=None,
+        description="its calls in flight; past it, its calls wait (with `flow:` only)",
+    )
+    requests_per_minute: AtLeastOne | None = Field(
+        default=None, description="token bucket of calls; past it: RATE_LIMITED"
+    )
+    tokens_per_minute: AtLeastOne | None = Field(
+        default=None,
+        description="token bucket of prompt + generated tokens; past it: RATE_LIMITED",
+    )
 
     def shared(self, share: Callable[[int], int]) -> TenantConfig:
         """One serving process's part of the tenant's limits (`--processes N`)."""

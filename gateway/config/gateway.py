@@ -7,6 +7,7 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from gateway.config.affinity import AffinityConfig
@@ -47,9 +48,15 @@ class DrainConfig:
     """SIGTERM: NOT_SERVING at once, serve `delay_s` more, then finish in-flight within
     `grace_s`. `worker_timeout_s` bounds the drain of one worker removed by the admin API."""
 
-    delay_s: Seconds = 5.0
-    grace_s: Seconds = 20.0
-    worker_timeout_s: Seconds = 60.0
+    delay_s: Seconds = Field(
+        default=5.0, description="on SIGTERM: NOT_SERVING, serving on for this long"
+    )
+    grace_s: Seconds = Field(
+        default=20.0, description="then in-flight calls get this long to finish"
+    )
+    worker_timeout_s: Seconds = Field(
+        default=60.0, description="bounds the drain of one worker removed (admin, discovery)"
+    )
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -61,8 +68,18 @@ class DisaggConfig:
     whose compute then counts too); past it, with nothing relayed to the client yet, the
     attempt is given up and the call placed again without that decode. 0: no bound."""
 
-    abort_wait_s: Seconds = 30.0
-    decode_first_message_timeout_s: Seconds = 0.0
+    abort_wait_s: Seconds = Field(
+        default=30.0,
+        description="an abort or cancel waits this long for a decode leg's first message",
+    )
+    decode_first_message_timeout_s: Seconds = Field(
+        default=0.0,
+        description=(
+            "a decode leg with no first message this long after it was "
+            "called is given up and the call placed again (before any "
+            "byte reached the client); 0: no bound"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -77,17 +94,32 @@ class MigrationConfig:
     followed and cannot go on elsewhere (counted), so workers' output never grows memory
     unbounded."""
 
-    enabled: Flag = True
-    max_migrations: Whole = 2
-    max_resent_tokens: AtLeastOne = 131_072
-    max_kept_tokens: AtLeastOne = 32 * 1024 * 1024
+    enabled: Flag = Field(
+        default=True,
+        description="a stream whose worker fails after tokens went goes on elsewhere",
+    )
+    max_migrations: Whole = Field(
+        default=2, description="continuations per call (per choice of a split n > 1)"
+    )
+    max_resent_tokens: AtLeastOne = Field(
+        default=131_072, description="the longest prompt + relayed tokens a continuation re-sends"
+    )
+    max_kept_tokens: AtLeastOne = Field(
+        default=32 * 1024 * 1024,
+        description=(
+            "relayed token ids kept for all streams (~3 bytes each); "
+            "streams past it are not followed"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class AdminConfig:
     # HOST:PORT, checked by build_config (a serving process's is its `unix:` control socket)
-    listen: Text = "127.0.0.1:50052"
-    token: Name | None = None
+    listen: Text = Field(
+        default="127.0.0.1:50052", description="the admin API's port (non-loopback needs a token)"
+    )
+    token: Name | None = Field(default=None, description="bearer token the admin API requires")
 
 
 @functools.cache
@@ -98,22 +130,64 @@ def _default_settings(policy: PolicyName) -> ModelSettings:
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class GatewayConfig:
-    listen: Text = "127.0.0.1:50051"
-    workers: tuple[WorkerEntry, ...] = ()
-    discovery: tuple[DiscoverySource, ...] = ()
-    flow: FlowConfig | None = None
-    tenants: Mapping[Name, TenantConfig] = dataclasses.field(default_factory=dict)
-    models: Mapping[ModelName, ModelSettings] = dataclasses.field(default_factory=dict)
-    default_policy: PolicyName = "round_robin"
-    model_headers: tuple[HeaderName, ...] = ("x-model-id", "x-gateway-model-name")
-    routing_key_header: Name = "x-routing-key"
-    target_worker_header: Name = "x-target-worker"
-    max_attempts: AtLeastOne = 3
-    retry_after_ms: Whole = 1000
-    discovery_timeout_s: Seconds = 5.0
-    max_message_bytes: AtLeastOne = 64 * 1024 * 1024
-    log_format: LogFormat = "console"
-    log_level: LogLevel = "info"
+    listen: Text = Field(
+        default="127.0.0.1:50051",
+        description="the main port: engine services, health, ORCA, reflection",
+    )
+    workers: tuple[WorkerEntry, ...] = Field(
+        default=(),
+        description=(
+            "static workers: a worker URL, or a mapping with `url` and the URL's query keys"
+        ),
+    )
+    discovery: tuple[DiscoverySource, ...] = Field(
+        default=(), description="sources of workers, each a mapping with `source`"
+    )
+    flow: FlowConfig | None = Field(
+        default=None,
+        description=(
+            "flow control: calls wait in per-model queues instead of "
+            "WORKERS_OVERLOADED; absent: off"
+        ),
+    )
+    tenants: Mapping[Name, TenantConfig] = Field(
+        default_factory=dict,
+        description="per tenant (principal name; `default`: every other tenant)",
+    )
+    models: Mapping[ModelName, ModelSettings] = Field(
+        default_factory=dict, description="per-model settings"
+    )
+    default_policy: PolicyName = Field(
+        default="round_robin", description="the policy of models without one"
+    )
+    model_headers: tuple[HeaderName, ...] = Field(
+        default=("x-model-id", "x-gateway-model-name"),
+        description="request headers naming the model; the first one present wins",
+    )
+    routing_key_header: Name = Field(
+        default="x-routing-key", description="the `consistent_hash` key"
+    )
+    target_worker_header: Name = Field(
+        default="x-target-worker",
+        description="`HOST:PORT`: the worker for `manual` and fleet-wide RPCs",
+    )
+    max_attempts: AtLeastOne = Field(
+        default=3, description="upstream attempts per call (retries before the first message)"
+    )
+    retry_after_ms: Whole = Field(
+        default=1000, description="RetryInfo / `retry-after` / pushback of retryable verdicts"
+    )
+    discovery_timeout_s: Seconds = Field(
+        default=5.0, description="start-up waits at most this long for workers and sources"
+    )
+    max_message_bytes: AtLeastOne = Field(
+        default=64 * 1024 * 1024,
+        description="largest request or response message, on every port and channel",
+    )
+    log_format: LogFormat = Field(
+        default="console", description="console lines for people, JSON lines for machines"
+    )
+    log_level: LogLevel = Field(default="info", description="the lowest level logged")
     probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)
     outlier_detection: OutlierDetectionConfig = dataclasses.field(
         default_factory=OutlierDetectionConfig
@@ -135,7 +209,9 @@ class GatewayConfig:
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
     orca: OrcaConfig = dataclasses.field(default_factory=OrcaConfig)
     picker: PickerConfig = dataclasses.field(default_factory=PickerConfig)
-    processes: Processes = 1  # serving processes behind the main port (`auto`: usable cores)
+    processes: Processes = Field(
+        default=1, description="serving processes sharing the main port (`auto`: usable cores)"
+    )
 
     def model(self, name: str) -> ModelSettings:
         found = self.models.get(name)

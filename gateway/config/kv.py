@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Interval, Number, Seconds
@@ -23,25 +24,58 @@ class KvConfig:
     (also after the worker evicted it: sending it back keeps affinity, which measured
     better than moving it). A worker not ready for `grace_s` loses its entries."""
 
-    events: Flag = True
-    block_size: AtLeastOne = 16
-    prefill_cost_per_token: Number = 0.01
-    balance_ratio: Number = 1.5
-    balance_slack: Number = 4.0
-    share_window_s: Interval = 10.0  # shares decay by exp(-age / share_window_s)
-    assume_ttl_s: Seconds = 120.0
-    assume_capacity: AtLeastOne = 100_000
-    pending_ttl_s: Seconds = 120.0
-    grace_s: Seconds = 10.0
+    events: Flag = Field(
+        default=True,
+        description="follow every worker's `SubscribeKvEvents` into the prefix index",
+    )
+    block_size: AtLeastOne = Field(
+        default=16, description="block size for workers that report none"
+    )
+    prefill_cost_per_token: Number = Field(
+        default=0.01, description="weight of one uncached prompt token against one queued call"
+    )
+    balance_ratio: Number = Field(
+        default=1.5,
+        description="balance guard: load and share at most this times the least / mean",
+    )
+    balance_slack: Number = Field(default=4.0, description="balance guard: plus this much load")
+    # shares decay by exp(-age / share_window_s)
+    share_window_s: Interval = Field(
+        default=10.0, description="placement shares decay over this window"
+    )
+    assume_ttl_s: Seconds = Field(
+        default=120.0,
+        description="workers without KV events: a placement assumed cached this long",
+    )
+    assume_capacity: AtLeastOne = Field(
+        default=100_000, description="... at most this many blocks a worker"
+    )
+    pending_ttl_s: Seconds = Field(
+        default=120.0, description="workers with KV events: a placement remembered this long"
+    )
+    grace_s: Seconds = Field(
+        default=10.0, description="a worker not ready this long loses its index entries"
+    )
     # Worker input is untrusted (see "Limits and security"): per worker at most
     # `max_ranks` DP ranks and `max_block_sizes` distinct block sizes are indexed (the
     # excess is refused, logged once); stored blocks are capped per worker and in all
     # (the worker's oldest entries go first); one KV event message may be at most
     # `max_event_bytes` (a bigger one is refused and the subscription starts again);
     # subscriptions that keep failing start again after up to `resubscribe_max_s`.
-    max_ranks: AtLeastOne = 256
-    max_block_sizes: AtLeastOne = 4
-    max_blocks_per_worker: AtLeastOne = 250_000
-    max_blocks: AtLeastOne = 2_000_000
-    max_event_bytes: AtLeastOne = 4 * 1024 * 1024
-    resubscribe_max_s: Seconds = 8.0
+    max_ranks: AtLeastOne = Field(default=256, description="data-parallel ranks indexed per worker")
+    max_block_sizes: AtLeastOne = Field(
+        default=4, description="distinct block sizes indexed per worker"
+    )
+    max_blocks_per_worker: AtLeastOne = Field(
+        default=250_000, description="stored blocks indexed per worker (~200 bytes each)"
+    )
+    max_blocks: AtLeastOne = Field(
+        default=2_000_000, description="stored blocks indexed in all: the index's memory bound"
+    )
+    max_event_bytes: AtLeastOne = Field(
+        default=4 * 1024 * 1024,
+        description="largest KV event message; a bigger one restarts the subscription",
+    )
+    resubscribe_max_s: Seconds = Field(
+        default=8.0, description="a failing subscription's backoff grows to this"
+    )

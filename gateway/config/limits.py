@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from gateway.config.fields import SETTINGS, AtLeastOne, Interval, Seconds
@@ -34,21 +35,58 @@ class LimitsConfig:
     no max new tokens is believed to generate; a worker's usage past what a call could
     have generated (its choices times its max new tokens, else this) is not believed."""
 
-    max_choices: AtLeastOne = 16
-    max_inflight_requests: AtLeastOne = 4096
-    max_concurrent_streams: AtLeastOne = 256
-    stream_idle_timeout_s: Seconds = 300.0
-    connection_idle_timeout_s: Seconds = 300.0
-    max_connection_age_s: Seconds = 3600.0
-    connection_age_grace_s: Seconds = 600.0
-    max_inflight_per_principal: AtLeastOne | None = None
-    request_read_timeout_s: Interval = 30.0
-    max_request_reads: AtLeastOne = 32
-    max_request_reads_per_peer: AtLeastOne = 2
-    max_connections: AtLeastOne = 10_000
-    max_connections_per_peer: AtLeastOne = 1_000
-    max_prompt_tokens: AtLeastOne = 1_000_000
-    max_completion_tokens: AtLeastOne = 131_072
+    max_choices: AtLeastOne = Field(
+        default=16, description="most `sampling_params.n`; past it: REQUEST_OVER_LIMIT"
+    )
+    max_inflight_requests: AtLeastOne = Field(
+        default=4096, description="calls in flight at once; past it: GATEWAY_OVERLOADED"
+    )
+    max_concurrent_streams: AtLeastOne = Field(
+        default=256, description="streams per client connection (HTTP/2 SETTINGS)"
+    )
+    stream_idle_timeout_s: Seconds = Field(
+        default=300.0, description="a stream on which nothing moved this long is ended; 0: off"
+    )
+    connection_idle_timeout_s: Seconds = Field(
+        default=300.0, description="a connection with no call this long is closed; 0: off"
+    )
+    max_connection_age_s: Seconds = Field(
+        default=3600.0, description="every connection is asked to go away after this; 0: off"
+    )
+    connection_age_grace_s: Seconds = Field(
+        default=600.0, description="then its calls get this long to finish"
+    )
+    max_inflight_per_principal: AtLeastOne | None = Field(
+        default=None,
+        description=(
+            "one caller's calls in flight (null: a quarter of "
+            "`max_inflight_requests`); past it: CALLER_OVER_SHARE"
+        ),
+    )
+    request_read_timeout_s: Interval = Field(
+        default=30.0, description="from a stream's opening to its complete request"
+    )
+    max_request_reads: AtLeastOne = Field(
+        default=32, description="request messages read at once; the rest wait their turn"
+    )
+    max_request_reads_per_peer: AtLeastOne = Field(
+        default=2, description="request messages one caller has read at once"
+    )
+    max_connections: AtLeastOne = Field(
+        default=10_000,
+        description="client connections at once; grpc core closes the ones past it",
+    )
+    max_connections_per_peer: AtLeastOne = Field(
+        default=1_000,
+        description="one client address's connections; the newest past it are closed",
+    )
+    max_prompt_tokens: AtLeastOne = Field(
+        default=1_000_000, description="longest `tokenized.input_ids`; past it: REQUEST_OVER_LIMIT"
+    )
+    max_completion_tokens: AtLeastOne = Field(
+        default=131_072,
+        description="what a choice with no max new tokens is believed to generate at most",
+    )
 
     @property
     def principal_share(self) -> int:

@@ -7,7 +7,6 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -22,9 +21,9 @@ from gateway.config.flow import check_tenant_classes
 from gateway.config.gateway import SECTIONS, GatewayConfig
 from gateway.config.models import ModelSettings, named_models, route_problem, routes_of
 from gateway.config.picker import picker_tls
+from gateway.config.served import served_models
 from gateway.config.workers import MAX_URL, WorkerEntry, WorkerSpec, check_workers
 from gateway.core.policy_names import policy_names
-from gateway.core.roles import Runtime
 
 log = structlog.get_logger("gateway.config")
 
@@ -382,44 +381,6 @@ def build_config(
     check_tenant_classes(config.flow, config.tenants)
     _check_routes(config)
     return config
-
-
-def served_models(config: GatewayConfig) -> frozenset[str]:
-    """The models the configured workers and discovery sources name."""
-    found = [spec.model for spec in config.workers]
-    found += [getattr(source, "model", None) for source in config.discovery]
-    return frozenset(m for m in found if m)
-
-
-Declared = Mapping[str, frozenset[Runtime] | None]
-
-
-def declared_models(config: GatewayConfig) -> Declared:
-    """Model -> the engine protocols the configuration declares it on (None: any): the
-    `models:` entries that are no alias (an alias's targets are among these), and the
-    models of the configured workers and discovery sources, on their `runtime` if they
-    name one. A declared model is never answered NOT_FOUND for want of a worker: its
-    workers may be down or not yet identified."""
-    found: dict[str, set[Runtime] | None] = {}
-    for name in named_models(config.models, ()):
-        found[name] = None
-    named = [(spec.model, spec.runtime) for spec in config.workers]
-    named += [
-        (getattr(source, "model", None), getattr(source, "runtime", None))
-        for source in config.discovery
-    ]
-    for model, runtime in named:
-        if not model:
-            continue
-        if runtime is None or (model in found and found[model] is None):
-            found[model] = None
-        else:
-            runtimes = found.setdefault(model, set())
-            assert runtimes is not None
-            runtimes.add(runtime)
-    return MappingProxyType(
-        {m: (None if r is None else frozenset(r)) for m, r in sorted(found.items())}
-    )
 
 
 def _check_routes(config: GatewayConfig) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Interval, Name
@@ -22,11 +21,34 @@ class LoraConfig:
     adapters of one worker's list the gateway reads (a list past it counts as a rejected
     load figure); with `adapters` set, only those adapters are kept of it."""
 
-    adapters: dict[Name, Name] = dataclasses.field(default_factory=dict)
-    max_loaded_per_worker: AtLeastOne = 4
-    load_on_demand: Flag = True
-    load_timeout_s: Interval = 30.0
-    max_listed_per_worker: AtLeastOne = 256
+    adapters: dict[Name, Name] = Field(
+        default_factory=dict,
+        description=(
+            "LoRA adapter id -> its path on the workers (SGLang); empty: "
+            "adapters are only preferred where held, never loaded or "
+            "refused"
+        ),
+    )
+    max_loaded_per_worker: AtLeastOne = Field(
+        default=4,
+        description=(
+            "adapters one worker may hold before the gateway unloads its "
+            "least recently used unused one"
+        ),
+    )
+    load_on_demand: Flag = Field(
+        default=True, description="load a call's adapter on the chosen worker when it lacks it"
+    )
+    load_timeout_s: Interval = Field(
+        default=30.0, description="bound on one on-demand load (and the unload before it)"
+    )
+    max_listed_per_worker: AtLeastOne = Field(
+        default=256,
+        description=(
+            "adapters read of one worker's list; the rest are ignored "
+            "(counted as a rejected load figure)"
+        ),
+    )
 
     @property
     def enabled(self) -> bool:

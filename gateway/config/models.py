@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Fraction, ModelName, Whole
@@ -19,8 +20,10 @@ Where = tuple[int | str, ...]  # a key path under `models:` (`chat`, `route`, 1,
 class RouteTarget:
     """One model an alias sends calls to, with its share of them (weight / the sum)."""
 
-    model: ModelName
-    weight: Whole
+    model: ModelName = Field(
+        description="a target: a model the config names, or an alias one level deep"
+    )
+    weight: Whole = Field(description="its share of the calls (at least one above 0)")
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -35,13 +38,33 @@ class ModelSettings:
     vocabulary); None: the smallest its workers report (GetModelInfo).
     """
 
-    policy: PolicyName = "round_robin"
-    encode_leg: Flag = False
-    max_inflight: Whole | None = None
-    max_waiting: Whole | None = None
-    max_token_usage: Fraction | None = None
-    route: tuple[RouteTarget, ...] | None = None
-    vocab_size: AtLeastOne | None = None
+    policy: PolicyName = Field(default="round_robin", description="the model's placement policy")
+    encode_leg: Flag = Field(
+        default=False, description="multimodal calls need the encode leg even with no encoder up"
+    )
+    max_inflight: Whole | None = Field(
+        default=None, description="calls the gateway runs at once on one worker of the model"
+    )
+    max_waiting: Whole | None = Field(
+        default=None, description="a worker reporting more waiting requests takes no more calls"
+    )
+    max_token_usage: Fraction | None = Field(
+        default=None, description="a worker reporting more KV usage takes no more calls"
+    )
+    route: tuple[RouteTarget, ...] | None = Field(
+        default=None,
+        description=(
+            "makes the name an alias: each call goes to one of these "
+            "models by weight (see docs/routing.md, model aliases)"
+        ),
+    )
+    vocab_size: AtLeastOne | None = Field(
+        default=None,
+        description=(
+            "prompt token ids must be below it, else INVALID_ARGUMENT "
+            "(default: the smallest vocabulary its workers report)"
+        ),
+    )
 
 
 def routes_of(models: Mapping[str, ModelSettings]) -> dict[str, Route]:

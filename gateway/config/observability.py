@@ -28,19 +28,38 @@ class TracingConfig:
     endpoint is set here or in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT/OTEL_EXPORTER_OTLP_ENDPOINT;
     what is not set here comes from the standard OTEL_* variables."""
 
-    endpoint: Text | None = None  # e.g. http://collector:4317 (http: plaintext)
-    insecure: Flag | None = None  # None: from the endpoint's scheme, or the environment
-    sample_ratio: Annotated[float, Strict(), Field(ge=0, le=1)] | None = None  # parent-based
-    service_name: Text | None = None  # None: OTEL_SERVICE_NAME, else model-gateway
-    max_queue: AtLeastOne = 2048  # spans waiting for export; past it the oldest are dropped
-    batch_size: AtLeastOne = 512
-    schedule_delay_ms: AtLeastOne = 1000
-    export_timeout_s: Interval = 10.0
+    # e.g. http://collector:4317 (http: plaintext)
+    endpoint: Text | None = Field(
+        default=None,
+        description=(
+            "OTLP/gRPC collector; null: `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`, else tracing off"
+        ),
+    )
+    # None: from the endpoint's scheme, or the environment
+    insecure: Flag | None = Field(
+        default=None, description="plaintext to the collector; null: from the endpoint's scheme"
+    )
+    sample_ratio: Annotated[float, Strict(), Field(ge=0, le=1)] | None = Field(
+        default=None,
+        description="parent-based ratio; null: `OTEL_TRACES_SAMPLER(_ARG)`, else all",
+    )
+    service_name: Text | None = Field(
+        default=None, description="null: `OTEL_SERVICE_NAME`, else `model-gateway`"
+    )
+    max_queue: AtLeastOne = Field(
+        default=2048, description="spans waiting for export; past it the oldest are dropped"
+    )
+    batch_size: AtLeastOne = Field(default=512, description="spans per export")
+    schedule_delay_ms: AtLeastOne = Field(default=1000, description="export at least this often")
+    export_timeout_s: Interval = Field(default=10.0, description="an export's deadline")
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
 class MetricsConfig:
-    listen: MetricsListen = "127.0.0.1:9464"  # "off": None, no endpoint
+    # "off": None, no endpoint
+    listen: MetricsListen = Field(
+        default="127.0.0.1:9464", description="Prometheus `/metrics` endpoint; `off`: none"
+    )
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -52,11 +71,20 @@ class OrcaConfig:
     client connection may hold; `max_streams_per_peer`: those one principal (API key,
     client certificate, else peer address) may hold, None: a quarter of `max_streams`."""
 
-    trailers: Flag = True
-    min_interval_s: Interval = 1.0
-    max_streams: AtLeastOne = 256
-    max_streams_per_connection: AtLeastOne = 4
-    max_streams_per_peer: AtLeastOne | None = None
+    trailers: Flag = Field(
+        default=True,
+        description="end every engine call's trailers with `endpoint-load-metrics-bin`",
+    )
+    min_interval_s: Interval = Field(
+        default=1.0, description="shortest interval a `StreamCoreMetrics` stream gets"
+    )
+    max_streams: AtLeastOne = Field(default=256, description="`StreamCoreMetrics` streams at once")
+    max_streams_per_connection: AtLeastOne = Field(
+        default=4, description="... on one client connection"
+    )
+    max_streams_per_peer: AtLeastOne | None = Field(
+        default=None, description="... of one principal or address (null: `max_streams` / 4)"
+    )
 
     @property
     def peer_share(self) -> int:

@@ -46,19 +46,52 @@ class PickerConfig:
     main port's `tls`, client CA included), and a `listen` past loopback without TLS is
     refused unless `plaintext` says the network encrypts the hop."""
 
-    listen: Text | None = None  # HOST:PORT, checked by build_config
-    relay_address: Text | None = None  # HOST:PORT, checked by build_config
-    header: HeaderName = DESTINATION_HEADER
-    migrate_streams: Flag = False
-    max_body_bytes: AtLeastOne = MAX_BODY_BYTES
+    # HOST:PORT, checked by build_config
+    listen: Text | None = Field(
+        default=None,
+        description="the endpoint picker's port (Envoy's ext_proc, `--picker-listen`); null: off",
+    )
+    # HOST:PORT, checked by build_config
+    relay_address: Text | None = Field(
+        default=None,
+        description=(
+            "`IP:PORT` Envoy sends the relay's calls to "
+            "(`--picker-relay-address`); null: the main `listen` (a "
+            "wildcard host as 127.0.0.1)"
+        ),
+    )
+    header: HeaderName = Field(
+        default=DESTINATION_HEADER,
+        description="the request header the picker names each call's destination in",
+    )
+    migrate_streams: Flag = Field(
+        default=False, description="streamed Generates go to the relay too, so they can migrate"
+    )
+    max_body_bytes: AtLeastOne = Field(
+        default=MAX_BODY_BYTES,
+        description="the most of a request body the picker reads; a longer one goes to the relay",
+    )
     # Peers whose forwarding headers are believed (else anyone reaching the port could
     # name any address: rotate past the failure block, or pose as another caller).
-    trusted_proxies: Annotated[tuple[Network, ...], Field(max_length=256)] = ()
+    trusted_proxies: Annotated[tuple[Network, ...], Field(max_length=256)] = Field(
+        default=(),
+        description=(
+            "addresses or CIDR ranges (at most 256) whose forwarding "
+            "headers name the client; none: the stream's own peer is"
+        ),
+    )
     # The port's own TLS; unset, the main port's `tls` (certificates and client CA).
     tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
     # Plaintext past loopback, on a network that encrypts the hop itself (a service
     # mesh's mTLS): else a non-loopback `listen` needs TLS.
-    plaintext: Flag = False
+    plaintext: Flag = Field(
+        default=False,
+        description=(
+            "a `listen` past loopback without TLS, where the network "
+            "encrypts the hop itself (a service mesh); else refused at "
+            "start"
+        ),
+    )
 
     @property
     def enabled(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from gateway.config.errors import field_error, line_error
@@ -14,9 +14,13 @@ class TlsConfig:
     """TLS on the main port (PEM files). With `client_ca`, clients must present a
     certificate it signed (mTLS); their identity is the caller's principal."""
 
-    cert: Name | None = None
-    key: Name | None = None
-    client_ca: Name | None = None
+    cert: Name | None = Field(
+        default=None, description="TLS on the main port: certificate chain (PEM)"
+    )
+    key: Name | None = Field(default=None, description="its private key (PEM)")
+    client_ca: Name | None = Field(
+        default=None, description="require client certificates this CA signed (mTLS)"
+    )
 
     @property
     def enabled(self) -> bool:
@@ -34,9 +38,13 @@ class UpstreamTlsConfig:
     """TLS to `grpcs://` workers: `ca` verifies them (default: the system roots); `cert`
     and `key` are the gateway's client certificate where workers require mTLS."""
 
-    ca: Name | None = None
-    cert: Name | None = None
-    key: Name | None = None
+    ca: Name | None = Field(
+        default=None, description="verifies `grpcs://` workers; null: the system roots"
+    )
+    cert: Name | None = Field(
+        default=None, description="the gateway's client certificate, where workers require mTLS"
+    )
+    key: Name | None = Field(default=None, description="its private key")
 
     @model_validator(mode="after")
     def _pairs(self) -> UpstreamTlsConfig:
@@ -54,10 +62,17 @@ class AuthConfig:
     `failure_limit` failed authentications from one peer address within
     `failure_window_s` refuse that address's calls for `block_s`; 0 turns that off."""
 
-    api_keys_file: Name | None = None
-    failure_limit: Whole = 20
-    failure_window_s: Seconds = 10.0
-    block_s: Seconds = 30.0
+    api_keys_file: Name | None = Field(
+        default=None,
+        description="`name:key` lines; set: every call needs `authorization: Bearer KEY`",
+    )
+    failure_limit: Whole = Field(
+        default=20, description="failed authentications from one address that block it; 0: off"
+    )
+    failure_window_s: Seconds = Field(default=10.0, description="... counted within this window")
+    block_s: Seconds = Field(
+        default=30.0, description="a blocked address is refused this long, correct key or not"
+    )
 
     @model_validator(mode="after")
     def _blocking(self) -> AuthConfig:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
@@ -33,12 +33,31 @@ class WorkerSpec:
 
     host: Name
     port: Port
-    model: ModelName | None = None
-    runtime: Runtime | None = None
-    role: Role | None = None  # None: asked from the worker (GetServerInfo), else regular
-    bootstrap_port: Port | None = None
-    bootstrap_host: Name | None = None  # a prefill's rendezvous host; default: its URL host
-    embedding_port: Port | None = None  # a prefill's port for encoder embeddings (EPD)
+    model: ModelName | None = Field(
+        default=None,
+        description="the model it serves; absent: asked from the worker (`GetModelInfo`)",
+    )
+    runtime: Runtime | None = Field(
+        default=None,
+        description="its engine protocol; absent: detected from the services it serves",
+    )
+    # None: asked from the worker (GetServerInfo), else regular
+    role: Role | None = Field(
+        default=None,
+        description="absent: regular, or asked from the worker when model or runtime are",
+    )
+    bootstrap_port: Port | None = Field(
+        default=None, description="SGLang prefill: its bootstrap port (else asked; else 8998)"
+    )
+    bootstrap_host: Name | None = Field(
+        default=None,
+        description=(
+            "SGLang prefill: the host decode workers fetch KV from (default: the URL's host)"
+        ),
+    )
+    embedding_port: Port | None = Field(
+        default=None, description="EPD prefill: the port encoders push embeddings to"
+    )
     tls: Flag = False  # grpcs://: TLS to the worker (see UpstreamTlsConfig)
 
     @property
