@@ -4,6 +4,7 @@ config file that gives the same configuration (but the secrets)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -13,6 +14,8 @@ from gateway.config import WORKER_URL_KEYS, GatewayConfig, WorkerSpec
 
 MASK = "***"
 SECRET_KEYS = frozenset({"token"})  # admin.token: a value shown only as MASK
+# A URL's password (state.url: redis://user:PASSWORD@host): the rest of it is shown.
+URL_PASSWORD = re.compile(r"^([a-z]+://[^:@/]*:)[^@/]*@")
 
 _GATEWAY: TypeAdapter[GatewayConfig] = TypeAdapter(GatewayConfig)
 
@@ -32,6 +35,8 @@ def masked(value: Any) -> Any:
         }
     if isinstance(value, list):
         return [masked(item) for item in value]
+    if isinstance(value, str):
+        return URL_PASSWORD.sub(rf"\g<1>{MASK}@", value)
     return value
 
 

@@ -54,6 +54,7 @@ from gateway.config.picker import DESTINATION_HEADER, PickerConfig, picker_tls
 from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
 from gateway.config.served import Declared, declared_models, served_models
+from gateway.config.state import StateConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
 from gateway.config.workers import WORKER_URL_KEYS, WorkerSpec
 from gateway.core.policy_names import POLICIES  # the built-in policies (plugins: policy_names())
@@ -90,6 +91,7 @@ __all__ = [
     "PickerConfig",
     "ProbeConfig",
     "Route",
+    "StateConfig",
     "TenantConfig",
     "TlsConfig",
     "TracingConfig",

@@ -38,6 +38,7 @@ from gateway.config.observability import (
 from gateway.config.picker import PickerConfig
 from gateway.config.processes import Processes
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
+from gateway.config.state import StateConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
 from gateway.config.workers import WorkerEntry
 from gateway.core.policy_names import PolicyName
@@ -209,6 +210,7 @@ class GatewayConfig:
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
     orca: OrcaConfig = dataclasses.field(default_factory=OrcaConfig)
     picker: PickerConfig = dataclasses.field(default_factory=PickerConfig)
+    state: StateConfig = dataclasses.field(default_factory=StateConfig)
     processes: Processes = Field(
         default=1, description="serving processes sharing the main port (`auto`: usable cores)"
     )
@@ -248,4 +250,5 @@ SECTIONS: dict[str, type] = {
     "tracing": TracingConfig,
     "orca": OrcaConfig,
     "picker": PickerConfig,
+    "state": StateConfig,
 }

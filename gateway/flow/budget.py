@@ -39,10 +39,12 @@ class OverBudget:
 @dataclass(frozen=True, slots=True)
 class Charge:
     """What an admitted call took, to settle when it ends: `tenant` names the buckets it
-    was taken from (the caller's own, or the shared OVERFLOW ones)."""
+    was taken from (the caller's own, or the shared OVERFLOW ones); `shared`: in the
+    store every replica charges (gateway.state.budgets), else in this process."""
 
     tenant: str
     tokens: int
+    shared: bool = False
 
 
 OVERFLOW = "\0overflow"  # the buckets tenants past `max_buckets` share (no real name)

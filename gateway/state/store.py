@@ -1,0 +1,154 @@
+"""The connection to the shared store, and the one rule for its trouble.
+
+Every operation is bounded by `state.timeout_s` (connecting included). One that fails
+(refused, timed out, an answer that is no answer) marks the store away: a warning is
+logged once, `gateway_state_store_up` drops to 0, and for `retry_s` no operation is
+tried at all, so calls pay nothing for a store that is down. The first operation after
+that tries again; its success logs the store back and tells the listeners (routes
+re-read, changes made meanwhile written). Callers catch `StoreAway` and go on with
+their own process's state: the store's trouble never becomes a call's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError, ResponseError
+
+from gateway.config import ConfigError, StateConfig
+from gateway.core.tasks import TaskScope
+
+log = structlog.get_logger("gateway.state")
+
+T = TypeVar("T")
+MAX_PENDING_WRITES = 1024  # writes in flight at once; past it one is dropped (counted)
+
+Listener = Callable[[], object]
+
+
+class StoreAway(Exception):
+    """The store could not answer this operation (or is left alone for a while)."""
+
+
+def digest(text: str) -> str:
+    """A key part for a name a client controls: 32 hex characters, whatever its length."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def password(config: StateConfig) -> str | None:
+    """`state.password_file`'s first line; ConfigError naming the file if unreadable."""
+    if config.password_file is None:
+        return None
+    try:
+        return Path(config.password_file).read_text().strip() or None
+    except OSError as exc:
+        raise ConfigError(f"state.password_file {config.password_file!r}: {exc.strerror}") from None
+
+
+class Store:
+    """One serving process's client of the shared store (a bounded pool of connections)."""
+
+    def __init__(self, config: StateConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        assert config.url is not None
+        self.config = config
+        self.prefix = config.key_prefix
+        self.timeout_s = config.timeout_s
+        self._clock = clock
+        pool = BlockingConnectionPool.from_url(
+            config.url,
+            password=password(config),
+            max_connections=config.max_connections,
+            timeout=config.timeout_s,  # waiting for a free connection
+            socket_timeout=config.timeout_s,
+            socket_connect_timeout=config.timeout_s,
+        )
+        # No retries of its own: one bounded try, then the store is away for `retry_s`.
+        self.client = Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        self.up = True  # until an operation says otherwise
+        self._retry_at = 0.0
+        self.errors: Counter[tuple[str, str]] = Counter()  # (operation, reason)
+        self.dropped_writes = 0
+        self._listeners: list[Listener] = []
+        self._writes = TaskScope()
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    def on_back(self, listener: Listener) -> None:
+        """`listener()` each time the store answers again after being away."""
+        self._listeners.append(listener)
+
+    async def run(self, operation: str, work: Callable[[Redis], Awaitable[T]]) -> T:
+        """`work(client)`, bounded; StoreAway if the store is away or fails it."""
+        if not self.up and self._clock() < self._retry_at:
+            raise StoreAway(operation)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await work(self.client)
+        except TimeoutError:
+            self._away(operation, "timeout", "no answer within state.timeout_s")
+            raise StoreAway(operation) from None
+        except ResponseError as exc:  # it answered: an error of the data, not of the store
+            self.invalid(operation, str(exc))
+            raise StoreAway(operation) from None
+        except (RedisError, OSError) as exc:
+            self._away(operation, "unreachable", str(exc) or type(exc).__name__)
+            raise StoreAway(operation) from None
+        if not self.up:
+            self._back()
+        return result
+
+    def write(self, operation: str, work: Callable[[Redis], Awaitable[object]]) -> None:
+        """`work` in the background (a call's settlement, a binding): nobody waits for it;
+        lost if the store is away, dropped (counted) past MAX_PENDING_WRITES."""
+        if len(self._writes) >= MAX_PENDING_WRITES:
+            self.dropped_writes += 1
+            return
+        self._writes.spawn(self._quietly(operation, work), "state_write")
+
+    async def _quietly(self, operation: str, work: Callable[[Redis], Awaitable[object]]) -> None:
+        with contextlib.suppress(StoreAway):
+            await self.run(operation, work)
+
+    def invalid(self, operation: str, why: str) -> None:
+        """A value in the store that is no value of ours: refused (logged, counted)."""
+        self.errors[(operation, "invalid")] += 1
+        log.warning("state_store_invalid", operation=operation, error=why[:200])
+
+    def _away(self, operation: str, reason: str, why: str) -> None:
+        self.errors[(operation, reason)] += 1
+        self._retry_at = self._clock() + self.config.retry_s
+        if self.up:
+            self.up = False
+            log.warning(
+                "state_store_away",
+                operation=operation,
+                reason=reason,
+                error=why[:200],
+                note="serving on each process's own state; tried again every "
+                f"{self.config.retry_s:g} s",
+            )
+
+    def _back(self) -> None:
+        self.up = True
+        log.info("state_store_back")
+        for listener in self._listeners:
+            listener()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """A task the store's owner ends with it (the route follower)."""
+        return self._writes.spawn(coro, name)
+
+    async def close(self) -> None:
+        await self._writes.close()
+        await self.client.aclose()
