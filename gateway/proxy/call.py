@@ -35,9 +35,10 @@ from gateway.observability.record import CallRecord
 from gateway.observability.tracing import CallTrace
 from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
+from gateway.proxy.failures import UpstreamFailure, clients_deadline
 from gateway.proxy.metadata import Metadata, RequestMeta
+from gateway.proxy.reservation import Reserved
 from gateway.proxy.status import abort_with_verdict
-from gateway.proxy.upstream import Reserved, UpstreamFailure, clients_deadline
 
 
 class Context(Protocol):
