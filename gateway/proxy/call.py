@@ -28,7 +28,7 @@ import structlog
 from gateway.core.roles import Role
 from gateway.core.verdicts import Verdict
 from gateway.engines import GenerateInfo, RpcSpec
-from gateway.engines.base import Tally
+from gateway.engines.usage import Tally
 from gateway.kv.prefix import Prefix
 from gateway.observability.logs import Throttle
 from gateway.observability.record import CallRecord

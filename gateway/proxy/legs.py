@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 
 from gateway.core.roles import Role
-from gateway.engines.base import AmendFirst
 from gateway.engines.encoder import ENCODE_PATH, encode_request
+from gateway.engines.handoff import AmendFirst
 from gateway.proxy.failures import UpstreamFailure, label
 from gateway.proxy.job import Job
 from gateway.proxy.reservation import Reserved

@@ -31,8 +31,9 @@ from gateway.core.verdicts import (
     over_limit,
 )
 from gateway.engines import RpcKind
-from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
+from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.engines.tokens import highest
+from gateway.engines.usage import UsageBounds
 from gateway.placement.placer import Placer, Placing
 from gateway.placement.policies import Hints
 from gateway.placement.routes import unroutable
