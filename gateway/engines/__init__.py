@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from gateway.core.roles import Runtime
-from gateway.engines.base import EngineAdapter, GenerateInfo, RpcKind, RpcSpec
+from gateway.engines.base import EngineAdapter, GenerateInfo
+from gateway.engines.rpcs import RpcKind, RpcSpec
 from gateway.engines.sglang import SglangAdapter
 from gateway.engines.vllm import VllmAdapter
 

@@ -2,25 +2,29 @@
 
 The gateway relays request and response bytes untouched; an adapter decodes only
 what routing needs (request id, n, multimodal items) and builds the few replies the
-gateway answers itself (HealthCheck, Abort, merged fan-out answers).
+gateway answers itself (HealthCheck, Abort, merged fan-out answers). Beside it: how a
+Generate's usage is counted (`usage`), the PD hand-off (`handoff`), and the RPC table's
+vocabulary (`rpcs`).
 """
 
 from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, ServiceDescriptor
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 
 from gateway.core.roles import Role, Runtime
 from gateway.core.wire import LENGTH_DELIMITED, VARINT, encode_varint, payload
+from gateway.engines.handoff import Handoff
+from gateway.engines.rpcs import MessageClass, RpcKind, RpcSpec
 from gateway.engines.tokens import TokenIds, Unusual, highest, split_tokens
+from gateway.engines.usage import Counting, Tally, Usage, UsageBounds
 
 # A Generate request this long has its token ids decoded apart (numpy, off the loop).
 SPLIT_MIN_BYTES = 256 * 1024
@@ -38,38 +42,6 @@ def window_ok(value: float) -> bool:
 def block_size_ok(size: float) -> bool:
     """A worker's reported KV block size is one a real engine has."""
     return 0 < size <= MAX_BLOCK_TOKENS
-
-
-class RpcKind(Enum):
-    """How the front treats one RPC of an engine service."""
-
-    GENERATE = "generate"  # placed per request, server-streaming, relayed
-    EMBED = "embed"  # placed per request, unary
-    ABORT = "abort"  # routed to the workers holding the request id
-    HEALTH_CHECK = "health_check"  # answered from the gateway's own state
-    FORWARD_ONE = "forward_one"  # fleet-wide facts: any one available worker answers
-    FAN_OUT = "fan_out"  # per-worker admin: every worker of the model, answers merged
-
-
-class MessageClass(Protocol):
-    """A generated message class as the gateway uses it: its messages are made with
-    their fields as keywords (the protobuf stubs type `Message()` as taking none)."""
-
-    DESCRIPTOR: Descriptor
-
-    def __call__(self, **fields: Any) -> Message: ...
-
-    def FromString(self, s: bytes) -> Message: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RpcSpec:
-    name: str
-    path: str  # "/package.Service/Method"
-    kind: RpcKind
-    server_streaming: bool
-    request_type: MessageClass
-    response_type: MessageClass
 
 
 def _message_class(descriptor: Descriptor) -> MessageClass:
@@ -95,128 +67,6 @@ class ModelFacts:
     vocab_size: int | None = None  # token ids are 0 .. vocab_size - 1; None: not said
 
 
-class Counting(Enum):
-    """How an engine's Generate answers count a choice's completion tokens."""
-
-    TOTALS = "totals"  # each message says the choice's count so far; the closing one, all
-    DELTAS = "deltas"  # each chunk says its own tokens; a closing one repeats the last chunk
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """One Generate answer's figures for its choice, as its engine reported them."""
-
-    index: int  # the choice
-    completion_tokens: int
-    cached_tokens: int
-    closing: bool  # the choice's closing answer (a Complete), not a chunk
-
-
-@dataclass(frozen=True, slots=True)
-class UsageBounds:
-    """What a call could have used: a worker's figure past it is not believed (a worker is
-    untrusted, and its figures settle a tenant's token budget)."""
-
-    completion_tokens: int  # its choices times the most each may generate
-    cached_tokens: int  # its prompt's length
-
-
-COMPLETION_TOKENS = "completion_tokens"
-CACHED_TOKENS = "cached_tokens"
-
-
-class Tally:
-    """A call's completion and cached tokens as its answers pass, per choice, counted the
-    engine's way (`read`: an answer's figures, None for neither chunk nor Complete). A
-    choice index past the call's choices (a worker's stray one) counts as the last
-    choice: the table never grows with what a worker sends. With `bounds`, a figure past
-    its bound counts as the bound and is named in `rejected`."""
-
-    __slots__ = (
-        "_bounds",
-        "_cached",
-        "_chunked",
-        "_closed",
-        "_counting",
-        "_read",
-        "_tokens",
-        "seen",
-    )
-
-    def __init__(
-        self,
-        counting: Counting,
-        choices: int,
-        read: Callable[[bytes], Usage | None],
-        bounds: UsageBounds | None = None,
-    ) -> None:
-        self._counting = counting
-        self._read = read
-        self._bounds = bounds
-        self._tokens = [0] * max(1, choices)  # per choice: what its answers counted so far
-        self._chunked = [False] * max(1, choices)
-        self._closed = 0  # totals of the choices closed (SGLang's unstreamed n > 1 says
-        # index 0 in every Complete: each closing total counts once, whatever its index)
-        self._cached = 0
-        self.seen = False  # any answer with figures
-
-    @property
-    def last_only(self) -> bool:
-        """One choice's running totals: its last answer says all."""
-        return self._counting is Counting.TOTALS and len(self._tokens) == 1
-
-    def see(self, message: bytes) -> None:
-        """One of the call's answers, as its client gets it."""
-        used = self._read(message)
-        if used is not None:
-            self.add(used)
-
-    def add(self, used: Usage) -> None:
-        self.seen = True
-        slot = min(used.index, len(self._tokens) - 1) if used.index >= 0 else 0
-        if self._counting is Counting.TOTALS:
-            if used.closing:
-                self._closed += used.completion_tokens
-                self._tokens[slot] = 0
-            else:
-                self._tokens[slot] = used.completion_tokens
-        elif not used.closing:
-            self._tokens[slot] += used.completion_tokens
-            self._chunked[slot] = True
-        elif not self._chunked[slot]:  # a closing answer with no chunk before it
-            self._tokens[slot] = used.completion_tokens
-        # The prompt's, shared by its choices: each reports the same.
-        self._cached = max(self._cached, used.cached_tokens)
-
-    def prompt_cached(self, tokens: int) -> None:
-        """What another leg found of the prompt cached (a PD prefill whose decode does
-        not say it): the call's cached tokens at least."""
-        self._cached = max(self._cached, tokens)
-        self.seen = True
-
-    @property
-    def completion_tokens(self) -> int:
-        counted = self._closed + sum(self._tokens)
-        return counted if self._bounds is None else min(counted, self._bounds.completion_tokens)
-
-    @property
-    def cached_tokens(self) -> int:
-        cached = self._cached
-        return cached if self._bounds is None else min(cached, self._bounds.cached_tokens)
-
-    @property
-    def rejected(self) -> tuple[str, ...]:
-        """The figures the worker reported past what the call could have used."""
-        bounds = self._bounds
-        if bounds is None:
-            return ()
-        over = (
-            (COMPLETION_TOKENS, self._closed + sum(self._tokens) > bounds.completion_tokens),
-            (CACHED_TOKENS, self._cached > bounds.cached_tokens),
-        )
-        return tuple(name for name, past in over if past)
-
-
 @dataclass(frozen=True, slots=True)
 class GenerateInfo:
     """The fields of a Generate request that routing reads."""
@@ -236,49 +86,6 @@ class GenerateInfo:
     # cannot resume a grammar's state, nor give prompt logprobs for the original prompt.
     unresumable: str = ""
     text_prompt: bool = False  # the prompt is text for the engine to tokenize (vLLM's `text`)
-
-
-class PrefillStream(Protocol):
-    def drain(self) -> Awaitable[list[bytes]]:
-        """Every message of the prefill's answer (read once, however often asked)."""
-
-
-AmendFirst = Callable[[bytes], Awaitable[bytes]]
-
-
-class PlacedPair(Protocol):
-    """The prefill + decode pair placement picked, as a hand-off drives it. The proxy
-    implements it: each method is one upstream call with all of its accounting."""
-
-    raw: bytes  # the client's request (one choice's, when n>1 is split)
-    prefill_host: str  # where the prefill takes KV rendezvous (its bootstrap host)
-    prefill_bootstrap_port: int | None  # its configured or discovered bootstrap port
-    return_logprob: bool
-
-    def new_room(self) -> int:
-        """A bootstrap room unique among requests in flight, released with the request."""
-
-    def prefill(self, request: bytes, *, background: bool) -> PrefillStream:
-        """Start the prefill leg. `background`: drained by the gateway while the decode
-        runs; its failure before the decode's first message is the request's answer."""
-
-    async def decode(self, request: bytes, amend_first: AmendFirst | None = None) -> None:
-        """Start the decode leg and relay it to the client (its first message amended)."""
-
-    def prompt_cached(self, tokens: int) -> None:
-        """The prompt tokens the prefill found cached (its answer's figure), when the
-        decode's answers, which the client gets, do not carry them."""
-
-    def prefill_failed(self, reason: str, details: str) -> Exception:
-        """The failure to raise when the prefill's answer cannot be handed over."""
-
-
-class Handoff(ABC):
-    """How one engine hands a request from its prefill to its decode."""
-
-    @abstractmethod
-    async def run(self, pair: PlacedPair) -> None:
-        """Drive the pair's legs; the client gets the decode's stream."""
 
 
 class EngineAdapter(ABC):

@@ -9,18 +9,11 @@ from typing import Any
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
 from gateway.core.roles import Role, Runtime
-from gateway.engines.base import (
-    Counting,
-    EngineAdapter,
-    GenerateInfo,
-    Handoff,
-    PlacedPair,
-    RpcKind,
-    ServerFacts,
-    block_size_ok,
-    window_ok,
-)
+from gateway.engines.base import EngineAdapter, GenerateInfo, ServerFacts, block_size_ok, window_ok
+from gateway.engines.handoff import Handoff, PlacedPair
+from gateway.engines.rpcs import RpcKind
 from gateway.engines.tokens import TokenIds
+from gateway.engines.usage import Counting
 
 PREFILL_KV_PARAMS = json.dumps({"do_remote_decode": True, "do_remote_prefill": False})
 

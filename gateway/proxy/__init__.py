@@ -8,6 +8,8 @@ from gateway.proxy.admission import Admission
 from gateway.proxy.call import Call
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
+from gateway.proxy.env import Door, Env, Routing, Stage
+from gateway.proxy.failures import clients_deadline
 from gateway.proxy.front import EngineFront
 from gateway.proxy.idle import IdleWatch
 from gateway.proxy.inflight import InflightTable
@@ -18,9 +20,10 @@ from gateway.proxy.lora import LoraLoader
 from gateway.proxy.metadata import UNREAD, Metadata, MetadataRelay
 from gateway.proxy.migration import UNFOLLOWED, Migrations
 from gateway.proxy.reporting import LOAD_TRAILER
-from gateway.proxy.stages import OPENING, PLACED, REGULAR_ONLY, Door, Env, Routing, Stage
+from gateway.proxy.reservation import Reservation, Reserved
+from gateway.proxy.stages import OPENING, PLACED, REGULAR_ONLY
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.upstream import Reservation, Reserved, Upstreams, clients_deadline
+from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import WaitingRooms
 
 __all__ = [

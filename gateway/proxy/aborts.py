@@ -13,10 +13,11 @@ from google.protobuf.message import DecodeError
 from gateway.core.verdicts import shown
 from gateway.engines import EngineAdapter
 from gateway.proxy.call import Call
+from gateway.proxy.failures import UpstreamFailure
 from gateway.proxy.inflight import Holder
 from gateway.proxy.metadata import Metadata
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.upstream import Outbound, UpstreamFailure, Upstreams
+from gateway.proxy.upstream import Outbound, Upstreams
 
 SHOWN_IDS = 8  # request ids an answer repeats (a vLLM Abort may name any number)
 

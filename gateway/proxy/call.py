@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn
 
 import grpc
 import structlog
@@ -28,53 +28,18 @@ import structlog
 from gateway.core.roles import Role
 from gateway.core.verdicts import Verdict
 from gateway.engines import GenerateInfo, RpcSpec
-from gateway.engines.base import Tally
+from gateway.engines.usage import Tally
 from gateway.kv.prefix import Prefix
 from gateway.observability.logs import Throttle
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import CallTrace
 from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
+from gateway.proxy.context import Context, LoadTrailed
+from gateway.proxy.failures import UpstreamFailure, clients_deadline
 from gateway.proxy.metadata import Metadata, RequestMeta
+from gateway.proxy.reservation import Reserved
 from gateway.proxy.status import abort_with_verdict
-from gateway.proxy.upstream import Reserved, UpstreamFailure, clients_deadline
-
-
-class Context(Protocol):
-    """What the stages and a call's client side use of its context: grpc's servicer
-    context has it all, and so do the stand-ins a call may come with (the picker's
-    `PickerContext`, the load report's `OrcaContext`), so whichever door a call came
-    through, the same stages run on it."""
-
-    def invocation_metadata(self) -> Sequence[tuple[str, str | bytes]] | None: ...
-
-    def peer(self) -> str: ...
-
-    def auth_context(self) -> Mapping[str, Sequence[bytes]]: ...
-
-    def time_remaining(self) -> float | None: ...
-
-    def code(self) -> grpc.StatusCode | int | None: ...
-
-    async def read(self) -> Any: ...
-
-    def write(self, message: bytes) -> Awaitable[None]: ...
-
-    async def send_initial_metadata(self, metadata: Metadata) -> None: ...
-
-    def set_trailing_metadata(self, metadata: Metadata) -> None: ...
-
-    async def abort(
-        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()
-    ) -> NoReturn: ...
-
-
-class LoadTrailed(Protocol):
-    """A context whose trailers end with the load report (`reporting.OrcaContext`)."""
-
-    def end(self) -> None:
-        """Set the trailers and the report, as the call ends."""
-
 
 Place = Callable[[Collection[str]], Decision | Verdict]  # an attempt's placement, given who failed
 

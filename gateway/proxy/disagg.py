@@ -12,10 +12,12 @@ from dataclasses import replace
 
 from gateway.proxy.call import Place, abort_with_failure
 from gateway.proxy.dispatch import Dispatcher
+from gateway.proxy.failures import UpstreamFailure
 from gateway.proxy.job import Job
 from gateway.proxy.legs import BootstrapRooms, PairAttempt
 from gateway.proxy.metadata import Metadata
-from gateway.proxy.upstream import Reserved, Sink, UpstreamFailure
+from gateway.proxy.reservation import Reserved
+from gateway.proxy.upstream_call import Sink
 
 
 class ChoiceSink:

@@ -19,16 +19,13 @@ from gateway.core import verdicts
 from gateway.core.verdicts import Verdict
 from gateway.placement.decision import Decision
 from gateway.proxy.call import Place, abort_with_failure
+from gateway.proxy.failures import UpstreamFailure, retryable
 from gateway.proxy.job import Job
 from gateway.proxy.lora import LoadFailed, LoraLoader
 from gateway.proxy.migration import Migrations
-from gateway.proxy.upstream import (
-    Reserved,
-    UpstreamCall,
-    UpstreamFailure,
-    Upstreams,
-    retryable,
-)
+from gateway.proxy.reservation import Reserved
+from gateway.proxy.upstream import Upstreams
+from gateway.proxy.upstream_call import UpstreamCall
 
 Attempt = Callable[[Job, Reserved], Awaitable[bytes | None]]
 

@@ -13,9 +13,10 @@ from gateway.core.verdicts import Verdict
 from gateway.placement.decision import Decision
 from gateway.proxy import stages
 from gateway.proxy.call import Call, abort_with_failure
+from gateway.proxy.env import Env
+from gateway.proxy.failures import UpstreamFailure
 from gateway.proxy.job import Job
-from gateway.proxy.stages import Env
-from gateway.proxy.upstream import Outbound, UpstreamFailure
+from gateway.proxy.upstream import Outbound
 
 
 class FleetCalls:

@@ -22,13 +22,15 @@ from gateway.observability.record import CallRecord
 from gateway.observability.tracing import TRACE_KEYS, Tracing
 from gateway.proxy import stages
 from gateway.proxy.aborts import Aborts, Siblings
-from gateway.proxy.call import Call, CallLog, Context
+from gateway.proxy.call import Call, CallLog
+from gateway.proxy.context import Context
+from gateway.proxy.env import Door, Env, Routing
 from gateway.proxy.fleet_calls import FleetCalls
 from gateway.proxy.idle import StreamIdle
 from gateway.proxy.intake import ReadTimeout
 from gateway.proxy.metadata import UNREAD
 from gateway.proxy.reporting import OrcaContext
-from gateway.proxy.stages import OPENING, PLACED, Door, Env, Routing
+from gateway.proxy.stages import OPENING, PLACED
 
 Handler = Callable[[Call], Awaitable[Any]]
 

@@ -13,9 +13,12 @@ from gateway.core.roles import Role
 from gateway.engines import EngineAdapter
 from gateway.observability.record import CallRecord
 from gateway.placement.decision import Decision
-from gateway.proxy.call import Call, Context
+from gateway.proxy.call import Call
+from gateway.proxy.context import Context
 from gateway.proxy.inflight import Hold, Holder
-from gateway.proxy.upstream import Outbound, Reservation, Reserved, Sink, UpstreamCall, Upstreams
+from gateway.proxy.reservation import Reservation, Reserved
+from gateway.proxy.upstream import Outbound, Upstreams
+from gateway.proxy.upstream_call import Sink, UpstreamCall
 from gateway.upstream.worker import Worker
 
 

@@ -17,10 +17,13 @@ from typing import Any
 import grpc
 
 from gateway.core.roles import Role
-from gateway.engines.base import AmendFirst
 from gateway.engines.encoder import ENCODE_PATH, encode_request
+from gateway.engines.handoff import AmendFirst
+from gateway.proxy.failures import UpstreamFailure, label
 from gateway.proxy.job import Job
-from gateway.proxy.upstream import Reserved, UpstreamCall, UpstreamFailure, Upstreams, label
+from gateway.proxy.reservation import Reserved
+from gateway.proxy.upstream import Upstreams
+from gateway.proxy.upstream_call import UpstreamCall
 from gateway.upstream.worker import Worker
 
 MAX_ROOM = 2**31 - 1

@@ -30,7 +30,8 @@ from gateway.core.tasks import TaskScope
 from gateway.engines import EngineAdapter
 from gateway.placement.lora import Holding, adapter_of, evictable, has_room
 from gateway.proxy.job import Job
-from gateway.proxy.upstream import Links, Reserved
+from gateway.proxy.reservation import Reserved
+from gateway.proxy.upstream import Links
 from gateway.upstream.load.lora import FAILED, LOADED
 from gateway.upstream.signals.outlier import Outcome
 from gateway.upstream.worker import Worker

@@ -33,9 +33,10 @@ from google.protobuf.message import DecodeError
 
 from gateway.config.gateway import MigrationConfig
 from gateway.engines import EngineAdapter
+from gateway.proxy.failures import UNDECODABLE, UpstreamFailure
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import Metadata
-from gateway.proxy.upstream import UNDECODABLE, Sink, UpstreamFailure
+from gateway.proxy.upstream_call import Sink
 
 log = structlog.get_logger("gateway.migration")
 

@@ -26,7 +26,7 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from gateway.proxy.call import Context
+from gateway.proxy.context import Context
 from gateway.proxy.metadata import Metadata
 
 LOAD_TRAILER = "endpoint-load-metrics-bin"

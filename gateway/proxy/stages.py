@@ -4,7 +4,8 @@
 
 `PIPELINE` lists them; `OPENING` (its first three) is what every other RPC kind passes
 before its own handler. Each stage is one small function of the call and what the
-serving process gives the stages (`Env`); a stage that refuses ends the call there
+serving process gives the stages (`Env`, `proxy/env.py`); the tenant's two (classify,
+charge) live in `proxy/tenant.py`, the others here. A stage that refuses ends the call there
 (a verdict, Trailers-Only). What a stage takes that must go back (an admission slot, a
 tenant's tokens, a reservation, the usage tally) it registers on the call's ending, so
 the call gives everything back once, however it ends.
@@ -12,17 +13,14 @@ the call gives everything back once, however it ends.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from gateway.config import GatewayConfig
 from gateway.core.address import peer_host
-from gateway.core.offload import Offload
 from gateway.core.roles import Role, Runtime
 from gateway.core.verdicts import (
     Verdict,
@@ -31,83 +29,27 @@ from gateway.core.verdicts import (
     gateway_overloaded,
     out_of_vocabulary,
     over_limit,
-    rate_limited,
-    shown,
 )
-from gateway.engines import EngineAdapter, RpcKind
-from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
+from gateway.engines import RpcKind
+from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.engines.tokens import highest
-from gateway.flow.budget import Charge, OverBudget, RateLimits
+from gateway.engines.usage import UsageBounds
 from gateway.placement.placer import Placer, Placing
 from gateway.placement.policies import Hints
-from gateway.placement.routes import RouteTable, unroutable
-from gateway.proxy.admission import Admission, Refusal
+from gateway.placement.routes import unroutable
+from gateway.proxy.admission import Refusal
 from gateway.proxy.call import Call
-from gateway.proxy.disagg import DisaggregatedDispatch
-from gateway.proxy.dispatch import Dispatcher
-from gateway.proxy.idle import IdleWatch
-from gateway.proxy.intake import ReadGate, read_request
+from gateway.proxy.env import Env, Stage
+from gateway.proxy.intake import read_request
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import read_request_meta
-from gateway.proxy.reporting import OrcaTrailer
 from gateway.proxy.status import abort_invalid
-from gateway.proxy.waiting import WaitingRooms
-from gateway.security.identity import Identities
-from gateway.upstream.registry import Registry
+from gateway.proxy.tenant import charge, classify
 
 REGULAR_ONLY = (Role.REGULAR,)
 # Refused at the gateway: SGLang's scheduler crashes on an empty prompt (and the call's
 # retry would take the next worker down too); vLLM refuses it itself.
 EMPTY_PROMPT = "The prompt is empty: tokenized.input_ids holds no token id"
-
-
-@dataclass(frozen=True, slots=True)
-class Door:
-    """What every engine call passes before it is placed (one of each per serving
-    process, shared by its engine fronts): who sent it, the admission bounds, and the
-    gate its request is read through; and what it leaves with: the process's load report
-    on its trailers."""
-
-    identities: Identities
-    admission: Admission
-    gate: ReadGate
-    idle: IdleWatch  # the process's streams, each ended once idle too long
-    rates: RateLimits | None = None  # tenants' requests and tokens per minute
-    load: OrcaTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
-
-
-@dataclass(frozen=True, slots=True)
-class Routing:
-    """Where a call goes and how it gets there: the workers, placement, the regular and
-    the disaggregated dispatch, and the thread a long prompt is decoded and hashed in."""
-
-    registry: Registry
-    placer: Placer
-    dispatcher: Dispatcher
-    disagg: DisaggregatedDispatch
-    offload: Offload
-    rooms: WaitingRooms | None = None  # flow control: where busy models' calls wait
-    routes: RouteTable = field(default_factory=lambda: RouteTable({}))  # model aliases
-
-
-@dataclass(frozen=True, slots=True)
-class Env:
-    """What the stages read of the serving process: one per engine front."""
-
-    adapter: EngineAdapter
-    config: GatewayConfig
-    door: Door
-    routing: Routing
-    private_keys: frozenset[str]  # metadata keys never forwarded upstream
-    estimate: int  # a call's output in tokens, when it does not say
-
-
-class Stage(Protocol):
-    """One step of the pipeline: a small function of the call and its door's `Env`."""
-
-    __name__: str
-
-    def __call__(self, env: Env, call: Call, /) -> Awaitable[None]: ...
 
 
 async def run(sequence: Sequence[Stage], env: Env, call: Call) -> None:
@@ -272,67 +214,6 @@ def _why_not(placer: Placer, model: str, runtime: Runtime) -> Verdict | None:
         return resolved
     placed = placer.place(model, runtime, Hints())
     return placed if isinstance(placed, Verdict) else None
-
-
-async def classify(env: Env, call: Call) -> None:
-    """Whose budget and queue share the call uses (its principal: an API key's name, a
-    client certificate's identity; the tenant header behind a trusted proxy; else
-    `default`), its class with flow control (the one it asks for, lowered to its
-    tenant's `max_class`), and its cost in tokens: the prompt, plus what its choices may
-    generate. Tenant and class go into the record when flow control or rate limits are
-    on."""
-    flow, record, info = env.config.flow, call.record, call.info
-    cost = record.prompt_tokens
-    if info is not None:
-        cost += (info.max_new_tokens or env.estimate) * info.n
-    asked_class, asked_tenant = call.meta.flow
-    tenant = "default"
-    if flow is not None and flow.trust_tenant_header and asked_tenant:
-        tenant = shown(asked_tenant)
-    elif record.principal is not None:  # `key:NAME` or `cert:NAME`: the tenant NAME
-        tenant = record.principal.partition(":")[2]
-    if flow is None:
-        call.classified(tenant, cost, shown=env.door.rates is not None)
-        return
-    klass = flow.index(asked_class) if asked_class is not None else None
-    if klass is None:
-        klass = flow.index(flow.default_class)
-    assert klass is not None
-    cap = env.config.tenant(tenant).max_class
-    ceiling = flow.index(cap) if cap is not None else None
-    lowered = False
-    if ceiling is not None and klass < ceiling:
-        klass, lowered = ceiling, True
-    priority = flow.classes[klass].name
-    call.classified(tenant, cost, klass, shown=True, priority=priority, lowered=lowered)
-
-
-async def charge(env: Env, call: Call) -> None:
-    """Taken from the tenant's rate limits (its tokens reserved), else RATE_LIMITED with
-    the time its budget allows the call; settled from what it used as it ends (all back
-    if no worker saw it). Nothing without rate limits."""
-    rates = env.door.rates
-    if rates is None:
-        return
-    taken = rates.take(call.tenant, call.cost, time.monotonic())
-    if isinstance(taken, OverBudget):
-        wait_ms = math.ceil(taken.wait_s * 1000)
-        verdict = rate_limited(call.model, call.tenant, taken.budget, taken.per_minute, wait_ms)
-        await call.refuse(verdict)
-    if taken is not None:  # the tenant has limits
-        call.on_end(lambda: _settle(rates, taken, call))
-
-
-def _settle(rates: RateLimits, charge: Charge, call: Call) -> None:
-    record = call.record
-    # What the client received, plus what migrations re-sent (each continuation's prompt);
-    # a call the picker placed answered through Envoy, unseen: what it may have used.
-    used: int | None = None
-    if record.picked and record.attempts:
-        used = call.cost
-    elif record.attempts:
-        used = record.prompt_tokens + (record.completion_tokens or 0) + record.resent_tokens
-    rates.settle(charge, used, time.monotonic())
 
 
 def disaggregated(call: Call) -> bool:

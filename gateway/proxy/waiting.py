@@ -29,7 +29,8 @@ from gateway.core.verdicts import Reason, Verdict
 from gateway.flow.queue import FlowClass, FlowQueue, Waiter
 from gateway.placement.decision import Decision
 from gateway.proxy.call import Place
-from gateway.proxy.upstream import Reserved, Upstreams
+from gateway.proxy.reservation import Reserved
+from gateway.proxy.upstream import Upstreams
 
 
 @dataclass(eq=False, slots=True)

@@ -7,7 +7,8 @@ import grpc
 import pytest
 
 from gateway.core.roles import Role
-from gateway.proxy.upstream import Outbound, UpstreamFailure
+from gateway.proxy.failures import UpstreamFailure
+from gateway.proxy.upstream import Outbound
 from gateway.upstream.signals.outlier import OutlierState
 from gateway_sim.client import SGL, sgl_generate
 from tests.support.inproc import gateway, idle, sim, worker

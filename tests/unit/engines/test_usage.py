@@ -11,7 +11,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
-from gateway.engines.base import Counting, UsageBounds
+from gateway.engines.usage import Counting, UsageBounds
 
 VLLM = engine_adapters()[Runtime.VLLM]
 SGLANG = engine_adapters()[Runtime.SGLANG]

@@ -9,7 +9,7 @@ import json
 
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from gateway.engines.base import AmendFirst
+from gateway.engines.handoff import AmendFirst
 from gateway.engines.vllm import KvParamsHandoff
 
 PARAMS = json.dumps({"remote_engine_id": "e", "remote_block_ids": [1, 2]})

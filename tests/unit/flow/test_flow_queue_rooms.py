@@ -12,7 +12,8 @@ from gateway.core import verdicts
 from gateway.core.verdicts import Reason, Verdict
 from gateway.flow.queue import Waiter
 from gateway.placement.decision import Decision
-from gateway.proxy.upstream import Reserved, Upstreams
+from gateway.proxy.reservation import Reserved
+from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import Ticket, WaitingRooms
 
 

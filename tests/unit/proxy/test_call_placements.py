@@ -20,10 +20,12 @@ from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
 from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
+from gateway.proxy.failures import UpstreamFailure
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import RequestMeta
-from gateway.proxy.upstream import Reserved, UpstreamFailure, Upstreams
+from gateway.proxy.reservation import Reserved
+from gateway.proxy.upstream import Upstreams
 from gateway.upstream.signals.outlier import Outcome
 from gateway.upstream.worker import Worker
 from tests.support.factories import make_worker

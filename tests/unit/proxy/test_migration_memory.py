@@ -13,9 +13,9 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
+from gateway.proxy.failures import UNDECODABLE
 from gateway.proxy.job import Job
 from gateway.proxy.migration import BUDGET, TOO_LONG, Progress, TokenBudget
-from gateway.proxy.upstream import UNDECODABLE
 
 SGLANG = engine_adapters()[Runtime.SGLANG]
 JOB = cast(Job, SimpleNamespace(raw=b"", upstream_id="r"))

@@ -1,0 +1,80 @@
+"""What the stages run with: the serving process as one engine front's stages see it.
+
+Its own module because more than the pipeline's table reads it: each group of stages
+(`proxy/stages.py`, `proxy/tenant.py`), the fronts that build it, the fleet-wide calls,
+and the picker's own stages. `Door` is what a call passes before it is placed,
+`Routing` where and how it is placed, `Env` both with the adapter and the
+configuration, and `Stage` the shape of every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.config import GatewayConfig
+from gateway.core.offload import Offload
+from gateway.engines import EngineAdapter
+from gateway.flow.budget import RateLimits
+from gateway.placement.placer import Placer
+from gateway.placement.routes import RouteTable
+from gateway.proxy.admission import Admission
+from gateway.proxy.call import Call
+from gateway.proxy.disagg import DisaggregatedDispatch
+from gateway.proxy.dispatch import Dispatcher
+from gateway.proxy.idle import IdleWatch
+from gateway.proxy.intake import ReadGate
+from gateway.proxy.reporting import OrcaTrailer
+from gateway.proxy.waiting import WaitingRooms
+from gateway.security.identity import Identities
+from gateway.upstream.registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class Door:
+    """What every engine call passes before it is placed (one of each per serving
+    process, shared by its engine fronts): who sent it, the admission bounds, and the
+    gate its request is read through; and what it leaves with: the process's load report
+    on its trailers."""
+
+    identities: Identities
+    admission: Admission
+    gate: ReadGate
+    idle: IdleWatch  # the process's streams, each ended once idle too long
+    rates: RateLimits | None = None  # tenants' requests and tokens per minute
+    load: OrcaTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Where a call goes and how it gets there: the workers, placement, the regular and
+    the disaggregated dispatch, and the thread a long prompt is decoded and hashed in."""
+
+    registry: Registry
+    placer: Placer
+    dispatcher: Dispatcher
+    disagg: DisaggregatedDispatch
+    offload: Offload
+    rooms: WaitingRooms | None = None  # flow control: where busy models' calls wait
+    routes: RouteTable = field(default_factory=lambda: RouteTable({}))  # model aliases
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """What the stages read of the serving process: one per engine front."""
+
+    adapter: EngineAdapter
+    config: GatewayConfig
+    door: Door
+    routing: Routing
+    private_keys: frozenset[str]  # metadata keys never forwarded upstream
+    estimate: int  # a call's output in tokens, when it does not say
+
+
+class Stage(Protocol):
+    """One step of the pipeline: a small function of the call and its door's `Env`."""
+
+    __name__: str
+
+    def __call__(self, env: Env, call: Call, /) -> Awaitable[None]: ...
