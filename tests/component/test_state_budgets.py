@@ -7,13 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from gateway_sim.redis_server import RedisServer
 from redis.asyncio import Redis
 
 from gateway.config import StateConfig
 from gateway.flow.budget import Charge, OverBudget
 from gateway.state.budgets import SharedBudgets
 from gateway.state.store import Store
+from gateway_sim.redis_server import RedisServer
 
 PER_MINUTE = 6
 

@@ -1,0 +1,160 @@
+"""Model aliases' routes, the same on every replica: `set-route` writes the store, and
+every serving process follows it.
+
+The rule between the file and the store: the config file names the aliases and gives each
+its first route; a route set through the admin API is kept in the store, and for the
+aliases it holds, the store wins, at start-up as afterwards. A route in the store for a
+name that is no alias here, or one this config's rules refuse, is left out (logged once
+per value). Without a store, `set-route` changes the serving process it reaches, until it
+restarts.
+
+Each process follows the store two ways: a notice on a channel when a route changes
+(applied within milliseconds), and a re-read every `resync_s`, which heals a missed
+notice. A route set while the store is away is applied here at once and written to the
+store when it answers again, before the store's routes are read back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.config import Route
+from gateway.placement.routes import BadRoute, RouteTable, UnknownAlias
+from gateway.state.store import Store, StoreAway
+
+log = structlog.get_logger("gateway.state")
+
+MAX_TARGETS = 64  # targets in one route read from the store
+MAX_ALIAS = 256  # characters of an alias remembered as refused (no model name is longer)
+
+
+class RouteWriter:
+    """The one way a route changes after start-up (the admin API's SetRoute)."""
+
+    def __init__(self, table: RouteTable, store: Store | None = None) -> None:
+        self.table = table
+        self._store = store
+        self._pending: dict[str, Route] = {}  # set while the store was away
+        self._refused: dict[str, bytes] = {}  # alias -> the stored value last refused
+        if store is not None:
+            self._key = store.key("routes")
+            self._channel = store.key("routes", "changed")
+
+    async def set(self, alias: str, route: Route) -> None:
+        """The alias's new route here at once, then in the store (every replica follows).
+        Raises UnknownAlias or BadRoute as RouteTable.set does, before anything changed."""
+        self.table.set(alias, route)
+        if self._store is None:
+            return
+        self._pending[alias] = route
+        try:
+            await self._write_pending()
+        except StoreAway:
+            log.warning("route_not_shared_yet", alias=alias, note="written once the store answers")
+
+    async def _write_pending(self) -> None:
+        store = self._store
+        assert store is not None
+        for alias, route in list(self._pending.items()):
+            value = json.dumps([[model, weight] for model, weight in route])
+
+            async def write(client: object, alias: str = alias, value: str = value) -> None:
+                async with client.pipeline(transaction=True) as pipe:  # type: ignore[attr-defined]
+                    pipe.hset(self._key, alias, value)
+                    pipe.publish(self._channel, alias)
+                    await pipe.execute()
+
+            await store.run("route_set", write)
+            if self._pending.get(alias) == route:
+                del self._pending[alias]
+
+    async def read(self) -> None:
+        """The store's routes applied here (what was set here while it was away written
+        first); nothing changes if the store is away."""
+        store = self._store
+        assert store is not None
+        try:
+            if self._pending:
+                await self._write_pending()
+            stored = await store.run("routes_read", lambda client: client.hgetall(self._key))
+        except StoreAway:
+            return
+        if not isinstance(stored, Mapping):
+            store.invalid("routes_read", f"{self._key} is no hash")
+            return
+        for raw_alias, raw in list(stored.items())[: 4 * MAX_TARGETS]:
+            self._apply(raw_alias, raw)
+
+    def _apply(self, raw_alias: object, raw: object) -> None:
+        store = self._store
+        assert store is not None
+        if not isinstance(raw_alias, bytes) or not isinstance(raw, bytes):
+            return
+        alias = raw_alias.decode(errors="replace")
+        if self._refused.get(alias[:MAX_ALIAS]) == raw:
+            return
+        route = parse_route(raw, store.config.max_value_bytes)
+        if route is None:
+            self._refuse(alias, raw, "a value that is no route")
+            return
+        if self.table.route(alias) == route:
+            return
+        try:
+            self.table.set(alias, route)
+        except (UnknownAlias, BadRoute) as exc:
+            self._refuse(alias, raw, str(exc))
+            return
+        log.info("route_followed", alias=alias, route=[f"{m}={w}" for m, w in route])
+
+    def _refuse(self, alias: str, raw: bytes, why: str) -> None:
+        assert self._store is not None
+        self._refused[alias[:MAX_ALIAS]] = raw
+        if len(self._refused) > 4 * MAX_TARGETS:
+            self._refused.pop(next(iter(self._refused)))
+        self._store.invalid("routes_read", f"route of {alias[:64]!r}: {why}")
+
+    async def follow(self) -> None:
+        """Until cancelled: the store's routes applied on each change notice and every
+        `resync_s` (a store away: tried again at that pace)."""
+        store = self._store
+        assert store is not None
+        every_s = store.config.resync_s
+        while True:
+            try:
+                async with store.client.pubsub() as notices:
+                    async with asyncio.timeout(store.timeout_s):
+                        await notices.subscribe(self._channel)
+                    while True:
+                        await self.read()
+                        await notices.get_message(ignore_subscribe_messages=True, timeout=every_s)
+            except (RedisError, OSError, TimeoutError):
+                await self.read()  # counts and logs the trouble once, through the store
+                await asyncio.sleep(every_s)
+
+
+def parse_route(raw: bytes, max_bytes: int) -> Route | None:
+    """A route as the store holds it (`[["model", weight], ...]`), or None if it is not
+    one: too long, no JSON, the wrong shapes, too many targets."""
+    if len(raw) > max_bytes:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, list) or not 0 < len(data) <= MAX_TARGETS:
+        return None
+    route = []
+    for target in data:
+        if not (isinstance(target, list) and len(target) == 2):
+            return None
+        model, weight = target
+        if not isinstance(model, str) or isinstance(weight, bool):
+            return None
+        if not isinstance(weight, int) or not 0 <= weight < 1_000_000_000:
+            return None
+        route.append((model, weight))
+    return tuple(route)
