@@ -34,6 +34,7 @@ from gateway.core.listen import bind
 from gateway.core.tasks import TaskScope
 from gateway.peer.service import PeerService, add_peer_service
 from gateway.placement.routes import BadRoute, RouteTable, UnknownAlias
+from gateway.state.routes import RouteWriter
 from gateway.upstream.manager import Fleet, WorkerExists
 from gateway.upstream.registry import FleetEvent
 from gateway.upstream.worker import Worker, discovered_sources
@@ -120,12 +121,12 @@ def routes_message(routes: RouteTable) -> pb.ListRoutesResponse:
     )
 
 
-async def set_route(routes: RouteTable, request: pb.SetRouteRequest, context: Context) -> Route:
+async def set_route(routes: RouteWriter, request: pb.SetRouteRequest, context: Context) -> Route:
     """The alias's new route, set; NOT_FOUND for a name that is no alias, INVALID_ARGUMENT
     for a route the config would refuse."""
     route = tuple((t.model, t.weight) for t in request.targets)
     try:
-        routes.set(request.alias, route)
+        await routes.set(request.alias, route)
     except UnknownAlias as exc:
         await abort(context, grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
     except BadRoute as exc:
@@ -144,12 +145,12 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         *,
         watch_queue_size: int = WATCH_QUEUE_SIZE,
         queues: Queues | None = None,
-        routes: RouteTable | None = None,
+        routes: RouteWriter | None = None,
         sessions: Callable[[], int] | None = None,
     ) -> None:
         self._fleet = fleet
         self._sessions = sessions  # session affinity on: how many sessions are bound
-        self._routes = routes if routes is not None else RouteTable({})
+        self._routes = routes if routes is not None else RouteWriter(RouteTable({}))
         self._queues = queues
         self._config = config
         self._watch_queue_size = watch_queue_size
@@ -246,7 +247,7 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
     async def ListRoutes(
         self, request: pb.ListRoutesRequest, context: Context
     ) -> pb.ListRoutesResponse:
-        return routes_message(self._routes)
+        return routes_message(self._routes.table)
 
     async def SetRoute(self, request: pb.SetRouteRequest, context: Context) -> pb.SetRouteResponse:
         route = await set_route(self._routes, request, context)
@@ -294,7 +295,7 @@ async def start_admin_server(
     config: GatewayConfig,
     peer: PeerService | None = None,
     queues: Queues | None = None,
-    routes: RouteTable | None = None,
+    routes: RouteWriter | None = None,
     sessions: Callable[[], int] | None = None,
 ) -> tuple[aio.Server, int, AdminService]:
     """Serve AdminService over `fleet` (and `queues`, `routes`, the count of `sessions`)

@@ -26,7 +26,6 @@ from gateway.discovery.membership import Membership
 from gateway.discovery.runner import Sources, grace_by_source
 from gateway.discovery.source import Discovered
 from gateway.engines import Adapters, engine_adapters
-from gateway.flow.budget import RateLimits
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import Tracing
 from gateway.observability.tracing import enabled as tracing_enabled
@@ -60,6 +59,10 @@ from gateway.security.identity import Identities
 from gateway.security.keys import ApiKeys
 from gateway.security.tls import CertificateFiles, channel_credentials
 from gateway.services.health import HealthService
+from gateway.state.budgets import TenantBudgets
+from gateway.state.routes import RouteWriter
+from gateway.state.sessions import SharedSessions
+from gateway.state.store import Store
 from gateway.upstream.manager import Fleet
 
 
@@ -80,6 +83,10 @@ class Parts:
     declared: Declared
     placer: Placer
     routes: RouteTable
+    route_writer: RouteWriter
+    store: Store | None
+    sessions: SharedSessions | None
+    budgets: TenantBudgets | None
     upstreams: Upstreams
     rooms: WaitingRooms | None
     migrations: Migrations
@@ -143,6 +150,11 @@ def assemble(
     )
     served = served_models(config)  # model aliases: changed by the admin API only
     routes = RouteTable(routes_of(config.models), named_models(config.models, served), served)
+    # What every replica shares, with `state:`: budgets, routes and session bindings.
+    store = Store(config.state) if config.state.enabled else None
+    sessions = None
+    if store is not None and affinity is not None:
+        sessions = SharedSessions(affinity, store, config.affinity.ttl_s)
     upstream = config.upstream
     relay = MetadataRelay(
         upstream.max_relayed_metadata_bytes, upstream.max_relayed_metadata_entries
@@ -171,6 +183,8 @@ def assemble(
         process = str(member.index) if member is not None else ""
         tracing = Tracing(config.tracing, process=process)
     metrics = observed(config, fleet, relay, rooms, tracing, affinity, loras, migrations)
+    if store is not None:
+        metrics.state(store)
     auth = ApiKeyAuth.from_config(config.auth, count=metrics.auth_failure)
     certificates = CertificateFiles(config.tls) if config.tls.enabled else None
     # The picker port's: its own, else the main port's same files.
@@ -200,6 +214,10 @@ def assemble(
         declared=declared,
         placer=placer,
         routes=routes,
+        route_writer=RouteWriter(routes, store),
+        store=store,
+        sessions=sessions,
+        budgets=budgets(config, store),
         upstreams=upstreams,
         rooms=rooms,
         migrations=migrations,
@@ -256,7 +274,7 @@ def fronts(parts: Parts) -> list[EngineFront]:
     limits = config.limits
     load = parts.reporter if config.orca.trailers else None
     reads = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
-    door = Door(parts.identities, parts.admission, reads, parts.idle, rate_limits(config), load)
+    door = Door(parts.identities, parts.admission, reads, parts.idle, parts.budgets, load)
     routing = Routing(
         parts.fleet.registry,
         parts.placer,
@@ -265,6 +283,7 @@ def fronts(parts: Parts) -> list[EngineFront]:
         parts.offload,
         parts.rooms,
         parts.routes,
+        parts.sessions,
     )
     return [
         EngineFront(adapter, config, door, routing, parts.observe, parts.siblings, parts.tracing)
@@ -285,8 +304,9 @@ def preflight(config: GatewayConfig) -> None:
         channel_credentials(config.upstream_tls)
 
 
-def rate_limits(config: GatewayConfig) -> RateLimits | None:
-    """Tenants' rate limits, if any tenant (or `default`) has one."""
+def budgets(config: GatewayConfig, store: Store | None) -> TenantBudgets | None:
+    """Tenants' rate limits, if any tenant (or `default`) has one: in the shared store
+    with `state:`, else this process's own."""
     if not any(t.requests_per_minute or t.tokens_per_minute for t in config.tenants.values()):
         return None
 
@@ -294,4 +314,4 @@ def rate_limits(config: GatewayConfig) -> RateLimits | None:
         found = config.tenant(tenant)
         return found.requests_per_minute, found.tokens_per_minute
 
-    return RateLimits(limits)
+    return TenantBudgets(limits, store)

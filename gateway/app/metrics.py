@@ -30,6 +30,8 @@ from gateway.observability.metrics.process import build_series, process_series
 from gateway.observability.record import CallRecord
 from gateway.placement.affinity import Affinity
 from gateway.placement.metrics import AffinityCollector
+from gateway.state.metrics import StoreCollector
+from gateway.state.store import Store
 from gateway.upstream.load.kv_metrics import KvCollector, KvSource
 from gateway.upstream.lora_metrics import LoraCollector, LoraCounts
 from gateway.upstream.metrics import FleetCollector
@@ -155,6 +157,10 @@ class Metrics:
     def tracing(self, counts: Callable[[], tuple[int, int]]) -> None:
         """Spans exported and dropped (`counts`: both, at scrape time)."""
         self.prometheus.register(TracingCollector(counts))
+
+    def state(self, store: Store) -> None:
+        """The shared store's health and trouble, at scrape time."""
+        self.prometheus.register(StoreCollector(store))
 
     def affinity(self, affinity: Affinity) -> None:
         """Session affinity's outcomes and table size, at scrape time."""

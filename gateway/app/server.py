@@ -133,6 +133,9 @@ class Gateway:
         parts.routes.subscribe(self._refresh_health)
         parts.fleet.registry.subscribe(parts.upstreams.on_fleet_event)
         self._refresh_health()
+        if parts.store is not None:  # the store's routes win over the file's (state.md)
+            await parts.route_writer.read()
+            parts.store.spawn(parts.route_writer.follow(), "routes_follow")
         await parts.fleet.start(self.config.workers)
         await self._discover()
         for worker_id in drained:
@@ -146,7 +149,7 @@ class Gateway:
         affinity = parts.placer.affinity
         sessions = (lambda: len(affinity.table)) if affinity is not None else None
         self.admin_server, self.admin_port, self.admin = await start_admin_server(
-            parts.fleet, self.config, peer, parts.rooms, parts.routes, sessions
+            parts.fleet, self.config, peer, parts.rooms, parts.route_writer, sessions
         )
         if self.config.metrics.listen:
             try:
@@ -343,6 +346,8 @@ class Gateway:
         if parts.tracing is not None:  # bounded: a collector that is down holds up nothing
             await asyncio.get_running_loop().run_in_executor(None, parts.tracing.close)
         await parts.membership.close()
+        if parts.store is not None:  # its writes in flight end with it
+            await parts.store.close()
         await parts.upstreams.close()  # the upstream calls' tasks, before their channels
         if parts.loras is not None:
             await parts.loras.close()  # on-demand adapter loads, before their channels

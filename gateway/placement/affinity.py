@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 
 from gateway.config import AffinityConfig
@@ -111,6 +111,8 @@ class Affinity:
     def __init__(self, settings: AffinityConfig) -> None:
         self.table = SessionTable(settings.max_sessions, settings.ttl_s)
         self.outcomes: dict[tuple[str, Outcome], int] = {}
+        # Told every binding made (the shared store's follower, gateway.state.sessions).
+        self.on_bind: Callable[[Key, str], object] | None = None
 
     def bound(
         self, session: str, model: str, legs: Collection[Role], now: float
@@ -138,3 +140,5 @@ class Affinity:
             key = (model, outcome(bound.get(leg), worker.id))
             self.outcomes[key] = self.outcomes.get(key, 0) + 1
             self.table.bind((session, model, leg), worker.id, now)
+            if self.on_bind is not None:
+                self.on_bind((session, model, leg), worker.id)

@@ -16,7 +16,6 @@ from typing import Protocol
 from gateway.config import GatewayConfig
 from gateway.core.offload import Offload
 from gateway.engines import EngineAdapter
-from gateway.flow.budget import RateLimits
 from gateway.placement.placer import Placer
 from gateway.placement.routes import RouteTable
 from gateway.proxy.admission import Admission
@@ -28,6 +27,8 @@ from gateway.proxy.intake import ReadGate
 from gateway.proxy.reporting import OrcaTrailer
 from gateway.proxy.waiting import WaitingRooms
 from gateway.security.identity import Identities
+from gateway.state.budgets import TenantBudgets
+from gateway.state.sessions import SharedSessions
 from gateway.upstream.registry import Registry
 
 
@@ -42,7 +43,7 @@ class Door:
     admission: Admission
     gate: ReadGate
     idle: IdleWatch  # the process's streams, each ended once idle too long
-    rates: RateLimits | None = None  # tenants' requests and tokens per minute
+    rates: TenantBudgets | None = None  # tenants' requests and tokens per minute
     load: OrcaTrailer | None = None  # ORCA trailers on (see proxy/reporting.py)
 
 
@@ -58,6 +59,7 @@ class Routing:
     offload: Offload
     rooms: WaitingRooms | None = None  # flow control: where busy models' calls wait
     routes: RouteTable = field(default_factory=lambda: RouteTable({}))  # model aliases
+    sessions: SharedSessions | None = None  # session bindings in the shared store
 
 
 @dataclass(frozen=True, slots=True)

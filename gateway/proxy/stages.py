@@ -251,6 +251,9 @@ async def wait(env: Env, call: Call) -> None:
         await prefix.prepare(
             placer.block_sizes(call.model, env.adapter.runtime, legs), env.routing.offload
         )
+    sessions, session = env.routing.sessions, call.meta.session
+    if sessions is not None and session is not None:  # bound by another replica, maybe
+        await sessions.fetch(session, call.model, legs)
     call.place = place = placement(env, call)
     rooms = env.routing.rooms
     choices_apart = disaggregated(call) and info is not None and info.n > 1

@@ -10,12 +10,12 @@ from what it used as it ends.
 from __future__ import annotations
 
 import math
-import time
 
 from gateway.core.verdicts import rate_limited, shown
-from gateway.flow.budget import Charge, OverBudget, RateLimits
+from gateway.flow.budget import Charge, OverBudget
 from gateway.proxy.call import Call
 from gateway.proxy.env import Env
+from gateway.state.budgets import TenantBudgets
 
 
 async def classify(env: Env, call: Call) -> None:
@@ -52,13 +52,13 @@ async def classify(env: Env, call: Call) -> None:
 
 
 async def charge(env: Env, call: Call) -> None:
-    """Taken from the tenant's rate limits (its tokens reserved), else RATE_LIMITED with
-    the time its budget allows the call; settled from what it used as it ends (all back
-    if no worker saw it). Nothing without rate limits."""
+    """Taken from the tenant's rate limits (its tokens reserved; in the shared store, with
+    `state:`), else RATE_LIMITED with the time its budget allows the call; settled from
+    what it used as it ends (all back if no worker saw it). Nothing without rate limits."""
     rates = env.door.rates
     if rates is None:
         return
-    taken = rates.take(call.tenant, call.cost, time.monotonic())
+    taken = await rates.take(call.tenant, call.cost)
     if isinstance(taken, OverBudget):
         wait_ms = math.ceil(taken.wait_s * 1000)
         verdict = rate_limited(call.model, call.tenant, taken.budget, taken.per_minute, wait_ms)
@@ -67,7 +67,7 @@ async def charge(env: Env, call: Call) -> None:
         call.on_end(lambda: _settle(rates, taken, call))
 
 
-def _settle(rates: RateLimits, charge: Charge, call: Call) -> None:
+def _settle(rates: TenantBudgets, charge: Charge, call: Call) -> None:
     record = call.record
     # What the client received, plus what migrations re-sent (each continuation's prompt);
     # a call the picker placed answered through Envoy, unseen: what it may have used.
@@ -76,4 +76,4 @@ def _settle(rates: RateLimits, charge: Charge, call: Call) -> None:
         used = call.cost
     elif record.attempts:
         used = record.prompt_tokens + (record.completion_tokens or 0) + record.resent_tokens
-    rates.settle(charge, used, time.monotonic())
+    rates.settle(charge, used)

@@ -96,13 +96,14 @@ return 1
 """
 
 
-class SharedBudgets:
-    """The tenants' budgets in the store, with this process's own as the fallback."""
+class TenantBudgets:
+    """The tenants' budgets: in the store when there is one (this process's own as the
+    fallback), else this process's own."""
 
     def __init__(
         self,
         limits: Limits,
-        store: Store,
+        store: Store | None = None,
         max_buckets: int = MAX_BUCKETS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -112,11 +113,14 @@ class SharedBudgets:
         self._max_buckets = max_buckets
         self._clock = clock
         self._recent: OrderedDict[str, float] = OrderedDict()  # tenant -> last charged
-        self._take = store.client.register_script(TAKE)
-        self._give = store.client.register_script(GIVE)
+        if store is not None:
+            self._take = store.client.register_script(TAKE)
+            self._give = store.client.register_script(GIVE)
 
     async def take(self, tenant: str, tokens: int) -> Charge | OverBudget | None:
         """As RateLimits.take, fleet-wide; this process's own buckets if the store is away."""
+        if self._store is None:
+            return self.local.take(tenant, tokens, self._clock())
         per_request, per_token = self._limits(tenant)
         if per_request is None and per_token is None:
             return None
@@ -129,19 +133,20 @@ class SharedBudgets:
         keys = [self._key(owner, budget) for budget, _, _ in wanted]
         args: list[Any] = [x for _, size, amount in wanted for x in (size, amount)]
         args.append(int(IDLE_S * 1000))
+        store = self._store
         try:
-            answer = await self._store.run(
+            answer = await store.run(
                 "budget_take", lambda client: self._take(keys=keys, args=args, client=client)
             )
         except StoreAway:
             return self.local.take(tenant, tokens, self._clock())
         read = _answer(answer)
         if read is None:
-            self._store.invalid("budget_take", f"an answer that is none: {answer!r:.64}")
+            store.invalid("budget_take", f"an answer that is none: {answer!r:.64}")
             return self.local.take(tenant, tokens, self._clock())
         short, wait, junk = read
         if junk:
-            self._store.invalid("budget_take", f"a budget of tenant {tenant[:64]!r} was junk")
+            store.invalid("budget_take", f"a budget of tenant {tenant[:64]!r} was junk")
         if short is None:
             return Charge(owner, tokens, shared=True)
         budget, size, _ = wanted[short]
@@ -150,9 +155,10 @@ class SharedBudgets:
 
     def settle(self, charge: Charge, used_tokens: int | None) -> None:
         """As RateLimits.settle: what the call did not use goes back (in the background)."""
-        if not charge.shared:
+        if not charge.shared or self._store is None:
             self.local.settle(charge, used_tokens, self._clock())
             return
+        store = self._store
         back = [(TOKENS, charge.tokens - (used_tokens or 0))]
         if used_tokens is None:
             back.append((REQUESTS, 1))
@@ -165,9 +171,10 @@ class SharedBudgets:
             async def give(client: Any, key: str = key, args: list[int] = args) -> object:
                 return await self._give(keys=[key], args=args, client=client)
 
-            self._store.write("budget_settle", give)
+            store.write("budget_settle", give)
 
     def _key(self, owner: str, budget: str) -> str:
+        assert self._store is not None
         name = "overflow" if owner == OVERFLOW else digest(owner)
         return self._store.key("budget", name, budget)
 

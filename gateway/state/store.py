@@ -31,6 +31,7 @@ from gateway.core.tasks import TaskScope
 log = structlog.get_logger("gateway.state")
 
 T = TypeVar("T")
+REASONS = ("unreachable", "timeout", "invalid")
 MAX_PENDING_WRITES = 1024  # writes in flight at once; past it one is dropped (counted)
 
 Listener = Callable[[], object]

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from gateway.config import StateConfig
 from gateway.flow.budget import Charge, OverBudget
-from gateway.state.budgets import SharedBudgets
+from gateway.state.budgets import TenantBudgets
 from gateway.state.store import Store
 from gateway_sim.redis_server import RedisServer
 
@@ -38,7 +38,7 @@ async def stores(server: RedisServer) -> AsyncIterator[list[Store]]:
 
 
 async def test_three_replicas_admit_one_budget(stores: list[Store]) -> None:
-    budgets = [SharedBudgets(limits, store) for store in stores]
+    budgets = [TenantBudgets(limits, store) for store in stores]
     answers = [await budgets[i % 3].take("acme", 10) for i in range(3 * PER_MINUTE)]
     charged = [a for a in answers if isinstance(a, Charge)]
     refused = [a for a in answers if isinstance(a, OverBudget)]
@@ -50,12 +50,12 @@ async def test_three_replicas_admit_one_budget(stores: list[Store]) -> None:
 
 
 async def test_an_unused_reservation_goes_back(stores: list[Store]) -> None:
-    budgets = SharedBudgets(lambda tenant: (None, 100), stores[0])
+    budgets = TenantBudgets(lambda tenant: (None, 100), stores[0])
     first = await budgets.take("acme", 80)
     assert isinstance(first, Charge)
     assert isinstance(await budgets.take("acme", 80), OverBudget)
     budgets.settle(first, 10)  # used 10 of 80: 70 back
-    other = SharedBudgets(lambda tenant: (None, 100), stores[1])
+    other = TenantBudgets(lambda tenant: (None, 100), stores[1])
     for _ in range(100):  # the settlement is written in the background
         if isinstance(await other.take("acme", 80), Charge):
             break
@@ -68,7 +68,7 @@ async def test_a_store_away_costs_no_call_and_is_used_again_once_back(
     server: RedisServer, stores: list[Store]
 ) -> None:
     store = stores[0]
-    budgets = SharedBudgets(limits, store)
+    budgets = TenantBudgets(limits, store)
     assert isinstance(await budgets.take("acme", 1), Charge)
     server.stop()
     local = await budgets.take("acme", 1)
@@ -92,7 +92,7 @@ async def test_a_store_away_costs_no_call_and_is_used_again_once_back(
 async def test_junk_in_a_bucket_is_replaced_and_reported(
     server: RedisServer, stores: list[Store]
 ) -> None:
-    budgets = SharedBudgets(limits, stores[0])
+    budgets = TenantBudgets(limits, stores[0])
     assert isinstance(await budgets.take("acme", 1), Charge)
     raw = Redis.from_url(server.url)
     try:

@@ -137,6 +137,16 @@ SECTION_DEFAULTS = {
         tls=dict(cert=None, key=None, client_ca=None),
         plaintext=False,
     ),
+    "state": dict(
+        url=None,
+        key_prefix="gateway:",
+        timeout_s=0.25,
+        retry_s=1.0,
+        resync_s=1.0,
+        max_value_bytes=65_536,
+        max_connections=16,
+        password_file=None,
+    ),
 }
 
 
