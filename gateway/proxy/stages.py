@@ -38,7 +38,8 @@ from gateway.engines import EngineAdapter, RpcKind
 from gateway.engines.base import SPLIT_MIN_BYTES, UsageBounds
 from gateway.engines.tokens import highest
 from gateway.flow.budget import Charge, OverBudget, RateLimits
-from gateway.placement.placer import Placer, Placing
+from gateway.placement.placer import Placer
+from gateway.placement.placing import Placing
 from gateway.placement.policies import Hints
 from gateway.placement.routes import RouteTable, unroutable
 from gateway.proxy.admission import Admission, Refusal
