@@ -26,7 +26,8 @@ Cost: every operation is O(log n) per request it touches (n: the requests or ten
 waiting), never a scan of the queue: a tenant's line is an insertion-ordered map (FIFO,
 any request out in O(1)), and the tenants of a class are ranked in heaps that know where
 each tenant sits (by its head's start tag, by its head's age, by how many it has
-waiting), updated on every change. It runs on the event loop: nothing here may stall it.
+waiting: `ranking.Ranking`), updated on every change. It runs on the event loop: nothing
+here may stall it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+
+from gateway.flow.ranking import Ranking, anyone
 
 MAX_PUSHED_OUT = 64
 """At most this many requests are pushed out for one arrival; one that would need more
@@ -46,13 +48,6 @@ request from failing a crowd of small ones that queued before it (by the byte bo
 900 KB request in a queue full of 1 KB ones would otherwise push out 900)."""
 
 _SPENT_SLACK = 8  # `_Class.spent` is rebuilt when it outgrows 2 x the finish tags + this
-
-
-class _Ordered(Protocol):
-    def __lt__(self, other: Any, /) -> bool: ...
-
-
-K = TypeVar("K", bound=_Ordered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,102 +73,6 @@ class Waiter:
     queued: bool = False
 
 
-def _anyone(tenant: str) -> bool:
-    return True
-
-
-class _Ranking(Generic[K]):
-    """Tenants ranked by a key, each at most once: a binary heap that knows where each
-    tenant sits, so `set` (add or re-key) and `discard` are O(log n), `first` O(1) when
-    the top is eligible. `walk` yields in key order without changing anything, O(log j)
-    for the j-th tenant yielded. Keys are unique (each ends in a request's seq)."""
-
-    __slots__ = ("_items", "_keys", "_where")
-
-    def __init__(self) -> None:
-        self._keys: list[K] = []
-        self._items: list[str] = []
-        self._where: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def set(self, item: str, key: K) -> None:
-        at = self._where.get(item)
-        if at is None:
-            self._keys.append(key)
-            self._items.append(item)
-            self._up(len(self._keys) - 1)
-            return
-        old = self._keys[at]
-        self._keys[at] = key
-        if key < old:
-            self._up(at)
-        elif old < key:
-            self._down(at)
-
-    def discard(self, item: str) -> None:
-        at = self._where.pop(item, None)
-        if at is None:
-            return
-        key, moved = self._keys.pop(), self._items.pop()
-        if at < len(self._keys):
-            self._keys[at], self._items[at] = key, moved
-            self._down(self._up(at))
-
-    def first(self, eligible: Callable[[str], bool] = _anyone) -> str | None:
-        """The first eligible tenant: O(1) if it is the top, else O(j log j) for the
-        j ineligible tenants ranked ahead of it."""
-        if self._items and eligible(self._items[0]):
-            return self._items[0]
-        return next((item for _, item in self.walk() if eligible(item)), None)
-
-    def walk(self) -> Iterator[tuple[K, str]]:
-        """(key, tenant) in key order: a best-first walk down the heap. Stop using it
-        once the ranking changes."""
-        keys = self._keys
-        frontier: list[tuple[K, int]] = [(keys[0], 0)] if keys else []
-        while frontier:
-            key, at = heapq.heappop(frontier)
-            yield key, self._items[at]
-            for child in (2 * at + 1, 2 * at + 2):
-                if child < len(keys):
-                    heapq.heappush(frontier, (keys[child], child))
-
-    def clear(self) -> None:
-        self._keys.clear()
-        self._items.clear()
-        self._where.clear()
-
-    def _up(self, at: int) -> int:
-        keys, items, where = self._keys, self._items, self._where
-        key, item = keys[at], items[at]
-        while at > 0:
-            parent = (at - 1) >> 1
-            if not key < keys[parent]:
-                break
-            keys[at], items[at] = keys[parent], items[parent]
-            where[items[at]] = at
-            at = parent
-        keys[at], items[at] = key, item
-        where[item] = at
-        return at
-
-    def _down(self, at: int) -> None:
-        keys, items, where = self._keys, self._items, self._where
-        key, item = keys[at], items[at]
-        while (child := 2 * at + 1) < len(keys):
-            if child + 1 < len(keys) and keys[child + 1] < keys[child]:
-                child += 1
-            if not keys[child] < key:
-                break
-            keys[at], items[at] = keys[child], items[child]
-            where[items[at]] = at
-            at = child
-        keys[at], items[at] = key, item
-        where[item] = at
-
-
 @dataclass(slots=True)
 class _Class:
     """One class's requests. Every tenant with a request waiting has a line (its
@@ -187,9 +86,9 @@ class _Class:
     # clock: the tag is dropped once the clock passes it (max(clock, finish) is the clock
     # from then on: the tag no longer counts).
     spent: list[tuple[float, str]] = field(default_factory=list)
-    by_tag: _Ranking[tuple[float, int]] = field(default_factory=_Ranking)  # head's (start, seq)
-    by_age: _Ranking[int] = field(default_factory=_Ranking)  # head's seq
-    by_size: _Ranking[tuple[int, int]] = field(default_factory=_Ranking)  # (-waiting, head's seq)
+    by_tag: Ranking[tuple[float, int]] = field(default_factory=Ranking)  # head's (start, seq)
+    by_age: Ranking[int] = field(default_factory=Ranking)  # head's seq
+    by_size: Ranking[tuple[int, int]] = field(default_factory=Ranking)  # (-waiting, head's seq)
 
     def add(self, waiter: Waiter, weight: float) -> None:
         """Tag `waiter` (it has its seq) and put it at the end of its tenant's line."""
@@ -372,7 +271,7 @@ class FlowQueue:
         if waiter.queued:
             self._take(waiter, served=False)
 
-    def peek(self, now: float, eligible: Callable[[str], bool] = _anyone) -> Waiter | None:
+    def peek(self, now: float, eligible: Callable[[str], bool] = anyone) -> Waiter | None:
         """The request to serve next, left in the queue; only tenants `eligible` now are
         considered (one at its own in-flight limit waits, the others go on). O(classes)
         when the first tenant ranked in each class is eligible; otherwise each class also

@@ -31,12 +31,12 @@ is done in steps (`purge`; `store_tokens` and `matched_tokens` each take one ste
 and its id is reused only once no key holds its bit any more.
 
 The slots' structures are in `slots`, the key -> holders map and the slot ids in
-`holders`, the lookup's walk through it in `walk`; this module is the index's API.
+`holders`, the lookup's walk through it in `walk`, what placement asks (the read side,
+`KvLookup`) in `lookup`; this module is the index's API.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.kv.holders import PURGE_STEP, Holders
+from gateway.kv.lookup import KvLookup
 from gateway.kv.prefix import DEPTH_BITS, HASH_MASK, Prefix, as_tokens, extend, root
-from gateway.kv.slots import SPREAD, Sharded, Slot, SlotState
-from gateway.kv.walk import held_run, walk
+from gateway.kv.slots import SPREAD, Slot, SlotState
 
 if TYPE_CHECKING:
     from gateway.config import KvConfig
@@ -62,7 +62,10 @@ class StoredBlock:
     tokens: Sequence[int]
 
 
-class KvIndex:
+class KvIndex(KvLookup):
+    """The index: its writes (stored, removed, cleared, assumed) and caps; what
+    placement asks of it is `KvLookup`'s."""
+
     def __init__(
         self,
         block_size: int = 16,
@@ -121,16 +124,6 @@ class KvIndex:
         self._slots[slot] = state
         self._workers.setdefault(slot[0], {})[slot[1]] = state
         return state
-
-    def block_sizes(self, workers: Iterable[str] | None = None) -> set[int]:
-        """Distinct block sizes of the workers' slots (all slots' if None), and the
-        configured one (a new slot's)."""
-        sizes = {self.block_size}
-        chosen = self._workers.values() if workers is None else map(self._workers.get, workers)
-        for slots in chosen:
-            if slots:
-                sizes.update(s.block_size for s in slots.values())
-        return sizes
 
     # -- exact: from KV events ---------------------------------------------------------
 
@@ -334,70 +327,3 @@ class KvIndex:
         self._holders.assume(state, hashes, expires, self.capacity)
         if not state.exact and kv_tokens:
             state.model(hashes, min(self.capacity, kv_tokens // state.block_size))
-
-    # -- lookup ------------------------------------------------------------------------
-
-    def matched_tokens(self, prefix: Prefix, workers: Sequence[str], now: float) -> dict[Slot, int]:
-        """Tokens of the prompt's longest cached prefix on each slot of `workers`."""
-        if self._holders.purging:
-            self.purge()
-        wanted: dict[int, int] = {}  # block size -> mask of the candidate slots
-        for worker in workers:
-            slots = self._workers.get(worker)
-            if not slots:
-                continue
-            for state in slots.values():
-                if state.expiry:
-                    self._holders.sweep(state, now)
-                wanted[state.block_size] = wanted.get(state.block_size, 0) | state.bit
-        matched: dict[Slot, int] = {}
-        for size, mask in wanted.items():
-            for slot_id, depth in walk(self._holders.keys.get0, prefix.hashes(size), mask):
-                holder = self._holders.by_id[slot_id]
-                if holder is not None:
-                    matched[holder.slot] = depth * size
-        return matched
-
-    def stored_tokens(self, prefix: Prefix, slot: Slot, tokens: int) -> int:
-        """Of the `tokens` of the prompt matched on `slot` (`matched_tokens`), those the
-        worker's own KV events show stored: the hit to expect there. Placement memory
-        steers placement (a burst, a session after an eviction, goes back where it went)
-        but is no cached token: a request still in its prefill has stored nothing yet,
-        and what an eviction event removed is computed again. On a slot without events,
-        what a cache of the worker's reported size would still hold of the prompt after
-        the gateway's placements (the engine's evictions are not seen, but its size is
-        known); without that, the placements are all there is: all `tokens`. Engines
-        (vLLM, SGLang) compute at least the prompt's last token, so a prompt matched
-        whole is a hit of all its blocks but the one that holds that token."""
-        state = self._slots.get(slot)
-        size = state.block_size if state is not None else self.block_size
-        tokens = min(tokens, max(0, len(prefix) - 1) // size * size)
-        if state is None or tokens <= 0:
-            return tokens
-        copies: Sharded | OrderedDict[int, None]
-        if state.exact:
-            copies = state.copies
-        elif state.modelled:
-            copies = state.modelled
-        else:
-            return tokens
-        keys = prefix.hashes(size)
-        # The end of the stored chain by bisection, a few lookups however long the
-        # prompt: engines evict a chain from its tail, so what the events show stored
-        # of a prompt is a run from its root.
-        return held_run(keys, copies, tokens // size) * size
-
-    def ranks(self, worker_id: str) -> int:
-        """Data-parallel ranks the worker's KV events have shown (1 if none)."""
-        return max(1, len(self._workers.get(worker_id, ())))
-
-    def size(self, worker_id: str) -> int:
-        """Blocks indexed for a worker, over its ranks."""
-        return sum(len(s) for s in self._workers.get(worker_id, {}).values())
-
-    def exact(self, worker_id: str) -> bool:
-        return any(s.exact for s in self._workers.get(worker_id, {}).values())
-
-    def total(self) -> int:
-        """Stored (exact) blocks over every worker."""
-        return self._total

@@ -8,14 +8,21 @@ written back into the request's hints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gateway.core.roles import Role
+from gateway.placement.policies import Choice
 from gateway.upstream.worker import Worker
 
 NO_RANKS: Mapping[str, int] = MappingProxyType({})
+
+
+def ranks(chosen: Iterable[Choice[Worker]]) -> Mapping[str, int]:
+    """Worker id -> the data-parallel rank placement chose on it (most calls: none)."""
+    found = {c.worker.id: c.rank for c in chosen if c.rank is not None}
+    return MappingProxyType(found) if found else NO_RANKS
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Legs: what a request demands, and which single verdict answers when several legs fail.
+"""Legs: what a request demands, each leg's own verdict, and which single verdict answers
+when several legs fail.
 
 A model is served by regular workers, or by prefill + decode workers (disaggregated);
 multimodal requests to a model with an encode leg also demand encode. Each demanded leg
@@ -14,7 +15,13 @@ from collections.abc import Sequence
 import grpc
 
 from gateway.core.roles import Role
-from gateway.core.verdicts import Verdict
+from gateway.core.verdicts import (
+    Verdict,
+    leg_not_deployed,
+    workers_overloaded,
+    workers_unavailable,
+)
+from gateway.upstream.worker import Worker
 
 PD_LEGS = (Role.PREFILL, Role.DECODE)
 
@@ -35,3 +42,22 @@ def demanded_legs(disaggregated: bool, multimodal: bool, encode_leg: bool) -> tu
 def most_permanent(verdicts: Sequence[Verdict]) -> Verdict:
     """The verdict to answer with; ties go to the first leg in demand order."""
     return min(verdicts, key=lambda v: PERMANENCE.get(v.reason.code, 3))
+
+
+def classify_leg(
+    model: str,
+    leg: Role,
+    pool: Sequence[Worker],
+    available: Sequence[Worker],
+    fitting: Sequence[Worker],
+    retry_after_ms: int,
+    overload_retry_ms: int,
+) -> Verdict | None:
+    """A leg's own verdict, judged only by its own pool."""
+    if not pool:
+        return leg_not_deployed(model, leg.value)
+    if not available:
+        return workers_unavailable(model, leg.value, len(pool), retry_after_ms)
+    if not fitting:
+        return workers_overloaded(model, leg.value, len(available), overload_retry_ms)
+    return None

@@ -4,13 +4,14 @@ Each leg is placed within its cluster (the model's workers of that role on the c
 runtime), by the cluster's own policy and limits. The decision is a function of the
 registry snapshot, the clock and the policy state;
 nothing here awaits, so a placement and the dispatch's in-flight increment that follows
-it happen without another request in between.
+it happen without another request in between. A call's attempts are placed through
+`placing.Placing` (session affinity); a leg's own verdict is `legs.classify_leg`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
@@ -21,8 +22,8 @@ from gateway.core.roles import ENGINE_ROLES, Role, Runtime
 from gateway.core.verdicts import Verdict
 from gateway.engines import Adapters
 from gateway.placement.affinity import NO_BINDING, Affinity
-from gateway.placement.decision import NO_RANKS, Decision
-from gateway.placement.legs import PD_LEGS, demanded_legs, most_permanent
+from gateway.placement.decision import Decision, ranks
+from gateway.placement.legs import PD_LEGS, classify_leg, demanded_legs, most_permanent
 from gateway.placement.lora import Holding, adapter_of, preferred
 from gateway.placement.policies import Choice, Hints, Policy, rendezvous_pick
 from gateway.placement.policies.cache_aware import CacheAware
@@ -49,31 +50,6 @@ def spread_items(
     for item in items:
         parts.setdefault(rendezvous_pick(encoders, item), []).append(item)
     return tuple((worker, tuple(part)) for worker, part in parts.items())
-
-
-def classify_leg(
-    model: str,
-    leg: Role,
-    pool: Sequence[Worker],
-    available: Sequence[Worker],
-    fitting: Sequence[Worker],
-    retry_after_ms: int,
-    overload_retry_ms: int,
-) -> Verdict | None:
-    """A leg's own verdict, judged only by its own pool."""
-    if not pool:
-        return verdicts.leg_not_deployed(model, leg.value)
-    if not available:
-        return verdicts.workers_unavailable(model, leg.value, len(pool), retry_after_ms)
-    if not fitting:
-        return verdicts.workers_overloaded(model, leg.value, len(available), overload_retry_ms)
-    return None
-
-
-def ranks(chosen: Iterable[Choice[Worker]]) -> Mapping[str, int]:
-    """Worker id -> the data-parallel rank placement chose on it (most calls: none)."""
-    found = {c.worker.id: c.rank for c in chosen if c.rank is not None}
-    return MappingProxyType(found) if found else NO_RANKS
 
 
 class Placer:
@@ -419,55 +395,3 @@ class Placer:
             if all(up.values()) and set.intersection(*up.values()):
                 return True
         return False
-
-
-class Placing:
-    """How each attempt of one call is placed (what dispatch calls with the workers that
-    failed it so far): every leg its model needs, or the receiver only (a call that is not
-    a disaggregated Generate). With `session` (affinity on), each leg goes to the worker
-    the session is bound to when it can, and the session is bound to where it went."""
-
-    __slots__ = (
-        "_hints",
-        "_items",
-        "_legs",
-        "_model",
-        "_placer",
-        "_receiver_only",
-        "_runtime",
-        "_session",
-    )
-
-    def __init__(
-        self,
-        placer: Placer,
-        model: str,
-        runtime: Runtime,
-        hints: Hints,
-        items: Sequence[str],
-        legs: tuple[Role, ...],
-        *,
-        receiver_only: bool,
-        session: str | None = None,
-    ) -> None:
-        self._placer, self._model, self._runtime = placer, model, runtime
-        self._hints, self._items, self._legs = hints, items, legs
-        self._receiver_only = receiver_only
-        self._session = session if placer.affinity is not None else None
-
-    def __call__(self, tried: Collection[str]) -> Decision | Verdict:
-        affinity, session, model = self._placer.affinity, self._session, self._model
-        now = time.monotonic()
-        bound = NO_BINDING
-        if affinity is not None and session is not None:
-            bound = affinity.bound(session, model, self._legs, now)
-        decided = self._placer.place(
-            model, self._runtime, self._hints, self._items, tried, self._legs, bound
-        )
-        if isinstance(decided, Verdict):
-            return decided
-        if self._receiver_only:
-            decided = decided.only(decided.receiver)
-        if affinity is not None and session is not None:
-            affinity.placed(session, model, decided.workers, bound, now)
-        return decided

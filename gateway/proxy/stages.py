@@ -34,7 +34,8 @@ from gateway.engines import RpcKind
 from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.engines.tokens import highest
 from gateway.engines.usage import UsageBounds
-from gateway.placement.placer import Placer, Placing
+from gateway.placement.placer import Placer
+from gateway.placement.placing import Placing
 from gateway.placement.policies import Hints
 from gateway.placement.routes import unroutable
 from gateway.proxy.admission import Refusal

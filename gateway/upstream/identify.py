@@ -1,15 +1,20 @@
-"""Ask a worker what it is when the configuration does not say: its runtime and its model."""
+"""Ask a worker what it is when the configuration does not say: its runtime and its model
+(`discover`: every question a joining worker is asked, from the questions below)."""
 
 from __future__ import annotations
 
 import grpc
+import structlog
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
+from gateway.config import WorkerSpec
 from gateway.core import health
-from gateway.core.roles import Runtime
-from gateway.engines import Adapters, EngineAdapter
+from gateway.core.roles import Role, Runtime
+from gateway.engines import Adapters, EngineAdapter, encoder
 from gateway.engines.base import ModelFacts, ServerFacts
+
+log = structlog.get_logger("gateway.upstream")
 
 
 class DiscoveryError(Exception):
@@ -97,3 +102,36 @@ async def vocabulary(
         return (await _model_info(channel, adapter, call_timeout)).vocab_size or 0
     except DiscoveryError:
         return None
+
+
+async def discover(
+    spec: WorkerSpec, channel: aio.Channel, adapters: Adapters, call_timeout: float
+) -> tuple[Runtime, str, ServerFacts, int | None]:
+    """Runtime, model, (for disaggregated roles) the GetServerInfo facts, and the
+    vocabulary size when GetModelInfo was asked."""
+    if spec.role is Role.ENCODE:
+        # Encoders speak their own protocol only: nothing to ask, the URL names the model.
+        runtime = spec.runtime or encoder.RUNTIME
+        return runtime, spec.model or "", ServerFacts(Role.ENCODE), None
+    discovering = spec.runtime is None or spec.model is None
+    runtime = spec.runtime or await detect_runtime(channel, adapters, call_timeout)
+    adapter = adapters[runtime]
+    vocab_size: int | None
+    if spec.model is None:
+        asked = await model_facts(channel, adapter, call_timeout)
+        model, vocab_size = asked.name, asked.vocab_size or 0
+    else:  # its vocabulary: now if it answers, else by the load loop once it does
+        model, vocab_size = spec.model, await vocabulary(channel, adapter, call_timeout)
+    # A URL naming model and runtime but no role means a regular worker: registering
+    # it does not wait on a worker that is down (its block size is then not known).
+    # Disaggregated roles are asked for their bootstrap port and pairing key, and
+    # every worker for its KV block size, best effort.
+    try:
+        facts = await server_facts(channel, adapter, call_timeout)
+    except DiscoveryError as exc:
+        if spec.role is None and discovering:
+            raise
+        if spec.role in (Role.PREFILL, Role.DECODE):
+            log.warning("server_info_failed", worker=spec.address, error=str(exc))
+        facts = ServerFacts(role=None)
+    return runtime, model, facts, vocab_size

@@ -6,7 +6,9 @@ the worker's in-flight calls first. The fleet owns each worker's channel: the wo
 itself (the host) holds only its signals.
 
 Per worker it runs three loops: connection watching (unroutable the moment the channel
-drops), active probes, and load polling (and, with KV events, a follower). Outlier
+drops), active probes, and load polling (and, with KV events, a follower); the loops are
+in their own modules (loops.py: probes and loads), as is what a joining worker is asked
+(identify.py). Outlier
 detection is fed by dispatch through `record_outcome`. Every status change is logged once,
 with its cause.
 
@@ -28,10 +30,9 @@ import structlog
 from grpc import aio
 
 from gateway.config import GatewayConfig, WorkerSpec
-from gateway.core.roles import Role, Runtime
+from gateway.core.roles import Role
 from gateway.core.tasks import TaskScope, cancel_and_wait
-from gateway.engines import Adapters, EngineAdapter, encoder
-from gateway.engines.base import ServerFacts
+from gateway.engines import Adapters
 from gateway.kv.index import KvIndex
 from gateway.security.tls import channel_credentials
 from gateway.upstream import stagger
@@ -39,16 +40,10 @@ from gateway.upstream.channels import open_channel
 from gateway.upstream.cluster import PolicyBuilder, PolicyContext, cluster_factory
 from gateway.upstream.health.active import ProbeLoop
 from gateway.upstream.health.connection import watch_connection
-from gateway.upstream.identify import (
-    DiscoveryError,
-    detect_runtime,
-    model_facts,
-    server_facts,
-    vocabulary,
-)
+from gateway.upstream.identify import DiscoveryError, discover
 from gateway.upstream.load.kv_events import KvFollower
-from gateway.upstream.load.lora import AdapterWatch, poll_loras
-from gateway.upstream.load.poller import poll_load
+from gateway.upstream.load.lora import AdapterWatch
+from gateway.upstream.loops import load_loop, probe_loop
 from gateway.upstream.registry import FleetEvent, Registry
 from gateway.upstream.signals.outlier import Outcome, OutlierDetector, OutlierState
 from gateway.upstream.worker import Worker, WorkerStatus
@@ -280,7 +275,7 @@ class Fleet:
         try:
             while True:
                 try:
-                    found = await self._discover(spec, channel, call_timeout)
+                    found = await discover(spec, channel, self.adapters, call_timeout)
                     runtime, model, facts, vocab_size = found
                     break
                 except DiscoveryError as exc:
@@ -317,9 +312,14 @@ class Fleet:
             "connection",
             lambda: watch_connection(worker, channel, settled, prober.wake),
         )
-        self._keep(worker, "probe", lambda: self._probe_loop(worker, prober, probed))
+        self._keep(worker, "probe", lambda: probe_loop(worker, prober, probed, self.settings.probe))
         if worker.role is not Role.ENCODE:  # encoders report no loads, cache no prompts
-            self._keep(worker, "loads", lambda: self._load_loop(worker, channel, adapter))
+            loads, watch = self.settings.loads, self.lora_watch
+            self._keep(
+                worker,
+                "loads",
+                lambda: load_loop(worker, channel, adapter, loads, watch, self.released),
+            )
             if self.settings.kv.events:
                 follower = KvFollower(
                     worker,
@@ -347,67 +347,6 @@ class Fleet:
             return open_channel(address, max_receive_bytes, upstream, credentials)
 
         return connect
-
-    async def _discover(
-        self, spec: WorkerSpec, channel: aio.Channel, call_timeout: float
-    ) -> tuple[Runtime, str, ServerFacts, int | None]:
-        """Runtime, model, (for disaggregated roles) the GetServerInfo facts, and the
-        vocabulary size when GetModelInfo was asked."""
-        if spec.role is Role.ENCODE:
-            # Encoders speak their own protocol only: nothing to ask, the URL names the model.
-            runtime = spec.runtime or encoder.RUNTIME
-            return runtime, spec.model or "", ServerFacts(Role.ENCODE), None
-        discovering = spec.runtime is None or spec.model is None
-        runtime = spec.runtime or await detect_runtime(channel, self.adapters, call_timeout)
-        adapter = self.adapters[runtime]
-        vocab_size: int | None
-        if spec.model is None:
-            asked = await model_facts(channel, adapter, call_timeout)
-            model, vocab_size = asked.name, asked.vocab_size or 0
-        else:  # its vocabulary: now if it answers, else by the load loop once it does
-            model, vocab_size = spec.model, await vocabulary(channel, adapter, call_timeout)
-        # A URL naming model and runtime but no role means a regular worker: registering
-        # it does not wait on a worker that is down (its block size is then not known).
-        # Disaggregated roles are asked for their bootstrap port and pairing key, and
-        # every worker for its KV block size, best effort.
-        try:
-            facts = await server_facts(channel, adapter, call_timeout)
-        except DiscoveryError as exc:
-            if spec.role is None and discovering:
-                raise
-            if spec.role in (Role.PREFILL, Role.DECODE):
-                log.warning("server_info_failed", worker=spec.address, error=str(exc))
-            facts = ServerFacts(role=None)
-        return runtime, model, facts, vocab_size
-
-    async def _probe_loop(self, worker: Worker, prober: ProbeLoop, probed: asyncio.Event) -> None:
-        result = await prober.probe()
-        while True:
-            worker.probed(result, self.settings.probe)
-            probed.set()
-            result = await prober.next_result()
-
-    async def _load_loop(
-        self, worker: Worker, channel: aio.Channel, adapter: EngineAdapter
-    ) -> None:
-        settings = self.settings.loads
-        failing = False
-        waits = stagger.waits(settings.interval_s)  # workers that joined together spread
-        while True:
-            if worker.vocab_size is None:
-                worker.vocab_size = await vocabulary(channel, adapter, settings.timeout_s)
-            await poll_load(worker, channel, adapter, settings)
-            if self.lora_watch.polls(adapter):
-                await poll_loras(worker, channel, adapter, settings.timeout_s, self.lora_watch)
-            self.released(worker)  # a fresh report may leave room: whoever waits hears it
-            if (worker.load_error is not None) != failing:
-                failing = not failing
-                log.warning(
-                    "load_poll_failing" if failing else "load_poll_recovered",
-                    worker=worker.id,
-                    error=worker.load_error,
-                )
-            await asyncio.sleep(next(waits))
 
     def _forget_cache(self, event: FleetEvent) -> None:
         """A worker not ready for `kv.grace_s` loses its index entries: whatever comes

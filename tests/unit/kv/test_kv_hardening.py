@@ -25,7 +25,8 @@ from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, ro
 from gateway.kv.walk import STRIDE
 from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware
-from gateway.upstream.load.kv_events import CHUNK_BYTES, Backoff, KvFollower, TooLarge
+from gateway.upstream.load.kv_batches import CHUNK_BYTES, TooLarge
+from gateway.upstream.load.kv_events import Backoff, KvFollower
 from gateway.upstream.metrics import FleetCollector
 from gateway.upstream.worker import LoadReport
 from tests.support.factories import make_registry, make_worker, worker_on

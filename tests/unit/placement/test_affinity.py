@@ -19,7 +19,7 @@ from gateway.placement.affinity import (
     session_key,
 )
 from gateway.placement.decision import Decision
-from gateway.placement.placer import Placing
+from gateway.placement.placing import Placing
 from gateway.placement.policies import Hints
 from gateway.upstream.registry import Registry
 from gateway.upstream.worker import Worker, WorkerStatus

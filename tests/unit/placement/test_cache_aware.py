@@ -14,7 +14,7 @@ from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
 from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware, cheapest
-from gateway.upstream.load.kv_events import Gap
+from gateway.upstream.load.kv_batches import Gap
 from tests.support.cache_aware import PROMPT, follower, stored
 from tests.support.factories import worker_on
 

@@ -14,9 +14,10 @@ from gateway.config import ProbeConfig, WorkerSpec, build_config
 from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.placement.policies import build_policy
-from gateway.upstream import manager as fleet_module
+from gateway.upstream import loops as loops_module
 from gateway.upstream.health import active as prober_module
 from gateway.upstream.health.active import ProbeLoop
+from gateway.upstream.loops import load_loop
 from gateway.upstream.manager import Fleet
 from gateway.upstream.signals.probe import ProbeKind, ProbeResult
 from gateway.upstream.stagger import HOST_COST_S, MAX_SPREAD_S, spread, waits
@@ -70,14 +71,18 @@ async def test_load_polls_of_workers_that_joined_together_spread_over_the_interv
     async def poll_load(worker: Any, *args: Any) -> None:
         polls.setdefault(worker.id, []).append(loop.time())
 
-    monkeypatch.setattr(fleet_module, "poll_load", poll_load)
+    monkeypatch.setattr(loops_module, "poll_load", poll_load)
     fleet = Fleet(
         build_config(overrides={"loads.interval_s": INTERVAL_S}), engine_adapters(), build_policy
     )
     workers = [make_worker(WorkerSpec("10.0.0.1", p, "m")) for p in range(1, HOSTS + 1)]
     for worker in workers:
         worker.vocab_size = 0  # asked as it joined (no channel here)
-    tasks = [asyncio.ensure_future(fleet._load_loop(w, None, SGLANG)) for w in workers]
+    loads, watch = fleet.settings.loads, fleet.lora_watch
+    tasks = [
+        asyncio.ensure_future(load_loop(w, None, SGLANG, loads, watch, fleet.released))
+        for w in workers
+    ]
     try:
         await until(lambda: len(polls) == HOSTS and all(len(t) >= 2 for t in polls.values()))
     finally:
