@@ -315,3 +315,15 @@ def budgets(config: GatewayConfig, store: Store | None) -> TenantBudgets | None:
         return found.requests_per_minute, found.tokens_per_minute
 
     return TenantBudgets(limits, store)
+
+
+WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "localhost"})
+
+
+def relay_address(config: GatewayConfig, port: int) -> str:
+    """Where Envoy reaches the relay (`picker.relay_address`, else the main port's
+    address, a wildcard or `localhost` read as 127.0.0.1)."""
+    if config.picker.relay_address:
+        return config.picker.relay_address
+    host = config.listen.rpartition(":")[0]
+    return f"{'127.0.0.1' if host in WILDCARDS else host}:{port}"

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gateway.admin.service import AdminService, start_admin_server
-from gateway.app.assembly import assemble
+from gateway.app.assembly import assemble, relay_address
 from gateway.app.connections import ConnectionWatch, raise_fd_limit
 from gateway.app.transport import picker_options, server_options
 from gateway.config import GatewayConfig
@@ -51,18 +51,6 @@ def ready_line(
     if picker_port and config.picker.listen:
         line += f" picker={config.picker.listen.rpartition(':')[0]}:{picker_port}"
     return line
-
-
-WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "localhost"})
-
-
-def relay_address(config: GatewayConfig, port: int) -> str:
-    """Where Envoy reaches the relay (`picker.relay_address`, else the main port's
-    address, a wildcard or `localhost` read as 127.0.0.1)."""
-    if config.picker.relay_address:
-        return config.picker.relay_address
-    host = config.listen.rpartition(":")[0]
-    return f"{'127.0.0.1' if host in WILDCARDS else host}:{port}"
 
 
 class Gateway:
