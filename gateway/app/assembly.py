@@ -42,8 +42,8 @@ from gateway.proxy import (
     BootstrapRooms,
     DisaggregatedDispatch,
     Dispatcher,
-    Door,
     EngineFront,
+    Entrance,
     IdleWatch,
     InflightTable,
     LoraLoader,
@@ -274,7 +274,7 @@ def fronts(parts: Parts) -> list[EngineFront]:
     limits = config.limits
     load = parts.reporter if config.orca.trailers else None
     reads = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
-    door = Door(parts.identities, parts.admission, reads, parts.idle, parts.budgets, load)
+    door = Entrance(parts.identities, parts.admission, reads, parts.idle, parts.budgets, load)
     routing = Routing(
         parts.fleet.registry,
         parts.placer,

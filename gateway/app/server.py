@@ -176,7 +176,7 @@ class Gateway:
         relay = relay_address(self.config, self.port)
         # Its failed authentications block an address on the picker port only.
         identities = Identities(
-            parts.auth.at_door("picker") if parts.auth is not None else None,
+            parts.auth.for_port("picker") if parts.auth is not None else None,
             certificates=self.config.tls.client_ca is not None,
         )
         picker = Picker(parts.fronts, self.config, relay, parts.metrics.picker_answer, identities)

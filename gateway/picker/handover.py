@@ -17,7 +17,7 @@ from gateway.picker.checks import WorkerChecks
 from gateway.picker.context import PickerContext, ToRelay, picker_context
 from gateway.picker.destinations import Destinations
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
-from gateway.proxy import Call, Env, Job, Reserved, clients_deadline
+from gateway.proxy import Call, Job, ReservedPlacement, StageEnv, clients_deadline
 
 # Past a call's deadline, how long the picker still waits for Envoy to say how it ended.
 FOLLOW_SLACK_S = 1.0
@@ -34,7 +34,7 @@ class HandOver:
         self._destinations = Destinations()
         self._idle_s = idle_s  # `limits.stream_idle_timeout_s`: between two parts
 
-    async def attempt(self, env: Env, job: Job, reserved: Reserved) -> None:
+    async def attempt(self, env: StageEnv, job: Job, reserved: ReservedPlacement) -> None:
         call = job.call
         context = picker_context(call)
         decision = reserved.decision

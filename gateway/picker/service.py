@@ -46,7 +46,7 @@ from gateway.picker.context import (
 from gateway.picker.handover import HandOver
 from gateway.picker.stages import PickerStages
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
-from gateway.proxy import UNREAD, Call, EngineFront, Env, ReadGate, ReadTimeout, stages
+from gateway.proxy import UNREAD, Call, EngineFront, ReadGate, ReadTimeout, StageEnv, stages
 from gateway.security.identity import Identities
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -80,7 +80,7 @@ class Picker:
         self._read_s = limits.request_read_timeout_s
         # The picker's own turns to read a request: it never takes the main port's.
         gate = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
-        self._envs: dict[Runtime, Env] = {}
+        self._envs: dict[Runtime, StageEnv] = {}
         for front in fronts:
             door = replace(front.env.door, gate=gate)
             if identities is not None:
@@ -142,7 +142,9 @@ class Picker:
         async with call:
             await self._run(self._envs[front.adapter.runtime], call, context, opened_at)
 
-    async def _run(self, env: Env, call: Call, context: PickerContext, opened_at: float) -> None:
+    async def _run(
+        self, env: StageEnv, call: Call, context: PickerContext, opened_at: float
+    ) -> None:
         read_s = self._read_s
         limit = asyncio.timeout_at(opened_at + read_s)
         try:

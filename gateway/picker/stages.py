@@ -18,9 +18,9 @@ from gateway.proxy import (
     PLACED,
     REGULAR_ONLY,
     Call,
-    Env,
     Job,
     Stage,
+    StageEnv,
     abort_invalid,
     stages,
 )
@@ -47,7 +47,7 @@ class PickerStages:
             instead={stages.dispatch: self.hand_over},
         )
 
-    async def headers_read(self, env: Env, call: Call) -> None:
+    async def headers_read(self, env: StageEnv, call: Call) -> None:
         """The headers answered, so Envoy sends the body (a call whose headers ended it
         has none: refused as the relay refuses it)."""
         context = picker_context(call)
@@ -55,7 +55,7 @@ class PickerStages:
             await abort_invalid(context, NO_REQUEST)
         await context.headers_read()
 
-    async def regular_only(self, env: Env, call: Call) -> None:
+    async def regular_only(self, env: StageEnv, call: Call) -> None:
         """A call Envoy cannot run alone goes to the relay whole (a disaggregated pair;
         with `picker.migrate_streams`, any stream), before it is classified, charged or
         queued (the relay does that)."""
@@ -64,7 +64,7 @@ class PickerStages:
         if legs != REGULAR_ONLY or (self._migrate_streams and call.spec.server_streaming):
             raise ToRelay()
 
-    async def hand_over(self, env: Env, call: Call) -> None:
+    async def hand_over(self, env: StageEnv, call: Call) -> None:
         """In place of the relay's dispatch: the dispatcher's one attempt loop places the
         call, and each attempt hands the worker to Envoy."""
         attempt = functools.partial(self._hand_over.attempt, env)
@@ -72,7 +72,7 @@ class PickerStages:
         job = Job(call, env.adapter, call.request, call.client(), call.record.request_id)
         await env.routing.dispatcher.serve(job, call.place, attempt, call.placed_ahead)
 
-    def abort_destination(self, env: Env, call: Call) -> str:
+    def abort_destination(self, env: StageEnv, call: Call) -> str:
         """Where an Abort goes: straight to the one worker that runs every request it
         names, if the picker placed them all there; else to the relay, which finds every
         holder (the picker's too) and asks the sibling processes."""

@@ -44,17 +44,17 @@ def digest(key: Key) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-class Outcome(enum.Enum):
+class AffinityResult(enum.Enum):
     HIT = "hit"  # the bound worker took the leg
     MISS = "miss"  # no binding: placed by the policy, and bound
     REBIND = "rebind"  # the bound worker could not take it: placed afresh, bound again
 
 
-def outcome(bound: str | None, placed: str) -> Outcome:
+def affinity_result(bound: str | None, placed: str) -> AffinityResult:
     """What one leg's placement was, given the worker it was bound to."""
     if bound is None:
-        return Outcome.MISS
-    return Outcome.HIT if bound == placed else Outcome.REBIND
+        return AffinityResult.MISS
+    return AffinityResult.HIT if bound == placed else AffinityResult.REBIND
 
 
 def session_key(value: str | None) -> str | None:
@@ -110,7 +110,7 @@ class Affinity:
 
     def __init__(self, settings: AffinityConfig) -> None:
         self.table = SessionTable(settings.max_sessions, settings.ttl_s)
-        self.outcomes: dict[tuple[str, Outcome], int] = {}
+        self.outcomes: dict[tuple[str, AffinityResult], int] = {}
         # Told every binding made (the shared store's follower, gateway.state.sessions).
         self.on_bind: Callable[[Key, str], object] | None = None
 
@@ -137,7 +137,7 @@ class Affinity:
     ) -> None:
         """Each leg placed: the session bound to its worker, the outcome counted."""
         for leg, worker in workers.items():
-            key = (model, outcome(bound.get(leg), worker.id))
+            key = (model, affinity_result(bound.get(leg), worker.id))
             self.outcomes[key] = self.outcomes.get(key, 0) + 1
             self.table.bind((session, model, leg), worker.id, now)
             if self.on_bind is not None:

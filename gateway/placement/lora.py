@@ -37,7 +37,7 @@ class Holding:
 
 class Tier(Enum):
     LOADED = "loaded"  # holds the adapter, or is loading it (calls for it run there)
-    ROOM = "room"  # can load it without unloading another
+    SPARE = "spare"  # can load it without unloading another
     EVICT = "evict"  # can load it after unloading an unused one
     FULL = "full"  # none can: every candidate is offered (the worker decides)
 
@@ -70,7 +70,7 @@ def preferred(
     """The candidates (with `holdings`, in the same order) a call for `adapter` should go
     to, and why."""
     pairs = list(zip(candidates, holdings, strict=True))
-    for tier in (Tier.LOADED, Tier.ROOM, Tier.EVICT):
+    for tier in (Tier.LOADED, Tier.SPARE, Tier.EVICT):
         found = [w for w, h in pairs if fits_tier(tier, h, adapter, max_loaded)]
         if found:
             return Preferred(found, tier)
@@ -80,7 +80,7 @@ def preferred(
 def fits_tier(tier: Tier, holding: Holding, adapter: str, max_loaded: int) -> bool:
     if tier is Tier.LOADED:
         return adapter in holding.loaded or bool(holding.in_use.get(adapter))
-    if tier is Tier.ROOM:
+    if tier is Tier.SPARE:
         return has_room(holding, max_loaded, adapter)
     if tier is Tier.EVICT:
         return evictable(holding, adapter) is not None

@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.placement.affinity import Affinity, Outcome
+from gateway.placement.affinity import Affinity, AffinityResult
 
 
 class AffinityCollector(Collector):
@@ -41,7 +41,7 @@ class AffinityCollector(Collector):
         outcomes, sessions = families = self._families()
         counts = dict(self._affinity.outcomes)  # one C call: safe against the loop's writes
         for model in sorted({model for model, _ in counts}):
-            for kind in Outcome:  # every outcome of a model shown, at 0 too, for rate()
+            for kind in AffinityResult:  # every outcome of a model shown, at 0 too, for rate()
                 outcomes.add_metric([model, kind.value], float(counts.get((model, kind), 0)))
         sessions.add_metric([], float(len(self._affinity.table)))
         return families

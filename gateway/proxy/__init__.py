@@ -8,7 +8,7 @@ from gateway.proxy.admission import Admission
 from gateway.proxy.call import Call
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
-from gateway.proxy.env import Door, Env, Routing, Stage
+from gateway.proxy.env import Entrance, Routing, Stage, StageEnv
 from gateway.proxy.failures import clients_deadline
 from gateway.proxy.front import EngineFront
 from gateway.proxy.idle import IdleWatch
@@ -20,7 +20,7 @@ from gateway.proxy.lora import LoraLoader
 from gateway.proxy.metadata import UNREAD, Metadata, MetadataRelay
 from gateway.proxy.migration import UNFOLLOWED, Migrations
 from gateway.proxy.reporting import LOAD_TRAILER
-from gateway.proxy.reservation import Reservation, Reserved
+from gateway.proxy.reservation import Reservation, ReservedPlacement
 from gateway.proxy.stages import OPENING, PLACED, REGULAR_ONLY
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import Upstreams
@@ -39,9 +39,8 @@ __all__ = [
     "Call",
     "DisaggregatedDispatch",
     "Dispatcher",
-    "Door",
     "EngineFront",
-    "Env",
+    "Entrance",
     "IdleWatch",
     "InflightTable",
     "Job",
@@ -52,9 +51,10 @@ __all__ = [
     "ReadGate",
     "ReadTimeout",
     "Reservation",
-    "Reserved",
+    "ReservedPlacement",
     "Routing",
     "Stage",
+    "StageEnv",
     "Upstreams",
     "WaitingRooms",
     "abort_invalid",

@@ -14,7 +14,7 @@ from gateway.core.verdicts import shown
 from gateway.engines import EngineAdapter
 from gateway.proxy.call import Call
 from gateway.proxy.failures import UpstreamFailure
-from gateway.proxy.inflight import Holder
+from gateway.proxy.inflight import InflightCall
 from gateway.proxy.metadata import Metadata
 from gateway.proxy.status import abort_invalid
 from gateway.proxy.upstream import Outbound, Upstreams
@@ -22,7 +22,7 @@ from gateway.proxy.upstream import Outbound, Upstreams
 SHOWN_IDS = 8  # request ids an answer repeats (a vLLM Abort may name any number)
 
 
-class Siblings(Protocol):
+class AbortPeers(Protocol):
     """The other serving processes of this gateway (`--processes N`)."""
 
     async def abort_held(
@@ -52,7 +52,7 @@ class Aborts:
         upstreams: Upstreams,
         path: str,
         abort_wait_s: float,
-        siblings: Siblings | None = None,
+        siblings: AbortPeers | None = None,
     ) -> None:
         self.adapter = adapter
         self._upstreams = upstreams
@@ -61,7 +61,12 @@ class Aborts:
         self._siblings = siblings
 
     async def _abort_one(
-        self, path: str, request: bytes, holder: Holder, forward: Metadata, time_left: float | None
+        self,
+        path: str,
+        request: bytes,
+        holder: InflightCall,
+        forward: Metadata,
+        time_left: float | None,
     ) -> bytes:
         """Abort one upstream call; a decode leg only once it has started (bounded), so the
         KV handoff from its prefill is not torn in the middle. An abort says nothing about
@@ -89,7 +94,7 @@ class Aborts:
         holders, _ = self._held(ids, principal)
         return await self._abort_holders(request, holders, forward, time_left)
 
-    def _held(self, ids: list[str], principal: str | None) -> tuple[list[Holder], bool]:
+    def _held(self, ids: list[str], principal: str | None) -> tuple[list[InflightCall], bool]:
         """The upstream calls this process holds for the named requests, and whether it
         holds every one of them."""
         inflight = self._upstreams.inflight
@@ -99,7 +104,7 @@ class Aborts:
     async def _abort_holders(
         self,
         request: bytes,
-        holders: list[Holder],
+        holders: list[InflightCall],
         forward: Metadata,
         time_left: float | None,
     ) -> bytes | None:

@@ -38,7 +38,7 @@ from gateway.placement.policies import Hints
 from gateway.proxy.context import Context, LoadTrailed
 from gateway.proxy.failures import UpstreamFailure, clients_deadline
 from gateway.proxy.metadata import Metadata, RequestMeta
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.status import abort_with_verdict
 
 Place = Callable[[Collection[str]], Decision | Verdict]  # an attempt's placement, given who failed
@@ -154,7 +154,7 @@ class Call:
     request: bytes = b""  # the request message, once read
     # Every placement, in order (a retry's, each choice's of n>1), with its reservations:
     # added by `placed` as dispatch places.
-    placements: list[Reserved] = field(default_factory=list)
+    placements: list[ReservedPlacement] = field(default_factory=list)
     trace: CallTrace | None = None  # tracing on: its spans (the front starts and ends them)
     # What the stages learn on the way, for the ones after them (Generate and Embed).
     info: GenerateInfo | None = None  # Generate: the fields routing reads (`decode`)
@@ -166,7 +166,9 @@ class Call:
     hints: Hints = NO_HINTS  # where it wants to go, prompt included (a value: shared)
     legs: tuple[Role, ...] = ()  # the legs its model needs (`wait`)
     place: Place | None = None  # how each attempt is placed (`wait`)
-    placed_ahead: Reserved | None = None  # the first attempt, placed by a waiting room (`wait`)
+    placed_ahead: ReservedPlacement | None = (
+        None  # the first attempt, placed by a waiting room (`wait`)
+    )
     reply: bytes | None = None  # a unary call's answer (`dispatch`)
     downstream: Downstream | None = None  # the client side, once dispatch starts
     orca: LoadTrailed | None = None  # ORCA trailers on: the context that adds the report
@@ -242,7 +244,7 @@ class Call:
         self.model = model if target is None else target
         self.record.model, self.record.target = model, target
 
-    def placed(self, reserved: Reserved, *, retry: bool) -> None:
+    def placed(self, reserved: ReservedPlacement, *, retry: bool) -> None:
         """An attempt starts on `reserved` (a retry: after a retryable failure)."""
         self.placements.append(reserved)
         record = self.record

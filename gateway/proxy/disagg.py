@@ -16,7 +16,7 @@ from gateway.proxy.failures import UpstreamFailure
 from gateway.proxy.job import Job
 from gateway.proxy.legs import BootstrapRooms, PairAttempt
 from gateway.proxy.metadata import Metadata
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream_call import Sink
 
 
@@ -63,7 +63,7 @@ class DisaggregatedDispatch:
         self._attempt = PairAttempt(dispatcher.upstreams, self.rooms, decode_first_within_s)
 
     async def serve(
-        self, job: Job, n: int, place: Place, placed_ahead: Reserved | None = None
+        self, job: Job, n: int, place: Place, placed_ahead: ReservedPlacement | None = None
     ) -> None:
         """`placed_ahead` (n = 1 only): the placement a waiting room made and reserved."""
         if n == 1:  # the regular attempt loop, each attempt on a pair

@@ -23,11 +23,11 @@ from gateway.proxy.failures import UpstreamFailure, retryable
 from gateway.proxy.job import Job
 from gateway.proxy.lora import LoadFailed, LoraLoader
 from gateway.proxy.migration import Migrations
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.upstream_call import UpstreamCall
 
-Attempt = Callable[[Job, Reserved], Awaitable[bytes | None]]
+Attempt = Callable[[Job, ReservedPlacement], Awaitable[bytes | None]]
 
 
 class Dispatcher:
@@ -46,7 +46,11 @@ class Dispatcher:
         self._retry_after_ms = retry_after_ms
 
     async def serve(
-        self, job: Job, place: Place, attempt: Attempt, placed_ahead: Reserved | None = None
+        self,
+        job: Job,
+        place: Place,
+        attempt: Attempt,
+        placed_ahead: ReservedPlacement | None = None,
     ) -> bytes | None:
         """Run the job; an upstream failure becomes the client's status."""
         try:
@@ -55,7 +59,11 @@ class Dispatcher:
             await abort_with_failure(job.context, failure)
 
     async def run(
-        self, job: Job, place: Place, attempt: Attempt, placed_ahead: Reserved | None = None
+        self,
+        job: Job,
+        place: Place,
+        attempt: Attempt,
+        placed_ahead: ReservedPlacement | None = None,
     ) -> bytes | None:
         """The attempt loop: place and reserve, run the attempt; a retryable failure before
         anything reached the client is tried again without the worker that failed, and a
@@ -76,7 +84,7 @@ class Dispatcher:
         job: Job,
         place: Place,
         attempt: Attempt,
-        placed_ahead: Reserved | None,
+        placed_ahead: ReservedPlacement | None,
         migrations: Migrations | None,
     ) -> bytes | None:
         tried: list[str] = []
@@ -168,18 +176,18 @@ class Dispatcher:
         """The regular attempt for an RPC of this shape: one worker answers it all."""
         return self.stream if streaming else self.unary
 
-    async def stream(self, job: Job, reserved: Reserved) -> None:
+    async def stream(self, job: Job, reserved: ReservedPlacement) -> None:
         with self._lone_call(job, reserved, streaming=True) as call:
             await call.relay(job.sink, await call.first(job.sink))
 
-    async def unary(self, job: Job, reserved: Reserved) -> bytes:
+    async def unary(self, job: Job, reserved: ReservedPlacement) -> bytes:
         with self._lone_call(job, reserved, streaming=False) as call:
             reply = await call.response()
             await job.sink.headers(await call.headers(), always=True)
             job.sink.trailers(await call.trailers())
             return reply
 
-    def _lone_call(self, job: Job, reserved: Reserved, *, streaming: bool) -> UpstreamCall:
+    def _lone_call(self, job: Job, reserved: ReservedPlacement, *, streaming: bool) -> UpstreamCall:
         worker = reserved.decision.lone
         request = job.for_worker(job.raw, reserved.decision, worker)
         return job.open_leg(

@@ -2,8 +2,8 @@
 
 Its own module because more than the pipeline's table reads it: each group of stages
 (`proxy/stages.py`, `proxy/tenant.py`), the fronts that build it, the fleet-wide calls,
-and the picker's own stages. `Door` is what a call passes before it is placed,
-`Routing` where and how it is placed, `Env` both with the adapter and the
+and the picker's own stages. `Entrance` is what a call passes before it is placed,
+`Routing` where and how it is placed, `StageEnv` both with the adapter and the
 configuration, and `Stage` the shape of every step.
 """
 
@@ -33,7 +33,7 @@ from gateway.upstream.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
-class Door:
+class Entrance:
     """What every engine call passes before it is placed (one of each per serving
     process, shared by its engine fronts): who sent it, the admission bounds, and the
     gate its request is read through; and what it leaves with: the process's load report
@@ -63,20 +63,20 @@ class Routing:
 
 
 @dataclass(frozen=True, slots=True)
-class Env:
+class StageEnv:
     """What the stages read of the serving process: one per engine front."""
 
     adapter: EngineAdapter
     config: GatewayConfig
-    door: Door
+    door: Entrance
     routing: Routing
     private_keys: frozenset[str]  # metadata keys never forwarded upstream
     estimate: int  # a call's output in tokens, when it does not say
 
 
 class Stage(Protocol):
-    """One step of the pipeline: a small function of the call and its door's `Env`."""
+    """One step of the pipeline: a small function of the call and its door's `StageEnv`."""
 
     __name__: str
 
-    def __call__(self, env: Env, call: Call, /) -> Awaitable[None]: ...
+    def __call__(self, env: StageEnv, call: Call, /) -> Awaitable[None]: ...

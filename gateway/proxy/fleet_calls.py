@@ -13,7 +13,7 @@ from gateway.core.verdicts import Verdict
 from gateway.placement.decision import Decision
 from gateway.proxy import stages
 from gateway.proxy.call import Call, abort_with_failure
-from gateway.proxy.env import Env
+from gateway.proxy.env import StageEnv
 from gateway.proxy.failures import UpstreamFailure
 from gateway.proxy.job import Job
 from gateway.proxy.upstream import Outbound
@@ -22,7 +22,7 @@ from gateway.proxy.upstream import Outbound
 class FleetCalls:
     """One engine protocol's calls for the fleet as a whole."""
 
-    def __init__(self, env: Env) -> None:
+    def __init__(self, env: StageEnv) -> None:
         self.env = env
         self.adapter = env.adapter
         routing = env.routing

@@ -21,10 +21,10 @@ from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import TRACE_KEYS, Tracing
 from gateway.proxy import stages
-from gateway.proxy.aborts import Aborts, Siblings
+from gateway.proxy.aborts import AbortPeers, Aborts
 from gateway.proxy.call import Call, CallLog
 from gateway.proxy.context import Context
-from gateway.proxy.env import Door, Env, Routing
+from gateway.proxy.env import Entrance, Routing, StageEnv
 from gateway.proxy.fleet_calls import FleetCalls
 from gateway.proxy.idle import StreamIdle
 from gateway.proxy.intake import ReadTimeout
@@ -44,10 +44,10 @@ class EngineFront:
         self,
         adapter: EngineAdapter,
         config: GatewayConfig,
-        door: Door,
+        door: Entrance,
         routing: Routing,
         observe: Callable[[CallRecord], None],
-        siblings: Siblings | None = None,
+        siblings: AbortPeers | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.adapter = adapter
@@ -59,7 +59,7 @@ class EngineFront:
         # own trace context: the client's is not forwarded as it is.
         private = door.identities.private_keys
         flow = config.flow  # a call's output, when it does not say: estimated
-        self.env = Env(
+        self.env = StageEnv(
             adapter,
             config,
             door,

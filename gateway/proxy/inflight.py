@@ -9,7 +9,7 @@ from gateway.upstream.worker import Worker
 
 
 @dataclass(eq=False, slots=True)
-class Holder:
+class InflightCall:
     """One upstream call of a client request: the worker and the id it knows it by
     (`<id>-<i>` for choice i of an n>1 request split up)."""
 
@@ -25,7 +25,7 @@ class Holder:
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
+class AbortKey:
     """How an upstream call is found by Abort: the client's request id, the id the worker
     knows the call by, and the principal that started it."""
 
@@ -36,13 +36,13 @@ class Hold:
 
 class InflightTable:
     def __init__(self) -> None:
-        self._holders: dict[str, list[Holder]] = {}
+        self._holders: dict[str, list[InflightCall]] = {}
 
-    def add(self, request_id: str, holder: Holder) -> None:
+    def add(self, request_id: str, holder: InflightCall) -> None:
         if request_id:
             self._holders.setdefault(request_id, []).append(holder)
 
-    def discard(self, request_id: str, holder: Holder) -> None:
+    def discard(self, request_id: str, holder: InflightCall) -> None:
         holders = self._holders.get(request_id)
         if holders is None:
             return
@@ -51,7 +51,7 @@ class InflightTable:
         if not holders:
             del self._holders[request_id]
 
-    def holders(self, request_id: str, principal: str | None = None) -> list[Holder]:
+    def holders(self, request_id: str, principal: str | None = None) -> list[InflightCall]:
         """The calls of a request that `principal` started (an id held for someone else
         looks exactly like an id not held at all)."""
         return [h for h in self._holders.get(request_id, ()) if h.principal == principal]

@@ -15,8 +15,8 @@ from gateway.observability.record import CallRecord
 from gateway.placement.decision import Decision
 from gateway.proxy.call import Call
 from gateway.proxy.context import Context
-from gateway.proxy.inflight import Hold, Holder
-from gateway.proxy.reservation import Reservation, Reserved
+from gateway.proxy.inflight import AbortKey, InflightCall
+from gateway.proxy.reservation import Reservation, ReservedPlacement
 from gateway.proxy.upstream import Outbound, Upstreams
 from gateway.proxy.upstream_call import Sink, UpstreamCall
 from gateway.upstream.worker import Worker
@@ -64,14 +64,14 @@ class Job:
         rank = decision.rank_of(worker)
         return request if rank is None else self.adapter.with_dp_rank(request, rank)
 
-    def hold(self) -> Hold:
+    def hold(self) -> AbortKey:
         record = self.call.record
-        return Hold(record.request_id, self.upstream_id, record.principal)
+        return AbortKey(record.request_id, self.upstream_id, record.principal)
 
     def open_leg(
         self,
         upstreams: Upstreams,
-        reserved: Reserved,
+        reserved: ReservedPlacement,
         worker: Worker,
         leg: Role,
         request: bytes,
@@ -101,14 +101,14 @@ class Job:
 
     @contextlib.contextmanager
     def handed_over(
-        self, upstreams: Upstreams, reserved: Reserved, worker: Worker
+        self, upstreams: Upstreams, reserved: ReservedPlacement, worker: Worker
     ) -> Iterator[Reservation]:
         """A leg someone else opens (Envoy, told by the picker): noted on the call as its
         answering leg, and held in flight under the call's id while it runs, so an Abort
         finds it. The worker's reservation is the caller's to give back, once it learns
         how the leg ended."""
         self.call.called(worker.role, worker.id, answers=True)
-        holder = Holder(worker, self.upstream_id, self.call.record.principal, direct=True)
+        holder = InflightCall(worker, self.upstream_id, self.call.record.principal, direct=True)
         reservation = reserved.take(worker)
         upstreams.inflight.add(self.upstream_id, holder)
         try:

@@ -21,7 +21,7 @@ from gateway.engines.encoder import ENCODE_PATH, encode_request
 from gateway.engines.handoff import AmendFirst
 from gateway.proxy.failures import UpstreamFailure, label
 from gateway.proxy.job import Job
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.upstream_call import UpstreamCall
 from gateway.upstream.worker import Worker
@@ -65,7 +65,7 @@ class PlacedLegs:
         upstreams: Upstreams,
         rooms: BootstrapRooms,
         job: Job,
-        reserved: Reserved,
+        reserved: ReservedPlacement,
         first_within_s: float = 0.0,
     ) -> None:
         self._upstreams = upstreams
@@ -212,7 +212,7 @@ class PairAttempt:
         self._upstreams, self._rooms = upstreams, rooms
         self._first_within_s = first_within_s
 
-    async def __call__(self, job: Job, reserved: Reserved) -> None:
+    async def __call__(self, job: Job, reserved: ReservedPlacement) -> None:
         legs = PlacedLegs(self._upstreams, self._rooms, job, reserved, self._first_within_s)
         try:
             legs.encode()

@@ -30,7 +30,7 @@ from gateway.core.tasks import TaskScope
 from gateway.engines import EngineAdapter
 from gateway.placement.lora import Holding, adapter_of, evictable, has_room
 from gateway.proxy.job import Job
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream import Links
 from gateway.upstream.load.lora import FAILED, LOADED
 from gateway.upstream.signals.outlier import Outcome
@@ -113,7 +113,7 @@ class LoraLoader:
         adapter = adapter_of(info.namespace)
         return adapter if adapter in config.adapters else ""
 
-    async def prepare(self, job: Job, reserved: Reserved) -> Using | NotUsing:
+    async def prepare(self, job: Job, reserved: ReservedPlacement) -> Using | NotUsing:
         """The adapter loaded on every engine worker of the attempt; raises LoadFailed.
         The use is counted at once (before any await), so placement's next call sees it."""
         adapter = self._managed(job)

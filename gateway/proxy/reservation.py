@@ -62,7 +62,7 @@ class Reservation:
 
 
 @dataclass(slots=True)
-class Reserved:
+class ReservedPlacement:
     """A placement with a reservation on each worker it picked."""
 
     decision: Decision

@@ -4,7 +4,7 @@
 
 `PIPELINE` lists them; `OPENING` (its first three) is what every other RPC kind passes
 before its own handler. Each stage is one small function of the call and what the
-serving process gives the stages (`Env`, `proxy/env.py`); the tenant's two (classify,
+serving process gives the stages (`StageEnv`, `proxy/env.py`); the tenant's two (classify,
 charge) live in `proxy/tenant.py`, the others here. A stage that refuses ends the call there
 (a verdict, Trailers-Only). What a stage takes that must go back (an admission slot, a
 tenant's tokens, a reservation, the usage tally) it registers on the call's ending, so
@@ -40,7 +40,7 @@ from gateway.placement.policies import Hints
 from gateway.placement.routes import unroutable
 from gateway.proxy.admission import Refusal
 from gateway.proxy.call import Call
-from gateway.proxy.env import Env, Stage
+from gateway.proxy.env import Stage, StageEnv
 from gateway.proxy.intake import read_request
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import read_request_meta
@@ -53,7 +53,7 @@ REGULAR_ONLY = (Role.REGULAR,)
 EMPTY_PROMPT = "The prompt is empty: tokenized.input_ids holds no token id"
 
 
-async def run(sequence: Sequence[Stage], env: Env, call: Call) -> None:
+async def run(sequence: Sequence[Stage], env: StageEnv, call: Call) -> None:
     """The stages in order, the record naming the one running (a refusal says where)."""
     for stage in sequence:
         call.entered(stage.__name__)
@@ -85,7 +85,7 @@ def in_mode(
     return tuple(sequence)
 
 
-async def open_call(env: Env, call: Call) -> None:
+async def open_call(env: StageEnv, call: Call) -> None:
     """Its metadata read once (the bearer token, the routing hints, what goes upstream);
     the caller authenticated (API keys on: a known key, or UNAUTHENTICATED) and named; a
     value no worker channel would accept refused (BAD_METADATA), before anything is read
@@ -110,7 +110,7 @@ async def open_call(env: Env, call: Call) -> None:
         await call.refuse(bad_metadata(meta.bad_key))
 
 
-async def admit(env: Env, call: Call) -> None:
+async def admit(env: StageEnv, call: Call) -> None:
     """A slot in the gateway's concurrency bound and the caller's share of it, from the
     stream's opening (streams that send nothing count). The engine HealthCheck is
     answered from memory: it stays cheap and open under load."""
@@ -126,13 +126,13 @@ async def admit(env: Env, call: Call) -> None:
         await call.refuse(caller_over_share(call.caller, admission.per_caller, retry_after_ms))
 
 
-async def read(env: Env, call: Call) -> None:
+async def read(env: StageEnv, call: Call) -> None:
     """The request message, read through the gate (the call's deadline until it is read:
     the read timeout, from the stream's opening)."""
     call.request = await read_request(call.context, env.door.gate, call.caller)
 
 
-async def decode(env: Env, call: Call) -> None:
+async def decode(env: StageEnv, call: Call) -> None:
     """The few fields routing reads (a long prompt's ids decoded without the GIL, off the
     loop), bounded by the limits on choices and prompt length; else INVALID_ARGUMENT."""
     spec, request = call.spec, call.request
@@ -163,7 +163,7 @@ async def decode(env: Env, call: Call) -> None:
         await call.refuse(verdict)
 
 
-async def resolve(env: Env, call: Call) -> None:
+async def resolve(env: StageEnv, call: Call) -> None:
     """The model the call is for (named, or the protocol's only one), else refused. An
     alias is resolved to one of its targets (`placement/routes.py`), and the call is then
     placed as a call for that target. An empty prompt, or a token id past the model's
@@ -186,7 +186,7 @@ async def resolve(env: Env, call: Call) -> None:
             await call.refuse(out_of_vocabulary(call.model, call.highest_token, *bound))
 
 
-async def _resolve_alias(env: Env, call: Call, alias: str) -> None:
+async def _resolve_alias(env: StageEnv, call: Call, alias: str) -> None:
     """A target with a servable worker, by weight (by the routing key, if any); none: the
     verdict of the heaviest target, naming the alias (an engine HealthCheck is answered
     for that target instead: not servable)."""
@@ -222,7 +222,7 @@ def disaggregated(call: Call) -> bool:
     return call.info is not None and call.legs != REGULAR_ONLY
 
 
-def placement(env: Env, call: Call) -> Placing:
+def placement(env: StageEnv, call: Call) -> Placing:
     """How each attempt is placed: every leg the model needs (the receiver only, for a
     call that is not a disaggregated Generate), on its session's workers when it can."""
     info = call.info
@@ -239,7 +239,7 @@ def placement(env: Env, call: Call) -> Placing:
     )
 
 
-async def wait(env: Env, call: Call) -> None:
+async def wait(env: StageEnv, call: Call) -> None:
     """How its attempts are placed (a cache-aware prompt's blocks hashed first, off the
     loop for a long one); with flow control, placed and reserved now or once capacity
     frees (waiting in the model's queue), else refused (QUEUE_FULL, QUEUE_TIMEOUT, or the
@@ -278,7 +278,7 @@ async def wait(env: Env, call: Call) -> None:
         trace.placement(started_ns, got.decision, queued_s=record.queued_s)
 
 
-async def dispatch(env: Env, call: Call) -> None:
+async def dispatch(env: StageEnv, call: Call) -> None:
     """Run it: the regular attempt loop on the receiver, or the disaggregated legs (each
     choice of n > 1 on its own pair); Generate's usage tallied as it ends."""
     info, record, routing = call.info, call.record, env.routing

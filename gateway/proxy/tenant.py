@@ -14,11 +14,11 @@ import math
 from gateway.core.verdicts import rate_limited, shown
 from gateway.flow.budget import Charge, OverBudget
 from gateway.proxy.call import Call
-from gateway.proxy.env import Env
+from gateway.proxy.env import StageEnv
 from gateway.state.budgets import TenantBudgets
 
 
-async def classify(env: Env, call: Call) -> None:
+async def classify(env: StageEnv, call: Call) -> None:
     """Whose budget and queue share the call uses (its principal: an API key's name, a
     client certificate's identity; the tenant header behind a trusted proxy; else
     `default`), its class with flow control (the one it asks for, lowered to its
@@ -51,7 +51,7 @@ async def classify(env: Env, call: Call) -> None:
     call.classified(tenant, cost, klass, shown=True, priority=priority, lowered=lowered)
 
 
-async def charge(env: Env, call: Call) -> None:
+async def charge(env: StageEnv, call: Call) -> None:
     """Taken from the tenant's rate limits (its tokens reserved; in the shared store, with
     `state:`), else RATE_LIMITED with the time its budget allows the call; settled from
     what it used as it ends (all back if no worker saw it). Nothing without rate limits."""

@@ -20,9 +20,9 @@ from gateway.core.tasks import TaskScope
 from gateway.observability.tracing import CallTrace, end_leg
 from gateway.placement.decision import Decision
 from gateway.proxy.failures import label
-from gateway.proxy.inflight import Hold, Holder, InflightTable
+from gateway.proxy.inflight import AbortKey, InflightCall, InflightTable
 from gateway.proxy.metadata import Metadata, MetadataRelay
-from gateway.proxy.reservation import Outcomes, Reservation, Reserved
+from gateway.proxy.reservation import Outcomes, Reservation, ReservedPlacement
 from gateway.proxy.upstream_call import UpstreamCall
 from gateway.upstream.registry import FleetEvent
 from gateway.upstream.worker import Worker
@@ -73,9 +73,9 @@ class Upstreams:
     def reserve(self, worker: Worker, *, judge: bool = True) -> Reservation:
         return Reservation(worker, self.fleet, judge=judge)
 
-    def reserve_all(self, decision: Decision) -> Reserved:
+    def reserve_all(self, decision: Decision) -> ReservedPlacement:
         """Reserve every worker of a placement at once (call right after placing)."""
-        return Reserved(decision, {w: self.reserve(w) for w in decision.all()})
+        return ReservedPlacement(decision, {w: self.reserve(w) for w in decision.all()})
 
     def call(
         self,
@@ -84,7 +84,7 @@ class Upstreams:
         outbound: Outbound,
         *,
         label: str = "",
-        hold: Hold | None = None,
+        hold: AbortKey | None = None,
         until_started: bool = False,
     ) -> UpstreamCall:
         """Start one RPC on a reservation, as the call's `leg`.
@@ -110,7 +110,7 @@ class Upstreams:
         holder = None
         if hold is not None:
             started = asyncio.Event() if until_started else None
-            holder = Holder(reservation.worker, hold.upstream_id, hold.principal, started)
+            holder = InflightCall(reservation.worker, hold.upstream_id, hold.principal, started)
             self.inflight.add(hold.request_id, holder)
         key = hold.request_id if hold is not None else ""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -22,7 +22,7 @@ from gateway.core.roles import Role
 from gateway.core.tasks import TaskScope
 from gateway.observability.tracing import Span, end_leg
 from gateway.proxy.failures import LOCAL_FAILURES, UNDECODABLE, UpstreamFailure, clients_deadline
-from gateway.proxy.inflight import Holder, InflightTable
+from gateway.proxy.inflight import InflightCall, InflightTable
 from gateway.proxy.metadata import Metadata, MetadataRelay, bounded_details
 from gateway.proxy.reservation import Reservation
 
@@ -68,7 +68,7 @@ class UpstreamCall:
         rpc: Any,
         label: str,
         key: str,
-        holder: Holder | None,
+        holder: InflightCall | None,
         deadline: float | None,
         span: Span | None = None,
     ) -> None:

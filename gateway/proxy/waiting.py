@@ -29,7 +29,7 @@ from gateway.core.verdicts import Reason, Verdict
 from gateway.flow.queue import FlowClass, FlowQueue, Waiter
 from gateway.placement.decision import Decision
 from gateway.proxy.call import Place
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream import Upstreams
 
 
@@ -40,12 +40,12 @@ class Ticket:
 
     waiter: Waiter
     place: Place
-    answer: asyncio.Future[Reserved | Verdict] = field(
+    answer: asyncio.Future[ReservedPlacement | Verdict] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
-class Room:
+class ModelQueue:
     """One model's queue and the calls waiting in it."""
 
     def __init__(self, model: str, queue: FlowQueue) -> None:
@@ -69,7 +69,7 @@ class WaitingRooms:
         self._inflight: dict[str, int] = {}  # tenant -> its admitted calls not yet done
         self._upstreams = upstreams
         self._retry_after_ms = retry_after_ms
-        self._rooms: dict[str, Room] = {}
+        self._rooms: dict[str, ModelQueue] = {}
 
     def by_tenant(self) -> dict[tuple[str, str, str], int]:
         """(model, class, tenant) -> calls waiting."""
@@ -95,7 +95,7 @@ class WaitingRooms:
 
     async def admit(
         self, model: str, tenant: str, klass: int, cost: float, size: int, place: Place
-    ) -> Reserved | Verdict:
+    ) -> ReservedPlacement | Verdict:
         """Placed and reserved now, placed and reserved once capacity frees, or the
         verdict (not overloaded, QUEUE_FULL, QUEUE_TIMEOUT). Cancelled (the client went or
         its deadline passed): out of the queue, nothing reserved."""
@@ -138,7 +138,7 @@ class WaitingRooms:
             answer = ticket.answer
             if answer.done() and not answer.cancelled():
                 taken = answer.result()
-                if isinstance(taken, Reserved):
+                if isinstance(taken, ReservedPlacement):
                     taken.release_unused()
                     self.done(tenant)
             raise
@@ -160,7 +160,7 @@ class WaitingRooms:
         limit = self._tenant(tenant).max_inflight
         return limit is None or self._inflight.get(tenant, 0) < limit
 
-    def _start(self, tenant: str, decision: Decision) -> Reserved:
+    def _start(self, tenant: str, decision: Decision) -> ReservedPlacement:
         """An admitted call of `tenant`: its workers reserved, counted against its tenant."""
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         return self._upstreams.reserve_all(decision)
@@ -195,7 +195,7 @@ class WaitingRooms:
         room.due = True
         asyncio.get_running_loop().call_soon(self._serve, room)
 
-    def _room(self, model: str) -> Room:
+    def _room(self, model: str) -> ModelQueue:
         room = self._rooms.get(model)
         if room is None:
             queue = FlowQueue(
@@ -204,10 +204,10 @@ class WaitingRooms:
                 self.settings.queue.max_requests,
                 self.settings.queue.max_bytes,
             )
-            room = self._rooms[model] = Room(model, queue)
+            room = self._rooms[model] = ModelQueue(model, queue)
         return room
 
-    def _serve(self, room: Room) -> None:
+    def _serve(self, room: ModelQueue) -> None:
         room.due = False
         queue = room.queue
         while (waiter := queue.peek(time.monotonic(), self._may_run)) is not None:
@@ -222,7 +222,7 @@ class WaitingRooms:
                 ticket.answer.set_result(placed)
         self._close_if_empty(room)  # its last calls may have left while this pass was due
 
-    def _leave(self, room: Room, ticket: Ticket) -> None:
+    def _leave(self, room: ModelQueue, ticket: Ticket) -> None:
         """The call stopped waiting (served, timed out, cancelled)."""
         room.queue.remove(ticket.waiter)
         room.tickets.pop(ticket.waiter, None)
@@ -230,7 +230,7 @@ class WaitingRooms:
             ticket.answer.cancel()
         self._close_if_empty(room)
 
-    def _close_if_empty(self, room: Room) -> None:
+    def _close_if_empty(self, room: ModelQueue) -> None:
         """A room lives only while calls wait in it or a serve pass for it is due: an
         empty one goes, and its queue with it."""
         empty = not room.queue.count and not room.tickets and not room.due

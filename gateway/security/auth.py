@@ -84,7 +84,7 @@ class ApiKeyAuth:
         self._asked = asyncio.Event()  # a SIGHUP since the poll task last read the file
         self._door = ""  # what failures are counted under, beside the address
 
-    def at_door(self, door: str) -> ApiKeyAuth:
+    def for_port(self, door: str) -> ApiKeyAuth:
         """The same keys, counts and failure table, for calls through another port: its
         failures are counted against `door` and the address, so they block that address
         there only (the picker's, whose peer is often a proxy many clients share)."""

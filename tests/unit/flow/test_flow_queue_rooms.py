@@ -12,7 +12,7 @@ from gateway.core import verdicts
 from gateway.core.verdicts import Reason, Verdict
 from gateway.flow.queue import Waiter
 from gateway.placement.decision import Decision
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream import Upstreams
 from gateway.proxy.waiting import Ticket, WaitingRooms
 
@@ -23,10 +23,10 @@ def overloaded(tried: object = ()) -> Decision | Verdict:
 
 async def queued(
     rooms: WaitingRooms, tenants: int, calls: int, klass: int = 1
-) -> list[asyncio.Task[Reserved | Verdict]]:
+) -> list[asyncio.Task[ReservedPlacement | Verdict]]:
     """`calls` calls of `tenants` tenants waiting for model m (every worker busy)."""
 
-    async def admit(tenant: str) -> Reserved | Verdict:
+    async def admit(tenant: str) -> ReservedPlacement | Verdict:
         return await rooms.admit("m", tenant, klass, 100.0, 10, overloaded)
 
     tasks = [asyncio.ensure_future(admit(f"t{i % tenants}")) for i in range(calls)]

@@ -13,9 +13,9 @@ from gateway.placement.affinity import (
     ENTRY_BYTES,
     MAX_SESSION_KEY,
     Affinity,
-    Outcome,
+    AffinityResult,
     SessionTable,
-    outcome,
+    affinity_result,
     session_key,
 )
 from gateway.placement.decision import Decision
@@ -60,9 +60,9 @@ def test_expiry_on_insert_too() -> None:
 
 
 def test_outcomes_and_rebinding() -> None:
-    assert outcome(None, "w1") is Outcome.MISS
-    assert outcome("w1", "w1") is Outcome.HIT
-    assert outcome("w1", "w2") is Outcome.REBIND
+    assert affinity_result(None, "w1") is AffinityResult.MISS
+    assert affinity_result("w1", "w1") is AffinityResult.HIT
+    assert affinity_result("w1", "w2") is AffinityResult.REBIND
 
 
 def test_legs_and_models_are_bound_apart() -> None:
@@ -76,7 +76,7 @@ def test_legs_and_models_are_bound_apart() -> None:
     }
     assert dict(affinity.bound("s", "m", (REG,), now=1)) == {}
     assert dict(affinity.bound("s", "other", (REG, Role.ENCODE), now=1)) == {REG: r.id}
-    assert affinity.outcomes == {("m", Outcome.MISS): 2, ("other", Outcome.MISS): 1}
+    assert affinity.outcomes == {("m", AffinityResult.MISS): 2, ("other", AffinityResult.MISS): 1}
 
 
 def test_a_session_key_is_bounded() -> None:
@@ -138,8 +138,8 @@ def test_a_session_stays_on_its_worker_and_moves_when_it_cannot_take_it(
     first.inflight = 0
     assert placed(place).primary is second  # the new binding holds
     assert placed(place, (second.id,)).primary is not second  # a retry never goes back
-    counts = {kind: affinity.outcomes.get(("m", kind), 0) for kind in Outcome}
-    assert counts == {Outcome.MISS: 1, Outcome.HIT: 11, Outcome.REBIND: 2}
+    counts = {kind: affinity.outcomes.get(("m", kind), 0) for kind in AffinityResult}
+    assert counts == {AffinityResult.MISS: 1, AffinityResult.HIT: 11, AffinityResult.REBIND: 2}
     assert {a, b, c} >= {first, second}
 
 
@@ -165,7 +165,7 @@ def test_pd_legs_keep_their_own_bindings(affinity: Affinity) -> None:
     assert retried.workers[Role.PREFILL] is first.workers[Role.PREFILL]
     assert retried.workers[Role.DECODE] is not first.workers[Role.DECODE]
     assert retried.workers[Role.DECODE] in decodes and first.workers[Role.PREFILL] in prefills
-    assert affinity.outcomes[("m", Outcome.REBIND)] == 1
+    assert affinity.outcomes[("m", AffinityResult.REBIND)] == 1
 
 
 def bytes_per_binding(session_length: int, count: int = 20_000) -> float:

@@ -22,12 +22,12 @@ def test_a_worker_loading_it_counts_as_holding_it() -> None:
 
 def test_else_workers_with_room() -> None:
     found = preferred("x", ["a", "b"], [holding("y", "z"), holding("y")], 2)
-    assert (found.workers, found.tier) == (["b"], Tier.ROOM)
+    assert (found.workers, found.tier) == (["b"], Tier.SPARE)
 
 
 def test_adapters_being_loaded_take_room() -> None:
     found = preferred("x", ["a", "b"], [holding("y", z=1), holding("y")], 2)
-    assert (found.workers, found.tier) == (["b"], Tier.ROOM)
+    assert (found.workers, found.tier) == (["b"], Tier.SPARE)
 
 
 def test_else_workers_with_an_unused_adapter_to_unload() -> None:

@@ -24,7 +24,7 @@ from gateway.proxy.failures import UpstreamFailure
 from gateway.proxy.inflight import InflightTable
 from gateway.proxy.job import Job
 from gateway.proxy.metadata import RequestMeta
-from gateway.proxy.reservation import Reserved
+from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream import Upstreams
 from gateway.upstream.signals.outlier import Outcome
 from gateway.upstream.worker import Worker
@@ -71,7 +71,7 @@ async def test_a_retry_is_a_second_placement_on_the_call_without_the_failed_work
         tried_at.append(list(tried))
         return Decision.single(b if a.id in tried else a, policy="round_robin")
 
-    async def attempt(job: Job, reserved: Reserved) -> bytes:
+    async def attempt(job: Job, reserved: ReservedPlacement) -> bytes:
         worker = reserved.decision.lone
         assert worker.inflight == 1  # reserved before the attempt runs
         if worker is a:
@@ -110,7 +110,7 @@ class Context:
 async def test_a_refused_call_has_no_placement_and_no_reservation() -> None:
     unavailable = verdicts.workers_unavailable("m", "", 1, 1000)
 
-    async def attempt(job: Job, reserved: Reserved) -> bytes:
+    async def attempt(job: Job, reserved: ReservedPlacement) -> bytes:
         raise AssertionError("never run")
 
     the_job = job()
