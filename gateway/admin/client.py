@@ -18,7 +18,8 @@ exit status:
   6    the admin token is missing or was not accepted (UNAUTHENTICATED,
        PERMISSION_DENIED)
   7    not in the worker's state (FAILED_PRECONDITION: removing a worker a discovery
-       source lists; drain it, or remove it from the source)
+       source lists, drain it or remove it from the source; resuming a worker being
+       removed)
   130  interrupted (Ctrl-C)
 """
 
@@ -82,7 +83,8 @@ EXIT_STATUSES: tuple[tuple[int, str, tuple[StatusCode, ...]], ...] = (
     (
         7,
         "not in the worker's state (FAILED_PRECONDITION: removing a worker a discovery"
-        " source lists; drain it, or remove it from the source)",
+        " source lists, drain it or remove it from the source; resuming a worker being"
+        " removed)",
         (StatusCode.FAILED_PRECONDITION,),
     ),
     (130, "interrupted (Ctrl-C)", ()),
@@ -253,6 +255,8 @@ def add_workers_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="wait up to S seconds for in-flight requests to finish (default 0)",
     )
+    resume = verb("resume", "undo a drain: new requests to the worker again")
+    resume.add_argument("worker_id", metavar="ID", help="worker id (HOST:PORT)")
     watch = verb("watch", "stream worker events")
     watch.add_argument(
         "--count", type=int, metavar="N", help="stop after N events (snapshot included)"
@@ -308,6 +312,13 @@ async def _run(args: argparse.Namespace) -> int:
             left = drained.worker.inflight
             state = "idle" if drained.drained else f"{left} requests in flight"
             show(drained, args.json, f"draining {drained.worker.id} ({state})")
+        elif verb == "resume":
+            resumed = await stub.ResumeWorker(
+                pb.ResumeWorkerRequest(worker_id=args.worker_id),
+                metadata=metadata,
+                timeout=CALL_TIMEOUT_S,
+            )
+            show(resumed, args.json, f"resumed {summary(resumed.worker)}")
         else:
             await _watch(stub, metadata, args.count, args.json)
     return 0

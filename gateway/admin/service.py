@@ -230,6 +230,19 @@ class AdminService(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         drained = await self._fleet.drain(worker, wait)
         return pb.DrainWorkerResponse(worker=self._message(worker), drained=drained)
 
+    async def ResumeWorker(
+        self, request: pb.ResumeWorkerRequest, context: Context
+    ) -> pb.ResumeWorkerResponse:
+        worker = await self._worker(request.worker_id, context)
+        if not self._fleet.resume(worker):
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"worker {worker.id} is being removed: add it again once it is gone",
+            )
+        log.info("admin_resume_worker", worker=worker.id)
+        return pb.ResumeWorkerResponse(worker=self._message(worker))
+
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:

@@ -269,6 +269,23 @@ class ControlPlane(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
         emptied = all(a.drained for a in drained)
         return pb.DrainWorkerResponse(worker=one_worker(drained), drained=emptied)
 
+    async def ResumeWorker(
+        self, request: pb.ResumeWorkerRequest, context: Context
+    ) -> pb.ResumeWorkerResponse:
+        await self._known(request.worker_id, context)
+        self._desired.drained.discard(request.worker_id)
+        log.info("control_resume_worker", worker=request.worker_id)
+        answers = await self._everywhere(
+            lambda a: a.ResumeWorker(request), self._change_slack_s, change="ResumeWorker"
+        )
+        resumed = [a for a in answers if isinstance(a, pb.ResumeWorkerResponse)]
+        refused = [a for a in answers if isinstance(a, aio.AioRpcError)]
+        if not resumed:
+            if refused:
+                await abort(context, refused[0].code(), refused[0].details() or "")
+            await abort(context, grpc.StatusCode.UNAVAILABLE, "no serving process answered in time")
+        return pb.ResumeWorkerResponse(worker=one_worker(resumed))
+
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:

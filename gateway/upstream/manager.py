@@ -136,8 +136,17 @@ class Fleet:
                     await idle.wait()
         return worker.inflight == 0
 
+    def resume(self, worker: Worker) -> bool:
+        """Undo a drain; False if the worker is being removed (its drain is its way out)."""
+        if worker.removing:
+            return False
+        if worker.draining:
+            worker.end_drain()
+        return True
+
     async def remove(self, worker: Worker, drain_timeout_s: float) -> bool:
         """Drain, then forget the worker: its loops and timers stopped, its channel closed."""
+        worker.removing = True
         emptied = await self.drain(worker, drain_timeout_s)
         self.registry.remove(worker)
         self.followers.pop(worker.id, None)

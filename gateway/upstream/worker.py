@@ -88,6 +88,7 @@ class Worker:
     lora_changes: int = 0  # the gateway's own loads and unloads here, counted
     loras_rejected: int = 0  # its adapter lists cut at lora.max_listed_per_worker
     idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
+    removing: bool = False  # on its way out (RemoveWorker, or its source let it go)
     # Its address, built once (the spec is frozen): a call's path reads it many times.
     id: str = field(init=False)
     # Who hears its status change (its registry, while it holds the worker).
@@ -205,6 +206,12 @@ class Worker:
         if self.idle is None:
             self.idle = asyncio.Event()
         return self.idle
+
+    def end_drain(self) -> None:
+        """New requests again (ResumeWorker), as soon as its other signals allow."""
+        self.draining = False
+        self.idle = None
+        self.signalled("resumed")
 
     def restatus(self, cause: str) -> WorkerStatus | None:
         """Derive the status from the signals; the previous status if it changed."""

@@ -26,23 +26,23 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgateway/admin/v1/admin.proto\x12\x10gateway.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x05Probe\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.gateway.admin.v1.ProbeKind\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"g\n\x04Load\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x13\n\x0btoken_usage\x18\x03 \x01(\x01\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8e\x04\n\x06Worker\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12$\n\x04role\x18\x05 \x01(\x0e\x32\x16.gateway.admin.v1.Role\x12.\n\x06status\x18\x06 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x14\n\x0cstatus_cause\x18\x07 \x01(\t\x12\x10\n\x08inflight\x18\x08 \x01(\r\x12\x35\n\rbreaker_state\x18\t \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12+\n\nlast_probe\x18\n \x01(\x0b\x32\x17.gateway.admin.v1.Probe\x12$\n\x04load\x18\x0b \x01(\x0b\x32\x16.gateway.admin.v1.Load\x12\x12\n\nload_error\x18\x0c \x01(\t\x12\x11\n\tconnected\x18\r \x01(\x08\x12\x1b\n\x0e\x62ootstrap_port\x18\x0e \x01(\rH\x00\x88\x01\x01\x12\x30\n\x08kv_index\x18\x0f \x01(\x0b\x32\x1e.gateway.admin.v1.KvIndexState\x12\x0f\n\x07sources\x18\x10 \x03(\t\x12\x12\n\nin_service\x18\x11 \x01(\x08\x12\x15\n\rlora_adapters\x18\x12 \x03(\tB\x11\n\x0f_bootstrap_port\"C\n\x0cKvIndexState\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x04\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\r\n\x05\x65xact\x18\x03 \x01(\x08\"\x1f\n\x10\x41\x64\x64WorkerRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\"=\n\x11\x41\x64\x64WorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\"Z\n\x13RemoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x30\n\rdrain_timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"Q\n\x14RemoveWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"P\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x04wait\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"P\n\x13\x44rainWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"\x14\n\x12ListWorkersRequest\"R\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x10\n\x08sessions\x18\x02 \x01(\r\"\x15\n\x13WatchWorkersRequest\"v\n\x0cStatusChange\x12\x32\n\nold_status\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x32\n\nnew_status\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\"u\n\rBreakerChange\x12\x31\n\told_state\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12\x31\n\tnew_state\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\"\xa8\x02\n\x14WatchWorkersResponse\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.gateway.admin.v1.WorkerEventKind\x12(\n\x06worker\x18\x02 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\rstatus_change\x18\x05 \x01(\x0b\x32\x1e.gateway.admin.v1.StatusChangeH\x00\x12\x39\n\x0e\x62reaker_change\x18\x06 \x01(\x0b\x32\x1f.gateway.admin.v1.BreakerChangeH\x00\x42\x08\n\x06\x63hange\"\x13\n\x11ListQueuesRequest\"N\n\nQueueDepth\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0f\n\x07waiting\x18\x04 \x01(\r\"S\n\x12ListQueuesResponse\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12,\n\x06queues\x18\x02 \x03(\x0b\x32\x1c.gateway.admin.v1.QueueDepth\",\n\x0bRouteTarget\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\"F\n\x05Route\x12\r\n\x05\x61lias\x18\x01 \x01(\t\x12.\n\x07targets\x18\x02 \x03(\x0b\x32\x1d.gateway.admin.v1.RouteTarget\"\x13\n\x11ListRoutesRequest\"=\n\x12ListRoutesResponse\x12\'\n\x06routes\x18\x01 \x03(\x0b\x32\x17.gateway.admin.v1.Route\"P\n\x0fSetRouteRequest\x12\r\n\x05\x61lias\x18\x01 \x01(\t\x12.\n\x07targets\x18\x02 \x03(\x0b\x32\x1d.gateway.admin.v1.RouteTarget\":\n\x10SetRouteResponse\x12&\n\x05route\x18\x01 \x01(\x0b\x32\x17.gateway.admin.v1.Route*\xba\x01\n\x0cWorkerStatus\x12\x1d\n\x19WORKER_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATUS_PENDING\x10\x01\x12\x17\n\x13WORKER_STATUS_READY\x10\x02\x12\x1b\n\x17WORKER_STATUS_NOT_READY\x10\x03\x12\x1a\n\x16WORKER_STATUS_DRAINING\x10\x04\x12\x1e\n\x1aWORKER_STATUS_UNIDENTIFIED\x10\x05*b\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_REGULAR\x10\x01\x12\x10\n\x0cROLE_PREFILL\x10\x02\x12\x0f\n\x0bROLE_DECODE\x10\x03\x12\x0f\n\x0bROLE_ENCODE\x10\x04*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x02\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x03*q\n\tProbeKind\x12\x1a\n\x16PROBE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12PROBE_KIND_SERVING\x10\x01\x12\x1a\n\x16PROBE_KIND_NOT_SERVING\x10\x02\x12\x14\n\x10PROBE_KIND_ERROR\x10\x03*\xcd\x01\n\x0fWorkerEventKind\x12!\n\x1dWORKER_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWORKER_EVENT_KIND_SNAPSHOT\x10\x01\x12\x1b\n\x17WORKER_EVENT_KIND_ADDED\x10\x02\x12\x1d\n\x19WORKER_EVENT_KIND_REMOVED\x10\x03\x12\x1c\n\x18WORKER_EVENT_KIND_STATUS\x10\x04\x12\x1d\n\x19WORKER_EVENT_KIND_BREAKER\x10\x05\x32\xe1\x05\n\x0c\x41\x64minService\x12T\n\tAddWorker\x12\".gateway.admin.v1.AddWorkerRequest\x1a#.gateway.admin.v1.AddWorkerResponse\x12]\n\x0cRemoveWorker\x12%.gateway.admin.v1.RemoveWorkerRequest\x1a&.gateway.admin.v1.RemoveWorkerResponse\x12Z\n\x0b\x44rainWorker\x12$.gateway.admin.v1.DrainWorkerRequest\x1a%.gateway.admin.v1.DrainWorkerResponse\x12Z\n\x0bListWorkers\x12$.gateway.admin.v1.ListWorkersRequest\x1a%.gateway.admin.v1.ListWorkersResponse\x12_\n\x0cWatchWorkers\x12%.gateway.admin.v1.WatchWorkersRequest\x1a&.gateway.admin.v1.WatchWorkersResponse0\x01\x12W\n\nListQueues\x12#.gateway.admin.v1.ListQueuesRequest\x1a$.gateway.admin.v1.ListQueuesResponse\x12W\n\nListRoutes\x12#.gateway.admin.v1.ListRoutesRequest\x1a$.gateway.admin.v1.ListRoutesResponse\x12Q\n\x08SetRoute\x12!.gateway.admin.v1.SetRouteRequest\x1a\".gateway.admin.v1.SetRouteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgateway/admin/v1/admin.proto\x12\x10gateway.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x05Probe\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.gateway.admin.v1.ProbeKind\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"g\n\x04Load\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x13\n\x0btoken_usage\x18\x03 \x01(\x01\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8e\x04\n\x06Worker\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\x12$\n\x04role\x18\x05 \x01(\x0e\x32\x16.gateway.admin.v1.Role\x12.\n\x06status\x18\x06 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x14\n\x0cstatus_cause\x18\x07 \x01(\t\x12\x10\n\x08inflight\x18\x08 \x01(\r\x12\x35\n\rbreaker_state\x18\t \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12+\n\nlast_probe\x18\n \x01(\x0b\x32\x17.gateway.admin.v1.Probe\x12$\n\x04load\x18\x0b \x01(\x0b\x32\x16.gateway.admin.v1.Load\x12\x12\n\nload_error\x18\x0c \x01(\t\x12\x11\n\tconnected\x18\r \x01(\x08\x12\x1b\n\x0e\x62ootstrap_port\x18\x0e \x01(\rH\x00\x88\x01\x01\x12\x30\n\x08kv_index\x18\x0f \x01(\x0b\x32\x1e.gateway.admin.v1.KvIndexState\x12\x0f\n\x07sources\x18\x10 \x03(\t\x12\x12\n\nin_service\x18\x11 \x01(\x08\x12\x15\n\rlora_adapters\x18\x12 \x03(\tB\x11\n\x0f_bootstrap_port\"C\n\x0cKvIndexState\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x04\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\r\n\x05\x65xact\x18\x03 \x01(\x08\"\x1f\n\x10\x41\x64\x64WorkerRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\"=\n\x11\x41\x64\x64WorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\"Z\n\x13RemoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x30\n\rdrain_timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"Q\n\x14RemoveWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"P\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x04wait\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"P\n\x13\x44rainWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x0f\n\x07\x64rained\x18\x02 \x01(\x08\"(\n\x13ResumeWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"@\n\x14ResumeWorkerResponse\x12(\n\x06worker\x18\x01 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\"\x14\n\x12ListWorkersRequest\"R\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.gateway.admin.v1.Worker\x12\x10\n\x08sessions\x18\x02 \x01(\r\"\x15\n\x13WatchWorkersRequest\"v\n\x0cStatusChange\x12\x32\n\nold_status\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\x12\x32\n\nnew_status\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.WorkerStatus\"u\n\rBreakerChange\x12\x31\n\told_state\x18\x01 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\x12\x31\n\tnew_state\x18\x02 \x01(\x0e\x32\x1e.gateway.admin.v1.BreakerState\"\xa8\x02\n\x14WatchWorkersResponse\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.gateway.admin.v1.WorkerEventKind\x12(\n\x06worker\x18\x02 \x01(\x0b\x32\x18.gateway.admin.v1.Worker\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\rstatus_change\x18\x05 \x01(\x0b\x32\x1e.gateway.admin.v1.StatusChangeH\x00\x12\x39\n\x0e\x62reaker_change\x18\x06 \x01(\x0b\x32\x1f.gateway.admin.v1.BreakerChangeH\x00\x42\x08\n\x06\x63hange\"\x13\n\x11ListQueuesRequest\"N\n\nQueueDepth\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0f\n\x07waiting\x18\x04 \x01(\r\"S\n\x12ListQueuesResponse\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12,\n\x06queues\x18\x02 \x03(\x0b\x32\x1c.gateway.admin.v1.QueueDepth\",\n\x0bRouteTarget\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\"F\n\x05Route\x12\r\n\x05\x61lias\x18\x01 \x01(\t\x12.\n\x07targets\x18\x02 \x03(\x0b\x32\x1d.gateway.admin.v1.RouteTarget\"\x13\n\x11ListRoutesRequest\"=\n\x12ListRoutesResponse\x12\'\n\x06routes\x18\x01 \x03(\x0b\x32\x17.gateway.admin.v1.Route\"P\n\x0fSetRouteRequest\x12\r\n\x05\x61lias\x18\x01 \x01(\t\x12.\n\x07targets\x18\x02 \x03(\x0b\x32\x1d.gateway.admin.v1.RouteTarget\":\n\x10SetRouteResponse\x12&\n\x05route\x18\x01 \x01(\x0b\x32\x17.gateway.admin.v1.Route*\xba\x01\n\x0cWorkerStatus\x12\x1d\n\x19WORKER_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATUS_PENDING\x10\x01\x12\x17\n\x13WORKER_STATUS_READY\x10\x02\x12\x1b\n\x17WORKER_STATUS_NOT_READY\x10\x03\x12\x1a\n\x16WORKER_STATUS_DRAINING\x10\x04\x12\x1e\n\x1aWORKER_STATUS_UNIDENTIFIED\x10\x05*b\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_REGULAR\x10\x01\x12\x10\n\x0cROLE_PREFILL\x10\x02\x12\x0f\n\x0bROLE_DECODE\x10\x03\x12\x0f\n\x0bROLE_ENCODE\x10\x04*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x02\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x03*q\n\tProbeKind\x12\x1a\n\x16PROBE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12PROBE_KIND_SERVING\x10\x01\x12\x1a\n\x16PROBE_KIND_NOT_SERVING\x10\x02\x12\x14\n\x10PROBE_KIND_ERROR\x10\x03*\xcd\x01\n\x0fWorkerEventKind\x12!\n\x1dWORKER_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWORKER_EVENT_KIND_SNAPSHOT\x10\x01\x12\x1b\n\x17WORKER_EVENT_KIND_ADDED\x10\x02\x12\x1d\n\x19WORKER_EVENT_KIND_REMOVED\x10\x03\x12\x1c\n\x18WORKER_EVENT_KIND_STATUS\x10\x04\x12\x1d\n\x19WORKER_EVENT_KIND_BREAKER\x10\x05\x32\xc0\x06\n\x0c\x41\x64minService\x12T\n\tAddWorker\x12\".gateway.admin.v1.AddWorkerRequest\x1a#.gateway.admin.v1.AddWorkerResponse\x12]\n\x0cRemoveWorker\x12%.gateway.admin.v1.RemoveWorkerRequest\x1a&.gateway.admin.v1.RemoveWorkerResponse\x12Z\n\x0b\x44rainWorker\x12$.gateway.admin.v1.DrainWorkerRequest\x1a%.gateway.admin.v1.DrainWorkerResponse\x12]\n\x0cResumeWorker\x12%.gateway.admin.v1.ResumeWorkerRequest\x1a&.gateway.admin.v1.ResumeWorkerResponse\x12Z\n\x0bListWorkers\x12$.gateway.admin.v1.ListWorkersRequest\x1a%.gateway.admin.v1.ListWorkersResponse\x12_\n\x0cWatchWorkers\x12%.gateway.admin.v1.WatchWorkersRequest\x1a&.gateway.admin.v1.WatchWorkersResponse0\x01\x12W\n\nListQueues\x12#.gateway.admin.v1.ListQueuesRequest\x1a$.gateway.admin.v1.ListQueuesResponse\x12W\n\nListRoutes\x12#.gateway.admin.v1.ListRoutesRequest\x1a$.gateway.admin.v1.ListRoutesResponse\x12Q\n\x08SetRoute\x12!.gateway.admin.v1.SetRouteRequest\x1a\".gateway.admin.v1.SetRouteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gateway.admin.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERSTATUS']._serialized_start=2561
-  _globals['_WORKERSTATUS']._serialized_end=2747
-  _globals['_ROLE']._serialized_start=2749
-  _globals['_ROLE']._serialized_end=2847
-  _globals['_BREAKERSTATE']._serialized_start=2849
-  _globals['_BREAKERSTATE']._serialized_end=2973
-  _globals['_PROBEKIND']._serialized_start=2975
-  _globals['_PROBEKIND']._serialized_end=3088
-  _globals['_WORKEREVENTKIND']._serialized_start=3091
-  _globals['_WORKEREVENTKIND']._serialized_end=3296
+  _globals['_WORKERSTATUS']._serialized_start=2669
+  _globals['_WORKERSTATUS']._serialized_end=2855
+  _globals['_ROLE']._serialized_start=2857
+  _globals['_ROLE']._serialized_end=2955
+  _globals['_BREAKERSTATE']._serialized_start=2957
+  _globals['_BREAKERSTATE']._serialized_end=3081
+  _globals['_PROBEKIND']._serialized_start=3083
+  _globals['_PROBEKIND']._serialized_end=3196
+  _globals['_WORKEREVENTKIND']._serialized_start=3199
+  _globals['_WORKEREVENTKIND']._serialized_end=3404
   _globals['_PROBE']._serialized_start=115
   _globals['_PROBE']._serialized_end=223
   _globals['_LOAD']._serialized_start=225
@@ -63,36 +63,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAINWORKERREQUEST']._serialized_end=1279
   _globals['_DRAINWORKERRESPONSE']._serialized_start=1281
   _globals['_DRAINWORKERRESPONSE']._serialized_end=1361
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1363
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1383
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1385
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1467
-  _globals['_WATCHWORKERSREQUEST']._serialized_start=1469
-  _globals['_WATCHWORKERSREQUEST']._serialized_end=1490
-  _globals['_STATUSCHANGE']._serialized_start=1492
-  _globals['_STATUSCHANGE']._serialized_end=1610
-  _globals['_BREAKERCHANGE']._serialized_start=1612
-  _globals['_BREAKERCHANGE']._serialized_end=1729
-  _globals['_WATCHWORKERSRESPONSE']._serialized_start=1732
-  _globals['_WATCHWORKERSRESPONSE']._serialized_end=2028
-  _globals['_LISTQUEUESREQUEST']._serialized_start=2030
-  _globals['_LISTQUEUESREQUEST']._serialized_end=2049
-  _globals['_QUEUEDEPTH']._serialized_start=2051
-  _globals['_QUEUEDEPTH']._serialized_end=2129
-  _globals['_LISTQUEUESRESPONSE']._serialized_start=2131
-  _globals['_LISTQUEUESRESPONSE']._serialized_end=2214
-  _globals['_ROUTETARGET']._serialized_start=2216
-  _globals['_ROUTETARGET']._serialized_end=2260
-  _globals['_ROUTE']._serialized_start=2262
-  _globals['_ROUTE']._serialized_end=2332
-  _globals['_LISTROUTESREQUEST']._serialized_start=2334
-  _globals['_LISTROUTESREQUEST']._serialized_end=2353
-  _globals['_LISTROUTESRESPONSE']._serialized_start=2355
-  _globals['_LISTROUTESRESPONSE']._serialized_end=2416
-  _globals['_SETROUTEREQUEST']._serialized_start=2418
-  _globals['_SETROUTEREQUEST']._serialized_end=2498
-  _globals['_SETROUTERESPONSE']._serialized_start=2500
-  _globals['_SETROUTERESPONSE']._serialized_end=2558
-  _globals['_ADMINSERVICE']._serialized_start=3299
-  _globals['_ADMINSERVICE']._serialized_end=4036
+  _globals['_RESUMEWORKERREQUEST']._serialized_start=1363
+  _globals['_RESUMEWORKERREQUEST']._serialized_end=1403
+  _globals['_RESUMEWORKERRESPONSE']._serialized_start=1405
+  _globals['_RESUMEWORKERRESPONSE']._serialized_end=1469
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1471
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1491
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1493
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1575
+  _globals['_WATCHWORKERSREQUEST']._serialized_start=1577
+  _globals['_WATCHWORKERSREQUEST']._serialized_end=1598
+  _globals['_STATUSCHANGE']._serialized_start=1600
+  _globals['_STATUSCHANGE']._serialized_end=1718
+  _globals['_BREAKERCHANGE']._serialized_start=1720
+  _globals['_BREAKERCHANGE']._serialized_end=1837
+  _globals['_WATCHWORKERSRESPONSE']._serialized_start=1840
+  _globals['_WATCHWORKERSRESPONSE']._serialized_end=2136
+  _globals['_LISTQUEUESREQUEST']._serialized_start=2138
+  _globals['_LISTQUEUESREQUEST']._serialized_end=2157
+  _globals['_QUEUEDEPTH']._serialized_start=2159
+  _globals['_QUEUEDEPTH']._serialized_end=2237
+  _globals['_LISTQUEUESRESPONSE']._serialized_start=2239
+  _globals['_LISTQUEUESRESPONSE']._serialized_end=2322
+  _globals['_ROUTETARGET']._serialized_start=2324
+  _globals['_ROUTETARGET']._serialized_end=2368
+  _globals['_ROUTE']._serialized_start=2370
+  _globals['_ROUTE']._serialized_end=2440
+  _globals['_LISTROUTESREQUEST']._serialized_start=2442
+  _globals['_LISTROUTESREQUEST']._serialized_end=2461
+  _globals['_LISTROUTESRESPONSE']._serialized_start=2463
+  _globals['_LISTROUTESRESPONSE']._serialized_end=2524
+  _globals['_SETROUTEREQUEST']._serialized_start=2526
+  _globals['_SETROUTEREQUEST']._serialized_end=2606
+  _globals['_SETROUTERESPONSE']._serialized_start=2608
+  _globals['_SETROUTERESPONSE']._serialized_end=2666
+  _globals['_ADMINSERVICE']._serialized_start=3407
+  _globals['_ADMINSERVICE']._serialized_end=4239
 # @@protoc_insertion_point(module_scope)

@@ -50,6 +50,11 @@ class AdminServiceStub:
                 request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.DrainWorkerRequest.SerializeToString,
                 response_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.DrainWorkerResponse.FromString,
                 _registered_method=True)
+        self.ResumeWorker = channel.unary_unary(
+                '/gateway.admin.v1.AdminService/ResumeWorker',
+                request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ResumeWorkerRequest.SerializeToString,
+                response_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ResumeWorkerResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/gateway.admin.v1.AdminService/ListWorkers',
                 request_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ListWorkersRequest.SerializeToString,
@@ -105,6 +110,15 @@ class AdminServiceServicer:
     def DrainWorker(self, request, context):
         """DrainWorker stops new placements on a worker but keeps it registered (and probed).
         Errors: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeWorker(self, request, context):
+        """ResumeWorker undoes DrainWorker: the worker takes new placements again once its status
+        (probes, connection) allows. Errors: NOT_FOUND, FAILED_PRECONDITION (the worker is
+        being removed: by RemoveWorker, or because its discovery source no longer lists it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,6 +182,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DrainWorker,
                     request_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.DrainWorkerRequest.FromString,
                     response_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.DrainWorkerResponse.SerializeToString,
+            ),
+            'ResumeWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeWorker,
+                    request_deserializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ResumeWorkerRequest.FromString,
+                    response_serializer=gateway_dot_admin_dot_v1_dot_admin__pb2.ResumeWorkerResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -277,6 +296,33 @@ class AdminService:
             '/gateway.admin.v1.AdminService/DrainWorker',
             gateway_dot_admin_dot_v1_dot_admin__pb2.DrainWorkerRequest.SerializeToString,
             gateway_dot_admin_dot_v1_dot_admin__pb2.DrainWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gateway.admin.v1.AdminService/ResumeWorker',
+            gateway_dot_admin_dot_v1_dot_admin__pb2.ResumeWorkerRequest.SerializeToString,
+            gateway_dot_admin_dot_v1_dot_admin__pb2.ResumeWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,
