@@ -23,7 +23,7 @@ from gateway.config import DEFAULT_TENANT_LABELS, parse_address
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.discovery.source import SourceStats
 from gateway.flow.metrics import FlowCollector, FlowQueues, FlowSeries
-from gateway.observability.metrics.calls import CallSeries
+from gateway.observability.metrics.calls import STREAMING_RPC, CallSeries, mean_gap
 from gateway.observability.metrics.counts import RelayedMetadataCollector, TracingCollector
 from gateway.observability.metrics.migration import KeptTokens, MigrationCollector
 from gateway.observability.metrics.process import build_series, process_series
@@ -57,6 +57,7 @@ class Metrics:
         self.prometheus = (
             prometheus_registry if prometheus_registry is not None else CollectorRegistry()
         )
+        self._registry = registry
         self._calls = CallSeries(self.prometheus)
         self._flow = FlowSeries(self.prometheus, tenant_labels)
         self.prometheus.register(FleetCollector(registry))
@@ -151,6 +152,14 @@ class Metrics:
         """Count one finished call (on the event loop: a few cached lookups, no allocation
         beyond the key tuples)."""
         self._calls.observe(record)
+        if record.worker is not None:  # the worker whose answer the client got
+            worker = self._registry.get(record.worker)
+            if worker is not None:
+                first = record.first_message_s if record.rpc == STREAMING_RPC else None
+                gap = None
+                if first is not None:
+                    gap = mean_gap(record.duration_s(), first, record.messages)
+                worker.calls.answered(record.code, first, gap)
         if record.priority is not None or record.tenant is not None:
             self._flow.observe(record)  # flow control or rate limits on
 

@@ -32,6 +32,8 @@ from gateway.proxy.call import Place
 from gateway.proxy.reservation import ReservedPlacement
 from gateway.proxy.upstream import Upstreams
 
+MAX_SHOWN_MODELS = 1024  # models whose queue depth is shown at 0 once empty
+
 
 @dataclass(eq=False, slots=True)
 class Ticket:
@@ -70,6 +72,9 @@ class WaitingRooms:
         self._upstreams = upstreams
         self._retry_after_ms = retry_after_ms
         self._rooms: dict[str, ModelQueue] = {}
+        # Models that had a queue, for the depth series (0 when empty, not absent); only
+        # placeable models reach a queue, and at most MAX_SHOWN_MODELS are kept.
+        self._shown: dict[str, None] = {}
 
     def by_tenant(self) -> dict[tuple[str, str, str], int]:
         """(model, class, tenant) -> calls waiting."""
@@ -80,14 +85,17 @@ class WaitingRooms:
         }
 
     def depth(self) -> dict[tuple[str, str], int]:
-        """(model, class) -> calls waiting, over every class of every model that waits."""
-        found: dict[tuple[str, str], int] = {}
+        """(model, class) -> calls waiting, every class of every model that had a queue
+        (0 when empty: a dashboard shows 0, not "no data")."""
+        found = {(model, c.name): 0 for model in list(self._shown) for c in self.classes}
         for (model, klass, _tenant), count in self.by_tenant().items():
             found[(model, klass)] = found.get((model, klass), 0) + count
         return found
 
     def queued_bytes(self) -> dict[str, int]:
-        return {model: room.queue.bytes for model, room in list(self._rooms.items())}
+        found = dict.fromkeys(list(self._shown), 0)
+        found.update((model, room.queue.bytes) for model, room in list(self._rooms.items()))
+        return found
 
     def waiting(self, model: str) -> int:
         room = self._rooms.get(model)
@@ -205,6 +213,8 @@ class WaitingRooms:
                 self.settings.queue.max_bytes,
             )
             room = self._rooms[model] = ModelQueue(model, queue)
+            if model not in self._shown and len(self._shown) < MAX_SHOWN_MODELS:
+                self._shown[model] = None
         return room
 
     def _serve(self, room: ModelQueue) -> None:

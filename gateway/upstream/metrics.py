@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.upstream.registry import Registry
@@ -81,6 +81,24 @@ class FleetCollector(Collector):
                 labels=["worker"],
             ),
             CounterMetricFamily(
+                "gateway_worker_requests",
+                "calls whose answer came from the worker, by final gRPC status code (the "
+                "series go with the worker)",
+                labels=["worker", "code"],
+            ),
+            HistogramMetricFamily(
+                "gateway_worker_first_message_seconds",
+                "Generate calls answered by the worker: time from the call's start to the "
+                "first response message relayed",
+                labels=["worker"],
+            ),
+            HistogramMetricFamily(
+                "gateway_worker_inter_token_seconds",
+                "Generate streams of 2 or more messages answered by the worker: the mean gap "
+                "between messages after the first, one observation per call",
+                labels=["worker"],
+            ),
+            CounterMetricFamily(
                 "gateway_worker_load_rejected",
                 "load figures of the worker's reports ignored as out of range (not "
                 "finite, negative, overflowing), and its adapter lists cut at "
@@ -100,6 +118,9 @@ class FleetCollector(Collector):
         running: GaugeMetricFamily,
         waiting: GaugeMetricFamily,
         usage: GaugeMetricFamily,
+        requests: CounterMetricFamily,
+        first: HistogramMetricFamily,
+        gaps: HistogramMetricFamily,
         rejected: CounterMetricFamily,
     ) -> None:
         wid, current, load = worker.id, worker.status, worker.load  # one read of each
@@ -122,6 +143,11 @@ class FleetCollector(Collector):
             ):
                 if math.isfinite(value):
                     family.add_metric([wid], value)
+        calls = worker.calls
+        for code, count in list(calls.codes.items()):  # a copy: the loop may add a code
+            requests.add_metric([wid, code], float(count))
+        first.add_metric([wid], calls.first.cumulative(), calls.first.total)
+        gaps.add_metric([wid], calls.gaps.cumulative(), calls.gaps.total)
         if load is not None or worker.loras_rejected:
             reported = load.rejected if load is not None else 0
             rejected.add_metric([wid], float(reported + worker.loras_rejected))

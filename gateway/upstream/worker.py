@@ -17,6 +17,8 @@ from enum import StrEnum
 
 from gateway.config import ProbeConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
+from gateway.observability.metrics.calls import INTER_TOKEN_BUCKETS, TTFT_BUCKETS
+from gateway.upstream.call_stats import CallStats
 from gateway.upstream.signals.load import LoadReport as LoadReport  # re-exported: it lived here
 from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.signals.probe import ProbeResult, ProbeState, judge
@@ -89,6 +91,8 @@ class Worker:
     loras_rejected: int = 0  # its adapter lists cut at lora.max_listed_per_worker
     idle: asyncio.Event | None = None  # set when in-flight reaches zero, while draining
     removing: bool = False  # on its way out (RemoveWorker, or its source let it go)
+    # The calls it answered, as clients saw them (per-worker series; the metrics write it).
+    calls: CallStats = field(default_factory=lambda: CallStats(TTFT_BUCKETS, INTER_TOKEN_BUCKETS))
     # Its address, built once (the spec is frozen): a call's path reads it many times.
     id: str = field(init=False)
     # Who hears its status change (its registry, while it holds the worker).

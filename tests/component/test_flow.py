@@ -77,7 +77,9 @@ async def test_a_call_waits_for_the_busy_worker_and_is_served_when_it_frees() ->
         outcomes = {"class": "standard", "outcome": "admitted"}
         assert sample("gateway_flow_outcomes_total", outcomes) == 2  # held and queued
         assert sample("gateway_flow_wait_seconds_count", {"class": "standard"}) == 2
-        assert sample("gateway_flow_queue_depth", {"model": "m", "class": "standard"}) is None
+        assert (
+            sample("gateway_flow_queue_depth", {"model": "m", "class": "standard"}) == 0
+        )  # not absent
 
 
 async def test_a_full_queue_is_queue_full_with_retry_hints() -> None:
