@@ -1,5 +1,6 @@
-"""Per-worker series a dashboard draws, from real calls in process: each worker's answers
-by code, its time to first message and between messages; the series go with the worker."""
+"""Series a dashboard draws, from real calls in process: each worker's answers by code,
+its time to first message and between messages (the series go with the worker), and the
+prompt tokens of calls whatever the policy."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ async def test_each_workers_answers_are_counted_and_timed_and_go_with_it() -> No
                 "gateway_worker_first_message_seconds_bucket", {**where, "le": "+Inf"}
             )
             assert bucketed == served
+        prompt = sum(r.prompt_tokens for r in records)
+        assert prompt > 0  # counted under round robin too, not only cache-aware
+        assert metric("gateway_prompt_tokens_total", {"model": "m"}) == prompt
         gone = next(iter(by_worker))
         leaving = gw.parts.fleet.registry.get(gone)
         assert leaving is not None

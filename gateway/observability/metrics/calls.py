@@ -142,13 +142,15 @@ class CallSeries:
         )
         self._prompt_tokens = Counter(
             "gateway_prompt_tokens",
-            "prompt tokens of requests placed cache-aware",
+            "prompt tokens of Generate calls placed on a worker, every policy (beside "
+            "gateway_prefix_hit_tokens_total for the cache-aware ones)",
             ["model"],
             registry=prometheus,
         )
         self._hit_tokens = Counter(
             "gateway_prefix_hit_tokens",
-            "of those, the tokens the gateway's prefix index expected cached where it placed",
+            "prompt tokens the gateway's prefix index expected cached where it placed "
+            "(cache_aware placements)",
             ["model"],
             registry=prometheus,
         )
@@ -226,9 +228,10 @@ class CallSeries:
             tokens.inc(record.completion_tokens)
         if record.retries:
             child(self._retry_children, self._retries, (model, record.service)).inc(record.retries)
+        if streamed and record.attempts and record.prompt_tokens:
+            child(self._prompt_children, self._prompt_tokens, (model,)).inc(record.prompt_tokens)
         expected = record.expected_cached_tokens
         if expected is not None:
-            child(self._prompt_children, self._prompt_tokens, (model,)).inc(record.prompt_tokens)
             child(self._hit_children, self._hit_tokens, (model,)).inc(expected)
         if record.cached_tokens is not None:
             counter = child(self._engine_cached_children, self._engine_cached, (model,))
