@@ -455,6 +455,7 @@ BUILDS: list[tuple[str, Mapping[str, Any]]] = [
     ("with `lora.adapters`", {"lora": {"adapters": {"sql-lora": "/models/loras/sql"}}}),
     ("with tracing on", {"tracing": {"endpoint": "http://127.0.0.1:4317"}}),
     ("with `discovery:`", {"discovery": [{"source": "file", "path": "{workers}"}]}),
+    ("with `state.url`", {"state": {"url": "redis://127.0.0.1:1/0"}}),
 ]
 SUPERVISOR = "`--processes N` (the supervisor's)"
 QUIET = {"listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}, "metrics": {"listen": "off"}}
