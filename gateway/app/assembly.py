@@ -59,6 +59,7 @@ from gateway.security.identity import Identities
 from gateway.security.keys import ApiKeys
 from gateway.security.tls import CertificateFiles, channel_credentials
 from gateway.services.health import HealthService
+from gateway.state.assumptions import SharedAssumptions
 from gateway.state.budgets import TenantBudgets
 from gateway.state.routes import RouteWriter
 from gateway.state.sessions import SharedSessions
@@ -86,6 +87,7 @@ class Parts:
     route_writer: RouteWriter
     store: Store | None
     sessions: SharedSessions | None
+    assumptions: SharedAssumptions | None
     budgets: TenantBudgets | None
     upstreams: Upstreams
     rooms: WaitingRooms | None
@@ -155,6 +157,11 @@ def assemble(
     sessions = None
     if store is not None and affinity is not None:
         sessions = SharedSessions(affinity, store, config.affinity.ttl_s)
+    assumptions = None
+    if store is not None:  # what cache-aware placement learns, every gateway alike
+        assumptions = SharedAssumptions(
+            fleet.kv_index, store, lambda worker: fleet.registry.get(worker) is not None
+        )
     upstream = config.upstream
     relay = MetadataRelay(
         upstream.max_relayed_metadata_bytes, upstream.max_relayed_metadata_entries
@@ -217,6 +224,7 @@ def assemble(
         route_writer=RouteWriter(routes, store),
         store=store,
         sessions=sessions,
+        assumptions=assumptions,
         budgets=budgets(config, store),
         upstreams=upstreams,
         rooms=rooms,

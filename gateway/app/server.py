@@ -124,6 +124,9 @@ class Gateway:
         if parts.store is not None:  # the store's routes win over the file's (state.md)
             await parts.route_writer.read()
             parts.store.spawn(parts.route_writer.follow(), "routes_follow")
+            if parts.assumptions is not None:
+                parts.store.spawn(parts.assumptions.publish(), "kv_share_publish")
+                parts.store.spawn(parts.assumptions.follow(), "kv_share_follow")
         await parts.fleet.start(self.config.workers)
         await self._discover()
         for worker_id in drained:

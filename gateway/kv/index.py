@@ -37,7 +37,7 @@ The slots' structures are in `slots`, the key -> holders map and the slot ids in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +92,8 @@ class KvIndex(KvLookup):
         self._stored: dict[str, int] = {}  # worker -> stored entries (engine hashes)
         self._total = 0
         self.evicted = 0  # stored entries dropped by the caps
+        # Told each placement's assumed blocks (the shared store's follower, with `state:`).
+        self.on_assume: Callable[[Slot, int, Sequence[int], int | None], object] | None = None
 
     @classmethod
     def from_config(cls, kv: KvConfig) -> KvIndex:
@@ -313,17 +315,41 @@ class KvIndex(KvLookup):
         """The prompt's blocks will be cached on the slot: the gateway just sent it there.
         Until the worker's events say so (or for good, if it has none). `kv_tokens`: the
         worker's cache size, if it reports one (see `stored_tokens`); `block_size`: its
-        block size, if it reports one (else `kv.block_size`)."""
+        block size, if it reports one (else `kv.block_size`). `on_assume` hears it."""
+        state = self._assumable(slot, block_size)
+        if state is None:
+            return
+        hashes = prefix.hashes(state.block_size)[: min(self.capacity, ASSUME_BLOCKS)]
+        self._assume(state, hashes, now, kv_tokens)
+        if self.on_assume is not None and hashes:
+            self.on_assume(slot, state.block_size, hashes, kv_tokens)
+
+    def assumed(
+        self,
+        slot: Slot,
+        block_size: int,
+        hashes: Sequence[int],
+        now: float,
+        kv_tokens: int | None = None,
+    ) -> None:
+        """Another gateway sent a prompt of these blocks to the slot (what it learned,
+        shared through the store): remembered as if this one had."""
+        state = self._assumable(slot, block_size)
+        if state is not None and state.block_size == block_size:
+            self._assume(state, hashes[: min(self.capacity, ASSUME_BLOCKS)], now, kv_tokens)
+
+    def _assumable(self, slot: Slot, block_size: int | None) -> SlotState | None:
         state = self._slots.get(slot)
         if state is None:
             if self.admit(slot) is not None:
-                return
+                return None
             state = self._new_slot(slot, block_size or self.block_size, exact=False)
+        return state
+
+    def _assume(
+        self, state: SlotState, hashes: Sequence[int], now: float, kv_tokens: int | None
+    ) -> None:
         expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
-        hashes = prefix.hashes(state.block_size)
-        limit = min(self.capacity, ASSUME_BLOCKS)
-        if len(hashes) > limit:
-            hashes = hashes[:limit]
         self._holders.assume(state, hashes, expires, self.capacity)
         if not state.exact and kv_tokens:
             state.model(hashes, min(self.capacity, kv_tokens // state.block_size))

@@ -150,6 +150,14 @@ class Prefix:
         self.namespace = namespace
         self._hashes: dict[int, list[int]] = {}
 
+    def anchor(self) -> int | None:
+        """The prompt's first block key at the smallest block size hashed so far (None:
+        none hashed, or shorter than a block): what equal choices are broken by."""
+        if not self._hashes:
+            return None
+        first = self._hashes[min(self._hashes)]
+        return first[0] if first else None
+
     def hashes(self, block_size: int) -> list[int]:
         found = self._hashes.get(block_size)
         if found is None:

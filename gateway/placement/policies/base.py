@@ -84,6 +84,18 @@ def rendezvous_pick(candidates: Sequence[C], key: str) -> C:
     return max(candidates, key=weight)
 
 
+def rendezvous_order(ids: Sequence[str], key: int) -> list[int]:
+    """The candidates' indices in highest-random-weight order for `key`: the same order in
+    every process and replica for the same key and workers (so gateways that see the same
+    prompt break ties alike, and different prompts spread)."""
+    tag = key.to_bytes(8, "big", signed=False)
+
+    def weight(i: int) -> bytes:
+        return hashlib.blake2b(ids[i].encode(), digest_size=8, key=tag).digest()
+
+    return sorted(range(len(ids)), key=weight, reverse=True)
+
+
 class Policy:
     """One cluster's policy (one instance per cluster, so legs never share a rotation).
     A subclass sets `name`, and overrides `pick` (or `choose`, to say more than the

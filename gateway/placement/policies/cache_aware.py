@@ -13,7 +13,10 @@ Balance guard, two rules, so affinity never piles requests on one worker:
   `share_window_s`) is at most balance_ratio x the mean share + 1 compete. Accurate cache
   knowledge makes affinity strong (a tenant's prompt lives on one or two workers); this
   keeps the busiest worker within balance_ratio of the mean over the window.
-The lowest cost among those wins, ties to the lower load, then to rotation.
+The lowest cost among those wins, ties to the lower load, then to the candidates'
+rendezvous order for the prompt's first block (every gateway, replica or process, breaks
+a tie for the same prompt alike, so replicas started in step do not herd, and a new
+prefix goes to one worker whichever gateway places it), else to rotation.
 
 Loop time: the prompt is hashed before placement (`Prefix.prepare`, in a thread for long
 prompts); a placement then costs a lookup per cached block of the prompt (a dict get and
@@ -35,6 +38,7 @@ from gateway.placement.policies.base import (
     Hints,
     Policy,
     PolicyContext,
+    rendezvous_order,
     rotate_after,
 )
 from gateway.upstream.worker import Worker
@@ -123,8 +127,12 @@ class CacheAware(Policy):
         total = len(prefix) if prefix is not None else 0
         loads = [load_of(w, now, self.stale_after_s) for w in workers]
         uncached = [total - matched.get(w.id, (0, 0))[0] for w in workers]
-        start = rotate_after(ids, self.last)
-        order = [*range(start, len(ids)), *range(start)]
+        anchor = prefix.anchor() if prefix is not None else None
+        if anchor is not None:  # every gateway breaks a tie for this prompt alike
+            order = rendezvous_order(ids, anchor)
+        else:
+            start = rotate_after(ids, self.last)
+            order = [*range(start, len(ids)), *range(start)]
         shares = [self._share(i, now) for i in ids]
         pick = cheapest(loads, uncached, self.settings, order, shares)
         chosen = workers[pick]
