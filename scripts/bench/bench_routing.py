@@ -28,6 +28,15 @@ count (`--kv-blocks 256` makes evictions frequent).
 `--modes relay,picker` sends the trace once through the gateway's relay and once through
 Envoy with the gateway as its endpoint picker (`--picker-listen`): the same placement,
 so the same hit rate is expected.
+
+`--replicas R` puts R gateways in front of the same workers (`--processes P` each), the
+trace's requests spread over them in turn (over P connections each, which the kernel
+spreads over a gateway's processes); `--store` gives them a shared store (a real
+redis-server on loopback: `state.url`), so they share what they learn. One line per
+setting, the first the reference:
+
+    python scripts/bench/bench_routing.py --policies cache_aware-approx --replicas 1,3,3s
+    (`3s`: three replicas sharing a store; `2p`, `2ps`: one gateway of two processes)
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gateway_sim.launch import Child, start
+from gateway_sim.redis_server import RedisServer
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 VOCAB = 30_000
@@ -225,13 +235,44 @@ async def restart(workers: list[Child], outcome: Outcome) -> None:
     outcome.restarted_at = time.perf_counter()
 
 
+@dataclass(frozen=True)
+class Front:
+    """How many gateways, of how many processes, and whether they share a store."""
+
+    replicas: int = 1
+    processes: int = 1
+    store: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Front:
+        """`3` (replicas), `3s` (sharing a store), `2p` (one gateway, 2 processes)."""
+        store = text.endswith("s")
+        text = text.removesuffix("s")
+        if text.endswith("p"):
+            return cls(1, int(text[:-1]), store)
+        return cls(int(text), 1, store)
+
+    @property
+    def label(self) -> str:
+        shape = f"{self.replicas} replicas" if self.replicas > 1 else "1 gateway"
+        if self.processes > 1:
+            shape += f" x {self.processes} processes"
+        return shape + (", shared store" if self.store else "")
+
+
 async def run_policy(
-    args: argparse.Namespace, policy: str, events: bool, trace: list[Turn], picker: bool = False
+    args: argparse.Namespace,
+    policy: str,
+    events: bool,
+    trace: list[Turn],
+    picker: bool = False,
+    front: Front = Front(),
 ) -> Outcome:
     label = f"{policy}{'' if events or policy != 'cache_aware' else ' (no events)'}"
+    label += "" if front == Front() else f", {front.label}"
     outcome = Outcome(label + (" via Envoy + picker" if picker else ""))
     with tempfile.TemporaryFile("w+") as log:  # the request log: expected cached tokens
-        await serve_trace(args, policy, events, trace, outcome, log, picker)
+        await serve_trace(args, policy, events, trace, outcome, log, picker, front)
         log.seek(0)
         outcome.expected = expected_cached(log)
     return outcome
@@ -245,47 +286,77 @@ async def serve_trace(
     outcome: Outcome,
     log: IO[str],
     picker: bool = False,
+    front: Front = Front(),
 ) -> None:
-    """Workers and a gateway (its log to `log`), the trace sent through it (`picker`:
-    through Envoy, the gateway its endpoint picker)."""
+    """Workers and the gateways (their logs to `log`), the trace sent through them
+    (`picker`: through Envoy, the gateway its endpoint picker)."""
     workers = start_workers(args, events, None)
-    gateway = start(
-        [
-            "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-            "--metrics-listen", "off", "--drain-delay", "0", "--log-level", "info",
-            "--log-format", "json", "--policy", policy,
-            *(f for w in workers for f in ("--worker", f"grpc://{w.address}?model=m&runtime=sglang")),
-            *(("--picker-listen", "127.0.0.1:0") if picker else ()),
-        ],
-        stderr=log.fileno(),
-    )  # fmt: skip
+    store = RedisServer() if front.store else None
+    if store is not None:
+        store.start()
+    config = Path(tempfile.mkdtemp(prefix="bench-routing-")) / "gateway.yaml"
+    config.write_text(json.dumps({"state": {"url": store.url}} if store is not None else {}))
+    gateways = [
+        start_gateway(config, policy, workers, front.processes, picker, log)
+        for _ in range(front.replicas)
+    ]
     restart_at = len(trace) // 2 if args.restart else -1
     envoy = None
+    channels: list[aio.Channel] = []
     try:
-        address = gateway.address
+        addresses = [gateway.address for gateway in gateways]
         if picker:
-            envoy = start_envoy(gateway.extra["picker"], Path(tempfile.mkdtemp(prefix="envoy-")))
-            address = envoy.address
+            envoy = start_envoy(
+                gateways[0].extra["picker"], Path(tempfile.mkdtemp(prefix="envoy-"))
+            )
+            addresses = [envoy.address]
         await asyncio.sleep(1.0)  # probes and subscriptions settle
-        async with aio.insecure_channel(address) as channel:
-            tasks = []
-            began = time.perf_counter()
-            for i, turn in enumerate(trace):
-                delay = began + i / args.rate - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if i == restart_at:
-                    restarting = asyncio.ensure_future(restart(workers, outcome))
-                tasks.append(asyncio.ensure_future(send(channel, turn, outcome, i)))
-            await asyncio.gather(*tasks)
-            if restart_at >= 0:
-                await restarting
+        # P connections per gateway (a channel each), which the kernel spreads over its
+        # processes; requests go to the gateways in turn.
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [
+            aio.insecure_channel(address, options=own)
+            for _ in range(front.processes * 2)
+            for address in addresses
+        ]
+        tasks = []
+        began = time.perf_counter()
+        for i, turn in enumerate(trace):
+            delay = began + i / args.rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if i == restart_at:
+                restarting = asyncio.ensure_future(restart(workers, outcome))
+            channel = channels[i % len(channels)]
+            tasks.append(asyncio.ensure_future(send(channel, turn, outcome, i)))
+        await asyncio.gather(*tasks)
+        if restart_at >= 0:
+            await restarting
     finally:
+        for channel in channels:
+            await channel.close()
         if envoy is not None:
             envoy.kill()
-        gateway.stop()
+        for gateway in gateways:
+            gateway.stop()
         for worker in workers:
             worker.stop()
+        if store is not None:
+            store.stop()
+
+
+def start_gateway(
+    config: Path, policy: str, workers: list[Child], processes: int, picker: bool, log: IO[str]
+) -> Child:
+    args = [
+        "serve", "--config", str(config), "--listen", "127.0.0.1:0",
+        "--admin-listen", "127.0.0.1:0", "--metrics-listen", "off",
+        "--drain-delay", "0", "--log-level", "info", "--log-format", "json",
+        "--policy", policy, "--processes", str(processes),
+        *(f for w in workers for f in ("--worker", f"grpc://{w.address}?model=m&runtime=sglang")),
+        *(("--picker-listen", "127.0.0.1:0") if picker else ()),
+    ]  # fmt: skip
+    return start(args, stderr=log.fileno())
 
 
 def start_envoy(picker: str, directory: Path) -> Child:
@@ -332,6 +403,12 @@ def main() -> None:
         "--modes", default="relay", help="relay, picker (Envoy + the gateway as its picker)"
     )
     parser.add_argument(
+        "--replicas",
+        default="1",
+        help="gateway fronts to compare, comma-separated: 3 (replicas), 3s (sharing a "
+        "store), 2p (one gateway of 2 processes), 2ps",
+    )
+    parser.add_argument(
         "--policies",
         default="round_robin,least_inflight,consistent_hash,cache_aware-approx,cache_aware",
     )
@@ -347,16 +424,17 @@ def main() -> None:
     for name in args.policies.split(","):
         policy, _, variant = name.partition("-")
         for mode in args.modes.split(","):
-            picked = mode == "picker"
-            results.append(
-                asyncio.run(run_policy(args, policy, variant != "approx", trace, picked))
-            )
+            for shape in args.replicas.split(","):
+                picked, front = mode == "picker", Front.parse(shape)
+                results.append(
+                    asyncio.run(run_policy(args, policy, variant != "approx", trace, picked, front))
+                )
     print(f"\noracle hit rate (one worker, {args.workers}x capacity): {oracle:.1%}")
     header = ("policy", "hit", "/oracle", "TTFT p50", "p90", "max/mean", "fail")
-    print("\n{:40} {:>6} {:>8} {:>10} {:>8} {:>9} {:>5}".format(*header))
+    print("\n{:64} {:>6} {:>8} {:>10} {:>8} {:>9} {:>5}".format(*header))
     for r in results:
         print(
-            f"{r.policy:40} {r.hit_rate:6.1%} {r.hit_rate / oracle:8.2f} "
+            f"{r.policy:64} {r.hit_rate:6.1%} {r.hit_rate / oracle:8.2f} "
             f"{r.quantile(0.5):8.1f}ms {r.quantile(0.9):6.1f}ms {r.imbalance:9.2f} {r.failures:5d}"
         )
         if r.expected:
