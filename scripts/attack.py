@@ -41,15 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # scripts.attacks, and the tests' helpers it reuses
 
 from scripts.attacks import measure  # noqa: E402
-from scripts.attacks.harness import (  # noqa: E402
-    ATTACK_S,
-    BASELINE_S,
-    TABLE_HEAD,
-    Outcome,
-    detail,
-    drive,
-    table_line,
-)
+from scripts.attacks.harness import ATTACK_S, BASELINE_S, drive  # noqa: E402
+from scripts.attacks.outcome import TABLE_HEAD, Outcome, detail, table_line  # noqa: E402
 from scripts.attacks.scenarios import CALIBRATION, SCENARIOS  # noqa: E402
 
 OBSERVERS = ("_legit", "_health")  # the observer processes the harness starts

@@ -1,5 +1,6 @@
-"""One scenario's run: its processes (stopped on every path), the observers, the
-gateway's memory and threads, the pass criteria, and how the figures are printed.
+"""One scenario's run: its processes, tasks, channels and files (stopped on every path),
+the scenario's steps, and the outcome put together (the observers and the memory samples:
+observe.py; the outcome, its criteria and how it is printed: outcome.py).
 
 A run: the scenario starts its workers (beside the legitimate client's own simulated
 worker, model `legit`) and a gateway; the legitimate client and the health prober measure
@@ -12,15 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
 import shutil
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -31,241 +27,19 @@ from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway_sim.client import MAX, admin_address, list_workers, wait_health, write_config
 from gateway_sim.launch import SERVE_ARGS, Child, SharedProcesses, start, worker_url
+from scripts.attacks.observe import Memory, Observer
+from scripts.attacks.outcome import Check, Outcome
 
-ROOT = Path(__file__).resolve().parents[2]
-ATTACK_PY = ROOT / "scripts" / "attack.py"
 LEGIT_MODEL = "legit"
 
 BASELINE_S = 5.0
 ATTACK_S = 10.0
 SETTLE_S = 3.0
-SAMPLE_EVERY_S = 0.05  # the gateway's /proc/PID/status
 ADMIN_TIMEOUT_S = 10.0  # an admin answer from a gateway under attack may be slow
-MIB = 1024 * 1024
-
-# The pass criteria (the issue's).
-MIN_OK_FRACTION = 0.99
-MAX_P99_RATIO = 2.0
-MAX_STALL_MS = 100.0
-MAX_RSS_GROWTH_MIB = 20.0
+STATE_WAIT_S = 20.0  # bound on every wait for the state an attack leaves
+STREAMS_PER_CHANNEL = 125  # under grpc's 256 concurrent streams per connection
 
 T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------- figures
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One criterion, or a figure shown beside them (`passed` None: information)."""
-
-    name: str
-    shown: str
-    passed: bool | None = None
-
-
-@dataclass
-class Outcome:
-    """What one scenario measured."""
-
-    name: str
-    summary: str
-    skipped: str | None = None
-    legit: tuple[dict[str, Any], dict[str, Any]] = ({}, {})  # baseline, attack
-    health: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
-    rss_mib: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # base, peak, after
-    threads: tuple[int, int, int] = (0, 0, 0)
-    checks: list[Check] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def criteria(self) -> list[Check]:
-        """The four common criteria, then the scenario's own."""
-        if self.skipped:
-            return []
-        base, attack = self.legit
-        ok = ok_fraction(attack)
-        ratio = attack["p99_ms"] / base["p99_ms"] if base.get("p99_ms") else math.inf
-        stall = self.health[1]["max_ms"]
-        growth = self.rss_mib[2] - self.rss_mib[0]
-        own = [c for c in self.checks if c.passed is not None]
-        return [
-            Check("legit >= 99% OK", f"{ok * 100:.1f}%", ok >= MIN_OK_FRACTION),
-            Check("p99 <= 2x", f"x{ratio:.1f}", ratio <= MAX_P99_RATIO),
-            Check("stall <= 100 ms", f"{stall:.0f} ms", stall <= MAX_STALL_MS),
-            Check("RSS after <= +20 MiB", f"{growth:+.1f} MiB", growth <= MAX_RSS_GROWTH_MIB),
-            *own,
-        ]
-
-
-def ok_fraction(stats: dict[str, Any]) -> float:
-    calls = stats.get("calls", 0)
-    return stats.get("ok", 0) / calls if calls else 0.0
-
-
-def verdict(passed: bool | None) -> str:
-    return "-" if passed is None else ("PASS" if passed else "FAIL")
-
-
-def detail(outcome: Outcome) -> str:
-    """A scenario's figures, a few lines, printed as soon as it ends."""
-    head = f"== {outcome.name}: {outcome.summary}"
-    if outcome.skipped:
-        return f"{head}\n   SKIPPED: {outcome.skipped}"
-    (lb, la), (hb, ha) = outcome.legit, outcome.health
-    rss, threads = outcome.rss_mib, outcome.threads
-
-    def legit(s: dict[str, Any]) -> str:
-        codes = ", ".join(f"{k} {v}" for k, v in sorted(s["codes"].items()))
-        return (
-            f"{s['calls']} calls {ok_fraction(s) * 100:.1f}% OK, p50 {s['p50_ms']:.1f} "
-            f"p90 {s['p90_ms']:.1f} p99 {s['p99_ms']:.1f} ms ({codes})"
-        )
-
-    def health(s: dict[str, Any]) -> str:
-        return (
-            f"{s['checks']} checks, {s['failed']} failed, stall max {s['max_ms']:.0f} "
-            f"p99 {s['p99_ms']:.0f} ms"
-        )
-
-    lines = [
-        f"{head} ({outcome.seconds:.0f} s)",
-        f"   legit    baseline: {legit(lb)}",
-        f"            attack:   {legit(la)}",
-        f"   health   baseline: {health(hb)}",
-        f"            attack:   {health(ha)}",
-        f"   gateway  RSS {rss[0]:.1f} / {rss[1]:.1f} / {rss[2]:.1f} MiB, threads "
-        f"{threads[0]} / {threads[1]} / {threads[2]} (baseline / peak / after)",
-    ]
-    lines += [f"   {c.name}: {c.shown}" for c in outcome.checks if c.passed is None]
-    lines.append(
-        "   criteria "
-        + "; ".join(f"{c.name} {c.shown} {verdict(c.passed)}" for c in outcome.criteria())
-    )
-    return "\n".join(lines)
-
-
-TABLE_HEAD = (
-    f"{'scenario':13} {'legit OK':>8} {'p99 base/attack ms':>19} {'x':>6} "
-    f"{'stall max/p99':>13} {'RSS base/peak/after MiB':>24} {'threads':>10}  "
-    f"{'OK':4} {'p99':4} {'stal':4} {'RSS':4}  scenario's own"
-)
-
-
-def table_line(outcome: Outcome) -> str:
-    """One line a scenario: the figures, then PASS/FAIL per criterion."""
-    if outcome.skipped:
-        return f"{outcome.name:13} SKIPPED: {outcome.skipped}"
-    (lb, la), (_, ha) = outcome.legit, outcome.health
-    criteria = outcome.criteria()
-    common, own = criteria[:4], criteria[4:]
-    rss, threads = outcome.rss_mib, outcome.threads
-    p99 = f"{lb['p99_ms']:.1f}/{la['p99_ms']:.1f}"
-    stall = f"{ha['max_ms']:.0f}/{ha['p99_ms']:.0f}"
-    memory = f"{rss[0]:.0f}/{rss[1]:.0f}/{rss[2]:.0f}"
-    thread_text = f"{threads[0]}/{threads[1]}/{threads[2]}"
-    marks = " ".join(f"{verdict(c.passed):4}" for c in common)
-    extra = "; ".join(f"{c.name} {c.shown} {verdict(c.passed)}" for c in own) or "-"
-    return (
-        f"{outcome.name:13} {ok_fraction(la) * 100:7.1f}% {p99:>19} {common[1].shown:>6} "
-        f"{stall:>13} {memory:>24} {thread_text:>10}  {marks}  {extra}"
-    )
-
-
-# --------------------------------------------------------------------------- processes
-
-
-class Observer:
-    """One observer process (scripts/attacks/measure.py), asked over its stdin."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-
-    @classmethod
-    async def start(cls, role: str, *args: str) -> Observer:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(ATTACK_PY),
-            role,
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=ROOT,
-        )
-        return cls(process)
-
-    async def tell(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{line}\n".encode())
-        await self.process.stdin.drain()
-
-    async def connect(self, address: str) -> None:
-        await self.tell(f"connect {address}")
-
-    async def measure(self, label: str, seconds: float) -> dict[str, Any]:
-        """Its figures for the next `seconds` (bounded: a stuck observer is an error)."""
-        assert self.process.stdout is not None
-        await self.tell(f"run {label} {seconds}")
-        line = await asyncio.wait_for(self.process.stdout.readline(), seconds + 30)
-        if not line:
-            raise RuntimeError(
-                f"observer {self.process.pid} ended (exit {self.process.returncode})"
-            )
-        result: dict[str, Any] = json.loads(line)
-        return result
-
-    async def stop(self) -> None:
-        process = self.process
-        if process.returncode is None:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
-                assert process.stdin is not None
-                process.stdin.write(b"quit\n")
-                process.stdin.close()
-            try:
-                await asyncio.wait_for(process.wait(), 3)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-
-
-def proc_status(pid: int) -> tuple[int, int]:
-    """VmRSS (bytes) and Threads of a process, from /proc/PID/status."""
-    rss = threads = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024
-        elif line.startswith("Threads:"):
-            threads = int(line.split()[1])
-    return rss, threads
-
-
-class Memory:
-    """Samples the gateway's RSS and threads in a thread of its own (every 50 ms), so a
-    peak between two reads of the run is seen."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.samples: list[tuple[float, int, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(OSError, ValueError):
-                self.samples.append((time.monotonic(), *proc_status(self.pid)))
-            self._stop.wait(SAMPLE_EVERY_S)
-
-    def now(self) -> tuple[float, int]:
-        rss, threads = proc_status(self.pid)
-        return rss / MIB, threads
-
-    def peak(self, since: float) -> tuple[float, int]:
-        window = [s for s in self.samples if s[0] >= since] or [(0.0, *proc_status(self.pid))]
-        return max(s[1] for s in window) / MIB, max(s[2] for s in window)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(1)
 
 
 def local_channel(address: str) -> aio.Channel:

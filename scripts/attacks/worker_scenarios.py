@@ -1,61 +1,38 @@
-"""The attacks of workers that send too much, and of affinity and reload (issue 38's
-items 5-7): migration's memory over long streams and many streams, a worker's answer
-that does not decode, a worker listing 200,000 LoRA adapters or hanging its loads, a
-table of long session keys, a SIGHUP storm with a large keys file. The hostile workers
-run in this process (gateway_sim/hostile.py), the gateway in its own."""
+"""The attacks of workers that send too much (issue 38's items 5-7; affinity and reload:
+affinity_reload_scenarios.py): migration's memory over long streams and many streams, a
+worker's answer that does not decode, a worker listing 200,000 LoRA adapters or hanging
+its loads. The hostile workers run in this process (gateway_sim/hostile.py), the gateway
+in its own."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import urllib.request
 from collections import Counter
 from typing import Any
 
 from grpc import aio
-from prometheus_client.parser import text_string_to_metric_families
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway_sim.client import (
-    SERVING,
     SGL,
     admin_address,
     collect,
     list_workers,
     model_md,
     wait_health,
-    wait_health_status,
 )
 from gateway_sim.hostile import Hostile, hostile
-from gateway_sim.launch import Child, worker_url
-from scripts.attacks.harness import MIB, Scenario, until
+from gateway_sim.launch import Child
+from scripts.attacks.harness import Scenario, until
+from scripts.attacks.observe import MIB
+from scripts.attacks.readings import metric, shown, tally
 
 # (scenarios.py registers these: nothing of it is imported here, so either loads first.)
 ISSUE_MIGRATION_MIB = 395.0  # 100 streams of 100,000 tokens, migration on, before the fix
 WAIT_S = 20.0  # bound on every wait for the state an attack leaves
 PER_CHANNEL = 125  # streams per connection, under grpc's 256
-
-
-async def metric(gw: Child, name: str, **labels: str) -> float | None:
-    """One sample of the gateway's /metrics (None: no such series, as before a fix)."""
-    url = f"http://127.0.0.1:{gw.port_of('metrics')}/metrics"
-
-    def scrape() -> str:
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            return str(reply.read().decode())
-
-    for family in text_string_to_metric_families(await asyncio.to_thread(scrape)):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return None
-
-
-def shown(value: float | None) -> str:
-    return "absent" if value is None else f"{value:,.0f}"
 
 
 def request(request_id: str, tokens: int, lora: str = "") -> bytes:
@@ -78,10 +55,6 @@ async def raw_call(
     call = ch.unary_stream(SGL + "Generate")(body, metadata=model_md(model, *extra), timeout=30)
     messages, error = await collect(call)
     return messages, "OK" if error is None else error.code().name
-
-
-def tally(codes: Counter[str]) -> str:
-    return ", ".join(f"{code} {n}" for code, n in codes.most_common()) or "none"
 
 
 class HostileScenario(Scenario):
@@ -365,96 +338,10 @@ class LoraHang(HostileScenario):
         self.note("the worker's outlier state (admin)", breaker, breaker == "BREAKER_STATE_OPEN")
 
 
-# --------------------------------------------------------------------------- affinity, reload
-
-
-class AffinitySessions(Scenario):
-    name = "affinity-sessions"
-    summary = "20,000 calls, each naming a new 256-character session (affinity.header set)"
-    SESSIONS, AT_ONCE = 20_000, 50
-
-    async def prepare(self) -> Child:
-        (worker,) = self.run.workers(("--model", "aff", "--name", "aff"))
-        config = {"affinity": {"header": "x-session-id"}}
-        gw = self.run.gateway(config, worker_url(worker, model="aff", runtime="sglang"))
-        await wait_health(gw.address, "aff")
-        return gw
-
-    async def begin(self) -> None:
-        assert self.run.memory is not None
-        before, _ = self.run.memory.now()
-        ch = self.run.channel()
-        codes: Counter[str] = Counter()
-        sessions = iter(range(self.SESSIONS))
-
-        async def caller() -> None:
-            for n in sessions:
-                session = f"{n:0256d}"
-                metadata = (("x-session-id", session),)
-                codes[(await raw_call(ch, "aff", request(f"s-{n}", 1), metadata))[1]] += 1
-
-        await asyncio.gather(*(caller() for _ in range(self.AT_ONCE)))
-        after, _ = self.run.memory.now()
-        growth = after - before
-        self.note("calls", tally(codes))
-        self.note(
-            "RSS per session bound",
-            f"{growth:+.1f} MiB, {growth * MIB / self.SESSIONS:.0f} B/session",
-            growth * MIB / self.SESSIONS <= 400,
-        )
-
-    async def end(self) -> None:
-        await self.run.close_channels()
-
-
-KEYS_FILE_KEYS = 17_000  # ~0.95 MB: under the keys file's 1 MiB bound
-LEGIT_KEY = "legit:legit-key-0123456789abcdef"
-
-
-class SighupStorm(Scenario):
-    name = "sighup-storm"
-    summary = f"100 SIGHUPs, 5 ms apart, with a keys file of {KEYS_FILE_KEYS:,} keys (~1 MiB)"
-    legit_key = LEGIT_KEY.partition(":")[2]
-    SIGNALS = 100
-
-    async def prepare(self) -> Child:
-        self.run.workers()
-        keys = self.run.dir / "api-keys"
-        lines = [f"k{i}:{i:048d}" for i in range(KEYS_FILE_KEYS)]
-        keys.write_text("\n".join([LEGIT_KEY, *lines]) + "\n")
-        return self.run.gateway({"auth": {"api_keys_file": str(keys)}})
-
-    async def ready(self, gw: Child) -> None:
-        """Its one model servable: readiness, which needs no key."""
-        await wait_health_status(gw.address, "readiness", SERVING)
-
-    def reloads(self) -> int:
-        text = (self.run.dir / "gateway.log").read_text(errors="replace")
-        return text.count("api keys reloaded")
-
-    async def begin(self) -> None:
-        assert self.run.gw is not None
-        pid = self.run.gw.process.pid
-        self.before = self.reloads()
-        for _ in range(self.SIGNALS):
-            os.kill(pid, signal.SIGHUP)
-            await asyncio.sleep(0.005)
-
-    async def end(self) -> None:
-        reads = self.reloads() - self.before
-        self.note(
-            "keys file reads for the storm",
-            f"{reads} for {self.SIGNALS} SIGHUPs",
-            0 < reads < self.SIGNALS // 2,
-        )
-
-
 WORKER_SCENARIOS: tuple[type[Scenario], ...] = (
     MigrationMemory,
     MigrationBudget,
     WorkerGarbage,
     LoraList,
     LoraHang,
-    AffinitySessions,
-    SighupStorm,
 )

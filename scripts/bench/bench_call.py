@@ -33,8 +33,8 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bare_relay import relaying
+from load_clients import request_bytes
 
-from bench import request_bytes
 from gateway.app.server import Gateway
 from gateway.config import build_config
 from gateway.upstream.worker import WorkerStatus

@@ -37,7 +37,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scripts.engines.worker import BASE_ENV, PATCHES, WARMUP_ENV, EngineWorker, free_port
+from scripts.engines.ports import free_port
+from scripts.engines.worker import BASE_ENV, PATCHES, WARMUP_ENV, EngineWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 ADDONS = ROOT / ".engines" / "sglang-addons"

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from gateway.config import GatewayConfig
-from scripts import gen_docs as gen
+from scripts.docs_gen import blocks
+from scripts.docs_gen.config_keys import config_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "sim" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -33,36 +34,38 @@ def test_the_generated_tables_are_current() -> None:
 
 
 def test_the_check_names_a_missing_row_and_a_row_for_what_is_gone() -> None:
-    fresh = gen.config_table()
+    fresh = config_table()
     assert (
-        gen.stale("config", gen.with_block(EMPTY.format(tag="config"), "config", fresh), fresh)
+        blocks.stale(
+            "config", blocks.with_block(EMPTY.format(tag="config"), "config", fresh), fresh
+        )
         == []
     )
     dropped = next(line for line in fresh.splitlines() if line.startswith("| `limits.max_choices`"))
     ghost = "| `limits.max_gone` | int | 1 |  | restart | call | no longer a key |"
     edited = fresh.replace(dropped + "\n", "") + ghost + "\n"
-    doc = gen.with_block(EMPTY.format(tag="config"), "config", edited)
-    assert gen.stale("config", doc, fresh) == [
+    doc = blocks.with_block(EMPTY.format(tag="config"), "config", edited)
+    assert blocks.stale("config", doc, fresh) == [
         "config: missing row `limits.max_choices`",
         "config: row for `limits.max_gone`, which no longer exists",
     ]
 
 
 def test_the_check_names_a_changed_metric_and_a_doc_without_its_block() -> None:
-    fresh = gen.block((ROOT / "docs" / "metrics.md").read_text(), "metrics")
+    fresh = blocks.block((ROOT / "docs" / "metrics.md").read_text(), "metrics")
     assert fresh is not None and "| `gateway_requests_total` |" in fresh
     edited = fresh.replace(
         "| `gateway_requests_total` | counter |", "| `gateway_requests_total` | gauge |"
     )
-    doc = gen.with_block(EMPTY.format(tag="metrics"), "metrics", edited)
-    assert gen.stale("metrics", doc, fresh) == ["metrics: row `gateway_requests_total` differs"]
-    assert gen.stale("metrics", "no markers here\n", fresh) == [
+    doc = blocks.with_block(EMPTY.format(tag="metrics"), "metrics", edited)
+    assert blocks.stale("metrics", doc, fresh) == ["metrics: row `gateway_requests_total` differs"]
+    assert blocks.stale("metrics", "no markers here\n", fresh) == [
         "metrics: no `<!-- generated: metrics -->` ... `<!-- end generated -->` block"
     ]
 
 
 def test_every_configuration_key_has_a_row() -> None:
-    table = gen.block((ROOT / "docs" / "configuration.md").read_text(), "config")
+    table = blocks.block((ROOT / "docs" / "configuration.md").read_text(), "config")
     assert table is not None
     for field in dataclasses.fields(GatewayConfig):
         assert f"| `{field.name}" in table, field.name

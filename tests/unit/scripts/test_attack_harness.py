@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from scripts.attacks.harness import Check, Outcome, table_line
 from scripts.attacks.measure import call_stats, stalls
+from scripts.attacks.outcome import Check, Outcome, table_line
 
 
 def test_a_stall_is_the_gap_beyond_the_probe_interval() -> None:
