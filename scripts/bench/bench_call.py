@@ -38,7 +38,8 @@ from load_clients import request_bytes
 from gateway.app.server import Gateway
 from gateway.config import build_config
 from gateway.upstream.worker import WorkerStatus
-from gateway_sim.config import SimConfig, add_sim_arguments
+from gateway_sim.config import SimConfig
+from gateway_sim.flags import add_sim_arguments
 from gateway_sim.server import serve as serve_sim
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"

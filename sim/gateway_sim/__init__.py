@@ -8,7 +8,8 @@ once listening, followed by ``name=<port>`` for each side channel its role serve
 (``bootstrap=`` and ``embedding=`` for an SGLang prefill, ``kv=`` for a vLLM prefill).
 """
 
-from gateway_sim.config import SimConfig, add_sim_arguments
+from gateway_sim.config import SimConfig
+from gateway_sim.flags import add_sim_arguments
 from gateway_sim.server import run_sim, serve
 
 __all__ = ["SimConfig", "add_sim_arguments", "run_sim", "serve"]

@@ -19,9 +19,11 @@ from typing import Any, NoReturn, cast
 import grpc
 from grpc.aio import ServicerContext
 
+from gateway_sim.dialect import Dialect
 from gateway_sim.embeddings import EmbeddingsMissing
-from gateway_sim.engine import Dialect, Finish, Sampling, SimEngine
+from gateway_sim.engine import SimEngine
 from gateway_sim.handoff import KvTransferError
+from gateway_sim.plan import Finish, Sampling
 
 N_NOT_SUPPORTED = "n>1 is not supported in disaggregated mode"
 

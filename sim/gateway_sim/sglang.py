@@ -37,15 +37,10 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from gateway_sim.config import SimConfig
-from gateway_sim.engine import (
-    ARCHITECTURES,
-    BOS_TOKEN_ID,
-    MODEL_TYPE,
-    Dialect,
-    Refused,
-    Sampling,
-    SimEngine,
-)
+from gateway_sim.dialect import Dialect, Refused
+from gateway_sim.engine import SimEngine
+from gateway_sim.model import ARCHITECTURES, BOS_TOKEN_ID, MODEL_TYPE
+from gateway_sim.plan import Sampling
 from gateway_sim.shared import SIM_VERSION, SharedRpcs
 
 SERVICE_NAME: str = sgl_pb2.DESCRIPTOR.services_by_name["SglangScheduler"].full_name

@@ -18,7 +18,8 @@ from grpc.aio import ServicerContext
 # so importing them from the ``smg_grpc_proto.generated`` package needs no sys.path tricks.
 from smg_grpc_proto.generated import common_pb2
 
-from gateway_sim.engine import Dialect, SimEngine
+from gateway_sim.dialect import Dialect
+from gateway_sim.engine import SimEngine
 
 SIM_VERSION = "sim"
 

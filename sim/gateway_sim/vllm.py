@@ -22,7 +22,8 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway_sim.config import SimConfig
-from gateway_sim.engine import Dialect, Refused, Sampling
+from gateway_sim.dialect import Dialect, Refused
+from gateway_sim.plan import Sampling
 from gateway_sim.shared import SharedRpcs
 
 SERVICE_NAME: str = vllm_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name

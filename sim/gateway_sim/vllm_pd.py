@@ -24,9 +24,10 @@ from grpc.aio import ServicerContext
 
 from gateway_sim.config import split_listen
 from gateway_sim.disagg import Start, check_single_sample, reject, run_leg
-from gateway_sim.engine import Sampling, SimEngine
+from gateway_sim.engine import SimEngine
 from gateway_sim.kv_channel import CONNECTOR, KvChannel, Remote, fetch, parse_params
 from gateway_sim.lines import LineServer
+from gateway_sim.plan import Sampling
 from gateway_sim.vllm import DIALECT, VllmServicer, input_ids_of, sampling_of
 
 

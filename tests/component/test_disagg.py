@@ -27,7 +27,7 @@ from gateway_sim.client import (
     wait_health,
     wait_idle,
 )
-from gateway_sim.engine import input_logprobs_for, output_tokens
+from gateway_sim.model import input_logprobs_for, output_tokens
 from tests.support.helpers import assert_verdict
 from tests.support.inproc import Sim, gateway, pd_urls, sim
 from tests.support.waits import until

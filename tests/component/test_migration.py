@@ -23,8 +23,8 @@ from structlog.testing import capture_logs
 from gateway.app.server import Gateway
 from gateway.observability.record import CallRecord
 from gateway_sim.client import SGL, collect, model_md, sgl, sgl_grpc, vllm, vllm_grpc, wait_idle
-from gateway_sim.engine import output_tokens
 from gateway_sim.hostile import Hostile, hostile
+from gateway_sim.model import output_tokens
 from tests.support.inproc import Sim, client, gateway, idle, recorded, sim, worker
 from tests.support.tracing import receiver
 from tests.support.waits import until

@@ -25,7 +25,8 @@ import json
 import sys
 from collections.abc import Mapping
 
-from gateway_sim.config import SimConfig, add_sim_arguments
+from gateway_sim.config import SimConfig
+from gateway_sim.flags import add_sim_arguments
 from gateway_sim.server import serve
 
 

@@ -25,8 +25,8 @@ from gateway_sim.client import (
     wait_health,
     write_config,
 )
-from gateway_sim.engine import output_tokens
 from gateway_sim.launch import START_S, Child, start_sim, worker_url
+from gateway_sim.model import output_tokens
 from tests.support.availability import is_ready, wait_worker
 from tests.support.helpers import request_events
 from tests.support.launch import Launcher

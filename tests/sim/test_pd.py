@@ -25,9 +25,9 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway_sim import SimConfig, add_sim_arguments
-from gateway_sim.engine import input_logprobs_for, output_tokens
 from gateway_sim.lines import Line, ProtocolError
 from gateway_sim.mailbox import Mailbox
+from gateway_sim.model import input_logprobs_for, output_tokens
 from tests.support.launch import HostedSim, SimHost
 from tests.support.waits import WAIT_S
 

@@ -22,7 +22,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from gateway_sim.engine import embedding_for, output_tokens
+from gateway_sim.model import embedding_for, output_tokens
 from tests.sim.conftest import SimProcess
 from tests.support.sim import StartSim
 from tests.support.waits import WAIT_S, until

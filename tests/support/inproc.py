@@ -18,7 +18,8 @@ from gateway.config import AdminConfig, build_config
 from gateway.observability.record import CallRecord
 from gateway.scale.member import Member
 from gateway.upstream.worker import Worker, WorkerStatus
-from gateway_sim.config import SimConfig, add_sim_arguments
+from gateway_sim.config import SimConfig
+from gateway_sim.flags import add_sim_arguments
 from gateway_sim.server import serve
 from tests.support.waits import until
 
