@@ -122,6 +122,8 @@ class Gateway:
         parts.fleet.registry.subscribe(parts.upstreams.on_fleet_event)
         self._refresh_health()
         if parts.store is not None:  # the store's routes win over the file's (state.md)
+            if parts.assumptions is not None and not await parts.assumptions.agree():
+                log.warning("kv_keys_not_shared", note="the store did not answer in time")
             await parts.route_writer.read()
             parts.store.spawn(parts.route_writer.follow(), "routes_follow")
             if parts.assumptions is not None:

@@ -11,13 +11,16 @@ A block's key packs its chain hash and its depth (blocks from the chain's root):
     key = H_d | d           (low DEPTH_BITS bits: d; bits above, up to KEY_BITS: H_d)
     H_d = H_0 + sum_{j<=d} W_j * content(block j)   (mod 2**KEY_BITS; W_j, H_0 multiples
                                                      of 2**DEPTH_BITS)
-with secret per-process weights W_j and per-position content keys (random at start-up):
-a cumulative sum, so a whole prompt's chain is one numpy pass, and a child is one step
-from its parent's key. Keys stay below 2**60 (small Python ints).
+with secret weights W_j and per-position content keys (random at start-up, per process;
+or, with a shared store, from a secret every gateway sharing it agrees on, `use_seed`, so
+that what one learns another can look up): a cumulative sum, so a whole prompt's chain is
+one numpy pass, and a child is one step from its parent's key. Keys stay below 2**60
+(small Python ints). The secret keeps clients from choosing prompts whose keys collide.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -125,8 +128,27 @@ def extend(parent: int, tokens: Any, block_size: int) -> list[int]:
 
 
 def root(namespace: str) -> int:
-    """The chain's seed for a namespace ("" is the base model with no salt): depth 0."""
-    return _mix_int(hash(("kv-root", namespace)) ^ _SEED) & HASH_MASK
+    """The chain's seed for a namespace ("" is the base model with no salt): depth 0
+    (the same in every process that uses the same seed)."""
+    named = hashlib.blake2b(namespace.encode("utf-8", "surrogatepass"), digest_size=8)
+    return _mix_int(int.from_bytes(named.digest(), "big") ^ _SEED) & HASH_MASK
+
+
+def use_seed(secret: bytes) -> None:
+    """Derive every key from `secret` from now on (gateways sharing a store agree on one);
+    called once at start-up, before any prompt or KV event is hashed."""
+    global _SEED, _KEYS_SEED
+    derived = hashlib.blake2b(secret, digest_size=16, person=b"gateway-kv-keys").digest()
+    _SEED, _KEYS_SEED = int.from_bytes(derived[:8], "big"), int.from_bytes(derived[8:], "big")
+    _Tables.weights = np.zeros(0, dtype=U64)
+    _Tables.positions = {}
+
+
+def seed_tag() -> bytes:
+    """8 bytes that differ between seeds (not the seed): messages keyed by another seed
+    are told apart."""
+    both = (_SEED << 64 | _KEYS_SEED).to_bytes(16, "big")
+    return hashlib.blake2b(both, digest_size=8, person=b"gateway-kv-tag").digest()
 
 
 def chain(parent: int, tokens: Sequence[int]) -> int:

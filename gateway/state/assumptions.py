@@ -5,8 +5,15 @@ serving process through the store, so approximate cache-aware routing decides al
 everywhere, and a new prefix placed by one gateway is known to the others before the
 worker's event arrives.
 
+Block keys are the gateway's own, salted with a secret (clients must not choose prompts
+whose keys collide): the gateways sharing a store agree on one, `{prefix}kv:seed`, written
+by the first to start and read by the others before they hash anything (`agree`). A
+process that could not read it keeps a secret of its own, and its messages (tagged with
+their secret's fingerprint) are left aside by the others.
+
 Each process batches its placements for `FLUSH_S` and publishes one message on
-`{prefix}kv:assumed`: a 16-byte origin (its own messages are skipped), then per placement
+`{prefix}kv:assumed`: a 16-byte origin (its own messages are skipped), the secret's
+8-byte fingerprint, then per placement
 the worker, its rank, block size, cache size if reported, and the block keys (at most
 `kv.assume_capacity`, and ASSUME_BLOCKS, as the index keeps). A message is at most
 `state.max_value_bytes`; a placement that does not fit goes in the next. Received
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -26,12 +34,14 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from gateway.kv.index import KvIndex
+from gateway.kv.prefix import seed_tag, use_seed
 from gateway.kv.slots import Slot
-from gateway.state.store import Store
+from gateway.state.store import Store, StoreAway
 
 FLUSH_S = 0.02  # placements batched this long into one message
 MAX_PENDING = 64  # messages' worth kept while publishing lags; past it the oldest go
-HEAD = struct.Struct("!16sI")  # origin, entries
+HEAD = struct.Struct("!16s8sI")  # origin, seed tag, entries
+SEED_BYTES = 32
 ENTRY = struct.Struct("!HIIqI")  # worker id bytes, rank, block size, kv tokens (-1), keys
 MAX_WORKER_ID = 512
 KEYS = struct.Struct("!Q")
@@ -83,13 +93,33 @@ class SharedAssumptions:
             self._seal()
             while self._ready:
                 count, body = self._ready.pop(0)
-                self._send(HEAD.pack(self._origin, count) + body)
+                self._send(HEAD.pack(self._origin, seed_tag(), count) + body)
 
     def _send(self, message: bytes) -> None:
         async def publish(client: Any) -> object:
             return await client.publish(self._channel, message)
 
         self._store.write("kv_share", publish)
+
+    async def agree(self) -> bool:
+        """Use the secret every gateway sharing the store uses for block keys (writing it
+        if this one is the first); False, keeping this process's own, if the store is away
+        or holds junk there (then what this process learns is not shared)."""
+        key = self._store.key("kv", "seed")
+
+        async def work(client: Any) -> object:
+            await client.set(key, secrets.token_bytes(SEED_BYTES), nx=True)
+            return await client.get(key)
+
+        try:
+            secret = await self._store.run("kv_seed", work)
+        except StoreAway:
+            return False
+        if not isinstance(secret, bytes) or len(secret) != SEED_BYTES:
+            self._store.invalid("kv_seed", f"{key} is no secret of {SEED_BYTES} bytes")
+            return False
+        use_seed(secret)
+        return True
 
     async def follow(self) -> None:
         """Until cancelled: the other gateways' placements applied as they come."""
@@ -114,7 +144,7 @@ class SharedAssumptions:
             self._store.invalid("kv_share", "a message that is no batch of placements")
             return 0
         try:
-            parsed = parse(data, self._origin)
+            parsed = parse(data, self._origin, seed_tag())
         except (struct.error, ValueError, UnicodeDecodeError) as exc:
             self._store.invalid("kv_share", f"a batch that does not parse: {exc}")
             return 0
@@ -127,11 +157,13 @@ class SharedAssumptions:
         return applied
 
 
-def parse(data: bytes, own: bytes) -> list[tuple[str, int, int, int | None, tuple[int, ...]]]:
-    """A message's placements (none if it is this process's own); ValueError or
-    struct.error if it is not exactly a batch."""
-    origin, count = HEAD.unpack_from(data)
-    if origin == own:
+def parse(
+    data: bytes, own: bytes, tag: bytes
+) -> list[tuple[str, int, int, int | None, tuple[int, ...]]]:
+    """A message's placements (none if it is this process's own, or keyed by another
+    secret); ValueError or struct.error if it is not exactly a batch."""
+    origin, keyed_by, count = HEAD.unpack_from(data)
+    if origin == own or keyed_by != tag:
         return []
     found = []
     at = HEAD.size

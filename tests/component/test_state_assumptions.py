@@ -1,9 +1,11 @@
 """What cache-aware placement learns, shared through a real store (redis-server on
-127.0.0.1): a prompt placed by one gateway is known cached there by the others within a
-flush; a gateway skips its own messages and workers it does not know; junk is refused."""
+127.0.0.1): the gateways agree on one secret for their block keys; a prompt placed by one
+gateway is known cached there by the others within a flush; a gateway skips its own
+messages and workers it does not know; junk is refused."""
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -13,7 +15,7 @@ from redis.asyncio import Redis
 from gateway.config import StateConfig
 from gateway.core.tasks import TaskScope
 from gateway.kv.index import KvIndex
-from gateway.kv.prefix import Prefix
+from gateway.kv.prefix import Prefix, seed_tag
 from gateway.state.assumptions import SharedAssumptions
 from gateway.state.store import Store
 from gateway_sim.redis_server import RedisServer
@@ -51,6 +53,8 @@ class Gateway:
 @pytest.fixture
 async def gateways(server: RedisServer) -> AsyncIterator[list[Gateway]]:
     made = [Gateway(server.url) for _ in range(3)]
+    for gateway in made:
+        assert await gateway.shared.agree()  # one secret for the block keys, the first's
     yield made
     for gateway in made:
         await gateway.close()
@@ -81,11 +85,26 @@ async def test_a_placement_on_one_gateway_is_known_to_the_others(
     assert all(g.index.size("10.9.9.9:1") == 0 for g in gateways[1:])  # not applied
 
 
+async def test_the_gateways_agree_on_one_secret_for_their_keys(
+    server: RedisServer, gateways: list[Gateway]
+) -> None:
+    raw = Redis.from_url(server.url)
+    try:
+        secret = await raw.get("gateway:kv:seed")
+        assert isinstance(secret, bytes) and len(secret) == 32
+        await raw.set("gateway:kv:seed", b"short")  # junk: refused, the process keeps its own
+        assert not await gateways[0].shared.agree()
+        assert gateways[0].store.errors[("kv_seed", "invalid")] == 1
+    finally:
+        await raw.aclose()
+
+
 async def test_junk_on_the_channel_is_refused(server: RedisServer, gateways: list[Gateway]) -> None:
     await until(lambda: subscribed(server, 3), what="every gateway follows")
     raw = Redis.from_url(server.url)
     try:
-        for junk in (b"short", b"\x00" * 16 + b"\x00\x00\x00\x05" + b"x" * 10, b"y" * 200_000):
+        truncated = b"\x00" * 16 + seed_tag() + struct.pack("!I", 5) + b"x" * 10
+        for junk in (b"short", truncated, b"y" * 200_000):
             await raw.publish("gateway:kv:assumed", junk)
     finally:
         await raw.aclose()
