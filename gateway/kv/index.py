@@ -37,6 +37,7 @@ The slots' structures are in `slots`, the key -> holders map and the slot ids in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,7 @@ class KvIndex(KvLookup):
         max_blocks: int = 2_000_000,
         max_ranks: int = 256,
         max_block_sizes: int = 4,
+        share_window_s: float = 10.0,
     ):
         self.block_size = block_size  # for assumed slots, and the default of exact ones
         self.ttl_s = ttl_s
@@ -92,6 +94,8 @@ class KvIndex(KvLookup):
         self._stored: dict[str, int] = {}  # worker -> stored entries (engine hashes)
         self._total = 0
         self.evicted = 0  # stored entries dropped by the caps
+        self.share_window_s = share_window_s
+        self._placements: dict[str, tuple[float, float]] = {}  # worker -> (decayed, at)
         # Told each placement's assumed blocks (the shared store's follower, with `state:`).
         self.on_assume: Callable[[Slot, int, Sequence[int], int | None], object] | None = None
 
@@ -106,6 +110,7 @@ class KvIndex(KvLookup):
             max_blocks=kv.max_blocks,
             max_ranks=kv.max_ranks,
             max_block_sizes=kv.max_block_sizes,
+            share_window_s=kv.share_window_s,
         )
 
     # -- slots -------------------------------------------------------------------------
@@ -299,6 +304,7 @@ class KvIndex(KvLookup):
         return self._holders.purging
 
     def drop_worker(self, worker_id: str) -> None:
+        self._placements.pop(worker_id, None)
         for state in list(self._workers.get(worker_id, {}).values()):
             self.clear(state.slot)
 
@@ -315,13 +321,15 @@ class KvIndex(KvLookup):
         """The prompt's blocks will be cached on the slot: the gateway just sent it there.
         Until the worker's events say so (or for good, if it has none). `kv_tokens`: the
         worker's cache size, if it reports one (see `stored_tokens`); `block_size`: its
-        block size, if it reports one (else `kv.block_size`). `on_assume` hears it."""
+        block size, if it reports one (else `kv.block_size`). `on_assume` hears it, on a
+        worker without KV events."""
         state = self._assumable(slot, block_size)
         if state is None:
             return
         hashes = prefix.hashes(state.block_size)[: min(self.capacity, ASSUME_BLOCKS)]
         self._assume(state, hashes, now, kv_tokens)
-        if self.on_assume is not None and hashes:
+        if self.on_assume is not None and hashes and not state.exact:
+            # Workers with KV events tell every gateway themselves, within milliseconds.
             self.on_assume(slot, state.block_size, hashes, kv_tokens)
 
     def assumed(
@@ -334,9 +342,23 @@ class KvIndex(KvLookup):
     ) -> None:
         """Another gateway sent a prompt of these blocks to the slot (what it learned,
         shared through the store): remembered as if this one had."""
+        self.placed(slot[0], now)
         state = self._assumable(slot, block_size)
         if state is not None and state.block_size == block_size:
             self._assume(state, hashes[: min(self.capacity, ASSUME_BLOCKS)], now, kv_tokens)
+
+    # -- placements: the balance guard's shares ---------------------------------------
+
+    def share(self, worker_id: str, now: float) -> float:
+        """The worker's recent placements, decaying by exp(-age / share_window_s): this
+        gateway's, and with a shared store every other gateway's too (what the balance
+        guard weighs, so replicas balance the fleet, not each its own calls)."""
+        count, at = self._placements.get(worker_id, (0.0, now))
+        return count * math.exp((at - now) / self.share_window_s)
+
+    def placed(self, worker_id: str, now: float) -> None:
+        """One more placement on the worker (by this gateway, or told by another)."""
+        self._placements[worker_id] = (self.share(worker_id, now) + 1, now)
 
     def _assumable(self, slot: Slot, block_size: int | None) -> SlotState | None:
         state = self._slots.get(slot)

@@ -10,7 +10,8 @@ Balance guard, two rules, so affinity never piles requests on one worker:
 - now: only candidates whose load is at most balance_ratio x the lowest load +
   balance_slack compete;
 - over time: only candidates whose share of recent placements (decaying with
-  `share_window_s`) is at most balance_ratio x the mean share + 1 compete. Accurate cache
+  `share_window_s`; kept by the index, and with a shared store every gateway's) is at
+  most balance_ratio x the mean share + 1 compete. Accurate cache
   knowledge makes affinity strong (a tenant's prompt lives on one or two workers); this
   keeps the busiest worker within balance_ratio of the mean over the window.
 The lowest cost among those wins, ties to the lower load, then to the candidates'
@@ -25,7 +26,6 @@ an AND, in C) plus remembering at most ASSUME_BLOCKS blocks where it went.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Self, cast
@@ -91,7 +91,6 @@ class CacheAware(Policy):
         self.settings = settings
         self.stale_after_s = stale_after_s
         self.last: str | None = None
-        self._placed: dict[str, tuple[float, float]] = {}  # worker -> (decayed count, at)
         self._seen: list[str] = []  # the candidates of the last placement
 
     @classmethod
@@ -102,10 +101,6 @@ class CacheAware(Policy):
         """The block sizes a placement will hash the prompt for: those of the last
         candidates' slots (every slot's before the first placement)."""
         return self.index.block_sizes(self._seen or None)
-
-    def _share(self, worker_id: str, now: float) -> float:
-        count, at = self._placed.get(worker_id, (0.0, now))
-        return count * math.exp((at - now) / self.settings.share_window_s)
 
     def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
         chosen = self.choose(candidates, hints)
@@ -133,11 +128,11 @@ class CacheAware(Policy):
         else:
             start = rotate_after(ids, self.last)
             order = [*range(start, len(ids)), *range(start)]
-        shares = [self._share(i, now) for i in ids]
+        shares = [self.index.share(i, now) for i in ids]  # every gateway's, with a store
         pick = cheapest(loads, uncached, self.settings, order, shares)
         chosen = workers[pick]
         self.last = chosen.id
-        self._placed[chosen.id] = (shares[pick] + 1, now)
+        self.index.placed(chosen.id, now)
         if prefix is None:
             return Choice(cast("C", chosen))
         hit = matched.get(chosen.id)
