@@ -21,17 +21,9 @@ from gateway.discovery.source import Discovered
 from tests.support.fakes.apiserver import ApiServer, running
 
 NS = "serving"
-
-
 WORKER = {"app": "worker"}
-
-
 GRPC = {"grpc": 9000, "metrics": 9100}
-
-
 WAIT_S = 5.0
-
-
 Report = list[Discovered]
 
 

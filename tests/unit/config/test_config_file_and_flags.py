@@ -195,8 +195,6 @@ JUNK = st.one_of(
     st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 )
-
-
 FIELDS = [
     *((section, f.name) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)),
     *((None, f.name) for f in dataclasses.fields(GatewayConfig)),

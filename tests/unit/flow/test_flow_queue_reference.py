@@ -104,8 +104,6 @@ class Reference:
 
 
 TENANTS = ("a", "b", "c", "d")
-
-
 PUSH = st.tuples(
     st.just("push"),
     st.sampled_from(TENANTS),
@@ -113,14 +111,8 @@ PUSH = st.tuples(
     st.sampled_from([0.0, 1.0, 7.0, 100.0, 1000.0]),
     st.integers(1, 40),
 )
-
-
 SERVE = st.tuples(st.just("serve"), st.frozensets(st.sampled_from(TENANTS)))
-
-
 REMOVE = st.tuples(st.just("remove"), st.integers(0, 1000))
-
-
 WAIT = st.tuples(st.just("wait"), st.sampled_from([0.5, 3.0, 11.0]))
 
 

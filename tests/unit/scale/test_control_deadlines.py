@@ -20,14 +20,8 @@ from tests.support.control_plane import LATE_S, FakeAdmin, worker
 from tests.support.fakes.context import Aborted, FakeContext
 
 READ_S = 0.2  # the read deadline in these tests
-
-
 SLACK_S = 0.2  # a change's deadline on top of the wait it asks for
-
-
 URL = "grpc://127.0.0.1:7001?model=m&runtime=sglang"
-
-
 ADDED = "127.0.0.1:7001"
 
 
