@@ -16,13 +16,7 @@ import pytest
 from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
-from gateway_sim.client import (
-    admin_address,
-    channel,
-    is_healthy,
-    list_workers,
-    write_config,
-)
+from gateway_sim.client import admin_address, channel, is_healthy, list_workers, write_config
 from gateway_sim.launch import start_many
 from tests.support.availability import (
     admin_watch,

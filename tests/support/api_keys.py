@@ -14,14 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from gateway.config import AuthConfig
-from gateway.security.auth import (
-    ApiKeyAuth,
-)
+from gateway.security.auth import ApiKeyAuth
 from gateway.security.keys import KeyFile
-from gateway.services.health import (
-    SERVING,
-    HealthService,
-)
+from gateway.services.health import SERVING, HealthService
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-0123456789"
 

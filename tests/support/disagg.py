@@ -7,10 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway_sim.client import (
-    sgl,
-    vllm,
-)
+from gateway_sim.client import sgl, vllm
 from tests.support.waits import until
 
 PROMPT = [1, 2, 3]

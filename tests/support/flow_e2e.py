@@ -13,12 +13,7 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.admin.v1 import admin_pb2_grpc
-from gateway_sim.client import (
-    admin_address,
-    model_md,
-    sgl_generate,
-    write_config,
-)
+from gateway_sim.client import admin_address, model_md, sgl_generate, write_config
 from gateway_sim.launch import Child, worker_url
 from tests.support.helpers import wait_for_events
 from tests.support.launch import Launcher

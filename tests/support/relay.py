@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway_sim.client import (
-    wait_health,
-)
+from gateway_sim.client import wait_health
 from gateway_sim.launch import Child, SharedProcesses, worker_url
 from tests.support.launch import SimHost
 

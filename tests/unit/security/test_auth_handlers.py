@@ -14,15 +14,8 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.security.auth import (
-    MISSING_KEY,
-    REJECTED_KEY,
-    THROTTLED,
-    ApiKeyAuth,
-)
-from gateway.services.health import (
-    SERVING,
-)
+from gateway.security.auth import MISSING_KEY, REJECTED_KEY, THROTTLED, ApiKeyAuth
+from gateway.services.health import SERVING
 from tests.support import api_keys
 from tests.support.api_keys import ALICE, auth_of, check, health
 

@@ -16,14 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.config import AuthConfig, ConfigError, build_config
-from gateway.security.auth import (
-    BLOCKED,
-    MISSING,
-    REJECTED,
-    REJECTED_KEY,
-    THROTTLED,
-    ApiKeyAuth,
-)
+from gateway.security.auth import BLOCKED, MISSING, REJECTED, REJECTED_KEY, THROTTLED, ApiKeyAuth
 from gateway.security.blocking import FailureTable, peer_address
 from gateway.security.identity import Identities
 from gateway.security.keys import ApiKeys, KeyFile
