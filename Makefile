@@ -115,7 +115,7 @@ test-engines: $(STAMP) engines engines-sglang engines-nixl engines-mooncake  ## 
 	$(VENV)/bin/pytest -n 0 -q tests/engines
 
 # CONTRACT=vllm (the default), sglang, vllm-pd or sglang-pd: whose real workers
-# record-transcripts records (tests/contract/calls.py).
+# record-transcripts records (tests/contract/contracts.py).
 CONTRACT ?= vllm
 # each contract's add-ons beside the engines venv
 CONTRACT_ADDONS = $(if $(filter sglang%,$(CONTRACT)),engines-sglang) \

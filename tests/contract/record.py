@@ -36,7 +36,8 @@ if str(ROOT) not in sys.path:
 from scripts.engines.sglang_worker import ADDONS, SglangWorker  # noqa: E402
 from scripts.engines.worker import EngineWorker  # noqa: E402
 from tests.contract import runner  # noqa: E402
-from tests.contract.calls import CONTRACTS, DECODE, PREFILL, WORKER, Contract  # noqa: E402
+from tests.contract.calls import DECODE, PREFILL, WORKER, Contract  # noqa: E402
+from tests.contract.contracts import CONTRACTS  # noqa: E402
 
 VERSIONS = """
 import importlib.metadata as m, json

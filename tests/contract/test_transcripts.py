@@ -29,16 +29,9 @@ from typing import Any
 import pytest
 
 from gateway_sim.launch import Child, sim_args, start
-from tests.contract.calls import (
-    CONTRACTS,
-    MAX_MODEL_LEN,
-    MODEL,
-    PREFILL,
-    VOCAB_SIZE,
-    WORKER,
-    Contract,
-)
+from tests.contract.calls import MAX_MODEL_LEN, MODEL, PREFILL, VOCAB_SIZE, WORKER, Contract
 from tests.contract.compare import differences, features
+from tests.contract.contracts import CONTRACTS
 from tests.contract.runner import run_all
 
 TRANSCRIPTS = Path(__file__).parent / "transcripts"

@@ -1,5 +1,7 @@
 """Helpers for the availability end-to-end tests: closed-loop load,
-timed watchers of the admin and health streams, admin and metrics clients.
+timed watchers of the admin and health streams, admin and metrics clients, the `--worker`
+flags of simulated workers (urls) and which worker served each of a run of calls
+(served_by).
 
 Times are `time.monotonic()` unless a name says `wall` (log lines carry wall-clock
 timestamps, so request starts read from the log are compared with `time.time()`).
@@ -29,13 +31,15 @@ from gateway.admin.v1 import admin_pb2_grpc
 from gateway_sim.client import (
     channel,
     collect,
+    generate_for,
     list_workers,
     model_md,
     sgl_generate,
     sgl_grpc,
     status_name,
+    stub_for,
 )
-from gateway_sim.launch import START_S, Child
+from gateway_sim.launch import START_S, Child, worker_url
 from tests.support.waits import WAIT_S
 
 T = TypeVar("T")
@@ -346,3 +350,28 @@ def samples(text: str, name: str) -> dict[frozenset[tuple[str, str]], float]:
 
 def labels(**values: str) -> frozenset[tuple[str, str]]:
     return frozenset(values.items())
+
+
+def urls(*children: Child, model: str = "m", runtime: str = "sglang") -> list[str]:
+    args: list[str] = []
+    for child in children:
+        args += ["--worker", worker_url(child, model=model, runtime=runtime)]
+    return args
+
+
+async def served_by(
+    address: str, count: int, model: str = "m", runtime: str = "sglang"
+) -> list[str]:
+    """`count` sequential Generate calls; the worker name that served each (all must be OK)."""
+    names = []
+    async with channel(address) as ch:
+        stub = stub_for(ch, runtime)
+        for i in range(count):
+            call = stub.Generate(
+                generate_for(runtime, f"s{i}", tokens=1), metadata=model_md(model), timeout=5
+            )
+            messages, error = await collect(call)
+            assert error is None, (error.code(), error.details())
+            assert len(messages) == 2
+            names.append(str(dict(await call.initial_metadata())["x-sim-worker"]))
+    return names

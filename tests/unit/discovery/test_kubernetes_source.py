@@ -1,17 +1,13 @@
 """The Kubernetes source against the stand-in API server (tests/support/fakes/apiserver.py) on an
 ephemeral port, through lightkube as in production: what it reports as pods come, change
-and go, how it mends an expired or broken watch, what it makes of a pod's labels,
-annotations and ports, and what it keeps when the server is down. Every wait is a bounded
-poll on the reports or the server's counters."""
+and go, how it mends an expired or broken watch, and what it keeps when the server is
+down. Every wait is a bounded poll on the reports or the server's counters."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -19,93 +15,13 @@ from structlog.testing import capture_logs
 from gateway.config import KubernetesDiscovery
 from gateway.discovery import kubernetes
 from gateway.discovery.kubernetes import KubernetesSource
-from gateway.discovery.source import Discovered
-from tests.support.fakes.apiserver import ApiServer, running
+from tests.support import kubernetes_source
+from tests.support.fakes.apiserver import ApiServer
+from tests.support.kubernetes_source import GRPC, NS, WORKER, Run, host, ready_pod, state, watching
 from tests.support.waits import until
 
-NS = "serving"
-WORKER = {"app": "worker"}
-GRPC = {"grpc": 9000, "metrics": 9100}
-WAIT_S = 5.0
-
-Report = list[Discovered]
-
-
-class Run:
-    """A source running against the stand-in, its reports kept in order."""
-
-    def __init__(self, source: KubernetesSource) -> None:
-        self.source = source
-        self.reports: list[Report] = []
-
-    def report(self, hosts: Sequence[Discovered]) -> None:
-        self.reports.append(list(hosts))
-
-    @property
-    def last(self) -> Report | None:
-        return self.reports[-1] if self.reports else None
-
-    async def report_where(self, check: Callable[[Report], bool], after: int = 0) -> Report:
-        """The first report from the `after`th on (or the latest) that passes `check`."""
-        deadline = time.monotonic() + WAIT_S
-        seen = after
-        while True:
-            for report in self.reports[seen:]:
-                if check(report):
-                    return report
-            seen = max(seen, len(self.reports))
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no such report in {WAIT_S} s; last: {self.last}")
-            await asyncio.sleep(0.01)
-
-
-def state(report: Report, pod: str) -> bool | None:
-    """The pod's host in the report: in service (True), out of it (False), absent (None)."""
-    hosts = [h for h in report if h.origin == f"kubernetes:{NS}/{pod}"]
-    assert len(hosts) <= 1
-    return hosts[0].in_service if hosts else None
-
-
-def host(report: Report, pod: str) -> Discovered:
-    (found,) = [h for h in report if h.origin == f"kubernetes:{NS}/{pod}"]
-    return found
-
-
-def ready_pod(api: ApiServer, name: str, ip: str, **kwargs: Any) -> None:
-    kwargs.setdefault("labels", WORKER)
-    kwargs.setdefault("ports", GRPC)
-    api.add_pod(NS, name, ip=ip, phase="Running", ready=True, **kwargs)
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServer]:
-    async with running(token="secret-token") as server:
-        yield server
-
-
-@pytest.fixture
-def fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Retries and relists in hundredths of a second, not seconds."""
-    monkeypatch.setattr(kubernetes, "BACKOFF_MIN_S", 0.05)
-    monkeypatch.setattr(kubernetes, "BACKOFF_MAX_S", 0.2)
-    monkeypatch.setattr(kubernetes, "MIN_RELIST_S", 0.05)
-
-
-@contextlib.asynccontextmanager
-async def watching(api: ApiServer, tmp_path: Path, **settings: Any) -> AsyncIterator[Run]:
-    """A source of `settings` (default: port grpc, app=worker, model m) with a kubeconfig
-    naming the stand-in and NS as the context's namespace, run until the block ends."""
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
-    fields: dict[str, Any] = {"port": "grpc", "selector": "app=worker", "model": "m"}
-    fields.update(settings)
-    config = KubernetesDiscovery(source="kubernetes", kubeconfig=str(kubeconfig), **fields)
-    run = Run(KubernetesSource(config))
-    task = asyncio.ensure_future(run.source.run(run.report))
-    try:
-        yield run
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+api = kubernetes_source.api  # the fixture (tests/support/kubernetes_source.py)
+fast = kubernetes_source.fast  # the fixture (tests/support/kubernetes_source.py)
 
 
 # -- a pod's life ------------------------------------------------------------------------
@@ -304,96 +220,6 @@ async def test_more_hosts_than_max_hosts_are_refused_and_the_last_set_stays(
     assert refused[0]["hosts"] == 3 and refused[0]["max_hosts"] == 2
     assert refused[0]["hosts_kept"] == 2
     assert [e["event"] for e in logs].count("discovery_recovered") == 1
-
-
-# -- what a pod says ---------------------------------------------------------------------
-
-
-async def test_the_model_from_a_label_or_an_annotation(api: ApiServer, tmp_path: Path) -> None:
-    ready_pod(api, "w-0", "10.1.0.1", labels={**WORKER, "model": "qwen2.5-7b"})
-    ready_pod(api, "w-1", "10.1.0.2", annotations={"gateway/model": "meta-llama/Llama-3-8B"})
-    async with watching(api, tmp_path, model=None, model_from="label:model") as run:
-        report = await run.report_where(lambda r: len(r) == 1)  # w-1 has no such label
-        assert host(report, "w-0").spec.model == "qwen2.5-7b"
-    async with watching(api, tmp_path, model=None, model_from="annotation:gateway/model") as run:
-        report = await run.report_where(lambda r: len(r) == 1)
-        assert host(report, "w-1").spec.model == "meta-llama/Llama-3-8B"
-    async with watching(api, tmp_path, model=None) as run:
-        report = await run.report_where(lambda r: len(r) == 2)
-        assert {h.spec.model for h in report} == {None}  # asked from each worker
-
-
-async def test_the_bootstrap_port_from_an_annotation(api: ApiServer, tmp_path: Path) -> None:
-    annotation = "gateway.example/bootstrap-port"
-    ready_pod(api, "p-0", "10.1.0.1", annotations={annotation: "8998"})
-    ready_pod(api, "p-1", "10.1.0.2")  # none: the worker's default
-    settings = {"role": "prefill", "runtime": "sglang", "bootstrap_port_annotation": annotation}
-    async with watching(api, tmp_path, **settings) as run:
-        report = await run.report_where(lambda r: len(r) == 2)
-    p0, p1 = host(report, "p-0").spec, host(report, "p-1").spec
-    assert (p0.bootstrap_port, p0.role, p0.runtime) == (8998, "prefill", "sglang")
-    assert p1.bootstrap_port is None
-
-
-async def test_the_container_port_by_name_or_by_number(api: ApiServer, tmp_path: Path) -> None:
-    ready_pod(api, "w-0", "10.1.0.1", ports={"metrics": 9100, "grpc": 30000})
-    ready_pod(api, "w-1", "10.1.0.2", ports={"http": 8080})
-    with capture_logs() as logs:
-        async with watching(api, tmp_path, port="grpc") as run:
-            report = await run.report_where(lambda r: len(r) == 1)
-            assert host(report, "w-0").spec.port == 30000
-    assert [(e["event"], e["pod"], e["problem"]) for e in logs if "pod" in e] == [
-        ("kubernetes_pod_skipped", f"{NS}/w-1", "no container port named 'grpc'")
-    ]
-    for port in (50051, "50051"):
-        async with watching(api, tmp_path, port=port) as run:
-            report = await run.report_where(lambda r: len(r) == 2)
-            assert {h.spec.port for h in report} == {50051}
-
-
-async def test_an_ipv6_pod_address(api: ApiServer, tmp_path: Path) -> None:
-    ready_pod(api, "w-0", "fd00::7")
-    async with watching(api, tmp_path) as run:
-        report = await run.report_where(lambda r: len(r) == 1)
-        assert report[0].spec.address == "[fd00::7]:9000"
-
-
-async def test_bad_pod_data_skips_the_pod_and_is_logged_once_per_problem(
-    api: ApiServer, tmp_path: Path, fast: None
-) -> None:
-    annotation = "bootstrap-port"
-    ready_pod(api, "good", "10.1.0.1", labels={**WORKER, "model": "m"})
-    ready_pod(api, "bad-model", "10.1.0.2", labels={**WORKER, "model": "not a model!"})
-    ready_pod(api, "bad-port", "10.1.0.3", labels={**WORKER, "model": "m"})
-    api.set_annotations(NS, "bad-port", {annotation: "eighty"})
-    ready_pod(api, "bad-ip", "10.1.0.300", labels={**WORKER, "model": "m"})
-    settings = {"model": None, "model_from": "label:model", "bootstrap_port_annotation": annotation}
-    with capture_logs() as logs:
-        async with watching(api, tmp_path, resync_s=0.2, **settings) as run:
-            await run.report_where(lambda r: [h.origin for h in r] == [f"kubernetes:{NS}/good"])
-            # Changed, listed again: still the same problems, not logged again.
-            lists = api.lists
-            api.set_ready(NS, "bad-model", False)
-            api.set_ready(NS, "bad-port", False)
-            await until(lambda: api.lists >= lists + 2, what="two more lists")
-            # Another problem is logged; a mended pod comes in.
-            count = len(run.reports)
-            api.set_annotations(NS, "bad-port", {annotation: "70000"})
-            api.set_labels(NS, "bad-model", {**WORKER, "model": "good-model"})
-            report = await run.report_where(lambda r: state(r, "bad-model") is False, after=count)
-    assert host(report, "bad-model").spec.model == "good-model"
-    skipped = [(e["pod"], e["problem"]) for e in logs if e["event"] == "kubernetes_pod_skipped"]
-    assert skipped == [  # the list's pods in name order, then the watch's
-        (f"{NS}/bad-ip", "pod IP '10.1.0.300' is not an address"),
-        (
-            f"{NS}/bad-model",
-            "model: model name 'not a model!' has characters other than letters, digits and"
-            " . _ : / @ + -",
-        ),
-        (f"{NS}/bad-port", "annotation bootstrap-port 'eighty' is not a port number"),
-        (f"{NS}/bad-port", "annotation bootstrap-port '70000' is not a port number"),
-    ]
-    assert run.source.stats.errors == 0
 
 
 # -- the server down ---------------------------------------------------------------------
