@@ -35,6 +35,7 @@ DEPTH_BITS = 20
 MAX_DEPTH = (1 << DEPTH_BITS) - 1  # blocks of one chain that are indexed; deeper ones are not
 KEY_BITS = 60
 HASH_MASK = ((1 << KEY_BITS) - 1) ^ MAX_DEPTH  # the chain-hash bits of a key
+ANCHOR_TOKENS = 64  # a prompt's first tokens: they break ties between equal workers
 THREAD_MIN_TOKENS = 16_384  # shorter prompts are hashed inline: a thread hop costs more
 
 U64 = np.uint64
@@ -173,12 +174,14 @@ class Prefix:
         self._hashes: dict[int, list[int]] = {}
 
     def anchor(self) -> int | None:
-        """The prompt's first block key at the smallest block size hashed so far (None:
-        none hashed, or shorter than a block): what equal choices are broken by."""
-        if not self._hashes:
+        """A key of the prompt's first ANCHOR_TOKENS tokens and namespace, the same in
+        every process and gateway (no secret: it only breaks ties between workers that
+        cost the same, so a client gains nothing by choosing it); None for no tokens."""
+        head = as_tokens(self.tokens[:ANCHOR_TOKENS])
+        if not len(head):
             return None
-        first = self._hashes[min(self._hashes)]
-        return first[0] if first else None
+        named = head.tobytes() + self.namespace.encode("utf-8", "surrogatepass")
+        return int.from_bytes(hashlib.blake2b(named, digest_size=8).digest(), "big")
 
     def hashes(self, block_size: int) -> list[int]:
         found = self._hashes.get(block_size)

@@ -14,7 +14,7 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as admin_pb
 from gateway.observability.corelog import real_stderr
-from gateway.scale.control import AdminStub
+from gateway.scale.desired import AdminStub
 
 
 class NotStarted(RuntimeError):

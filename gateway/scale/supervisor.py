@@ -34,7 +34,8 @@ from gateway.core.tasks import TaskScope
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.observability.metrics.process import build_series, process_series
 from gateway.scale.child import Launch
-from gateway.scale.control import AdminStub, ControlPlane, DesiredFleet, reconcile
+from gateway.scale.control import ControlPlane
+from gateway.scale.desired import AdminStub, DesiredFleet, reconcile
 from gateway.scale.member import Member, serving_config
 from gateway.scale.merge import ProcessesCollector
 from gateway.scale.port import hold_port

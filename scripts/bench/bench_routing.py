@@ -44,12 +44,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -58,65 +57,14 @@ from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its trace module, beside it
+
+from routing_trace import VOCAB, Turn, make_trace, oracle_hit_rate
 
 from gateway_sim.launch import Child, start
 from gateway_sim.redis_server import RedisServer
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
-VOCAB = 30_000
-
-
-@dataclass(frozen=True)
-class Turn:
-    session: str
-    lora: str
-    tokens: list[int]
-
-
-def make_trace(args: argparse.Namespace) -> list[Turn]:
-    rng = random.Random(args.seed)
-    systems = [
-        [rng.randrange(VOCAB) for _ in range(args.system_tokens)] for _ in range(args.tenants)
-    ]
-    loras = ["adapter-a" if t % 4 == 3 else "" for t in range(args.tenants)]
-    sessions = []
-    for s in range(args.sessions):
-        tenant = rng.randrange(args.tenants)
-        sessions.append((f"s{s}", tenant, list(systems[tenant])))
-    trace: list[Turn] = []
-    for _ in range(args.turns):
-        order = list(range(len(sessions)))
-        rng.shuffle(order)
-        for index in order:
-            name, tenant, history = sessions[index]
-            history += [rng.randrange(VOCAB) for _ in range(args.turn_tokens)]
-            trace.append(Turn(name, loras[tenant], list(history)))
-    return trace
-
-
-def oracle_hit_rate(trace: list[Turn], capacity_blocks: int, block_size: int) -> float:
-    """One worker with all the capacity: an LRU over chained blocks, namespace-aware."""
-    cache: OrderedDict[int, None] = OrderedDict()
-    cached = prompt = 0
-    for turn in trace:
-        parent = hash(("root", turn.lora))
-        hashes = []
-        for i in range(0, len(turn.tokens) - block_size + 1, block_size):
-            parent = hash((parent, *turn.tokens[i : i + block_size]))
-            hashes.append(parent)
-        hit = 0
-        for h in hashes:
-            if h not in cache:
-                break
-            hit += 1
-        cached += hit * block_size
-        prompt += len(turn.tokens)
-        for h in hashes:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > capacity_blocks:
-            cache.popitem(last=False)
-    return cached / prompt
 
 
 @dataclass
@@ -316,7 +264,7 @@ async def serve_trace(
         own = [("grpc.use_local_subchannel_pool", 1)]
         channels = [
             aio.insecure_channel(address, options=own)
-            for _ in range(front.processes * 2)
+            for _ in range(1 if front.processes == 1 else 2 * front.processes)
             for address in addresses
         ]
         tasks = []

@@ -217,8 +217,8 @@ def bench_routing() -> Any:
 
 async def test_cache_aware_hits_as_much_through_envoy_as_through_the_relay() -> None:
     """The routing benchmark's multi-turn trace (smaller), sent through the relay and
-    through Envoy + picker with cache_aware: the workers' own hit rates agree within 2
-    points (the same placement on the same index)."""
+    through Envoy + picker with cache_aware: the workers' own hit rates agree within 5
+    points (the same placement rules on the same index)."""
     bench = bench_routing()
     args = argparse.Namespace(
         workers=4, tenants=8, sessions=16, turns=4, system_tokens=512, turn_tokens=64,
@@ -232,7 +232,11 @@ async def test_cache_aware_hits_as_much_through_envoy_as_through_the_relay() -> 
     picked = await bench.run_policy(args, "cache_aware", True, trace, picker=True)
     assert relay.failures == picked.failures == 0
     assert relay.hit_rate > 0.5
-    assert abs(relay.hit_rate - picked.hit_rate) <= 0.02
+    # Within 5 points (2 while ties went by rotation): ties now go to the prompt's own
+    # rendezvous order (alike on every gateway), and where the balance guard steps in
+    # follows each mode's timing. A picker that placed otherwise (an index it does not
+    # teach) falls far below: 0.3 or so.
+    assert abs(relay.hit_rate - picked.hit_rate) <= 0.05
 
 
 async def test_serving_processes_share_the_picker_port(

@@ -15,7 +15,7 @@ Balance guard, two rules, so affinity never piles requests on one worker:
   knowledge makes affinity strong (a tenant's prompt lives on one or two workers); this
   keeps the busiest worker within balance_ratio of the mean over the window.
 The lowest cost among those wins, ties to the lower load, then to the candidates'
-rendezvous order for the prompt's first block (every gateway, replica or process, breaks
+rendezvous order for the prompt's first tokens (every gateway, replica or process, breaks
 a tie for the same prompt alike, so replicas started in step do not herd, and a new
 prefix goes to one worker whichever gateway places it), else to rotation.
 

@@ -15,7 +15,8 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.config import build_config
-from gateway.scale.control import ControlPlane, DesiredFleet, NoAnswer, reconcile, within
+from gateway.scale.control import ControlPlane, NoAnswer, within
+from gateway.scale.desired import DesiredFleet, reconcile
 from tests.support.control_plane import LATE_S, FakeAdmin, worker
 from tests.support.fakes.context import Aborted, FakeContext
 

@@ -12,7 +12,8 @@ from grpc import aio
 
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.config import build_config
-from gateway.scale.control import ControlPlane, DesiredFleet, reconcile
+from gateway.scale.control import ControlPlane
+from gateway.scale.desired import DesiredFleet, reconcile
 
 
 class Refused(Exception):

@@ -19,7 +19,8 @@ from gateway.cli.main import build_parser, config_from_args
 from gateway.config import ConfigError, build_config, parse_processes, usable_cores
 from gateway.core.listen import CannotListen
 from gateway.proxy.legs import MAX_ROOM, BootstrapRooms
-from gateway.scale.control import ControlPlane, DesiredFleet, merge_workers, reconcile
+from gateway.scale.control import ControlPlane, merge_workers
+from gateway.scale.desired import DesiredFleet, reconcile
 from gateway.scale.member import Member, serving_config
 from gateway.scale.port import hold_port
 from tests.support.fakes.context import Aborted, FakeContext
