@@ -10,7 +10,16 @@ from pydantic import Field, Strict, model_validator
 from pydantic.dataclasses import dataclass
 
 from gateway.config.errors import ConfigError, field_error
-from gateway.config.fields import SETTINGS, AtLeastOne, Flag, HeaderName, Interval, Name, Whole
+from gateway.config.fields import (
+    SETTINGS,
+    AtLeastOne,
+    Flag,
+    HeaderName,
+    Interval,
+    Name,
+    Size,
+    Whole,
+)
 
 # -- flow control: queues instead of refusals when every worker is busy --------------------
 
@@ -36,7 +45,7 @@ class FlowQueueConfig:
     max_requests: AtLeastOne = Field(
         default=2048, description="calls waiting per model; past it: QUEUE_FULL"
     )
-    max_bytes: AtLeastOne = Field(
+    max_bytes: Size = Field(
         default=256 * 1024 * 1024,
         description="bytes of waiting requests per model; past it: QUEUE_FULL",
     )

@@ -20,6 +20,7 @@ from gateway.config.fields import (
     ModelName,
     Name,
     Seconds,
+    Size,
     Text,
     Whole,
 )
@@ -181,7 +182,7 @@ class GatewayConfig:
     discovery_timeout_s: Seconds = Field(
         default=5.0, description="start-up waits at most this long for workers and sources"
     )
-    max_message_bytes: AtLeastOne = Field(
+    max_message_bytes: Size = Field(
         default=64 * 1024 * 1024,
         description="largest request or response message, on every port and channel",
     )

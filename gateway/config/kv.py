@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Interval, Number, Seconds
+from gateway.config.fields import SETTINGS, AtLeastOne, Flag, Interval, Number, Seconds, Size
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -72,7 +72,7 @@ class KvConfig:
     max_blocks: AtLeastOne = Field(
         default=2_000_000, description="stored blocks indexed in all: the index's memory bound"
     )
-    max_event_bytes: AtLeastOne = Field(
+    max_event_bytes: Size = Field(
         default=4 * 1024 * 1024,
         description="largest KV event message; a bigger one restarts the subscription",
     )

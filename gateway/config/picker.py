@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, Strict
 from pydantic.dataclasses import dataclass
 
-from gateway.config.fields import SETTINGS, AtLeastOne, Flag, HeaderName, Text
+from gateway.config.fields import SETTINGS, Flag, HeaderName, Size, Text
 from gateway.config.security import TlsConfig
 
 
@@ -67,7 +67,7 @@ class PickerConfig:
     migrate_streams: Flag = Field(
         default=False, description="streamed Generates go to the relay too, so they can migrate"
     )
-    max_body_bytes: AtLeastOne = Field(
+    max_body_bytes: Size = Field(
         default=MAX_BODY_BYTES,
         description="the most of a request body the picker reads; a longer one goes to the relay",
     )

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, Field
 from pydantic.dataclasses import dataclass
 
 from gateway.config.errors import field_error
-from gateway.config.fields import SETTINGS, AtLeastOne, Interval, Name
+from gateway.config.fields import SETTINGS, AtLeastOne, Interval, Name, Size
 
 SCHEMES = ("redis", "rediss", "unix")
 MAX_PREFIX = 64
@@ -63,7 +63,7 @@ class StateConfig:
     resync_s: Interval = Field(
         default=1.0, description="routes re-read this often, besides the change notices"
     )
-    max_value_bytes: AtLeastOne = Field(
+    max_value_bytes: Size = Field(
         default=65_536, description="a value read from the store past this is refused as junk"
     )
     max_connections: AtLeastOne = Field(

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, Strict
 from pydantic.dataclasses import dataclass
 
-from gateway.config.fields import SETTINGS, AtLeastOne, Interval, Seconds
+from gateway.config.fields import SETTINGS, AtLeastOne, Interval, Seconds, Size
 
 
 @dataclass(frozen=True, slots=True, config=SETTINGS)
@@ -72,7 +72,7 @@ class UpstreamConfig:
     )
     # What a worker may send ahead on one stream before the gateway's client reads it:
     # the fixed HTTP/2 stream window of worker channels (grpc's default grows to 4 MiB).
-    stream_window_bytes: AtLeastOne = Field(
+    stream_window_bytes: Size = Field(
         default=256 * 1024, description="what a worker may send ahead on one stream (HTTP/2 window)"
     )
     # A worker's response headers, and its trailers, as relayed to the client: at most this

@@ -81,7 +81,11 @@ def test_yaml_then_flags(tmp_path: Path) -> None:
             {"log_level": "verbose"},
             "log_level: unknown value 'verbose' (expected debug|info|warning|error",
         ),
-        ({"probe": {"interval_s": "fast"}}, "probe.interval_s: must be a number, not 'fast'"),
+        (
+            {"probe": {"interval_s": "fast"}},
+            "probe.interval_s: must be a number, or a duration with its unit (ms, s, m, h), "
+            "not 'fast'",
+        ),
         (
             {"admin": {"listen": "0.0.0.0:50052"}},
             "admin.listen: '0.0.0.0:50052' is not loopback: give the admin API a token",

@@ -28,11 +28,16 @@ from tests.support.config_errors import error_of, yaml_file
         ({"drain": {"grace_s": -1}}, "drain.grace_s: must be at least 0, not -1"),
         ({"kv": {"balance_ratio": float("nan")}}, "kv.balance_ratio: must be a finite number"),
         (
-            {"outlier_detection": {"cooldown_s": "5s"}},
-            "outlier_detection.cooldown_s: must be a number, not '5s'",
+            {"outlier_detection": {"cooldown_s": "5 s later"}},
+            "outlier_detection.cooldown_s: must be a number, or a duration with its unit "
+            "(ms, s, m, h), not '5 s later'",
         ),
         # The old name of outlier_detection: the line names the key the file gave.
-        ({"breaker": {"cooldown_s": "5s"}}, "breaker.cooldown_s: must be a number, not '5s'"),
+        (
+            {"breaker": {"cooldown_s": "soon"}},
+            "breaker.cooldown_s: must be a number, or a duration with its unit (ms, s, m, h), "
+            "not 'soon'",
+        ),
         ({"max_attempts": "3"}, "max_attempts: must be a whole number, not '3'"),
         ({"max_attempts": True}, "max_attempts: must be a whole number, not true"),
         ({"kv": {"events": "yes"}}, "kv.events: must be true or false, not 'yes'"),

@@ -240,3 +240,26 @@ def test_a_picker_port_past_loopback_needs_tls_or_says_the_network_encrypts() ->
 
 def picker_tls_of(config: GatewayConfig) -> TlsConfig:
     return picker_tls(config.picker, config.tls)
+
+
+def test_sizes_and_durations_take_their_units() -> None:
+    config = build_config(
+        {
+            "max_message_bytes": "64MiB",
+            "flow": {"queue": {"max_bytes": "1GB"}},
+            "limits": {"stream_idle_timeout_s": "5m", "request_read_timeout_s": "1500ms"},
+            "drain": {"grace_s": "1h"},
+        }
+    )
+    assert config.max_message_bytes == 64 * 1024 * 1024
+    assert config.flow is not None and config.flow.queue.max_bytes == 1_000_000_000
+    assert config.limits.stream_idle_timeout_s == 300.0
+    assert config.limits.request_read_timeout_s == 1.5
+    assert config.drain.grace_s == 3600.0
+    for bad in (
+        {"max_message_bytes": "64"},
+        {"max_message_bytes": 1.0},
+        {"drain": {"grace_s": "1d"}},
+    ):
+        with pytest.raises(ConfigError):
+            build_config(bad)
