@@ -46,6 +46,18 @@ def replicas(
     return [gateway("--config", path) for _ in range(count)]
 
 
+def aliased(sim: Launcher) -> dict[str, object]:
+    """Workers of models v2 and v3, and the alias `chat` the file routes to v2."""
+    v2, v3 = sim("--model", "v2"), sim("--model", "v3")
+    return {
+        "workers": [
+            worker_url(v2, model="v2", runtime="sglang"),
+            worker_url(v3, model="v3", runtime="sglang"),
+        ],
+        "models": {"chat": {"route": [{"model": "v2", "weight": 100}]}},
+    }
+
+
 async def generate(gw: Child, model: str, *md: tuple[str, str]) -> grpc.StatusCode:
     async with channel(gw.address) as ch:
         stub = sgl_grpc.SglangSchedulerStub(ch)
@@ -99,14 +111,7 @@ async def test_three_replicas_admit_one_tenants_budget_once(
 async def test_a_route_set_on_one_replica_is_served_by_all_and_kept_across_restarts(
     sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
 ) -> None:
-    v2, v3 = sim("--model", "v2"), sim("--model", "v3")
-    config = {
-        "workers": [
-            worker_url(v2, model="v2", runtime="sglang"),
-            worker_url(v3, model="v3", runtime="sglang"),
-        ],
-        "models": {"chat": {"route": [{"model": "v2", "weight": 100}]}},
-    }
+    config = aliased(sim)
     gws = replicas(gateway, tmp_path, store, config)
     await set_route(gws[0], "chat", [("v3", 100)])
 
@@ -146,15 +151,7 @@ async def test_a_session_keeps_its_worker_whichever_replica_takes_it(
 async def test_the_store_killed_mid_run_costs_no_call_and_state_is_shared_again(
     sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
 ) -> None:
-    v2, v3 = sim("--model", "v2"), sim("--model", "v3")
-    config = {
-        "workers": [
-            worker_url(v2, model="v2", runtime="sglang"),
-            worker_url(v3, model="v3", runtime="sglang"),
-        ],
-        "models": {"chat": {"route": [{"model": "v2", "weight": 100}]}},
-        "tenants": {"default": {"requests_per_minute": 1000}},
-    }
+    config = {**aliased(sim), "tenants": {"default": {"requests_per_minute": 1000}}}
     gws = replicas(gateway, tmp_path, store, config, count=2)
     assert await generate(gws[0], "chat") == grpc.StatusCode.OK
     store.stop()
