@@ -19,7 +19,7 @@ from gateway.config import ProbeConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics.calls import INTER_TOKEN_BUCKETS, TTFT_BUCKETS
 from gateway.upstream.call_stats import CallStats
-from gateway.upstream.signals.load import LoadReport as LoadReport  # re-exported: it lived here
+from gateway.upstream.signals.load import LoadReport
 from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.signals.probe import ProbeResult, ProbeState, judge
 

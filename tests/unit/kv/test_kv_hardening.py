@@ -28,7 +28,7 @@ from gateway.placement.policies.cache_aware import CacheAware
 from gateway.upstream.load.kv_batches import CHUNK_BYTES, TooLarge
 from gateway.upstream.load.kv_events import Backoff, KvFollower
 from gateway.upstream.metrics import FleetCollector
-from gateway.upstream.worker import LoadReport
+from gateway.upstream.signals.load import LoadReport
 from tests.support.factories import make_registry, make_worker, worker_on
 from tests.support.kv_events import batch, blocks, stored
 

@@ -16,8 +16,9 @@ from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics.calls import TTFT_BUCKETS
 from gateway.observability.record import CallRecord
 from gateway.upstream.registry import Registry
+from gateway.upstream.signals.load import LoadReport
 from gateway.upstream.signals.outlier import OutlierDetector, OutlierState
-from gateway.upstream.worker import LoadReport, Worker, WorkerStatus
+from gateway.upstream.worker import Worker, WorkerStatus
 from tests.support.factories import make_registry, worker_on
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"

@@ -11,9 +11,10 @@ from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.services.health import NOT_SERVING, SERVING, desired_statuses
 from gateway.upstream.load.limits import WorkerLimits, overload_reason
+from gateway.upstream.signals.load import LoadReport
 from gateway.upstream.signals.outlier import Outcome, OutlierDetector, OutlierState, outcome_of
 from gateway.upstream.signals.probe import ProbeKind, ProbeResult, ProbeState, judge
-from gateway.upstream.worker import LoadReport, Worker, WorkerStatus, derive_status
+from gateway.upstream.worker import Worker, WorkerStatus, derive_status
 from tests.support.factories import make_worker
 
 S, F, IGN = Outcome.SUCCESS, Outcome.FAILURE, Outcome.IGNORED
