@@ -133,13 +133,15 @@ class TenantConfig:
         description="token bucket of prompt + generated tokens; past it: RATE_LIMITED",
     )
 
-    def shared(self, share: Callable[[int], int]) -> TenantConfig:
-        """One serving process's part of the tenant's limits (`--processes N`)."""
+    def shared(self, share: Callable[[int], int], budgets: bool = True) -> TenantConfig:
+        """One serving process's part of the tenant's limits (`--processes N`); with
+        `budgets` False (a shared store charges them for the fleet), its budgets whole."""
+        whole: Callable[[int], int] = share if budgets else int
         return dataclasses.replace(
             self,
             max_inflight=_maybe(share, self.max_inflight),
-            requests_per_minute=_maybe(share, self.requests_per_minute),
-            tokens_per_minute=_maybe(share, self.tokens_per_minute),
+            requests_per_minute=_maybe(whole, self.requests_per_minute),
+            tokens_per_minute=_maybe(whole, self.tokens_per_minute),
         )
 
 

@@ -32,7 +32,9 @@ def serving_config(
         else settings
         for name, settings in config.models.items()
     }
-    tenants = {name: tenant.shared(member.share) for name, tenant in config.tenants.items()}
+    # With a shared store the budgets are the fleet's, charged there whole by every process.
+    split = not config.state.enabled
+    tenants = {name: t.shared(member.share, split) for name, t in config.tenants.items()}
     flow = config.flow
     if flow is not None:  # each process's queues hold its share
         queue = replace(

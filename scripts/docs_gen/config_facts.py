@@ -45,8 +45,10 @@ SCOPE: dict[str, str] = {
     "flow.queue.max_bytes": f"{SPLIT}, per model",
     "flow.tenant_labels": "process",
     "tenants.<tenant>.max_inflight": SPLIT,
-    "tenants.<tenant>.requests_per_minute": SPLIT,
-    "tenants.<tenant>.tokens_per_minute": SPLIT,
+    "tenants.<tenant>.requests_per_minute": f"{SPLIT}; fleet with `state:`",
+    "tenants.<tenant>.tokens_per_minute": f"{SPLIT}; fleet with `state:`",
+    "state.max_connections": "process",
+    "state.max_value_bytes": "message",
     "models.<model>.max_inflight": f"{SPLIT}, per worker",
     "models.<model>.max_waiting": "worker report",
     "models.<model>.max_token_usage": "worker report",
@@ -95,6 +97,10 @@ SCOPE: dict[str, str] = {
 # read again on SIGHUP and when they change (the key itself, a path, is read at start-up).
 RELOAD: dict[str, str] = {
     "workers[]": "restart (admin API: live)",
+    "models.<model>.route": "restart (admin API: live; with `state:`, every replica)",
+    "models.<model>.route[].model": "restart (admin API: live)",
+    "models.<model>.route[].weight": "restart (admin API: live)",
+    "state.password_file": "file: read at start-up",
     "tls.cert": "file: SIGHUP, change",
     "tls.key": "file: SIGHUP, change",
     "tls.client_ca": "file: SIGHUP, change",

@@ -192,3 +192,19 @@ async def test_junk_planted_in_the_store_is_refused_with_a_log_line(
         assert await generate(gw, "chat") == grpc.StatusCode.OK
     finally:
         await raw.aclose()
+
+
+async def test_the_serving_processes_of_one_gateway_charge_one_budget(
+    sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
+) -> None:
+    """`--processes 2` with a store: each process charges the store the whole budget (a
+    process's share would shrink the fleet's to it), so the gateway admits it once."""
+    worker = sim("--model", "m")
+    config = {
+        "workers": [worker_url(worker, model="m", runtime="sglang")],
+        "tenants": {"default": {"requests_per_minute": PER_MINUTE}},
+        "processes": 2,
+    }
+    (gw,) = replicas(gateway, tmp_path, store, config, count=1)
+    codes = [await generate(gw, "m") for _ in range(2 * PER_MINUTE)]  # a connection each
+    assert codes.count(grpc.StatusCode.OK) == PER_MINUTE
