@@ -31,19 +31,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import seed_tag, use_seed
 from gateway.kv.slots import Slot
-from gateway.state.store import Store, StoreAway
+from gateway.state.store import MAX_WORKER_ID, Store, StoreAway
 
 FLUSH_S = 0.02  # placements batched this long into one message
 MAX_PENDING = 64  # messages' worth kept while publishing lags; past it the oldest go
 HEAD = struct.Struct("!16s8sI")  # origin, seed tag, entries
 SEED_BYTES = 32
 ENTRY = struct.Struct("!HIIqI")  # worker id bytes, rank, block size, kv tokens (-1), keys
-MAX_WORKER_ID = 512
 KEYS = struct.Struct("!Q")
 
 
@@ -123,20 +120,11 @@ class SharedAssumptions:
 
     async def follow(self) -> None:
         """Until cancelled: the other gateways' placements applied as they come."""
-        store = self._store
-        while True:
-            try:
-                async with store.client.pubsub() as notices:
-                    async with asyncio.timeout(store.timeout_s):
-                        await notices.subscribe(self._channel)
-                    while True:
-                        message = await notices.get_message(
-                            ignore_subscribe_messages=True, timeout=store.config.resync_s
-                        )
-                        if message is not None:
-                            self.apply(message.get("data"))
-            except (RedisError, OSError, TimeoutError):
-                await asyncio.sleep(store.config.retry_s)
+        await self._store.listen(self._channel, self._heard)
+
+    async def _heard(self, data: object) -> None:
+        if data is not None:
+            self.apply(data)
 
     def apply(self, data: object) -> int:
         """One message's placements applied (the count); junk refused whole."""

@@ -15,12 +15,10 @@ store when it answers again, before the store's routes are read back."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 
 import structlog
-from redis.exceptions import RedisError
 
 from gateway.config import Route
 from gateway.placement.routes import BadRoute, RouteTable, UnknownAlias
@@ -119,21 +117,12 @@ class RouteWriter:
 
     async def follow(self) -> None:
         """Until cancelled: the store's routes applied on each change notice and every
-        `resync_s` (a store away: tried again at that pace)."""
-        store = self._store
-        assert store is not None
-        every_s = store.config.resync_s
-        while True:
-            try:
-                async with store.client.pubsub() as notices:
-                    async with asyncio.timeout(store.timeout_s):
-                        await notices.subscribe(self._channel)
-                    while True:
-                        await self.read()
-                        await notices.get_message(ignore_subscribe_messages=True, timeout=every_s)
-            except (RedisError, OSError, TimeoutError):
-                await self.read()  # counts and logs the trouble once, through the store
-                await asyncio.sleep(every_s)
+        `resync_s` (`Store.listen`)."""
+        assert self._store is not None
+        await self._store.listen(self._channel, self._heard)
+
+    async def _heard(self, _: object) -> None:
+        await self.read()  # whichever alias a notice names: the hash is small
 
 
 def parse_route(raw: bytes, max_bytes: int) -> Route | None:

@@ -16,9 +16,7 @@ from typing import Any
 
 from gateway.core.roles import Role
 from gateway.placement.affinity import Affinity, Key
-from gateway.state.store import Store, StoreAway, digest
-
-MAX_WORKER_ID = 512  # characters of a worker id read back (a URL with its query keys)
+from gateway.state.store import MAX_WORKER_ID, Store, StoreAway, digest
 
 
 class SharedSessions:

@@ -4,9 +4,10 @@ Every operation is bounded by `state.timeout_s` (connecting included). One that 
 (refused, timed out, an answer that is no answer) marks the store away: a warning is
 logged once, `gateway_state_store_up` drops to 0, and for `retry_s` no operation is
 tried at all, so calls pay nothing for a store that is down. The first operation after
-that tries again; its success logs the store back and tells the listeners (routes
-re-read, changes made meanwhile written). Callers catch `StoreAway` and go on with
-their own process's state: the store's trouble never becomes a call's."""
+that tries again; its success logs the store back (the route follower then writes what
+changed meanwhile and reads the store's). Callers catch `StoreAway` and go on with their
+own process's state: the store's trouble never becomes a call's. `listen` is the one
+way to follow a channel."""
 
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ log = structlog.get_logger("gateway.state")
 
 T = TypeVar("T")
 REASONS = ("unreachable", "timeout", "invalid")
+MAX_WORKER_ID = 512  # bytes of a worker id read back from the store (a URL with its keys)
 MAX_PENDING_WRITES = 1024  # writes in flight at once; past it one is dropped (counted)
 
-Listener = Callable[[], object]
+Heard = Callable[[object], Awaitable[None]]  # a message's data, or None: nothing came
 
 
 class StoreAway(Exception):
@@ -79,15 +81,11 @@ class Store:
         self._retry_at = 0.0
         self.errors: Counter[tuple[str, str]] = Counter()  # (operation, reason)
         self.dropped_writes = 0
-        self._listeners: list[Listener] = []
         self._writes = TaskScope()
+        self._followers = TaskScope()  # the channels followed, and the publisher
 
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
-
-    def on_back(self, listener: Listener) -> None:
-        """`listener()` each time the store answers again after being away."""
-        self._listeners.append(listener)
 
     async def run(self, operation: str, work: Callable[[Redis], Awaitable[T]]) -> T:
         """`work(client)`, bounded; StoreAway if the store is away or fails it."""
@@ -143,13 +141,33 @@ class Store:
     def _back(self) -> None:
         self.up = True
         log.info("state_store_back")
-        for listener in self._listeners:
-            listener()
+
+    async def listen(self, channel: str, heard: Heard) -> None:
+        """Until cancelled: `heard(data)` for each message published on `channel`, and
+        `heard(None)` once subscribed and after every `resync_s` without a message (a
+        periodic re-read heals a missed one). A subscription that fails, or is refused,
+        is made again `retry_s` later, after one `heard(None)` (a reader of the store
+        finds it away, and says so once, through `run`)."""
+        while True:
+            try:
+                async with self.client.pubsub() as notices:
+                    async with asyncio.timeout(self.timeout_s):
+                        await notices.subscribe(channel)
+                    await heard(None)
+                    while True:
+                        message = await notices.get_message(
+                            ignore_subscribe_messages=True, timeout=self.config.resync_s
+                        )
+                        await heard(message.get("data") if message is not None else None)
+            except (RedisError, OSError, TimeoutError):
+                await heard(None)
+                await asyncio.sleep(self.config.retry_s)
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
-        """A task the store's owner ends with it (the route follower)."""
-        return self._writes.spawn(coro, name)
+        """A follower the store ends with it (`listen` on a channel, the publisher)."""
+        return self._followers.spawn(coro, name)
 
     async def close(self) -> None:
+        await self._followers.close()
         await self._writes.close()
         await self.client.aclose()
