@@ -173,7 +173,7 @@ class Prefix:
         self.namespace = namespace
         self._hashes: dict[int, list[int]] = {}
 
-    def anchor(self) -> int | None:
+    def anchor(self) -> str | None:
         """A key of the prompt's first ANCHOR_TOKENS tokens and namespace, the same in
         every process and gateway (no secret: it only breaks ties between workers that
         cost the same, so a client gains nothing by choosing it); None for no tokens."""
@@ -181,7 +181,7 @@ class Prefix:
         if not len(head):
             return None
         named = head.tobytes() + self.namespace.encode("utf-8", "surrogatepass")
-        return int.from_bytes(hashlib.blake2b(named, digest_size=8).digest(), "big")
+        return hashlib.blake2b(named, digest_size=8).hexdigest()
 
     def hashes(self, block_size: int) -> list[int]:
         found = self._hashes.get(block_size)

@@ -75,25 +75,21 @@ def rotate_after(ids: Sequence[str], last: str | None) -> int:
     return bisect.bisect_right(ids, last) % len(ids)
 
 
+def rendezvous_weight(key: str, worker_id: str) -> bytes:
+    """Highest-random-weight hashing's weight of a worker for a key: the same in every
+    process and replica."""
+    return hashlib.blake2b(f"{key}\0{worker_id}".encode(), digest_size=8).digest()
+
+
 def rendezvous_pick(candidates: Sequence[C], key: str) -> C:
     """Highest-random-weight hashing: a key keeps its worker while that worker stays."""
-
-    def weight(c: C) -> bytes:
-        return hashlib.blake2b(f"{key}\0{c.id}".encode(), digest_size=8).digest()
-
-    return max(candidates, key=weight)
+    return max(candidates, key=lambda c: rendezvous_weight(key, c.id))
 
 
-def rendezvous_order(ids: Sequence[str], key: int) -> list[int]:
-    """The candidates' indices in highest-random-weight order for `key`: the same order in
-    every process and replica for the same key and workers (so gateways that see the same
-    prompt break ties alike, and different prompts spread)."""
-    tag = key.to_bytes(8, "big", signed=False)
-
-    def weight(i: int) -> bytes:
-        return hashlib.blake2b(ids[i].encode(), digest_size=8, key=tag).digest()
-
-    return sorted(range(len(ids)), key=weight, reverse=True)
+def rendezvous_order(ids: Sequence[str], key: str) -> list[int]:
+    """The candidates' indices in `rendezvous_pick`'s order for `key`, best first (so
+    gateways that see the same prompt break ties alike, and different prompts spread)."""
+    return sorted(range(len(ids)), key=lambda i: rendezvous_weight(key, ids[i]), reverse=True)
 
 
 class Policy:
