@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway_sim.launch import SERVE_ARGS, START_S, Child, start, start_sim, stop_child
+from gateway_sim.redis_server import RedisServer
 from tests.support import serial
 from tests.support.launch import HostedSim, Launcher, SimHost
 
@@ -239,3 +240,11 @@ def gateway(processes: list[Child], tmp_path_factory: pytest.TempPathFactory) ->
         return child
 
     return launch
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real store (redis-server on a loopback port, in memory) for the shared-state
+    tests; `stop()` then `start()` brings it back empty on the same port."""
+    with RedisServer() as server:
+        yield server

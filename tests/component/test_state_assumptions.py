@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -23,12 +23,6 @@ from tests.support.waits import until
 
 WORKERS = {"10.0.0.1:30000", "10.0.0.2:30000"}
 PROMPT = list(range(1, 161))  # ten blocks of 16
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as running:
-        yield running
 
 
 class Gateway:
@@ -51,8 +45,8 @@ class Gateway:
 
 
 @pytest.fixture
-async def gateways(server: RedisServer) -> AsyncIterator[list[Gateway]]:
-    made = [Gateway(server.url) for _ in range(3)]
+async def gateways(redis_server: RedisServer) -> AsyncIterator[list[Gateway]]:
+    made = [Gateway(redis_server.url) for _ in range(3)]
     for gateway in made:
         assert await gateway.shared.agree()  # one secret for the block keys, the first's
     yield made
@@ -60,8 +54,8 @@ async def gateways(server: RedisServer) -> AsyncIterator[list[Gateway]]:
         await gateway.close()
 
 
-async def subscribed(server: RedisServer, count: int) -> bool:
-    raw = Redis.from_url(server.url)
+async def subscribed(redis_server: RedisServer, count: int) -> bool:
+    raw = Redis.from_url(redis_server.url)
     try:
         numbers = await raw.pubsub_numsub("gateway:kv:assumed")
     finally:
@@ -70,9 +64,9 @@ async def subscribed(server: RedisServer, count: int) -> bool:
 
 
 async def test_a_placement_on_one_gateway_is_known_to_the_others(
-    server: RedisServer, gateways: list[Gateway]
+    redis_server: RedisServer, gateways: list[Gateway]
 ) -> None:
-    await until(lambda: subscribed(server, 3), what="every gateway follows")
+    await until(lambda: subscribed(redis_server, 3), what="every gateway follows")
     placed = Prefix(PROMPT)
     placed.compute([16])
     gateways[0].index.assume(("10.0.0.1:30000", 0), placed, time.monotonic())
@@ -86,9 +80,9 @@ async def test_a_placement_on_one_gateway_is_known_to_the_others(
 
 
 async def test_the_gateways_agree_on_one_secret_for_their_keys(
-    server: RedisServer, gateways: list[Gateway]
+    redis_server: RedisServer, gateways: list[Gateway]
 ) -> None:
-    raw = Redis.from_url(server.url)
+    raw = Redis.from_url(redis_server.url)
     try:
         secret = await raw.get("gateway:kv:seed")
         assert isinstance(secret, bytes) and len(secret) == 32
@@ -99,9 +93,11 @@ async def test_the_gateways_agree_on_one_secret_for_their_keys(
         await raw.aclose()
 
 
-async def test_junk_on_the_channel_is_refused(server: RedisServer, gateways: list[Gateway]) -> None:
-    await until(lambda: subscribed(server, 3), what="every gateway follows")
-    raw = Redis.from_url(server.url)
+async def test_junk_on_the_channel_is_refused(
+    redis_server: RedisServer, gateways: list[Gateway]
+) -> None:
+    await until(lambda: subscribed(redis_server, 3), what="every gateway follows")
+    raw = Redis.from_url(redis_server.url)
     try:
         truncated = b"\x00" * 16 + seed_tag() + struct.pack("!I", 5) + b"x" * 10
         for junk in (b"short", truncated, b"y" * 200_000):

@@ -4,7 +4,7 @@ budget, a store that goes away costs no call, junk in a bucket's key is replaced
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -23,14 +23,8 @@ def limits(tenant: str) -> tuple[int | None, int | None]:
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as running:
-        yield running
-
-
-@pytest.fixture
-async def stores(server: RedisServer) -> AsyncIterator[list[Store]]:
-    config = StateConfig(url=server.url, retry_s=0.2)
+async def stores(redis_server: RedisServer) -> AsyncIterator[list[Store]]:
+    config = StateConfig(url=redis_server.url, retry_s=0.2)
     made = [Store(config) for _ in range(3)]  # three replicas
     yield made
     for store in made:
@@ -65,12 +59,12 @@ async def test_an_unused_reservation_goes_back(stores: list[Store]) -> None:
 
 
 async def test_a_store_away_costs_no_call_and_is_used_again_once_back(
-    server: RedisServer, stores: list[Store]
+    redis_server: RedisServer, stores: list[Store]
 ) -> None:
     store = stores[0]
     budgets = TenantBudgets(limits, store)
     assert isinstance(await budgets.take("acme", 1), Charge)
-    server.stop()
+    redis_server.stop()
     local = await budgets.take("acme", 1)
     assert isinstance(local, Charge) and not local.shared  # this process's own bucket
     assert not store.up
@@ -78,7 +72,7 @@ async def test_a_store_away_costs_no_call_and_is_used_again_once_back(
     again = await budgets.take("acme", 1)  # within retry_s: not even tried
     assert isinstance(again, Charge) and not again.shared
     assert sum(store.errors.values()) == 1
-    server.start()  # back, empty, on the same port
+    redis_server.start()  # back, empty, on the same port
     for _ in range(200):
         answer = await budgets.take("acme", 1)
         if isinstance(answer, Charge) and answer.shared:
@@ -90,11 +84,11 @@ async def test_a_store_away_costs_no_call_and_is_used_again_once_back(
 
 
 async def test_junk_in_a_bucket_is_replaced_and_reported(
-    server: RedisServer, stores: list[Store]
+    redis_server: RedisServer, stores: list[Store]
 ) -> None:
     budgets = TenantBudgets(limits, stores[0])
     assert isinstance(await budgets.take("acme", 1), Charge)
-    raw = Redis.from_url(server.url)
+    raw = Redis.from_url(redis_server.url)
     try:
         keys = sorted(await raw.keys("gateway:budget:*"))
         assert len(keys) == 2  # requests and tokens, under the tenant's digest

@@ -4,7 +4,7 @@ away, and junk in the store changes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -19,12 +19,6 @@ from tests.support.waits import until
 
 FILE_ROUTE = (("v2", 90), ("v3", 10))
 NAMED = frozenset({"v2", "v3"})
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as running:
-        yield running
 
 
 class Replica:
@@ -43,15 +37,15 @@ class Replica:
 
 
 @pytest.fixture
-async def replicas(server: RedisServer) -> AsyncIterator[list[Replica]]:
-    made = [Replica(server.url) for _ in range(3)]
+async def replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
+    made = [Replica(redis_server.url) for _ in range(3)]
     yield made
     for replica in made:
         await replica.close()
 
 
 async def test_a_route_set_on_one_replica_is_followed_by_the_others(
-    server: RedisServer, replicas: list[Replica]
+    redis_server: RedisServer, replicas: list[Replica]
 ) -> None:
     await replicas[0].writer.set("chat", (("v3", 100),))
     assert replicas[0].table.route("chat") == (("v3", 100),)  # here at once
@@ -59,7 +53,7 @@ async def test_a_route_set_on_one_replica_is_followed_by_the_others(
         lambda: all(r.table.route("chat") == (("v3", 100),) for r in replicas),
         what="every replica follows",
     )
-    restarted = Replica(server.url)  # a replica started afterwards: the store wins
+    restarted = Replica(redis_server.url)  # a replica started afterwards: the store wins
     try:
         await until(lambda: restarted.table.route("chat") == (("v3", 100),), what="restart")
     finally:
@@ -67,13 +61,13 @@ async def test_a_route_set_on_one_replica_is_followed_by_the_others(
 
 
 async def test_a_route_set_while_the_store_is_away_is_written_once_it_is_back(
-    server: RedisServer, replicas: list[Replica]
+    redis_server: RedisServer, replicas: list[Replica]
 ) -> None:
-    server.stop()
+    redis_server.stop()
     await replicas[0].writer.set("chat", (("v2", 50), ("v3", 50)))
     assert replicas[0].table.route("chat") == (("v2", 50), ("v3", 50))
     assert replicas[1].table.route("chat") == FILE_ROUTE
-    server.start()  # back, empty
+    redis_server.start()  # back, empty
     await until(
         lambda: all(r.table.route("chat") == (("v2", 50), ("v3", 50)) for r in replicas),
         what="the change made meanwhile reaches every replica",
@@ -82,9 +76,9 @@ async def test_a_route_set_while_the_store_is_away_is_written_once_it_is_back(
 
 
 async def test_junk_in_the_store_changes_no_route(
-    server: RedisServer, replicas: list[Replica]
+    redis_server: RedisServer, replicas: list[Replica]
 ) -> None:
-    raw = Redis.from_url(server.url)
+    raw = Redis.from_url(redis_server.url)
     try:
         await raw.hset(
             "gateway:routes",

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
-import pytest
 from redis.asyncio import Redis
 
 from gateway.admin.v1 import admin_pb2 as pb
@@ -28,20 +27,14 @@ from tests.support.waits import until
 PER_MINUTE = 6
 
 
-@pytest.fixture
-def store() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 def replicas(
     gateway: Launcher,
     tmp_path: Path,
-    store: RedisServer,
+    redis_server: RedisServer,
     config: Mapping[str, object],
     count: int = 3,
 ) -> list[Child]:
-    state = {"url": store.url, "retry_s": 0.2, "resync_s": 0.5}
+    state = {"url": redis_server.url, "retry_s": 0.2, "resync_s": 0.5}
     path = write_config(tmp_path, {**config, "state": state})
     return [gateway("--config", path) for _ in range(count)]
 
@@ -95,24 +88,24 @@ def logged(gw: Child, event: str) -> list[dict[str, object]]:
 
 
 async def test_three_replicas_admit_one_tenants_budget_once(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
+    sim: Launcher, gateway: Launcher, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     worker = sim("--model", "m")
     config = {
         "workers": [worker_url(worker, model="m", runtime="sglang")],
         "tenants": {"default": {"requests_per_minute": PER_MINUTE}},
     }
-    gws = replicas(gateway, tmp_path, store, config)
+    gws = replicas(gateway, tmp_path, redis_server, config)
     codes = [await generate(gws[i % 3], "m") for i in range(3 * PER_MINUTE)]
     assert codes.count(grpc.StatusCode.OK) == PER_MINUTE  # one budget, not three
     assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 async def test_a_route_set_on_one_replica_is_served_by_all_and_kept_across_restarts(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
+    sim: Launcher, gateway: Launcher, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     config = aliased(sim)
-    gws = replicas(gateway, tmp_path, store, config)
+    gws = replicas(gateway, tmp_path, redis_server, config)
     await set_route(gws[0], "chat", [("v3", 100)])
 
     async def everywhere() -> bool:
@@ -126,13 +119,13 @@ async def test_a_route_set_on_one_replica_is_served_by_all_and_kept_across_resta
     assert request_events(gws[2].log_path, "Generate")[-1]["target"] == "v3"
     for gw in gws:
         gw.stop()
-    again = replicas(gateway, tmp_path, store, config)  # the file still says v2
+    again = replicas(gateway, tmp_path, redis_server, config)  # the file still says v2
     for gw in again:
         assert await route_of(gw, "chat") == [("v3", 100)]  # read before READY
 
 
 async def test_a_session_keeps_its_worker_whichever_replica_takes_it(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
+    sim: Launcher, gateway: Launcher, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     workers = [sim("--model", "m") for _ in range(3)]
     config = {
@@ -140,7 +133,7 @@ async def test_a_session_keeps_its_worker_whichever_replica_takes_it(
         "affinity": {"header": "x-session-id"},
         "default_policy": "round_robin",
     }
-    gws = replicas(gateway, tmp_path, store, config)
+    gws = replicas(gateway, tmp_path, redis_server, config)
     session = ("x-session-id", "conversation-1")
     for i in range(9):
         assert await generate(gws[i % 3], "m", session) == grpc.StatusCode.OK
@@ -149,12 +142,12 @@ async def test_a_session_keeps_its_worker_whichever_replica_takes_it(
 
 
 async def test_the_store_killed_mid_run_costs_no_call_and_state_is_shared_again(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
+    sim: Launcher, gateway: Launcher, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     config = {**aliased(sim), "tenants": {"default": {"requests_per_minute": 1000}}}
-    gws = replicas(gateway, tmp_path, store, config, count=2)
+    gws = replicas(gateway, tmp_path, redis_server, config, count=2)
     assert await generate(gws[0], "chat") == grpc.StatusCode.OK
-    store.stop()
+    redis_server.stop()
     codes = [await generate(gws[i % 2], "chat") for i in range(10)]
     assert set(codes) == {grpc.StatusCode.OK}  # served on each replica's own state
     await until(lambda: all(logged(gw, "state_store_away") for gw in gws), what="said")
@@ -163,7 +156,7 @@ async def test_the_store_killed_mid_run_costs_no_call_and_state_is_shared_again(
     await set_route(gws[0], "chat", [("v3", 100)])  # while away: here at once
     assert await route_of(gws[0], "chat") == [("v3", 100)]
     assert await route_of(gws[1], "chat") == [("v2", 100)]
-    store.start()  # back, empty, on the same port
+    redis_server.start()  # back, empty, on the same port
 
     async def resynced() -> bool:
         return await route_of(gws[1], "chat") == [("v3", 100)]
@@ -174,7 +167,7 @@ async def test_the_store_killed_mid_run_costs_no_call_and_state_is_shared_again(
 
 
 async def test_junk_planted_in_the_store_is_refused_with_a_log_line(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
+    sim: Launcher, gateway: Launcher, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     v2 = sim("--model", "v2")
     config = {
@@ -182,8 +175,8 @@ async def test_junk_planted_in_the_store_is_refused_with_a_log_line(
         "models": {"chat": {"route": [{"model": "v2", "weight": 100}]}},
         "tenants": {"default": {"requests_per_minute": 1000}},
     }
-    (gw,) = replicas(gateway, tmp_path, store, config, count=1)
-    raw = Redis.from_url(store.url)
+    (gw,) = replicas(gateway, tmp_path, redis_server, config, count=1)
+    raw = Redis.from_url(redis_server.url)
     try:
         await raw.hset("gateway:routes", "chat", b"\x00" * 200_000)  # past max_value_bytes
         await raw.publish("gateway:routes:changed", "chat")
@@ -195,7 +188,7 @@ async def test_junk_planted_in_the_store_is_refused_with_a_log_line(
 
 
 async def test_the_serving_processes_of_one_gateway_charge_one_budget(
-    sim: Launcher, gateway: Launcher, tmp_path: Path, store: RedisServer
+    sim: Launcher, gateway: Launcher, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     """`--processes 2` with a store: each process charges the store the whole budget (a
     process's share would shrink the fleet's to it), so the gateway admits it once."""
@@ -205,6 +198,6 @@ async def test_the_serving_processes_of_one_gateway_charge_one_budget(
         "tenants": {"default": {"requests_per_minute": PER_MINUTE}},
         "processes": 2,
     }
-    (gw,) = replicas(gateway, tmp_path, store, config, count=1)
+    (gw,) = replicas(gateway, tmp_path, redis_server, config, count=1)
     codes = [await generate(gw, "m") for _ in range(2 * PER_MINUTE)]  # a connection each
     assert codes.count(grpc.StatusCode.OK) == PER_MINUTE
