@@ -155,6 +155,14 @@ async def wait_idle(address: str, runtime: str = "sglang", within_s: float = WAI
     return await wait_running(address, 0, runtime, within_s)
 
 
+def free_port() -> int:
+    """A port nothing listens on now (bound, then released): for a process to listen on,
+    or a worker address that refuses connections."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def closed_port() -> socket.socket:
     """A bound, never-listening socket: connecting to its port is refused, and no other
     process can take the port while the caller keeps the socket."""

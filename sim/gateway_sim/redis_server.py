@@ -10,13 +10,7 @@ import socket
 import subprocess
 import time
 
-from gateway_sim.client import WAIT_S
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from gateway_sim.client import WAIT_S, free_port
 
 
 def _ping(port: int) -> bool:
@@ -36,7 +30,7 @@ class RedisServer:
         if binary is None:
             raise RuntimeError("no redis-server (apt install redis-server) or valkey-server")
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

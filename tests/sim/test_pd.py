@@ -20,13 +20,13 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 
+from gateway_sim.client import free_port
 from gateway_sim.model import input_logprobs_for, output_tokens
 from tests.support import pd_roles
 from tests.support.pd_roles import (
     HOST,
     PROMPT,
     Sims,
-    free_port,
     generate,
     generate_error,
     sgl_request,

@@ -21,6 +21,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from gateway_sim import SimConfig, add_sim_arguments
+from gateway_sim.client import free_port
 from gateway_sim.lines import Line, ProtocolError
 from gateway_sim.mailbox import Mailbox
 from gateway_sim.model import output_tokens
@@ -30,7 +31,6 @@ from tests.support.pd_roles import (
     HOST,
     PROMPT,
     Sims,
-    free_port,
     generate,
     generate_error,
     sgl_request,

@@ -4,7 +4,6 @@ a port nothing listens on."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +19,6 @@ from gateway.placement.policies import build_policy
 from gateway.upstream.manager import Fleet
 
 TOKEN = "s3cret"
-
-
-def closed_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

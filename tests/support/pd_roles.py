@@ -6,7 +6,6 @@ the decode's loads while its requests wait for their rooms."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -58,13 +57,6 @@ def sims(sim_host: SimHost) -> Iterator[Sims]:
     finally:
         for worker in started.values():
             worker.stop()
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def sgl_request(

@@ -14,8 +14,9 @@ import structlog
 from gateway.admin.client import add_workers_arguments, run_workers
 from gateway.admin.text import format_table
 from gateway.admin.v1 import admin_pb2 as pb
+from gateway_sim.client import free_port
 from tests.support import admin_server
-from tests.support.admin_server import TOKEN, Admin, closed_port, start, stop
+from tests.support.admin_server import TOKEN, Admin, start, stop
 
 admin = admin_server.admin  # the fixture (tests/support/admin_server.py)
 
@@ -42,7 +43,7 @@ async def test_cli_verbs(admin: Admin, capsys: pytest.CaptureFixture[str]) -> No
     assert await cli("list", *at) == 0
     assert capsys.readouterr().out == "no workers registered\n"
 
-    worker_id = f"127.0.0.1:{closed_port()}"
+    worker_id = f"127.0.0.1:{free_port()}"
     assert await cli("add", f"grpc://{worker_id}?model=m&runtime=sglang", *at) == 0
     out = capsys.readouterr().out
     assert out == f"added {worker_id} (model m, runtime sglang, role regular): pending\n"
@@ -99,7 +100,7 @@ async def test_cli_token_from_flag_or_environment(
 
 
 async def test_cli_unreachable_admin_port(capsys: pytest.CaptureFixture[str]) -> None:
-    assert await cli("list", "--admin", f"127.0.0.1:{closed_port()}") == 5
+    assert await cli("list", "--admin", f"127.0.0.1:{free_port()}") == 5
     assert capsys.readouterr().err.startswith("gateway: UNAVAILABLE: ")
 
 

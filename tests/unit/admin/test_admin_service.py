@@ -17,8 +17,9 @@ from gateway.admin.service import AdminService
 from gateway.admin.v1 import admin_pb2 as pb
 from gateway.config import build_config
 from gateway.upstream.registry import FleetEvent
+from gateway_sim.client import free_port
 from tests.support import admin_server
-from tests.support.admin_server import TOKEN, Admin, closed_port, start, stop
+from tests.support.admin_server import TOKEN, Admin, start, stop
 
 admin = admin_server.admin  # the fixture (tests/support/admin_server.py)
 
@@ -42,7 +43,7 @@ async def test_add_worker_validates_and_registers(admin: Admin) -> None:
     assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert bad.value.details() == "worker 'http://127.0.0.1:1': scheme must be grpc:// or grpcs://"
 
-    port = closed_port()
+    port = free_port()
     url = f"grpc://127.0.0.1:{port}?model=m&runtime=sglang&role=prefill&bootstrap_port=8998"
     added = (await admin.stub.AddWorker(pb.AddWorkerRequest(url=url))).worker
     assert added.id == f"127.0.0.1:{port}"
@@ -64,7 +65,7 @@ async def test_add_worker_validates_and_registers(admin: Admin) -> None:
 async def test_add_worker_that_cannot_be_discovered_is_unavailable(admin: Admin) -> None:
     """Without model and runtime the fleet must ask the worker; bounded by the discovery
     timeout, after which nothing is left registered or joining."""
-    port = closed_port()
+    port = free_port()
     with pytest.raises(aio.AioRpcError) as raised:
         await admin.stub.AddWorker(pb.AddWorkerRequest(url=f"grpc://127.0.0.1:{port}"))
     assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
@@ -75,7 +76,7 @@ async def test_add_worker_that_cannot_be_discovered_is_unavailable(admin: Admin)
 
 
 async def test_list_drain_remove(admin: Admin) -> None:
-    ports = sorted(closed_port() for _ in range(2))
+    ports = sorted(free_port() for _ in range(2))
     for port in reversed(ports):
         url = f"grpc://127.0.0.1:{port}?model=m&runtime=sglang"
         await admin.stub.AddWorker(pb.AddWorkerRequest(url=url))
@@ -117,7 +118,7 @@ async def test_list_drain_remove(admin: Admin) -> None:
 async def test_watch_sends_snapshot_then_events_and_unsubscribes(admin: Admin) -> None:
     registry = admin.fleet.registry  # white box: the watcher must unsubscribe
     baseline = len(registry._listeners)
-    first = f"127.0.0.1:{closed_port()}"
+    first = f"127.0.0.1:{free_port()}"
     await admin.stub.AddWorker(pb.AddWorkerRequest(url=f"grpc://{first}?model=m&runtime=sglang"))
 
     call = admin.stub.WatchWorkers(pb.WatchWorkersRequest())
@@ -126,7 +127,7 @@ async def test_watch_sends_snapshot_then_events_and_unsubscribes(admin: Admin) -
     assert snapshot.worker.id == first
     assert len(registry._listeners) == baseline + 1
 
-    second = f"127.0.0.1:{closed_port()}"
+    second = f"127.0.0.1:{free_port()}"
     await admin.stub.AddWorker(pb.AddWorkerRequest(url=f"grpc://{second}?model=v&runtime=vllm"))
     while True:  # the first worker's probes may report in between
         event = await asyncio.wait_for(call.read(), 5)
@@ -168,7 +169,7 @@ class FakeContext:
 async def test_slow_watcher_is_cut_off_not_the_fleet(admin: Admin) -> None:
     """The listener never blocks the fleet: past the queue bound the watcher ends with
     RESOURCE_EXHAUSTED after the events it did get, and is unsubscribed."""
-    url = f"grpc://127.0.0.1:{closed_port()}?model=m&runtime=sglang"
+    url = f"grpc://127.0.0.1:{free_port()}?model=m&runtime=sglang"
     worker = await admin.fleet.add(build_config(worker_urls=[url]).workers[0])
     service = AdminService(admin.fleet, admin.fleet.settings, watch_queue_size=2)
     context = FakeContext()

@@ -4,7 +4,6 @@ or its source no longer listing it) stays on its way out."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -22,6 +21,7 @@ from gateway.engines import engine_adapters
 from gateway.placement.policies import build_policy
 from gateway.upstream.manager import Fleet
 from gateway.upstream.worker import WorkerStatus
+from gateway_sim.client import free_port
 from tests.support.waits import until
 
 
@@ -45,15 +45,9 @@ async def code_of(call: Any) -> grpc.StatusCode:
     return code
 
 
-def address() -> str:
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
 async def test_resume_undoes_a_drain_but_not_a_removal(admin: tuple[Fleet, Any]) -> None:
     fleet, stub = admin
-    first = address()
+    first = f"127.0.0.1:{free_port()}"  # nothing listens there
     await stub.AddWorker(pb.AddWorkerRequest(url=f"grpc://{first}?model=m&runtime=sglang"))
     worker = fleet.registry.get(first)
     assert worker is not None
