@@ -20,6 +20,7 @@ from gateway.config import (
     served_models,
     usable_cores,
 )
+from gateway.core.current import Current
 from gateway.core.member import Member
 from gateway.core.offload import Offload
 from gateway.discovery.membership import Membership
@@ -72,7 +73,7 @@ class Parts:
     """What one serving process is made of. Built once by `assemble`; each part's own
     state has its own writer, and the lifecycle only starts and stops them."""
 
-    config: GatewayConfig
+    current: Current[GatewayConfig]  # the config in force: `configure` replaces it
     member: Member | None
     adapters: Adapters
     fleet: Fleet
@@ -88,7 +89,7 @@ class Parts:
     store: Store | None
     sessions: SharedSessions | None
     assumptions: SharedAssumptions | None
-    budgets: TenantBudgets | None
+    budgets: TenantBudgets
     upstreams: Upstreams
     rooms: WaitingRooms | None
     migrations: Migrations
@@ -110,6 +111,42 @@ class Parts:
     health: HealthService
     fronts: list[EngineFront] = field(default_factory=list)
 
+    @property
+    def config(self) -> GatewayConfig:
+        return self.current.value
+
+    def configure(self, config: GatewayConfig) -> Reconfigured:
+        """A reload's config put in force (`gateway.config.reload`: only keys that reload
+        differ from the running one): every part that keeps a setting of its own takes
+        its new value; the stages read the rest from `current` at each call. Calls in
+        flight finish as they started."""
+        before, self.current.value = self.config, config
+        policies = self.fleet.configure(config)
+        self.declared = declared_models(config)
+        self.placer.configure(config.model, config.retry_after_ms, config.lora, self.declared)
+        served = served_models(config)
+        routes = self.route_writer.configure(
+            routes_of(before.models),
+            routes_of(config.models),
+            named_models(config.models, served),
+            served,
+        )
+        if self.rooms is not None and config.flow is not None:
+            self.rooms.configure(config.flow, config.retry_after_ms)
+        self.dispatcher.configure(config.max_attempts, config.retry_after_ms)
+        limits = config.limits
+        self.migrations.configure(config.migration, limits.max_prompt_tokens)
+        if self.loras is not None:
+            self.loras.configure(config.lora)
+        self.admission.configure(limits.max_inflight_requests, limits.principal_share)
+        self.idle.configure(limits.stream_idle_timeout_s)
+        if self.placer.affinity is not None:
+            self.placer.affinity.configure(config.affinity)
+        if self.sessions is not None:
+            self.sessions.configure(config.affinity.ttl_s)
+        self.budgets.active = has_rates(config)
+        return Reconfigured(policies, routes)
+
     def observe(self, record: CallRecord) -> None:
         """An engine call ended: counted in the metrics and in the load reports."""
         self.metrics.observe(record)
@@ -118,6 +155,14 @@ class Parts:
     def front_prefixes(self) -> tuple[str, ...]:
         """The engine services' method prefixes (`/sglang.runtime.v1.SglangScheduler/`)."""
         return tuple(f"/{a.service_name}/" for a in self.adapters.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    """What a reload changed beyond plain settings (for its log line)."""
+
+    policies: list[str]  # models whose policy was replaced
+    routes: list[str]  # aliases whose route changed
 
 
 def assemble(
@@ -130,6 +175,7 @@ def assemble(
     sources found before this process started)."""
     # The engine protocols, built once here and handed to whatever needs one.
     adapters = engine_adapters()
+    current = Current(config)  # what the parts read at each use; a reload replaces it
     fleet = Fleet(config, adapters, build_policy)
     membership = Membership(fleet, config.drain.worker_timeout_s, grace_by_source(config.discovery))
     # A long prompt's decoding and hashing, and a discovery file's parsing.
@@ -169,7 +215,9 @@ def assemble(
     upstreams = Upstreams(fleet, inflight, config.disagg.abort_wait_s, relay)
     rooms = None
     if config.flow is not None:
-        rooms = WaitingRooms(config.flow, config.tenant, upstreams, config.retry_after_ms)
+        rooms = WaitingRooms(
+            config.flow, lambda t: current.value.tenant(t), upstreams, config.retry_after_ms
+        )
     migrations = Migrations(config.migration, config.limits.max_prompt_tokens)
     # LoRA adapters loaded on demand (`lora.adapters`): before a call's legs open.
     loras = LoraLoader(config.lora, fleet) if config.lora.enabled else None
@@ -209,7 +257,7 @@ def assemble(
         guard=auth.require if auth is not None else None,
     )
     parts = Parts(
-        config=config,
+        current=current,
         member=member,
         adapters=adapters,
         fleet=fleet,
@@ -225,7 +273,7 @@ def assemble(
         store=store,
         sessions=sessions,
         assumptions=assumptions,
-        budgets=budgets(config, store),
+        budgets=budgets(current, store),
         upstreams=upstreams,
         rooms=rooms,
         migrations=migrations,
@@ -294,7 +342,9 @@ def fronts(parts: Parts) -> list[EngineFront]:
         parts.sessions,
     )
     return [
-        EngineFront(adapter, config, door, routing, parts.observe, parts.siblings, parts.tracing)
+        EngineFront(
+            adapter, parts.current, door, routing, parts.observe, parts.siblings, parts.tracing
+        )
         for adapter in parts.adapters.values()
     ]
 
@@ -312,17 +362,22 @@ def preflight(config: GatewayConfig) -> None:
         channel_credentials(config.upstream_tls)
 
 
-def budgets(config: GatewayConfig, store: Store | None) -> TenantBudgets | None:
-    """Tenants' rate limits, if any tenant (or `default`) has one: in the shared store
-    with `state:`, else this process's own."""
-    if not any(t.requests_per_minute or t.tokens_per_minute for t in config.tenants.values()):
-        return None
+def has_rates(config: GatewayConfig) -> bool:
+    """Some tenant (or `default`) has a rate limit."""
+    return any(t.requests_per_minute or t.tokens_per_minute for t in config.tenants.values())
+
+
+def budgets(current: Current[GatewayConfig], store: Store | None) -> TenantBudgets:
+    """Tenants' rate limits (the tenants in force at each call): in the shared store with
+    `state:`, else this process's own; inactive while no tenant has one."""
 
     def limits(tenant: str) -> tuple[int | None, int | None]:
-        found = config.tenant(tenant)
+        found = current.value.tenant(tenant)
         return found.requests_per_minute, found.tokens_per_minute
 
-    return TenantBudgets(limits, store)
+    rates = TenantBudgets(limits, store)
+    rates.active = has_rates(current.value)
+    return rates
 
 
 WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "localhost"})

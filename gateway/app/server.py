@@ -17,8 +17,10 @@ from grpc_reflection.v1alpha import reflection
 from gateway.admin.service import AdminService, start_admin_server
 from gateway.app.assembly import assemble, relay_address
 from gateway.app.connections import ConnectionWatch, raise_fd_limit
+from gateway.app.reload import Reloader, Reread
 from gateway.app.transport import picker_options, server_options
 from gateway.config import GatewayConfig
+from gateway.config.reload import Reload
 from gateway.core.listen import CannotListen, bind
 from gateway.core.member import Member
 from gateway.core.tasks import TaskScope
@@ -63,10 +65,12 @@ class Gateway:
         config: GatewayConfig,
         member: Member | None = None,
         discovered: Mapping[str, Sequence[Discovered]] | None = None,
+        reread: Reread | None = None,
     ) -> None:
-        self.config = config
         self.member = member
         self.parts = parts = assemble(config, member, discovered)
+        # SIGHUP (and `--watch-config`): `reread` reads the config file again.
+        self.reloader = Reloader(lambda: parts.config, reread, self._reloaded)
         self.draining = False
         self._health_due = False
         self._closed = False
@@ -231,15 +235,36 @@ class Gateway:
                 note="serving; hosts join as their sources answer",
             )
 
+    @property
+    def config(self) -> GatewayConfig:
+        """The config in force (a reload replaces its keys that reload)."""
+        return self.parts.config
+
     def reload(self) -> None:
-        """SIGHUP: read the certificate files again (when serving TLS); logged either way."""
-        for files in {self.parts.certificates, self.parts.picker_certificates} - {None}:
+        """SIGHUP: the certificate and key files, and the config file, read again."""
+        self.reloader.request()
+
+    def _reloaded(self, done: Reload | None) -> None:
+        """A reload read (or not: `done` None): the files read again, its config put in
+        force; logged either way."""
+        parts = self.parts
+        for files in {parts.certificates, parts.picker_certificates} - {None}:
             assert files is not None
             files.reload()
-        if self.parts.auth is not None:
-            self.parts.auth.reload()
-        tls = self.parts.certificates is not None or self.parts.picker_certificates is not None
-        log.info("reloaded", certificates=tls)
+        if parts.auth is not None:
+            parts.auth.reload()
+        tls = parts.certificates is not None or parts.picker_certificates is not None
+        fields: dict[str, object] = {}
+        if done is not None:
+            fields["applied"] = list(done.applied)
+            if done.applied:
+                changed = parts.configure(done.config)
+                fields.update(policies=changed.policies, routes=changed.routes)
+                self._refresh_health()  # declared models and routes may differ
+                if parts.rooms is not None:  # raised bounds: waiting calls may go on
+                    for model in parts.fleet.registry.models():
+                        parts.rooms.kick(model)
+        log.info("reloaded", certificates=tls, **fields)
 
     def ready_line(self) -> str:
         return ready_line(
@@ -318,6 +343,7 @@ class Gateway:
             return
         self._closed = True
         parts = self.parts
+        await self.reloader.close()
         if self.connections is not None:
             await self.connections.stop()
         if parts.auth is not None:
@@ -352,11 +378,14 @@ async def serve(
     member: Member | None = None,
     drained: Sequence[str] = (),
     discovered: Mapping[str, Sequence[Discovered]] | None = None,
+    reread: Reread | None = None,
+    watch: str | None = None,
 ) -> None:
     """Run until SIGTERM or SIGINT, then drain. A signal during start-up stops at once;
     SIGINT with nothing in flight skips the drain delay (someone at a terminal, no load
-    balancer to tell); a second signal stops at once, whatever is in flight."""
-    gateway = Gateway(config, member, discovered)
+    balancer to tell); a second signal stops at once, whatever is in flight. SIGHUP reads
+    the config again with `reread`; `watch`: the file whose changes do too."""
+    gateway = Gateway(config, member, discovered, reread)
     loop = asyncio.get_running_loop()
     signals: list[signal.Signals] = []
     stopped = asyncio.Event()
@@ -383,6 +412,8 @@ async def serve(
                 log.info("stopping during start-up", signal=signals[0].name)
                 return  # leaving the scope cancels the start-up and waits for it
             starting.result()  # CannotListen and friends
+            if watch is not None:
+                gateway.reloader.spawn_watch(watch)
             print(gateway.ready_line(), flush=True)
             await waiting
         quick = signals[0] is signal.SIGINT and not gateway.busy

@@ -93,6 +93,11 @@ def _add_serve_flags(
     (files or p).add_argument(
         "--config", metavar="FILE", help="YAML config file (flags override it)"
     )
+    p.add_argument(
+        "--watch-config",
+        action="store_true",
+        help="reload the --config file when it changes, as SIGHUP does",
+    )
     p.add_argument("--listen", metavar="HOST:PORT", help="main port (default 127.0.0.1:50051)")
     p.add_argument(
         "--worker", metavar="URL", action="append", default=[], help="a worker (repeatable)"

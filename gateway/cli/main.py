@@ -110,11 +110,17 @@ def _serve(args: argparse.Namespace) -> int:
     config = checked_config(args, install)
     if config is None:
         return 2
+    if args.watch_config and not args.config:
+        say("config error: --watch-config needs --config FILE")
+        return 2
+    # SIGHUP (and --watch-config) read the file and the flags again, as here.
+    reread = (lambda: config_from_args(args)) if args.config else None
+    watch = args.config if args.watch_config else None
     if config.processes > 1:
         from gateway.scale.supervisor import supervise
 
-        return run_until_done(supervise(config))
-    return run_until_done(serve(config))
+        return run_until_done(supervise(config, reread, watch))
+    return run_until_done(serve(config, reread=reread, watch=watch))
 
 
 def _check_config(args: argparse.Namespace) -> int:

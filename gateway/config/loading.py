@@ -378,9 +378,15 @@ def build_config(
         config = dataclasses.replace(config, workers=config.workers + flagged)
     _check_addresses(config)
     check_workers(config.workers)
+    check_across(config)
+    return config
+
+
+def check_across(config: GatewayConfig) -> None:
+    """The rules between sections: tenants' classes are flow classes, aliases send to
+    models the config names (a reload's merged config is checked by them too)."""
     check_tenant_classes(config.flow, config.tenants)
     _check_routes(config)
-    return config
 
 
 def _check_routes(config: GatewayConfig) -> None:

@@ -18,6 +18,12 @@ class TokenBucket:
         self.level = float(capacity)
         self.at = now
 
+    def resize(self, rate: float, capacity: float, now: float) -> None:
+        """A new allowance (a reload): what is there kept, within the new bounds."""
+        self.fill(now)
+        self.rate, self.capacity = rate, capacity
+        self.level = max(-capacity, min(capacity, self.level))
+
     def fill(self, now: float) -> None:
         if now > self.at:
             self.level = min(self.capacity, self.level + (now - self.at) * self.rate)

@@ -110,6 +110,8 @@ class RateLimits:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = TokenBucket(per_minute / 60, per_minute, now)
+        elif bucket.capacity != per_minute:  # the tenant's limit was reloaded
+            bucket.resize(per_minute / 60, per_minute, now)
         else:
             bucket.fill(now)
         return bucket

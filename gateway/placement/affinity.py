@@ -44,6 +44,9 @@ def digest(key: Key) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+EVICT_AT_ONCE = 64
+
+
 class AffinityResult(enum.Enum):
     HIT = "hit"  # the bound worker took the leg
     MISS = "miss"  # no binding: placed by the policy, and bound
@@ -92,7 +95,9 @@ class SessionTable:
         stored = digest(key)
         self._entries[stored] = (worker, now)
         self._entries.move_to_end(stored)
-        while len(self._entries) > self.max_sessions:
+        # At most EVICT_AT_ONCE a binding: a bound lowered by a reload is reached over
+        # the next bindings, never in one burst on the event loop.
+        for _ in range(min(len(self._entries) - self.max_sessions, EVICT_AT_ONCE)):
             self._entries.popitem(last=False)
 
     def _expire(self, now: float) -> None:
@@ -113,6 +118,11 @@ class Affinity:
         self.outcomes: dict[tuple[str, AffinityResult], int] = {}
         # Told every binding made (the shared store's follower, gateway.state.sessions).
         self.on_bind: Callable[[Key, str], object] | None = None
+
+    def configure(self, settings: AffinityConfig) -> None:
+        """A reload: the bound and the expiry, from the next binding on (a smaller bound
+        evicts the least recently used as the next binding is made)."""
+        self.table.max_sessions, self.table.ttl_s = settings.max_sessions, settings.ttl_s
 
     def bound(
         self, session: str, model: str, legs: Collection[Role], now: float

@@ -81,6 +81,18 @@ class Placer:
         self._any: dict[tuple[str, Runtime], RoundRobin] = {}
         self._declared = declared  # model -> the runtimes the config declares it on
 
+    def configure(
+        self,
+        model_settings: Callable[[str], ModelSettings],
+        retry_after_ms: int,
+        lora: LoraConfig,
+        declared: Declared,
+    ) -> None:
+        """A reload: the models' settings, the retry hint, the LoRA settings and the
+        declared models now (each read at its next use)."""
+        self._model_settings, self._retry_after_ms = model_settings, retry_after_ms
+        self._lora, self._declared = lora, declared
+
     def resolve(self, model: str | None, runtime: Runtime) -> str | Verdict:
         """The model a call is for: the named one, or the protocol's only model. A model
         no worker serves yet is unavailable, not unknown, when the configuration declares

@@ -7,8 +7,8 @@ the same point in every serving process); one without is sent at random. Targets
 servable worker are skipped, the others' weights stretched to fill the line. A target
 that is itself an alias is resolved again, once (the config allows one level).
 
-`RouteTable` holds the routes: written by its `set` only (the config at start, then the
-admin API), read by the resolve stage.
+`RouteTable` holds the routes: written by its `set` (the config at start, then the admin
+API) and `reset` (a reload), read by the resolve stage.
 """
 
 from __future__ import annotations
@@ -93,6 +93,15 @@ class RouteTable:
             _, message = problem
             raise BadRoute(f"route of {alias!r}: {message}")
         self._routes[alias] = route
+        for listener in self._listeners:
+            listener()
+
+    def reset(
+        self, routes: Mapping[str, Route], named: frozenset[str], served: frozenset[str]
+    ) -> None:
+        """Every alias and route at once (a reload; `RouteWriter.configure` checked them)."""
+        self._routes = dict(routes)
+        self._named, self._served = named, served
         for listener in self._listeners:
             listener()
 

@@ -37,6 +37,12 @@ class Admission:
         self._area = 0.0  # call-seconds in flight up to `_since` (see `busy`)
         self._since = clock()
 
+    def configure(self, limit: int, per_caller: int | None = None) -> None:
+        """A reload: the bounds from the next call on (calls in flight past a lowered
+        bound finish; no new one enters until they are under it)."""
+        self.limit = limit
+        self.per_caller = limit if per_caller is None else per_caller
+
     def enter(self, caller: str) -> Refusal | None:
         """Take a slot for `caller`; why not, when a bound is reached."""
         if self.active >= self.limit:

@@ -45,6 +45,10 @@ class Dispatcher:
         self._loras = loras  # loads a call's LoRA adapter before its legs open
         self._retry_after_ms = retry_after_ms
 
+    def configure(self, max_attempts: int, retry_after_ms: int) -> None:
+        """A reload: attempts per call and the retry hint, from the next call on."""
+        self._max_attempts, self._retry_after_ms = max_attempts, retry_after_ms
+
     async def serve(
         self,
         job: Job,

@@ -13,7 +13,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.config import GatewayConfig
+from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
+from gateway.core.current import Current
 from gateway.core.offload import Offload
 from gateway.engines import EngineAdapter
 from gateway.placement.placer import Placer
@@ -67,11 +68,20 @@ class StageEnv:
     """What the stages read of the serving process: one per engine front."""
 
     adapter: EngineAdapter
-    config: GatewayConfig
+    settings: Current[GatewayConfig]  # read at each use: a reload replaces it
     door: Entrance
     routing: Routing
     private_keys: frozenset[str]  # metadata keys never forwarded upstream
-    estimate: int  # a call's output in tokens, when it does not say
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self.settings.value
+
+    @property
+    def estimate(self) -> int:
+        """A call's output in tokens, when it does not say."""
+        flow = self.settings.value.flow
+        return flow.cost_tokens if flow is not None else DEFAULT_COST_TOKENS
 
 
 class Stage(Protocol):

@@ -16,7 +16,8 @@ from typing import Any
 
 import grpc
 
-from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
+from gateway.config import GatewayConfig
+from gateway.core.current import Current
 from gateway.engines import EngineAdapter, RpcKind, RpcSpec
 from gateway.observability.record import CallRecord
 from gateway.observability.tracing import TRACE_KEYS, Tracing
@@ -43,7 +44,7 @@ class EngineFront:
     def __init__(
         self,
         adapter: EngineAdapter,
-        config: GatewayConfig,
+        settings: Current[GatewayConfig],
         door: Entrance,
         routing: Routing,
         observe: Callable[[CallRecord], None],
@@ -51,21 +52,19 @@ class EngineFront:
         tracing: Tracing | None = None,
     ) -> None:
         self.adapter = adapter
-        self._config = config
         self._door = door
         self.tracing = tracing
+        config = settings.value
         self.call_log = CallLog(observe, config.log_level)  # how its calls are told of
         # With tracing on, the gateway continues the client's trace and sends workers its
         # own trace context: the client's is not forwarded as it is.
         private = door.identities.private_keys
-        flow = config.flow  # a call's output, when it does not say: estimated
         self.env = StageEnv(
             adapter,
-            config,
+            settings,
             door,
             routing,
             private | TRACE_KEYS if tracing is not None else private,
-            flow.cost_tokens if flow is not None else DEFAULT_COST_TOKENS,
         )
         # The RPC kinds the pipeline does not place.
         abort_path = next(s.path for s in adapter.rpcs.values() if s.kind is RpcKind.ABORT)
@@ -99,9 +98,9 @@ class EngineFront:
         env, tracing = self.env, self.tracing
         # Past the opening, a call the pipeline does not place is its handler's doing.
         handled = None if spec.kind in (RpcKind.GENERATE, RpcKind.EMBED) else spec.kind.value
-        read_s = self._config.limits.request_read_timeout_s
-        # Streams are ended once idle too long (0: never).
-        idle = self._door.idle if spec.server_streaming and self._door.idle.idle_s > 0 else None
+        settings = env.settings
+        # Streams are ended once idle too long (`idle_s` 0: never).
+        watch = self._door.idle if spec.server_streaming else None
         load = self._door.load
         call_log = self.call_log
 
@@ -116,6 +115,8 @@ class EngineFront:
             call = Call(
                 spec, context, record, UNREAD, "", trace=trace, orca=orca, call_log=call_log
             )
+            read_s = settings.value.limits.request_read_timeout_s
+            idle = watch if watch is not None and watch.idle_s > 0 else None
             async with call:
                 # One deadline per call: the read timeout, from the stream's opening; then
                 # a stream's is the idle watch's to set (once nothing moved for a period).

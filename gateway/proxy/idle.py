@@ -49,13 +49,18 @@ class IdleWatch:
         self._looking: asyncio.Handle | None = None  # the next look, or the next slice
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    def configure(self, idle_s: float) -> None:
+        """A reload: streams that open from now are ended idle after `idle_s` (0: never);
+        those watched keep being looked at."""
+        self.idle_s = idle_s
+
     def watch(self, record: CallRecord, limit: asyncio.Timeout) -> None:
         """From now, `limit` ends the stream once no message moved on it for `idle_s`."""
         loop = self._loop = asyncio.get_running_loop()
         limit.reschedule(None)
         self._streams[limit] = _Seen(record, loop.time())
         if self._looking is None:
-            self._looking = loop.call_later(self.idle_s / 2, self._look)
+            self._looking = loop.call_later((self.idle_s or 1.0) / 2, self._look)
 
     def forget(self, limit: asyncio.Timeout) -> None:
         self._streams.pop(limit, None)
@@ -72,7 +77,8 @@ class IdleWatch:
         assert loop is not None
         due, self._due = self._due[:SLICE], self._due[SLICE:]
         now = loop.time()
-        idle_since = now - self.idle_s
+        # Turned off by a reload while streams were watched: none of them ends idle.
+        idle_since = now - self.idle_s if self.idle_s > 0 else float("-inf")
         streams = self._streams
         for limit, seen in due:
             count = seen.record.messages
@@ -83,7 +89,7 @@ class IdleWatch:
         if self._due:
             self._looking = loop.call_soon(self._slice)
         elif streams:
-            self._looking = loop.call_later(self.idle_s / 2, self._look)
+            self._looking = loop.call_later((self.idle_s or 1.0) / 2, self._look)
         else:
             self._looking = None
 

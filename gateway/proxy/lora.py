@@ -93,7 +93,7 @@ class LoraLoader:
     model) for the metrics, read at scrape time."""
 
     def __init__(self, config: LoraConfig, links: Links) -> None:
-        self._config = config
+        self._config = config  # replaced whole by `configure` (a reload)
         self._links = links
         self._pending: dict[Key, asyncio.Task[None]] = {}
         self._loading = TaskScope(log_failures=False)  # a failure is its waiters' answer
@@ -103,6 +103,11 @@ class LoraLoader:
         self.timed_out: dict[Key, tuple[int, float]] = {}
         self.loads: Counter[tuple[str, str]] = Counter()
         self.evictions: Counter[str] = Counter()
+
+    def configure(self, config: LoraConfig) -> None:
+        """A reload: the adapters, their bound per worker and the load timeout, from the
+        next call on (loads under way finish as they started)."""
+        self._config = config
 
     def _managed(self, job: Job) -> str:
         """The adapter the job's call names, if the gateway loads it ("" otherwise)."""

@@ -212,6 +212,11 @@ class Migrations:
         self._max_prompt_tokens = max_prompt_tokens
         self.budget = TokenBudget(config.max_kept_tokens)
 
+    def configure(self, config: MigrationConfig, max_prompt_tokens: int) -> None:
+        """A reload: whether and how far streams go on elsewhere, from the next stream on
+        (the kept-token budget is the process's memory bound: read at start-up)."""
+        self._config, self._max_prompt_tokens = config, max_prompt_tokens
+
     def refusal(self, job: Job) -> str | None:
         """Why the job's stream could never be continued ("" if it could; None: it is
         not a stream of tokens at all)."""

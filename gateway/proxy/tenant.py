@@ -36,7 +36,8 @@ async def classify(env: StageEnv, call: Call) -> None:
     elif record.principal is not None:  # `key:NAME` or `cert:NAME`: the tenant NAME
         tenant = record.principal.partition(":")[2]
     if flow is None:
-        call.classified(tenant, cost, shown=env.door.rates is not None)
+        rates = env.door.rates
+        call.classified(tenant, cost, shown=rates is not None and rates.active)
         return
     klass = flow.index(asked_class) if asked_class is not None else None
     if klass is None:
@@ -56,7 +57,7 @@ async def charge(env: StageEnv, call: Call) -> None:
     `state:`), else RATE_LIMITED with the time its budget allows the call; settled from
     what it used as it ends (all back if no worker saw it). Nothing without rate limits."""
     rates = env.door.rates
-    if rates is None:
+    if rates is None or not rates.active:
         return
     taken = await rates.take(call.tenant, call.cost)
     if isinstance(taken, OverBudget):

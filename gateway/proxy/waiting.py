@@ -47,6 +47,21 @@ class Ticket:
     )
 
 
+def classes_of(settings: FlowConfig) -> tuple[FlowClass, ...]:
+    return tuple(FlowClass(c.name, c.ttl_s, c.starvation_s) for c in settings.classes)
+
+
+def in_queue(queue: FlowQueue, classes: tuple[FlowClass, ...], klass: int) -> int:
+    """A call's class (its index in `classes`, the classes now) in `queue`'s own list:
+    the same, unless a reload changed the classes while the queue had calls waiting;
+    then found by name (a class the queue lacks: its lowest)."""
+    if queue.classes is classes:
+        return klass
+    name = classes[min(klass, len(classes) - 1)].name
+    own = [c.name for c in queue.classes]
+    return own.index(name) if name in own else len(own) - 1
+
+
 class ModelQueue:
     """One model's queue and the calls waiting in it."""
 
@@ -66,7 +81,7 @@ class WaitingRooms:
         retry_after_ms: int,
     ) -> None:
         self.settings = settings
-        self.classes = tuple(FlowClass(c.name, c.ttl_s, c.starvation_s) for c in settings.classes)
+        self.classes = classes_of(settings)
         self._tenant = tenant
         self._inflight: dict[str, int] = {}  # tenant -> its admitted calls not yet done
         self._upstreams = upstreams
@@ -75,6 +90,20 @@ class WaitingRooms:
         # Models that had a queue, for the depth series (0 when empty, not absent); only
         # placeable models reach a queue, and at most MAX_SHOWN_MODELS are kept.
         self._shown: dict[str, None] = {}
+
+    def configure(self, settings: FlowConfig, retry_after_ms: int) -> None:
+        """A reload: the classes, bounds and retry hint from the next call on. A queue
+        with calls waiting keeps them all: its bounds change at once, its classes too
+        when their names are the same; else it keeps its own until it empties."""
+        self.settings, self.classes = settings, classes_of(settings)
+        self._retry_after_ms = retry_after_ms
+        names = [c.name for c in self.classes]
+        for room in self._rooms.values():
+            queue = room.queue
+            queue.max_requests = settings.queue.max_requests
+            queue.max_bytes = settings.queue.max_bytes
+            if [c.name for c in queue.classes] == names:
+                queue.classes = self.classes
 
     def by_tenant(self) -> dict[tuple[str, str, str], int]:
         """(model, class, tenant) -> calls waiting."""
@@ -119,6 +148,7 @@ class WaitingRooms:
                 return placed
         room = self._room(model)
         queue = room.queue
+        klass = in_queue(queue, self.classes, klass)
         waiter = Waiter(tenant, klass, cost, size, time.monotonic())
         waiting = queue.count  # the answer, if any, says the queue as it was before
         pushed = queue.push(waiter)
@@ -130,7 +160,7 @@ class WaitingRooms:
                 room.tickets[victim].answer.set_result(full)
         ticket = Ticket(waiter, place)
         room.tickets[waiter] = ticket
-        ttl = self.classes[klass].ttl_s
+        ttl = queue.classes[klass].ttl_s
         try:
             async with asyncio.timeout(ttl):
                 return await asyncio.shield(ticket.answer)
@@ -138,7 +168,7 @@ class WaitingRooms:
             if ticket.answer.done():  # served in the same instant: it is ours
                 return ticket.answer.result()
             waited = time.monotonic() - waiter.since
-            name = self.classes[klass].name
+            name = queue.classes[klass].name
             return verdicts.queue_timeout(model, name, waited, self._retry_after_ms)
         except asyncio.CancelledError:
             # The client went (or its deadline passed): a reservation made for it in the

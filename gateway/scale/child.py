@@ -124,8 +124,15 @@ def main(argv: list[str]) -> int:
     orphan = die_with(launch.supervisor_pid)
     config, member = launch.config, launch.member
     install(config.log_format, config.log_level, process=str(member.index))
+
+    def reread() -> GatewayConfig:  # the supervisor wrote it again before its SIGHUP
+        again: Launch = pickle.loads(Path(argv[1]).read_bytes())
+        return again.config
+
     try:
-        return run_until_done(serve(config, member, launch.drained, launch.discovered))
+        return run_until_done(
+            serve(config, member, launch.drained, launch.discovered, reread=reread)
+        )
     finally:
         # The server has let go of the signals: none may end the process mid-clean-up.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

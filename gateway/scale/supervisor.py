@@ -27,8 +27,10 @@ from gateway.admin.service import serve_admin
 from gateway.admin.v1 import admin_pb2_grpc
 from gateway.app.assembly import preflight
 from gateway.app.metrics import Endpoint
+from gateway.app.reload import Reloader, Reread
 from gateway.app.server import ready_line
 from gateway.config import GatewayConfig
+from gateway.config.reload import Reload
 from gateway.core.listen import CannotListen
 from gateway.core.tasks import TaskScope
 from gateway.discovery.metrics import DiscoveryCollector
@@ -58,8 +60,14 @@ LIVENESS_MISSES = 2
 
 
 class Supervisor:
-    def __init__(self, config: GatewayConfig) -> None:
-        self.config = config
+    def __init__(
+        self, config: GatewayConfig, reread: Reread | None = None, watch: str | None = None
+    ) -> None:
+        self.config = config  # the config in force: a reload replaces its keys that reload
+        # SIGHUP (`watch`: and a change of that file) reads the config again here; each
+        # serving process then reads its own share of it from its launch file.
+        self.reloader = Reloader(lambda: self.config, reread, self._reloaded)
+        self._watched = watch
         self.count = config.processes
         self.desired = DesiredFleet.of(config)
         self.relay = DiscoveryRelay(config.discovery, self._channels) if config.discovery else None
@@ -240,8 +248,19 @@ class Supervisor:
                     position.process.send_signal(sig)
 
     def _reload(self) -> None:
-        """SIGHUP: passed on to every process that listens (each reloads what it can). One
-        still starting reads its files as it starts, and ignores SIGHUP until then."""
+        self.reloader.request()
+
+    def _reloaded(self, done: Reload | None) -> None:
+        """A reload read here (or not: `done` None): its config in force here, and in every
+        process that listens: its launch file written again with its share, then SIGHUP
+        (each reloads what it can: that config, its certificate and key files). One still
+        starting reads its files as it starts, and ignores SIGHUP until then."""
+        if done is not None and done.applied:
+            self.config = done.config
+            for position in self.positions:
+                if position.running and position.admin is not None:
+                    self._launch(position)
+            log.info("reloaded", applied=list(done.applied))
         for position in self.positions:
             if position.running and position.admin is not None:
                 assert position.process is not None
@@ -342,6 +361,9 @@ class Supervisor:
             which = str(position.index)
             self._tasks.spawn(self._keep(position), "process_keeper", serving_process=which)
             self._tasks.spawn(self._watch(position), "process_liveness", serving_process=which)
+        undo.push_async_callback(self.reloader.close)
+        if self._watched is not None:
+            self.reloader.spawn_watch(self._watched)
         log.info("serving", port=self.port, processes=self.count, admin_port=admin_port)
         line = ready_line(self.config, self.port, admin_port, metrics_port, self.picker_port)
         print(line, flush=True)
@@ -390,5 +412,7 @@ def _nobody(address: str) -> list[str]:
     return []
 
 
-async def supervise(config: GatewayConfig) -> int:
-    return await Supervisor(config).run()
+async def supervise(
+    config: GatewayConfig, reread: Reread | None = None, watch: str | None = None
+) -> int:
+    return await Supervisor(config, reread, watch).run()

@@ -109,6 +109,9 @@ class TenantBudgets:
     ) -> None:
         self._limits = limits
         self._store = store
+        # Some tenant has a limit: written by the assembly and a reload (a config without
+        # one charges nothing, and its calls' tenants are not shown).
+        self.active = True
         self.local = RateLimits(limits, max_buckets)
         self._max_buckets = max_buckets
         self._clock = clock

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from gateway.config import Route
+from gateway.config import Route, route_problem
 from gateway.placement.routes import BadRoute, RouteTable, UnknownAlias
 from gateway.state.store import Store, StoreAway
 
@@ -38,6 +38,7 @@ class RouteWriter:
         self._store = store
         self._pending: dict[str, Route] = {}  # set while the store was away
         self._refused: dict[str, bytes] = {}  # alias -> the stored value last refused
+        self._held: frozenset[str] = frozenset()  # the aliases the store held when last read
         if store is not None:
             self._key = store.key("routes")
             self._channel = store.key("routes", "changed")
@@ -53,6 +54,28 @@ class RouteWriter:
             await self._write_pending()
         except StoreAway:
             log.warning("route_not_shared_yet", alias=alias, note="written once the store answers")
+
+    def configure(
+        self,
+        before: Mapping[str, Route],
+        after: Mapping[str, Route],
+        named: frozenset[str],
+        served: frozenset[str],
+    ) -> list[str]:
+        """A reload of the file's routes (`before` and `after` it): an alias the file
+        adds or changes takes the file's route, one it dropped goes; one the file left as
+        it was keeps its route here (set through the admin API), and so does one the
+        store holds (the store wins). Kept routes that the new file's rules refuse give
+        way to the file's. The aliases whose route changed."""
+        now = self.table.routes()
+        merged = {}
+        for alias, route in after.items():
+            keep = before.get(alias) == route or alias in self._held
+            merged[alias] = now.get(alias, route) if keep else route
+        if route_problem(merged, named, served) is not None:
+            merged = dict(after)
+        self.table.reset(merged, named, served)
+        return sorted(a for a in {*now, *merged} if now.get(a) != merged.get(a))
 
     async def _write_pending(self) -> None:
         store = self._store
@@ -84,7 +107,9 @@ class RouteWriter:
         if not isinstance(stored, Mapping):
             store.invalid("routes_read", f"{self._key} is no hash")
             return
-        for raw_alias, raw in list(stored.items())[: 4 * MAX_TARGETS]:
+        read = list(stored.items())[: 4 * MAX_TARGETS]
+        self._held = frozenset(a.decode(errors="replace") for a, _ in read if isinstance(a, bytes))
+        for raw_alias, raw in read:
             self._apply(raw_alias, raw)
 
     def _apply(self, raw_alias: object, raw: object) -> None:

@@ -28,6 +28,10 @@ class SharedSessions:
         self._ttl_ms = max(1, int(ttl_s * 1000))
         affinity.on_bind = self._bound
 
+    def configure(self, ttl_s: float) -> None:
+        """A reload: bindings written from now expire after `ttl_s`."""
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+
     def _key(self, key: Key) -> str:
         session, model, leg = key
         return self._store.key("session", digest(f"{session}\0{model}\0{leg.value}"))

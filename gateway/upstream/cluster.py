@@ -79,25 +79,43 @@ class Cluster:
 ClusterFactory = Callable[[ClusterKey], Cluster]
 
 
-def cluster_factory(
-    model_settings: Callable[[str], ModelSettings],
-    build_policy: PolicyBuilder,
-    context: PolicyContext,
-    stale_saturates: bool = False,
-) -> ClusterFactory:
+class ClusterMaker:
     """How the registry makes a cluster: a policy of its own, by the model's policy name
-    and the cluster's role (`build_policy`), and the model's limits."""
+    and the cluster's role (`build_policy`), and the model's limits; and how a reload
+    brings a cluster to the model's settings now (`refresh`)."""
 
-    def make(key: ClusterKey) -> Cluster:
-        model = model_settings(key.model)
-        policy = build_policy(model.policy, key.role, context)
-        limits = WorkerLimits(
+    def __init__(
+        self,
+        model_settings: Callable[[str], ModelSettings],
+        build_policy: PolicyBuilder,
+        context: PolicyContext,
+        stale_saturates: bool = False,
+    ) -> None:
+        self._model_settings = model_settings
+        self._build_policy = build_policy
+        self._context = context
+        self._stale_saturates = stale_saturates
+
+    def __call__(self, key: ClusterKey) -> Cluster:
+        model = self._model_settings(key.model)
+        policy = self._build_policy(model.policy, key.role, self._context)
+        return Cluster(key, policy, self._limits(key, model))
+
+    def refresh(self, cluster: Cluster) -> bool:
+        """The model's limits now, and a new policy if its name changed (a policy keeps
+        its rotation and shares while it stays): True if the policy was replaced."""
+        model = self._model_settings(cluster.key.model)
+        cluster.limits = self._limits(cluster.key, model)
+        if cluster.policy.name == model.policy:
+            return False
+        cluster.policy = self._build_policy(model.policy, cluster.key.role, self._context)
+        return True
+
+    def _limits(self, key: ClusterKey, model: ModelSettings) -> WorkerLimits:
+        return WorkerLimits(
             model.max_inflight,
             model.max_waiting,
             model.max_token_usage,
-            stale_saturates,
+            self._stale_saturates,
             within_window=key.role is Role.DECODE,
         )
-        return Cluster(key, policy, limits)
-
-    return make

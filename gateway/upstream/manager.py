@@ -37,7 +37,7 @@ from gateway.kv.index import KvIndex
 from gateway.security.tls import channel_credentials
 from gateway.upstream import stagger
 from gateway.upstream.channels import open_channel
-from gateway.upstream.cluster import PolicyBuilder, PolicyContext, cluster_factory
+from gateway.upstream.cluster import ClusterMaker, PolicyBuilder, PolicyContext
 from gateway.upstream.health.active import ProbeLoop
 from gateway.upstream.health.connection import watch_connection
 from gateway.upstream.identify import DiscoveryError, discover
@@ -72,10 +72,13 @@ class Fleet:
         # With flow control, a worker without a fresh load report waits out its load
         # limits (max_waiting, max_token_usage) instead of being taken as idle.
         context = PolicyContext(self.kv_index, settings.kv, settings.loads.stale_after_s)
-        clusters = cluster_factory(
-            settings.model, build_policy, context, stale_saturates=settings.flow is not None
+        self._clusters = ClusterMaker(
+            lambda model: self.settings.model(model),
+            build_policy,
+            context,
+            stale_saturates=settings.flow is not None,
         )
-        self.registry = Registry(clusters)
+        self.registry = Registry(self._clusters)
         self.registry.subscribe(self._log_event)
         self._channels: dict[Worker, aio.Channel] = {}
         # Each worker's callables, one per method path and shape: grpc builds a new one
@@ -92,6 +95,14 @@ class Fleet:
         self._tasks: dict[str, set[asyncio.Task[None]]] = {}  # by worker, for `remove`
         self._timers: dict[str, set[asyncio.TimerHandle]] = {}
         self._credentials: grpc.ChannelCredentials | None = None
+
+    def configure(self, settings: GatewayConfig) -> list[str]:
+        """A reload: every cluster brought to its model's settings now (limits, policy),
+        and the adapters LoRA polls look for. The models whose policy changed."""
+        self.settings = settings
+        self.lora_watch.configure(settings.lora)
+        changed = [c.key.model for c in self.registry.every_cluster() if self._clusters.refresh(c)]
+        return sorted(set(changed))
 
     async def start(self, specs: Iterable[WorkerSpec], source: str = "static") -> None:
         """Register every worker; waits (bounded) for discovery and a first connection

@@ -202,6 +202,11 @@ class Registry:
         """Whether any runtime has workers of this leg for the model (no list built)."""
         return any(role in roles for roles in self._index.get(model, {}).values())
 
+    def every_cluster(self) -> list[Cluster]:
+        """Every cluster of every model (a reload brings each to its settings now)."""
+        runtimes = [roles for by_runtime in self._index.values() for roles in by_runtime.values()]
+        return [cluster for roles in runtimes for cluster in roles.values()]
+
     def clusters(self, model: str, role: Role) -> list[Cluster]:
         """A leg's clusters on every runtime, in runtime order."""
         runtimes = self._index.get(model, {})

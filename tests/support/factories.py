@@ -14,7 +14,7 @@ from gateway.kv.index import KvIndex
 from gateway.placement.affinity import Affinity
 from gateway.placement.placer import Placer
 from gateway.placement.policies import build_policy
-from gateway.upstream.cluster import PolicyContext, cluster_factory
+from gateway.upstream.cluster import ClusterMaker, PolicyContext
 from gateway.upstream.registry import Registry
 from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.worker import Worker
@@ -62,7 +62,7 @@ def make_registry(
     `model_settings` (round robin, no limits unless given)."""
     index = kv_index if kv_index is not None else KvIndex()
     context = PolicyContext(index, KvConfig(), stale_after_s)
-    return Registry(cluster_factory(model_settings, build_policy, context))
+    return Registry(ClusterMaker(model_settings, build_policy, context))
 
 
 def make_placer(

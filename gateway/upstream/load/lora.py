@@ -46,6 +46,11 @@ class AdapterWatch:
     def of(cls, config: LoraConfig) -> AdapterWatch:
         return cls(config.enabled, config.max_listed_per_worker, config.adapters)
 
+    def configure(self, config: LoraConfig) -> None:
+        """A reload: what is kept of a worker's list (a watch once wanted stays)."""
+        self.cap, self.only = config.max_listed_per_worker, frozenset(config.adapters)
+        self.wanted = self.wanted or config.enabled
+
     def seen(self) -> None:
         """A call named an adapter."""
         self.wanted = True
