@@ -38,6 +38,11 @@ class Reloader:
         self._busy = False
         self._again = False
 
+    @property
+    def running(self) -> bool:
+        """A reload is under way (or due again)."""
+        return self._busy
+
     def request(self) -> None:
         """A reload, soon (from a signal handler or the file watch: returns at once)."""
         if self._busy:

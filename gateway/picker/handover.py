@@ -26,13 +26,12 @@ FOLLOW_SLACK_S = 1.0
 class HandOver:
     """The attempt the dispatcher runs for a call the picker places."""
 
-    __slots__ = ("_checks", "_count", "_destinations", "_idle_s")
+    __slots__ = ("_checks", "_count", "_destinations")
 
-    def __init__(self, checks: WorkerChecks, count: Callable[[str], None], idle_s: float) -> None:
+    def __init__(self, checks: WorkerChecks, count: Callable[[str], None]) -> None:
         self._checks = checks
         self._count = count  # the picker's answers, by kind
         self._destinations = Destinations()
-        self._idle_s = idle_s  # `limits.stream_idle_timeout_s`: between two parts
 
     async def attempt(self, env: StageEnv, job: Job, reserved: ReservedPlacement) -> None:
         call = job.call
@@ -51,7 +50,8 @@ class HandOver:
         with job.handed_over(env.routing.dispatcher.upstreams, reserved, worker) as reservation:
             try:
                 self._count("worker")
-                await self._sent_and_followed(call, context, ended, address, remove, body)
+                idle_s = env.config.limits.stream_idle_timeout_s
+                await self._sent_and_followed(call, context, ended, address, remove, body, idle_s)
             finally:
                 code = ended.code
                 if ended.known and code is not None:
@@ -77,6 +77,7 @@ class HandOver:
         address: str,
         remove: tuple[str, ...],
         body: bytes | None,
+        idle_s: float,
     ) -> None:
         """The call sent to its worker, then its answer followed, each step within the
         call's deadline (and a little more: Envoy's own end of the stream says more),
@@ -85,7 +86,6 @@ class HandOver:
         loop = asyncio.get_running_loop()
         left = context.time_remaining()
         deadline = None if left is None else loop.time() + left + FOLLOW_SLACK_S
-        idle_s = self._idle_s
 
         def bound() -> float | None:
             idle = loop.time() + idle_s if idle_s > 0 else None

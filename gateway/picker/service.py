@@ -77,7 +77,7 @@ class Picker:
         self._trusted = TrustedProxies(picker.trusted_proxies)
         self._count = count  # each call's answer: `worker`, `relay` or `verdict`
         limits = config.limits
-        self._read_s = limits.request_read_timeout_s
+        self._settings = fronts[0].env.settings  # the config in force (a reload's)
         # The picker's own turns to read a request: it never takes the main port's.
         gate = ReadGate(limits.max_request_reads, limits.max_request_reads_per_peer)
         self._envs: dict[Runtime, StageEnv] = {}
@@ -87,8 +87,12 @@ class Picker:
                 door = replace(door, identities=identities)
             self._envs[front.adapter.runtime] = replace(front.env, door=door)
         checks = WorkerChecks(fronts[0].env.routing.dispatcher.upstreams, config.probe.timeout_s)
-        hand_over = HandOver(checks, count, limits.stream_idle_timeout_s)
+        hand_over = HandOver(checks, count)
         self.stages = PickerStages(hand_over, picker.migrate_streams, count)
+
+    @property
+    def _read_s(self) -> float:
+        return self._settings.value.limits.request_read_timeout_s
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(

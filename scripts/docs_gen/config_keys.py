@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 
 from gateway.config import GatewayConfig
 from gateway.config.loading import RENAMED
+from gateway.config.reload import SWITCHES, reloads
 from gateway.config.workers import WORKER_URL_KEYS, WorkerSpec
 from scripts.docs_gen.blocks import markdown_table
 from scripts.docs_gen.config_facts import (
@@ -246,12 +247,25 @@ def config_keys() -> list[Key]:
                 type=TYPE_AT.get(f.path) or render_type(f.hint),
                 default=DEFAULT_AT.get(f.path) or render_default(f.default, unit),
                 unit=unit,
-                reload=RELOAD.get(f.path, "restart"),
+                reload=takes_effect(f.path),
                 scope=SCOPE.get(f.path, ""),
                 meaning=f.meaning or "",
             )
         )
     return keys
+
+
+def takes_effect(path: str) -> str:
+    """`reload` for the keys gateway.config.reload lists (a switch's on/off: restart),
+    else `restart`; RELOAD adds what more there is to say."""
+    said = RELOAD.get(path)
+    if not reloads(path):
+        return said or "restart"
+    if path in SWITCHES:
+        return "reload (on or off: restart)"
+    if said is not None:
+        return said.replace("restart", "reload", 1)
+    return "reload"
 
 
 def config_table() -> str:

@@ -8,7 +8,6 @@ store is refused with a log line."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from gateway.admin.v1 import admin_pb2 as pb
 from gateway_sim.client import channel, collect, model_md, sgl_generate, sgl_grpc, write_config
 from gateway_sim.launch import Child, worker_url
 from gateway_sim.redis_server import RedisServer
-from tests.support.helpers import request_events
+from tests.support.helpers import logged_events, request_events
 from tests.support.launch import Launcher
 from tests.support.processes import admin_stub, scrape
 from tests.support.waits import until
@@ -76,15 +75,7 @@ async def set_route(gw: Child, alias: str, targets: Sequence[tuple[str, int]]) -
 
 
 def logged(gw: Child, event: str) -> list[dict[str, object]]:
-    found = []
-    for line in gw.log_path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if entry.get("event") == event:
-            found.append(entry)
-    return found
+    return logged_events(gw.log_path, event)
 
 
 async def test_three_replicas_admit_one_tenants_budget_once(

@@ -39,17 +39,22 @@ def rich_status(error: aio.AioRpcError) -> tuple[status_pb2.Status, dict[str, An
     return status, details
 
 
-def request_events(log_path: Path, rpc: str | None = None) -> Sequence[dict[str, Any]]:
-    """The gateway's per-request log events (JSON lines)."""
+def logged_events(log_path: Path, name: str) -> list[dict[str, Any]]:
+    """The gateway's log events called `name` (its JSON lines)."""
     events = []
     for line in log_path.read_text().splitlines():
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if event.get("event") == "request" and (rpc is None or event.get("rpc") == rpc):
+        if event.get("event") == name:
             events.append(event)
     return events
+
+
+def request_events(log_path: Path, rpc: str | None = None) -> Sequence[dict[str, Any]]:
+    """The gateway's per-request log events (JSON lines)."""
+    return [e for e in logged_events(log_path, "request") if rpc is None or e.get("rpc") == rpc]
 
 
 def wait_for_events(

@@ -13,6 +13,7 @@ from typing import Any
 
 from grpc import aio
 
+from gateway.app.reload import Reread
 from gateway.app.server import Gateway
 from gateway.config import AdminConfig, build_config
 from gateway.observability.record import CallRecord
@@ -63,7 +64,11 @@ async def sim(*flags: str) -> AsyncIterator[Sim]:
 
 @contextlib.asynccontextmanager
 async def gateway(
-    *urls: str, member: Member | None = None, ready: bool = True, **overrides: Any
+    *urls: str,
+    member: Member | None = None,
+    ready: bool = True,
+    reread: Reread | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Gateway]:
     """The gateway in this event loop, every worker ready before the block starts (unless
     `ready` is False: a worker that never answers); with `member`, one serving process of
@@ -81,7 +86,7 @@ async def gateway(
     )
     if member is not None:  # as the supervisor starts it
         config = replace(config, admin=AdminConfig(listen=member.control_address()))
-    gw = Gateway(config, member)
+    gw = Gateway(config, member, reread=reread)
     await gw.start()
     try:
         if ready:
