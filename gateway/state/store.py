@@ -160,6 +160,11 @@ class Store:
                         )
                         await heard(message.get("data") if message is not None else None)
             except (RedisError, OSError, TimeoutError):
+                # A cancel the client turned into its own error (a connection torn down
+                # mid-read) still ends the follower: else closing it would wait forever.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from None
                 await heard(None)
                 await asyncio.sleep(self.config.retry_s)
 

@@ -232,11 +232,12 @@ async def test_cache_aware_hits_as_much_through_envoy_as_through_the_relay() -> 
     picked = await bench.run_policy(args, "cache_aware", True, trace, picker=True)
     assert relay.failures == picked.failures == 0
     assert relay.hit_rate > 0.5
-    # Within 5 points (2 while ties went by rotation): ties now go to the prompt's own
-    # rendezvous order (alike on every gateway), and where the balance guard steps in
-    # follows each mode's timing. A picker that placed otherwise (an index it does not
-    # teach) falls far below: 0.3 or so.
-    assert abs(relay.hit_rate - picked.hit_rate) <= 0.05
+    # At least as much, within 5 points (2 while ties went by rotation): ties now go to
+    # the prompt's own rendezvous order (alike on every gateway), and where the balance
+    # guard steps in follows each mode's timing (measured 2-7 points either way on a busy
+    # machine). A picker that placed otherwise (an index it does not teach) falls far
+    # below: 0.3 or so. One-sided, as the test's name says.
+    assert picked.hit_rate >= relay.hit_rate - 0.05
 
 
 async def test_serving_processes_share_the_picker_port(
