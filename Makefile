@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 STAMP := $(VENV)/.installed
 CODE := gateway sim tests scripts
 
-.PHONY: run test test-timing lint bench clean engines engines-sglang engines-nixl engines-mooncake test-engines record-transcripts image test-image
+.PHONY: run test test-timing test-smg lint bench clean engines engines-sglang engines-nixl engines-mooncake test-engines record-transcripts image test-image
 
 # Real engines (tests/engines, tests/contract/record.py): vLLM for CPU and smg's gRPC
 # servicer in a venv of their own, and a tiny random-weight Llama made locally (no model
@@ -49,6 +49,19 @@ test: $(STAMP)  ## lint, type-check and run every test
 
 test-timing: $(STAMP)  ## the strict wall-clock bounds (marked `timing`), one test at a time: an idle machine only
 	$(VENV)/bin/pytest -n 0 -q -m timing
+
+# SMG in front of the gateway (tests/e2e/test_smg_front.py): PyPI's smg in a venv of its
+# own (a Rust router; never in .venv). `make test` skips those tests without it.
+SMG_VENV ?= .engines/smg-venv
+SMG_STAMP := $(SMG_VENV)/.installed
+
+$(SMG_STAMP):
+	python3 -m venv $(SMG_VENV)
+	$(SMG_VENV)/bin/pip install -q smg==1.13.0
+	touch $(SMG_STAMP)
+
+test-smg: $(STAMP) $(SMG_STAMP)  ## SMG (HTTP, tokenizer) in front of the gateway and simulated workers
+	GATEWAY_SMG=$(abspath $(SMG_VENV)/bin/smg) $(VENV)/bin/pytest -n 0 -q tests/e2e/test_smg_front.py
 
 $(ENGINES_STAMP):
 	python3 -m venv $(ENGINES_VENV)
