@@ -13,7 +13,6 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.config import StateConfig
-from gateway.core.tasks import TaskScope
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix, seed_tag
 from gateway.state.assumptions import SharedAssumptions
@@ -30,9 +29,8 @@ class Gateway:
         self.store = Store(StateConfig(url=url, retry_s=0.1))
         self.index = KvIndex(block_size=16)
         self.shared = SharedAssumptions(self.index, self.store, WORKERS.__contains__)
-        self.scope = TaskScope()
-        self.scope.spawn(self.shared.publish(), "publish")
-        self.scope.spawn(self.shared.follow(), "follow")
+        self.store.spawn(self.shared.publish(), "publish")  # as the server does
+        self.store.spawn(self.shared.follow(), "follow")
 
     def matched(self, worker: str) -> int:
         prefix = Prefix(PROMPT)
@@ -40,7 +38,6 @@ class Gateway:
         return self.index.matched_tokens(prefix, [worker], time.monotonic()).get((worker, 0), 0)
 
     async def close(self) -> None:
-        await self.scope.close()
         await self.store.close()
 
 

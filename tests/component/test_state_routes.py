@@ -10,7 +10,6 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.config import StateConfig
-from gateway.core.tasks import TaskScope
 from gateway.placement.routes import RouteTable
 from gateway.state.routes import RouteWriter, parse_route
 from gateway.state.store import Store
@@ -28,11 +27,9 @@ class Replica:
         self.store = Store(StateConfig(url=url, retry_s=0.1, resync_s=0.2))
         self.table = RouteTable({"chat": FILE_ROUTE}, NAMED)
         self.writer = RouteWriter(self.table, self.store)
-        self.scope = TaskScope()
-        self.scope.spawn(self.writer.follow(), "routes_follow")
+        self.store.spawn(self.writer.follow(), "routes_follow")  # as the server does
 
     async def close(self) -> None:
-        await self.scope.close()
         await self.store.close()
 
 
