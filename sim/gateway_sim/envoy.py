@@ -45,10 +45,10 @@ def _address(port: int) -> dict[str, object]:
     return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
 
 
-def config(upstream_ports: list[int]) -> dict[str, object]:
+def config(upstream_ports: list[int], weighted: bool = True) -> dict[str, object]:
     """One HTTP/2 listener (port picked by Envoy) routing everything to the replicas;
     weights from ORCA: a short blackout (default 10 s) and frequent weight updates, so a
-    test sees them within a second or two."""
+    test sees them within a second or two (`weighted` False: Envoy's plain round robin)."""
     manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network."
         "http_connection_manager.v3.HttpConnectionManager",
@@ -72,7 +72,7 @@ def config(upstream_ports: list[int]) -> dict[str, object]:
             }
         ],
     }
-    cluster = {
+    cluster: dict[str, object] = {
         "name": "gateways",
         "type": "STATIC",
         "typed_extension_protocol_options": {
@@ -102,6 +102,8 @@ def config(upstream_ports: list[int]) -> dict[str, object]:
             ],
         },
     }
+    if not weighted:
+        del cluster["load_balancing_policy"]  # ROUND_ROBIN, Envoy's default
     return {
         "admin": {"address": _address(0)},
         "static_resources": {
@@ -126,9 +128,11 @@ def config(upstream_ports: list[int]) -> dict[str, object]:
     }
 
 
-def start_envoy(binary: str, upstream_ports: list[int], directory: Path) -> Child:
+def start_envoy(
+    binary: str, upstream_ports: list[int], directory: Path, weighted: bool = True
+) -> Child:
     """Envoy in front of gateway replicas (`config`)."""
-    return run_envoy(binary, config(upstream_ports), directory)
+    return run_envoy(binary, config(upstream_ports, weighted), directory)
 
 
 def run_envoy(binary: str, bootstrap: dict[str, object], directory: Path) -> Child:
