@@ -22,7 +22,8 @@ Print, as YAML, the bootstrap of an Envoy that relays the calls itself with the 
 as its endpoint picker (`gateway serve --picker-listen HOST:PORT`): one listener whose
 calls pass Envoy's external processing filter (the picker places each one, or answers it
 as the relay would), then go to the worker the picker named (an original destination
-cluster that reads the address from the picker's header); Envoy health-checks the
+cluster that reads the address from the picker's header); a Lua filter hands the picker
+the last message of each answer it placed (its token counts); Envoy health-checks the
 picker. Run it with `envoy -c FILE`. It reads no gateway configuration: give the flags
 that match it (--picker: where picker.listen is reached, --header: picker.header)."""
 
@@ -142,6 +143,14 @@ def _envoy_config_parser() -> argparse.ArgumentParser:
     )
     add("--picker-cert", metavar="FILE", help="Envoy's client certificate for the picker (mTLS)")
     add("--picker-key", metavar="FILE", help="its private key")
+    add(
+        "--token-counts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the Lua filter that hands the picker the last message of each answer it "
+        "placed, for the token counts of its calls (--no-token-counts: none, and Envoy "
+        "does no work per message for it; default: on)",
+    )
     return parser
 
 
@@ -159,6 +168,7 @@ def envoy_config_yaml(
     message_timeout_s: float,
     max_body_bytes: int = MAX_BODY_BYTES,
     picker_tls: PickerTls | None = None,
+    token_counts: bool = True,
 ) -> str:
     """`gateway envoy-config`'s output: the bootstrap, under a comment with the command
     that made it (a copy kept in a repository then says how to make it again)."""
@@ -174,22 +184,34 @@ def envoy_config_yaml(
         message_timeout_s=message_timeout_s,
         max_body_bytes=max_body_bytes,
         picker_tls=picker_tls,
+        token_counts=token_counts,
     )
-    tls = ""
+    more = ""
     if picker_tls is not None:
-        tls = f" \\\n#     --picker-ca {picker_tls.ca}"
+        more = f" \\\n#     --picker-ca {picker_tls.ca}"
         if picker_tls.cert is not None:
-            tls += f" --picker-cert {picker_tls.cert} --picker-key {picker_tls.key}"
+            more += f" --picker-cert {picker_tls.cert} --picker-key {picker_tls.key}"
         if picker_tls.sni is not None:
-            tls += f" --picker-sni {picker_tls.sni}"
+            more += f" --picker-sni {picker_tls.sni}"
+    if not token_counts:
+        more += " \\\n#     --no-token-counts"
     head = (
         "# Envoy with the gateway as its endpoint picker, made by\n"
         f"#   gateway envoy-config --listen {listen} --picker {picker} --admin {admin or 'off'}"
         f" \\\n#     --header {header} --message-timeout-s {message_timeout_s:g}"
-        f" --max-body-bytes {max_body_bytes}{tls}\n"
+        f" --max-body-bytes {max_body_bytes}{more}\n"
         "# Run it with `envoy -c FILE`, the gateway with `gateway serve --picker-listen`.\n"
     )
-    return head + yaml.safe_dump(bootstrap, sort_keys=False)
+
+    class Dumper(yaml.SafeDumper):
+        """Text of several lines (the Lua filter's source) as a literal block: readable."""
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return head + yaml.dump(bootstrap, Dumper=Dumper, sort_keys=False)
 
 
 def envoy_config(argv: Sequence[str]) -> int:
@@ -213,6 +235,7 @@ def envoy_config(argv: Sequence[str]) -> int:
         args.message_timeout_s,
         args.max_body_bytes,
         tls,
+        args.token_counts,
     )
     sys.stdout.write(text)
     sys.stdout.flush()

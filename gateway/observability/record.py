@@ -55,8 +55,8 @@ class CallRecord:
     # outcome `continued` (on another worker) or why not; and the tokens re-sent for them.
     migrations: list[tuple[str, str]] = field(default_factory=list)
     resent_tokens: int = 0
-    # Placed by the endpoint picker, answered through Envoy: the gateway saw no message
-    # of the answer (no usage, no message count), only its headers and status.
+    # Placed by the endpoint picker, answered through Envoy: the gateway counted no
+    # message of the answer, and read its usage from the messages Envoy kept.
     picked: bool = False
     # The stage of the call pipeline it was in last (`proxy/stages.py`), or the kind of
     # RPC its handler serves: where a refusal came from.

@@ -249,17 +249,23 @@ class PickerContext:
             await self.stream.write(wire.GO_ON_REQUEST_HEADERS)
 
     async def go_to(
-        self, address: str, remove: tuple[str, ...] = (), body: bytes | None = None
+        self,
+        address: str,
+        remove: tuple[str, ...] = (),
+        body: bytes | None = None,
+        *,
+        mark: bytes = b"",
     ) -> None:
         """Send the call to `address` (`IP:PORT`), without the `remove` headers, with
-        `body` as its request message if given: the answer to the body (the headers are
+        `body` as its request message if given, `mark` added to the answer (metadata for
+        Envoy's filters: `wire.metadata_patch`): the answer to the body (the headers are
         still Envoy's to change); in FULL_DUPLEX_STREAMED, the answer to the headers,
         then the body handed back (and the request's trailers, if they came)."""
         if not self.modes.request_duplex:
-            await self.stream.write(wire.destination(self._header, address, remove, body))
+            await self.stream.write(wire.destination(self._header, address, remove, body) + mark)
             return
         write = self.stream.write
-        await write(wire.headers_to(self._header, address, remove))
+        await write(wire.headers_to(self._header, address, remove) + mark)
         sent = self._body if body is None else wire.framed(body)
         await write(wire.streamed("request_body", sent, self._ended))
         if self._trailers:

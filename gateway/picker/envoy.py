@@ -2,8 +2,11 @@
 envoy-config`): one listener whose calls pass the external processing filter (the
 picker: request headers, the request body buffered up to Envoy's limit, response headers
 and trailers; never the response body), then go to the address the picker named,
-through an original destination cluster that reads it from the request's header. Envoy
-health-checks the picker (the gateway's gRPC health service on the picker's port)."""
+through an original destination cluster that reads it from the request's header. A Lua
+filter between them keeps the last message (or each one) of the answers of the
+Generates the picker marked, and hands them to the picker on the answer's trailers:
+their usage (`answer_lua`). Envoy health-checks the picker (the gateway's gRPC health
+service on the picker's port)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config.picker import DESTINATION_HEADER, MAX_BODY_BYTES
+from gateway.picker import answer_lua
+from gateway.picker.wire import LB_NAMESPACE, PICKER_NAMESPACE
 
 TYPES = "type.googleapis.com/envoy.extensions."
 PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -80,13 +85,16 @@ def envoy_config(
     message_timeout_s: float = 330.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     picker_tls: PickerTls | None = None,
+    token_counts: bool = True,
 ) -> dict[str, Any]:
     """Envoy's bootstrap: `listen` for clients, `picker` (HOST:PORT) the gateway's picker
     port. `message_timeout_s` bounds each answer of the picker, so it must cover a call's
     wait in its model's queue (with flow control: its class's `ttl_s`). Envoy buffers
     `max_body_bytes` of a request at most (`picker.max_body_bytes`: the picker port takes
     no longer message); a longer one reaches the picker cut short and goes to the relay.
-    `picker_tls`: the picker port serves TLS (mTLS with Envoy's own certificate)."""
+    `picker_tls`: the picker port serves TLS (mTLS with Envoy's own certificate).
+    `token_counts`: the Lua filter that hands the picker the messages of the answers it
+    marked (their usage; without it, the picker's calls carry none)."""
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -97,7 +105,18 @@ def envoy_config(
             "message_timeout": f"{message_timeout_s:g}s",
             # Calls the picker hands to the relay whole need nothing more sent.
             "allow_mode_override": True,
-            "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
+            # `envoy.lb`: the worker, for the cluster; `gateway.picker`: the Lua's mark.
+            "metadata_options": {
+                "receiving_namespaces": {"untyped": [LB_NAMESPACE, PICKER_NAMESPACE]}
+            },
+        },
+    }
+    # Answers pass it before the picker's filter: it adds the trailer the picker reads.
+    usage = {
+        "name": "envoy.filters.http.lua",
+        "typed_config": {
+            "@type": f"{TYPES}filters.http.lua.v3.Lua",
+            "default_source_code": {"inline_string": answer_lua.SOURCE},
         },
     }
     router = {
@@ -135,7 +154,7 @@ def envoy_config(
                 }
             ]
         },
-        "http_filters": [ext_proc, router],
+        "http_filters": [ext_proc, usage, router] if token_counts else [ext_proc, router],
     }
     picked = {
         "name": PICKED,

@@ -45,6 +45,7 @@ from gateway.picker.context import (
 )
 from gateway.picker.handover import HandOver
 from gateway.picker.stages import PickerStages
+from gateway.picker.usage import Answers
 from gateway.picker.v3 import external_processor_pb2 as ext_proc
 from gateway.proxy import UNREAD, Call, EngineFront, ReadGate, ReadTimeout, StageEnv, stages
 from gateway.security.identity import Identities
@@ -87,7 +88,9 @@ class Picker:
                 door = replace(door, identities=identities)
             self._envs[front.adapter.runtime] = replace(front.env, door=door)
         checks = WorkerChecks(fronts[0].env.routing.dispatcher.upstreams, config.probe.timeout_s)
-        hand_over = HandOver(checks, count)
+        # Placed Generates' answers, read for their usage (a budget for what they hold).
+        self.answers = Answers()
+        hand_over = HandOver(checks, count, self.answers)
         self.stages = PickerStages(hand_over, picker.migrate_streams, count)
 
     @property

@@ -66,10 +66,12 @@ class PickerStages:
 
     async def hand_over(self, env: StageEnv, call: Call) -> None:
         """In place of the relay's dispatch: the dispatcher's one attempt loop places the
-        call, and each attempt hands the worker to Envoy."""
+        call, and each attempt hands the worker to Envoy (a Generate's usage tallied as
+        the relay tallies it, from the answer Envoy relays)."""
         attempt = functools.partial(self._hand_over.attempt, env)
         assert call.place is not None
-        job = Job(call, env.adapter, call.request, call.client(), call.record.request_id)
+        sink = call.client(env.tally(call))
+        job = Job(call, env.adapter, call.request, sink, call.record.request_id)
         await env.routing.dispatcher.serve(job, call.place, attempt, call.placed_ahead)
 
     def abort_destination(self, env: StageEnv, call: Call) -> str:

@@ -22,6 +22,7 @@ Trailers = Sequence[tuple[str, str | bytes]]
 
 FRAME_HEADER = 5  # a gRPC message: a compressed flag, a 4-byte length, the message
 LB_NAMESPACE = "envoy.lb"  # dynamic metadata Envoy's load balancers read
+PICKER_NAMESPACE = "gateway.picker"  # dynamic metadata for Envoy's filters after the picker's
 OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 Mode = processing_mode_pb2.ProcessingMode
 
@@ -208,6 +209,21 @@ def headers_to(header: str, address: str, remove: tuple[str, ...] = ()) -> bytes
         request_headers=ext_proc.HeadersResponse(response=_to(header, address, remove)),
         dynamic_metadata=_metadata(header, address),
     )
+
+
+def metadata_patch(values: dict[str, str]) -> bytes:
+    """`values` in the `gateway.picker` dynamic metadata, as a patch: appended to an
+    answer's bytes, it adds them to the answer's dynamic metadata (protobuf merges)."""
+    metadata = struct_pb2.Struct()
+    metadata.get_or_create_struct(PICKER_NAMESPACE).update(values)
+    return _answer(dynamic_metadata=metadata)
+
+
+@functools.lru_cache(maxsize=16)
+def trailers_without(name: str) -> bytes:
+    """The answer to a response's trailers that removes one of them (built once)."""
+    mutation = ext_proc.HeaderMutation(remove_headers=[name])
+    return _answer(response_trailers=ext_proc.TrailersResponse(header_mutation=mutation))
 
 
 def whole_to(header: str, address: str) -> bytes:

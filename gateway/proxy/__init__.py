@@ -5,7 +5,7 @@ its own business."""
 
 from gateway.proxy import stages
 from gateway.proxy.admission import Admission
-from gateway.proxy.call import Call
+from gateway.proxy.call import Call, Downstream
 from gateway.proxy.disagg import DisaggregatedDispatch
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.env import Entrance, Routing, Stage, StageEnv
@@ -39,6 +39,7 @@ __all__ = [
     "Call",
     "DisaggregatedDispatch",
     "Dispatcher",
+    "Downstream",
     "EngineFront",
     "Entrance",
     "IdleWatch",

@@ -66,12 +66,7 @@ class Downstream:
         "delivered",
     )
 
-    def __init__(
-        self,
-        context: Context,
-        record: CallRecord,
-        tally: Tally | None = None,
-    ) -> None:
+    def __init__(self, context: Context, record: CallRecord, tally: Tally | None = None) -> None:
         """`tally` (Generate) sees the answers and goes into the record as the call ends.
         Running totals of one choice need its last message only (read as the call ends:
         nothing parsed per message); deltas, or several choices interleaved, need every
@@ -104,6 +99,21 @@ class Downstream:
         else:
             self._last = message
         return self._context.write(message)
+
+    @property
+    def reading(self) -> str | None:
+        """Which messages its usage is read from: `last`, `all`, or None (not a Generate)."""
+        return None if self._tally is None else "last" if self._every is None else "all"
+
+    def relayed(self, message: bytes | None) -> None:
+        """A message Envoy relayed (picker mode), read for usage as `write` reads it. None:
+        one stepped over unread: the usage is unknown, unless a later one says all."""
+        if self._every is None:
+            self._last = message
+        elif message is None:
+            self._every = self._tally = None
+        else:
+            self._every.see(message)
 
     def tally(self) -> None:
         """The call ended: what the engine reported goes into the record."""
@@ -166,9 +176,7 @@ class Call:
     hints: Hints = NO_HINTS  # where it wants to go, prompt included (a value: shared)
     legs: tuple[Role, ...] = ()  # the legs its model needs (`wait`)
     place: Place | None = None  # how each attempt is placed (`wait`)
-    placed_ahead: ReservedPlacement | None = (
-        None  # the first attempt, placed by a waiting room (`wait`)
-    )
+    placed_ahead: ReservedPlacement | None = None  # placed by a waiting room (`wait`)
     reply: bytes | None = None  # a unary call's answer (`dispatch`)
     downstream: Downstream | None = None  # the client side, once dispatch starts
     orca: LoadTrailed | None = None  # ORCA trailers on: the context that adds the report

@@ -17,6 +17,7 @@ from gateway.config import DEFAULT_COST_TOKENS, GatewayConfig
 from gateway.core.current import Current
 from gateway.core.offload import Offload
 from gateway.engines import EngineAdapter
+from gateway.engines.usage import Tally, UsageBounds
 from gateway.placement.placer import Placer
 from gateway.placement.routes import RouteTable
 from gateway.proxy.admission import Admission
@@ -82,6 +83,18 @@ class StageEnv:
         """A call's output in tokens, when it does not say."""
         flow = self.settings.value.flow
         return flow.cost_tokens if flow is not None else DEFAULT_COST_TOKENS
+
+    def tally(self, call: Call) -> Tally | None:
+        """A Generate's usage, read off its answers the engine's way and bounded by what
+        it could have used (None for the other RPCs). One for every Generate, whoever
+        relays its answer: the relay, or Envoy (the picker reads Envoy's copy)."""
+        info = call.info
+        if info is None:
+            return None
+        most = info.max_new_tokens or self.config.limits.max_completion_tokens
+        prompt = call.record.prompt_tokens
+        bounds = UsageBounds(completion_tokens=info.n * most, cached_tokens=prompt)
+        return self.adapter.tally(info.stream, info.n, bounds)
 
 
 class Stage(Protocol):

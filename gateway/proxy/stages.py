@@ -33,7 +33,6 @@ from gateway.core.verdicts import (
 from gateway.engines import RpcKind
 from gateway.engines.base import SPLIT_MIN_BYTES
 from gateway.engines.tokens import highest
-from gateway.engines.usage import UsageBounds
 from gateway.placement.placer import Placer
 from gateway.placement.placing import Placing
 from gateway.placement.policies import Hints
@@ -282,13 +281,8 @@ async def dispatch(env: StageEnv, call: Call) -> None:
     """Run it: the regular attempt loop on the receiver, or the disaggregated legs (each
     choice of n > 1 on its own pair); Generate's usage tallied as it ends."""
     info, record, routing = call.info, call.record, env.routing
-    tally = None
-    if info is not None:
-        most = info.max_new_tokens or env.config.limits.max_completion_tokens
-        bounds = UsageBounds(completion_tokens=info.n * most, cached_tokens=record.prompt_tokens)
-        tally = env.adapter.tally(info.stream, info.n, bounds)
     choices = info.n if info is not None else 1
-    sink = call.client(tally)
+    sink = call.client(env.tally(call))
     job = Job(call, env.adapter, call.request, sink, record.request_id, choices=choices)
     assert call.place is not None
     if info is not None and disaggregated(call):

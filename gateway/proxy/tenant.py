@@ -71,9 +71,9 @@ async def charge(env: StageEnv, call: Call) -> None:
 def _settle(rates: TenantBudgets, charge: Charge, call: Call) -> None:
     record = call.record
     # What the client received, plus what migrations re-sent (each continuation's prompt);
-    # a call the picker placed answered through Envoy, unseen: what it may have used.
+    # a call the picker placed whose usage it could not read: what it may have used.
     used: int | None = None
-    if record.picked and record.attempts:
+    if record.picked and record.attempts and record.completion_tokens is None:
         used = call.cost
     elif record.attempts:
         used = record.prompt_tokens + (record.completion_tokens or 0) + record.resent_tokens

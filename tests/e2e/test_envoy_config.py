@@ -60,19 +60,35 @@ def test_the_deployed_file_is_the_commands_output_with_the_defaults() -> None:
     assert DEPLOYED.read_text() == result.stdout, (
         "deploy/envoy/envoy.yaml is stale: .venv/bin/gateway envoy-config > deploy/envoy/envoy.yaml"
     )
-    assert yaml.safe_load(result.stdout) == envoy_config("0.0.0.0:8080", "127.0.0.1:9002")
+    deployed = yaml.safe_load(result.stdout)
+    assert deployed == envoy_config("0.0.0.0:8080", "127.0.0.1:9002")
+    # The picker's filter, the Lua that keeps the answers' last messages for it, the router.
+    manager = deployed["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    filters = [f["name"] for f in manager["typed_config"]["http_filters"]]
+    assert filters == [
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.lua",
+        "envoy.filters.http.router",
+    ]
+    assert "inline_string: |\n" in result.stdout  # the Lua source as a readable block
 
 
 def test_flags_reach_the_bootstrap_and_its_comment_makes_it_again() -> None:
     flags = (
         "--listen", "127.0.0.1:0", "--picker", "[::1]:9002", "--admin", "off",
-        "--header", "X-Picked", "--message-timeout-s", "300",
+        "--header", "X-Picked", "--message-timeout-s", "300", "--no-token-counts",
     )  # fmt: skip
     result = envoy_config_command(*flags)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout) == envoy_config(
-        "127.0.0.1:0", "[::1]:9002", admin=None, header="x-picked", message_timeout_s=300
+        "127.0.0.1:0",
+        "[::1]:9002",
+        admin=None,
+        header="x-picked",
+        message_timeout_s=300,
+        token_counts=False,
     )
+    assert "envoy.filters.http.lua" not in result.stdout
     again = envoy_config_command(*made_by(result.stdout))
     assert again.stdout == result.stdout
 

@@ -3,6 +3,7 @@ generated messages): a call's parts as Envoy sends them."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from grpc import aio
@@ -77,3 +78,10 @@ async def placed_call(ch: aio.Channel, path: str, request: bytes, metadata: Head
     await call.read()
     assert await call.read() is aio.EOF
     return str(mutation.set_headers[0].header.raw_value.decode())
+
+
+def cut(data: bytes, cuts: Sequence[int]) -> list[bytes]:
+    """`data` in pieces, cut at `cuts` (any positions, in any order; a repeat makes an
+    empty piece), as Envoy may hand a body over."""
+    bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
