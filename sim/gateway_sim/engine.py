@@ -400,7 +400,8 @@ class SimEngine:
         headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """Play the configured behaviour for one unary call (Embed, Encode): fail or
-        stall as told, send the headers (plus ``headers``), take ``--ttft-ms``."""
+        stall as told, send the headers (plus ``headers``), take ``--ttft-ms`` (over
+        ``--speed``)."""
         view = await self.read(context)
         behaviour = view.behaviour
         entry = self.active.add(request_id)
@@ -414,7 +415,8 @@ class SimEngine:
             if behaviour.fail_code is not None:
                 # A unary call has no message to fail after: fail after the headers.
                 await fail(context, behaviour.fail_code, self.name)
-            if behaviour.ttft_ms and await entry.sleep(behaviour.ttft_ms / 1000.0):
+            delay = behaviour.ttft_ms / 1000.0 / self.config.speed
+            if delay and await entry.sleep(delay):
                 await context.abort(grpc.StatusCode.ABORTED, "aborted")
         finally:
             self.active.remove(entry)
