@@ -38,6 +38,18 @@ setting, the first the reference:
     python scripts/bench/bench_routing.py --policies cache_aware-approx --replicas 1,3,3s
     (`3s`: three replicas sharing a store; `2p`, `2ps`: one gateway of two processes;
     `3se`: three sharing a store, behind Envoy's round robin instead of the client's turns)
+
+`--timing NAME` gives the workers the simulator's timing model from published figures
+(docs/simulator.md#timing-model): a batch limit with a FIFO queue, prefills one at a time
+at the GPU's prefill throughput, inter-token time growing with the running batch.
+`--hetero F` runs that fraction of the workers at half speed (`--speed 0.5`).
+`--load L[,L...]` sets the arrival rate to L times the fleet's capacity estimated from
+the timing model (routing_trace.fleet_capacity: every prompt token prefilled, no cache
+hit) instead of `--rate`, and prints TTFT p50/p90/p99, inter-token p90 and the hit rate
+for each policy and load:
+
+    python scripts/bench/bench_routing.py --timing h100x2-llama3.3-70b --output-tokens 16 \
+        --policies round_robin,least_inflight,cache_aware --load 0.5,0.8 --hetero 0.5
 """
 
 from __future__ import annotations
@@ -60,10 +72,11 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its trace module, beside it
 
-from routing_trace import VOCAB, Turn, make_trace, oracle_hit_rate
+from routing_trace import VOCAB, Turn, fleet_capacity, make_trace, oracle_hit_rate
 
 from gateway_sim.launch import Child, start
 from gateway_sim.redis_server import RedisServer
+from gateway_sim.timing import PROFILES
 
 GENERATE = "/sglang.grpc.scheduler.SglangScheduler/Generate"
 
@@ -74,6 +87,7 @@ class Outcome:
     cached: int = 0
     prompt: int = 0
     ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)  # gaps between a stream's chunks
     served: Counter[str] = field(default_factory=Counter)
     failures: int = 0
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, cached, prompt)
@@ -115,8 +129,9 @@ class Outcome:
     def hit_rate(self) -> float:
         return self.cached / max(self.prompt, 1)
 
-    def quantile(self, q: float) -> float:
-        ordered = sorted(self.ttft)
+    def quantile(self, q: float, of: list[float] | None = None) -> float:
+        """The q-quantile of the TTFTs (or of ``of``), in ms."""
+        ordered = sorted(self.ttft if of is None else of)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
 
     @property
@@ -125,11 +140,13 @@ class Outcome:
         return max(counts) / statistics.mean(counts) if counts else 0.0
 
 
-async def send(channel: aio.Channel, turn: Turn, outcome: Outcome, index: int) -> None:
+async def send(
+    channel: aio.Channel, turn: Turn, outcome: Outcome, index: int, output_tokens: int = 4
+) -> None:
     request = sgl.GenerateRequest(
         request_id=f"r{index}",
         tokenized=sgl.TokenizedInput(input_ids=turn.tokens),
-        sampling_params=sgl.SamplingParams(max_new_tokens=4),
+        sampling_params=sgl.SamplingParams(max_new_tokens=output_tokens),
         stream=True,
         lora_id=turn.lora,
     )
@@ -139,13 +156,17 @@ async def send(channel: aio.Channel, turn: Turn, outcome: Outcome, index: int) -
     call = channel.unary_stream(GENERATE)(
         request.SerializeToString(), metadata=metadata, timeout=60
     )
-    first = True
+    last_chunk = 0.0
     try:
         async for raw in call:
-            if first:
-                outcome.ttft.append(time.perf_counter() - started)
-                first = False
+            now = time.perf_counter()
             response = sgl.GenerateResponse.FromString(raw)
+            if response.HasField("chunk"):
+                if last_chunk:
+                    outcome.itl.append(now - last_chunk)
+                else:
+                    outcome.ttft.append(now - started)
+                last_chunk = now
             if response.HasField("complete"):
                 cached = response.complete.cached_tokens
                 outcome.reported[request.request_id] = cached
@@ -158,8 +179,9 @@ async def send(channel: aio.Channel, turn: Turn, outcome: Outcome, index: int) -
 
 
 def start_workers(args: argparse.Namespace, events: bool, ports: list[int] | None) -> list[Child]:
+    output_tokens = getattr(args, "output_tokens", 4)
     flags = [
-        "--model", "m", "--tokens", "4", "--ttft-ms", str(args.ttft_ms),
+        "--model", "m", "--tokens", str(output_tokens), "--ttft-ms", str(args.ttft_ms),
         "--block-size", str(args.block_size), "--kv-blocks", str(args.kv_blocks),
         "--prefill-us-per-token", str(args.prefill_us_per_token),
         "--vocab-size", str(VOCAB),  # the trace's token ids (the simulator checks them)
@@ -168,11 +190,24 @@ def start_workers(args: argparse.Namespace, events: bool, ports: list[int] | Non
         flags.append("--no-kv-events")
     if args.drop_rate:
         flags += ["--kv-drop-rate", str(args.drop_rate)]
+    timing = getattr(args, "timing", None)
+    if timing:
+        flags += ["--timing", timing, "--max-model-len", str(MAX_MODEL_LEN)]
     workers = []
-    for i in range(args.workers):
+    for i, speed in enumerate(speeds(args)):
         listen = f"127.0.0.1:{ports[i]}" if ports else "127.0.0.1:0"
-        workers.append(start(["sim", "--listen", listen, "--name", f"w{i}", *flags]))
+        own = ["--speed", str(speed)] if speed != 1.0 else []
+        workers.append(start(["sim", "--listen", listen, "--name", f"w{i}", *flags, *own]))
     return workers
+
+
+MAX_MODEL_LEN = 8192  # a timed worker's context: the trace's longest prompt and its output
+
+
+def speeds(args: argparse.Namespace) -> list[float]:
+    """Each worker's speed: the last `--hetero F` of them at half speed."""
+    slow = round(getattr(args, "hetero", 0.0) * args.workers)
+    return [1.0] * (args.workers - slow) + [0.5] * slow
 
 
 async def restart(workers: list[Child], outcome: Outcome) -> None:
@@ -287,7 +322,8 @@ async def serve_trace(
             if i == restart_at:
                 restarting = asyncio.ensure_future(restart(workers, outcome))
             channel = channels[i % len(channels)]
-            tasks.append(asyncio.ensure_future(send(channel, turn, outcome, i)))
+            output_tokens = getattr(args, "output_tokens", 4)
+            tasks.append(asyncio.ensure_future(send(channel, turn, outcome, i, output_tokens)))
         await asyncio.gather(*tasks)
         if restart_at >= 0:
             await restarting
@@ -381,7 +417,31 @@ def main() -> None:
         "--policies",
         default="round_robin,least_inflight,consistent_hash,cache_aware-approx,cache_aware",
     )
+    parser.add_argument(
+        "--timing",
+        choices=sorted(PROFILES),
+        default=None,
+        help="the workers' timing model (gateway sim --timing); replaces --prefill-us-per-token",
+    )
+    parser.add_argument(
+        "--hetero", type=float, default=0.0, metavar="F", help="fraction of workers at half speed"
+    )
+    parser.add_argument("--output-tokens", type=int, default=4, help="tokens each call asks for")
+    parser.add_argument(
+        "--load",
+        default=None,
+        metavar="L[,L...]",
+        help="arrival rates as fractions of the fleet's estimated capacity (needs --timing; "
+        "replaces --rate): one run per policy and load",
+    )
     args = parser.parse_args()
+    if not 0.0 <= args.hetero <= 1.0:
+        parser.error("--hetero is a fraction of the workers (0..1)")
+    if args.load is not None and args.timing is None:
+        parser.error("--load needs --timing: the capacity comes from the timing model")
+    if args.load is not None:
+        main_loads(args, [float(x) for x in args.load.split(",")])
+        return
     trace = make_trace(args)
     total = sum(len(t.tokens) for t in trace)
     oracle = oracle_hit_rate(trace, args.kv_blocks * args.workers, args.block_size)
@@ -410,6 +470,41 @@ def main() -> None:
             print(f"  {r.policy}: {r.expectation()}")
         if r.restarted_at is not None:
             print(f"  {r.policy}, worker w0 restarted: {r.recovery()}")
+
+
+def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
+    """One run per policy and load, the rate set from the fleet's estimated capacity."""
+    trace = make_trace(args)
+    profile = PROFILES[args.timing]
+    fleet = speeds(args)
+    capacity = fleet_capacity(trace, profile, fleet, args.output_tokens, profile.max_batch)
+    mean_prompt = sum(len(t.tokens) for t in trace) / len(trace)
+    print(
+        f"trace: {len(trace)} requests, mean prompt {mean_prompt:.0f} tokens, "
+        f"{args.output_tokens} output tokens; {args.workers} workers (speeds "
+        f"{','.join(f'{x:g}' for x in fleet)}) x {args.kv_blocks} blocks of {args.block_size}; "
+        f"timing {profile.name}: prefill {profile.prefill_tokens_per_s:,.0f} tokens/s, ITL "
+        f"{profile.itl_base_ms:.2f} + {profile.itl_per_seq_ms:.3f} ms x batch, batch "
+        f"{profile.max_batch}; estimated capacity {capacity:.1f} calls/s"
+    )
+    rows = []
+    for name in args.policies.split(","):
+        policy, _, variant = name.partition("-")
+        for load in loads:
+            run = argparse.Namespace(**{**vars(args), "rate": load * capacity})
+            rows.append(
+                (load, run.rate, asyncio.run(run_policy(run, policy, variant != "approx", trace)))
+            )
+    oracle = oracle_hit_rate(trace, args.kv_blocks * args.workers, args.block_size)
+    print(f"\noracle hit rate (one worker, {args.workers}x capacity): {oracle:.1%}")
+    header = ("policy", "load", "req/s", "hit", "TTFT p50", "p90", "p99", "ITL p90", "fail")
+    print("\n{:28} {:>5} {:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>5}".format(*header))
+    for load, rate, r in rows:
+        print(
+            f"{r.policy:28} {load:5.2f} {rate:6.1f} {r.hit_rate:6.1%} {r.quantile(0.5):8.1f}ms "
+            f"{r.quantile(0.9):7.1f}ms {r.quantile(0.99):7.1f}ms "
+            f"{r.quantile(0.9, r.itl):7.1f}ms {r.failures:5d}"
+        )
 
 
 if __name__ == "__main__":

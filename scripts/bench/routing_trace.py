@@ -9,6 +9,8 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from gateway_sim.timing import Profile
+
 VOCAB = 30_000
 
 
@@ -63,3 +65,19 @@ def oracle_hit_rate(trace: list[Turn], capacity_blocks: int, block_size: int) ->
         while len(cache) > capacity_blocks:
             cache.popitem(last=False)
     return cached / prompt
+
+
+def fleet_capacity(
+    trace: list[Turn], profile: Profile, speeds: list[float], output_tokens: int, max_batch: int
+) -> float:
+    """Calls per second the fleet sustains on this trace under the simulator's timing
+    model, every prompt token prefilled (no cache hit: a policy's hits lower its real
+    load). A worker at speed s: its prefill lane takes P / tps / s a call (P the trace's
+    mean prompt), its batch of B calls holds each for that plus (T - 1) gaps of
+    ITL(B) / s (T output tokens); it sustains the lower of the two bounds,
+    s x min(tps / P, B / (P / tps + (T - 1) x ITL(B))). The fleet: their sum."""
+    mean_prompt = sum(len(turn.tokens) for turn in trace) / len(trace)
+    prefill = profile.prefill_s(round(mean_prompt))
+    held = prefill + max(output_tokens - 1, 0) * profile.itl_s(max_batch)
+    per_worker = min(1.0 / prefill, max_batch / held)
+    return float(sum(speed * per_worker for speed in speeds))

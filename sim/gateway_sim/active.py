@@ -38,6 +38,22 @@ class ActiveRequest:
             pass
         return self.aborted
 
+    def signal(self) -> None:
+        """Wake a ``wait_signal`` (the call was given a running slot)."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+
+    async def wait_signal(self) -> None:
+        """Wait for ``signal`` or an Abort; the event is cleared again unless aborted, so
+        a later ``sleep`` sleeps its full time."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if not self.aborted:
+            await self._wake.wait()
+        if not self.aborted:
+            self._wake.clear()
+
 
 class ActiveRequests:
     """Calls in flight, by request id. Two calls may share an id; both are tracked."""

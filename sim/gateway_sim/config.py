@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from gateway_sim.behaviour import Behaviour
+from gateway_sim.timing import PROFILES
 
 
 def split_listen(value: str) -> tuple[str, int]:
@@ -61,6 +62,10 @@ class SimConfig:
     kv_events: bool = True
     max_loras: int | None = None  # None: any lora_id is taken, loads never refused
     lora_load_s: float = 0.0
+    timing: str | None = None  # a timing profile's name (timing.py); None: the fixed knobs
+    speed: float = 1.0  # every duration the worker takes is divided by it
+    max_batch: int | None = None  # calls running at once per DP rank; None: no limit
+    max_queue: int = 1024  # calls waiting for a slot per DP rank, past it refused
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimConfig:
@@ -117,6 +122,12 @@ class SimConfig:
             kv_events=args.kv_events,
             max_loras=args.max_loras,
             lora_load_s=args.lora_load_ms / 1000.0,
+            timing=args.timing,
+            speed=args.speed,
+            max_batch=args.max_batch
+            if args.max_batch is not None or args.timing is None
+            else PROFILES[args.timing].max_batch,
+            max_queue=args.max_queue,
         )
 
     def worker_name(self, port: int) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -38,6 +38,7 @@ from gateway_sim.model import (
     embedding_for,
 )
 from gateway_sim.plan import Finish, Plan, Sampling, plan_for
+from gateway_sim.timing import PROFILES, Profile, QueueFull, Scheduler, loop_time
 
 log = logging.getLogger("gateway_sim")
 
@@ -69,6 +70,11 @@ class SimEngine:
         self.behaviour: Behaviour = config.behaviour
         self.active = ActiveRequests(config.dp_ranks)
         self.max_running = MAX_RUNNING_REQUESTS  # the servicer sets its engine's
+        # --timing: the published figures; None: --ttft-ms, --token-ms, --prefill-us-...
+        self.profile: Profile | None = PROFILES[config.timing] if config.timing else None
+        self.schedulers = [
+            Scheduler(config.max_batch, config.max_queue) for _ in range(config.dp_ranks)
+        ]
         self.kv = KvEvents(config, self.engine_load)
         self.healthy = not config.not_serving
         self.started_at = time.time()
@@ -185,9 +191,10 @@ class SimEngine:
         its prefill handed over and the output continues from it (and the ``plan`` it
         made before waiting for its KV).
 
-        The prompt runs on ``entry.rank``'s prefix cache under ``namespace``: its cached
-        full blocks are reported as ``cached_tokens`` and spare their prefill time, its
-        other full blocks are stored once the prefill is done.
+        The call first takes a running slot on ``entry.rank`` (``--max-batch``: it may
+        wait for one). The prompt runs on that rank's prefix cache under ``namespace``:
+        its cached full blocks are reported as ``cached_tokens`` and spare their prefill
+        time, its other full blocks are stored once the prefill is done.
         """
         behaviour = view.behaviour
         if log.isEnabledFor(logging.INFO):  # `--log-level info`: what each call was given
@@ -204,9 +211,6 @@ class SimEngine:
         if plan is None:
             plan = await self.plan(context, dialect, view, input_ids, sampling, first_token)
         prompt: Sequence[int] = input_ids or ()
-        request_id = entry.request_id
-        prompt_tokens = len(prompt)
-        stream = sampling.stream
         out = self.writer(context, view)
         if behaviour.headers_first:
             await out.send_headers()
@@ -216,6 +220,56 @@ class SimEngine:
             if out.sent == trigger:
                 await fire(context, behaviour, out.sent, self.name)
 
+        scheduler = self.schedulers[entry.rank]
+        try:
+            queued_out = await scheduler.admit(entry)  # aborted while waiting for a slot
+        except QueueFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"queue full: {exc}")
+            raise AssertionError("unreachable") from exc
+        try:
+            left_open = await self._run(
+                context,
+                dialect,
+                entry,
+                behaviour,
+                answers_for=(prompt, sampling, plan),
+                emit=emit,
+                out=out,
+                trigger=trigger,
+                namespace=namespace,
+                first_token=first_token,
+                queued_out=queued_out,
+            )
+        finally:
+            if not queued_out:
+                scheduler.leave()
+        if left_open:
+            # SGLang's servicer: the scheduler dropped the request (it no longer counts as
+            # running), but its stream gets no Complete and no status until the call's
+            # deadline or its client's cancel ends it.
+            self.active.remove(entry)
+            await asyncio.Event().wait()
+
+    async def _run(
+        self,
+        context: ServicerContext[Any, Any],
+        dialect: Dialect,
+        entry: ActiveRequest,
+        behaviour: Behaviour,
+        answers_for: tuple[Sequence[int], Sampling, Plan],
+        emit: Any,
+        out: Writer,
+        trigger: int,
+        namespace: str,
+        first_token: int | None,
+        queued_out: bool,
+    ) -> bool:
+        """A call holding a running slot (``queued_out``: aborted before it got one):
+        its prefill, its tokens, its final answers; True when aborted and left open."""
+        prompt, sampling, plan = answers_for
+        request_id = entry.request_id
+        prompt_tokens = len(prompt)
+        stream = sampling.stream
         count = plan.count
         cache = self.kv.caches[entry.rank]
         lease = cache.admit(namespace, prompt)
@@ -233,17 +287,21 @@ class SimEngine:
         done = False  # every token produced (else: aborted in the queue, prefill or decode)
         left_open = False  # aborted, and the engine sends nothing more (SGLang)
         try:
-            if behaviour.stall:
+            if queued_out:
+                pass
+            elif behaviour.stall:
                 await entry.sleep(None)  # only an Abort gets past this; a cancel raises
             else:
-                ttft = behaviour.ttft_ms / 1000.0
-                if first_token is None:  # a PD decode has its KV handed over: no prefill
-                    ttft += self.config.prefill_s_per_token * (prompt_tokens - answers.cached)
+                # A PD decode has its KV handed over: no prefill.
+                prefilled = count and first_token is None
+                uncached = prompt_tokens - answers.cached if prefilled else 0
+                ttft = self._first_token_s(entry, behaviour, uncached)
                 if not (count and ttft and await entry.sleep(ttft)):
                     cache.store(lease)
                     if dialect.prefix_pass and sampling.choices > 1:
                         answers.cached = cache.hit_tokens(lease)
-                    produced = await self._tokens(entry, behaviour, answers)
+                    gap = self._gap(entry, behaviour)
+                    produced = await self._tokens(entry, answers, behaviour.tokens_per_chunk, gap)
                     done = produced == count
             ends = dialect.abort_ends_stream or behaviour.abort_completes
             left_open = not done and not ends
@@ -262,29 +320,54 @@ class SimEngine:
                 await fire(context, behaviour, out.sent, self.name)
         finally:
             cache.release(lease)
-        if left_open:
-            # SGLang's servicer: the scheduler dropped the request (it no longer counts as
-            # running), but its stream gets no Complete and no status until the call's
-            # deadline or its client's cancel ends it.
-            self.active.remove(entry)
-            await asyncio.Event().wait()
+        return left_open
 
-    async def _tokens(self, entry: ActiveRequest, behaviour: Behaviour, answers: Answers) -> int:
-        """Produce the plan's tokens at the configured pace (streamed: in chunks of
-        ``tokens_per_chunk``, each choice's last chunk followed by its Complete); the
+    def _first_token_s(self, entry: ActiveRequest, behaviour: Behaviour, uncached: int) -> float:
+        """Seconds from the slot to the first token: ``--ttft-ms`` and the prefill of
+        ``uncached`` prompt tokens (``--timing``: on the rank's prefill lane, after the
+        prefills booked before it), all over ``--speed``."""
+        speed = self.config.speed
+        if self.profile is None:
+            return (behaviour.ttft_ms / 1000.0 + self.config.prefill_s_per_token * uncached) / speed
+        prefill = self.profile.prefill_s(uncached) / speed
+        lane = self.schedulers[entry.rank].lane(prefill, loop_time()) if prefill else 0.0
+        return behaviour.ttft_ms / 1000.0 / speed + lane
+
+    def _gap(self, entry: ActiveRequest, behaviour: Behaviour) -> Callable[[], float]:
+        """Seconds between two output tokens, read as each chunk starts: ``--token-ms``,
+        or (``--timing``) the profile's inter-token time at the rank's running batch;
+        over ``--speed``."""
+        speed = self.config.speed
+        profile = self.profile
+        if profile is None:
+            gap = behaviour.token_ms / 1000.0 / speed
+            return lambda: gap
+        scheduler = self.schedulers[entry.rank]
+        return lambda: profile.itl_s(scheduler.running) / speed
+
+    async def _tokens(
+        self,
+        entry: ActiveRequest,
+        answers: Answers,
+        tokens_per_chunk: int,
+        gap_now: Callable[[], float],
+    ) -> int:
+        """Produce the plan's tokens at the pace ``gap_now`` gives (streamed: in chunks
+        of ``tokens_per_chunk``, each choice's last chunk followed by its Complete); the
         tokens produced, fewer when an Abort cut them short."""
         count = answers.plan.count
         stream = answers.sampling.stream
-        gap = behaviour.token_ms / 1000.0
+        gap = gap_now()
         if not stream and not gap:
             entry.generated = count
             return count
-        per = behaviour.tokens_per_chunk if stream else 1
+        per = tokens_per_chunk if stream else 1
         chunks = answers.chunks() if stream else []
         start = 0
         written = 0
         while start < count or (stream and not count and not written):
             end = min(start + per, count)
+            gap = gap_now()
             # Token k is ready at ttft + k * gap: a chunk leaves with its last token.
             wait = (end - start if start else max(end - 1, 0)) * gap
             if wait:
@@ -317,7 +400,8 @@ class SimEngine:
         headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """Play the configured behaviour for one unary call (Embed, Encode): fail or
-        stall as told, send the headers (plus ``headers``), take ``--ttft-ms``."""
+        stall as told, send the headers (plus ``headers``), take ``--ttft-ms`` (over
+        ``--speed``)."""
         view = await self.read(context)
         behaviour = view.behaviour
         entry = self.active.add(request_id)
@@ -331,7 +415,8 @@ class SimEngine:
             if behaviour.fail_code is not None:
                 # A unary call has no message to fail after: fail after the headers.
                 await fail(context, behaviour.fail_code, self.name)
-            if behaviour.ttft_ms and await entry.sleep(behaviour.ttft_ms / 1000.0):
+            delay = behaviour.ttft_ms / 1000.0 / self.config.speed
+            if delay and await entry.sleep(delay):
                 await context.abort(grpc.StatusCode.ABORTED, "aborted")
         finally:
             self.active.remove(entry)
@@ -356,15 +441,21 @@ class SimEngine:
         }
 
     def running_on(self, dp_rank: int) -> int:
-        """Requests running on a DP rank: the one they asked for, else rank 0."""
-        return self.active.on_rank(dp_rank)
+        """Requests running on a DP rank (the one they asked for, else rank 0): those in
+        flight there but waiting for a slot (``--max-batch``)."""
+        return self.active.on_rank(dp_rank) - self.schedulers[dp_rank].waiting
+
+    def waiting_on(self, dp_rank: int) -> int:
+        """Requests waiting for a slot on a DP rank, plus ``--load-waiting`` on rank 0."""
+        extra = self.config.load_waiting if dp_rank == 0 else 0
+        return self.schedulers[dp_rank].waiting + extra
 
     def engine_load(self, dp_rank: int) -> Any:
         """The load record a KV event batch of this rank carries (``--kv-relay rust``)."""
         cache = self.kv.caches[dp_rank]
         return common_pb2.EngineLoad(
-            running_requests=self.active.on_rank(dp_rank),
-            waiting_requests=self.config.load_waiting if dp_rank == 0 else 0,
+            running_requests=self.running_on(dp_rank),
+            waiting_requests=self.waiting_on(dp_rank),
             token_usage=max(cache.usage, self.config.load_token_usage),
             active_token_usage=cache.active_usage,
             max_running_requests=self.max_running,

@@ -6,11 +6,13 @@ passes; ``SimConfig.from_args`` (config.py) resolves them into the process's con
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import grpc
 
 from gateway_sim.behaviour import MAX_REPORTED_TOKENS, parse_status_code
 from gateway_sim.config import split_listen
+from gateway_sim.timing import PROFILES
 
 RUNTIMES = ("sglang", "vllm")
 ROLES = ("regular", "prefill", "decode", "encode")
@@ -74,6 +76,26 @@ def _micros(value: str) -> float:
     if not parsed >= 0:
         raise argparse.ArgumentTypeError(f"expected non-negative microseconds, got {value!r}")
     return parsed
+
+
+def _speed(value: str) -> float:
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not 0.01 <= parsed <= 100.0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"expected a speed within 0.01..100, got {value!r}")
+    return parsed
+
+
+def _bounded(most: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        parsed = _positive(value)
+        if parsed > most:
+            raise argparse.ArgumentTypeError(f"expected at most {most}, got {value!r}")
+        return parsed
+
+    return parse
 
 
 def _status(value: str) -> grpc.StatusCode:
@@ -210,6 +232,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_model_arguments(parser)
     _add_cache_arguments(parser)
+    _add_timing_arguments(parser)
     parser.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="... and this private key")
     parser.add_argument(
@@ -317,6 +340,46 @@ def _add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         dest="kv_events",
         action="store_false",
         help="answer SubscribeKvEvents with UNIMPLEMENTED, as an engine without KV events",
+    )
+
+
+def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    """The timing model from published figures, the batch limit and the speed."""
+    group = parser.add_argument_group("timing model (docs/simulator.md#timing-model)")
+    group.add_argument(
+        "--timing",
+        choices=sorted(PROFILES),
+        default=None,
+        metavar="NAME",
+        help="time prefills and output tokens from a GPU and model's published figures "
+        f"({', '.join(sorted(PROFILES))}): prefill = uncached prompt tokens / its "
+        "prefill tokens/s, one prefill at a time; inter-token time = a + b x running "
+        "calls; it replaces --token-ms and --prefill-us-per-token (--ttft-ms still adds)",
+    )
+    group.add_argument(
+        "--speed",
+        type=_speed,
+        default=1.0,
+        metavar="F",
+        help="divide every duration this worker takes by F (0.5: half as fast) "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-batch",
+        type=_bounded(65536),
+        default=None,
+        metavar="N",
+        help="run at most N calls at once per DP rank, the others wait FIFO (their "
+        "time to first token includes the wait; GetLoads reports them waiting) "
+        "(default: no limit; with --timing, the profile's)",
+    )
+    group.add_argument(
+        "--max-queue",
+        type=_bounded(1_000_000),
+        default=1024,
+        metavar="N",
+        help="with a batch limit, calls that may wait per DP rank; past it a call is "
+        "refused RESOURCE_EXHAUSTED (default: %(default)s)",
     )
 
 

@@ -235,13 +235,15 @@ class SglangServicer(SharedRpcs, sgl_grpc.SglangSchedulerServicer):  # type: ign
     async def GetLoads(self, request: Any, context: ServicerContext[Any, Any]) -> Any:
         response = self._loads(request)
         dp_ranks = self._engine.config.dp_ranks
-        running = len(self._engine.active)
-        mean_usage = self._engine.token_usage(running) / dp_ranks
+        engine = self._engine
+        running = sum(engine.running_on(rank) for rank in range(dp_ranks))
+        waiting = sum(engine.schedulers[rank].waiting for rank in range(dp_ranks))
+        mean_usage = engine.token_usage(running) / dp_ranks
         response.aggregate.CopyFrom(
             sgl_pb2.AggregateMetrics(
                 total_running_reqs=running,
-                total_waiting_reqs=0,
-                total_reqs=running,
+                total_waiting_reqs=waiting,
+                total_reqs=running + waiting,
                 avg_token_usage=mean_usage,
                 avg_utilization=mean_usage,
             )

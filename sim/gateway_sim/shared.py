@@ -115,6 +115,7 @@ class SharedRpcs:
         cache occupancy and the running requests over the running window (the KV their
         output holds), raised to ``--load-token-usage``."""
         running = self._engine.running_on(rank)
+        waiting = self._engine.waiting_on(rank)
         usage = max(
             self._engine.token_usage(running),
             self._engine.kv.caches[rank].usage,
@@ -123,8 +124,8 @@ class SharedRpcs:
         return self._pb.SchedulerLoad(
             dp_rank=rank,
             num_running_reqs=running,
-            num_waiting_reqs=self._engine.config.load_waiting if rank == 0 else 0,
-            num_total_reqs=running,
+            num_waiting_reqs=waiting,
+            num_total_reqs=running + waiting,
             num_used_tokens=self._engine.active.generated(rank),
             max_running_requests=self._engine.max_running,
             max_total_num_tokens=self._engine.kv_tokens,
