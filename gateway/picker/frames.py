@@ -8,28 +8,16 @@ held. Bytes that are no gRPC framing end the reading for good."""
 
 from __future__ import annotations
 
+from gateway.core.allowance import Allowance
 from gateway.picker.wire import FRAME_HEADER
 
 COMPRESSED = 1  # the flag of a message the worker compressed: not read here
 
 
-class Budget:
+class Budget(Allowance):
     """The bytes every call's reader may hold at once, in one process."""
 
-    __slots__ = ("held", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def take(self, size: int) -> bool:
-        if self.held + size > self.limit:
-            return False
-        self.held += size
-        return True
-
-    def give(self, size: int) -> None:
-        self.held -= size
+    __slots__ = ()
 
 
 class Frames:

@@ -32,6 +32,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from gateway.config.gateway import MigrationConfig
+from gateway.core.allowance import Allowance
 from gateway.engines import EngineAdapter
 from gateway.proxy.failures import UNDECODABLE, UpstreamFailure
 from gateway.proxy.job import Job
@@ -54,26 +55,16 @@ TOO_LONG, BUDGET = "too_long", "budget"
 UNFOLLOWED = (TOO_LONG, BUDGET, UNDECODABLE)
 
 
-class TokenBudget:
+class TokenBudget(Allowance):
     """The relayed token ids all of a process's streams keep, bounded: a stream takes
     room as its ids are read and gives it all back when it ends or stops being followed.
     `unfollowed` counts the streams no longer followed, by why (read at scrape time)."""
 
-    __slots__ = ("kept", "limit", "unfollowed")
+    __slots__ = ("unfollowed",)
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.kept = 0
+        super().__init__(limit)
         self.unfollowed: Counter[str] = Counter()
-
-    def take(self, count: int) -> bool:
-        if self.kept + count > self.limit:
-            return False
-        self.kept += count
-        return True
-
-    def give(self, count: int) -> None:
-        self.kept -= count
 
 
 class Progress:
@@ -244,7 +235,7 @@ class Migrations:
         assert info is not None
         room = self._config.max_resent_tokens - len(info.tokens)
         progress = Progress(job.adapter, job, room, self.budget)
-        if self.budget.kept >= self.budget.limit:
+        if self.budget.held >= self.budget.limit:
             progress.stop(BUDGET)
         return replace(job, sink=Relayed(job.sink, progress))
 

@@ -152,7 +152,7 @@ async def raw_generate(ch: aio.Channel, tokens: int) -> tuple[list[bytes], str]:
 
 
 def kept(gw: Gateway) -> int:
-    return gw.parts.migrations.budget.kept
+    return gw.parts.migrations.budget.held
 
 
 async def test_an_undecodable_answer_reaches_the_client_as_a_direct_client_gets_it() -> None:

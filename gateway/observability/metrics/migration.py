@@ -15,7 +15,7 @@ class KeptTokens(Protocol):
     """What the budget counts (proxy/migration.py's `TokenBudget`)."""
 
     @property
-    def kept(self) -> int: ...
+    def held(self) -> int: ...
 
     @property
     def unfollowed(self) -> Mapping[str, int]: ...
@@ -49,7 +49,7 @@ class MigrationCollector(Collector):
 
     def collect(self) -> Iterable[Any]:
         kept, unfollowed = families = self._families()
-        kept.add_metric([], float(self._budget.kept))
+        kept.add_metric([], float(self._budget.held))
         counts = dict(self._budget.unfollowed)  # one C call: safe against the loop's writes
         for reason in self._reasons:  # every reason shown, at 0 too, for rate()
             unfollowed.add_metric([reason], float(counts.get(reason, 0)))

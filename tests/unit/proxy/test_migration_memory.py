@@ -46,9 +46,9 @@ def test_token_ids_are_kept_packed() -> None:
         tracemalloc.stop()
     assert list(progress.tokens()) == list(range(150_000, 250_000))
     assert kept <= 3.5 * 100_000  # ids under 2^21: 3 bytes at most, and the growth
-    assert budget.kept == progress.count == 100_000
+    assert budget.held == progress.count == 100_000
     progress.release()
-    assert budget.kept == progress.count == 0 and not progress.packed
+    assert budget.held == progress.count == 0 and not progress.packed
 
 
 def test_streams_past_the_budget_are_no_longer_followed() -> None:
@@ -58,20 +58,20 @@ def test_streams_past_the_budget_are_no_longer_followed() -> None:
     streams = [Progress(SGLANG, JOB, 10**6, budget) for _ in range(4)]
     for progress in streams:
         relay(progress, 10_000)
-        assert budget.kept <= budget.limit
+        assert budget.held <= budget.limit
     assert [p.lost for p in streams] == ["", "", BUDGET, BUDGET]
-    assert budget.kept == 20_000 and budget.unfollowed == {BUDGET: 2}
+    assert budget.held == 20_000 and budget.unfollowed == {BUDGET: 2}
     assert streams[2].count == 0 and not streams[2].packed  # given back at once
     for progress in streams:
         progress.release()
-    assert budget.kept == 0
+    assert budget.held == 0
 
 
 def test_a_stream_past_its_own_room_is_no_longer_followed() -> None:
     budget = TokenBudget(10**6)
     progress = Progress(SGLANG, JOB, 5_000, budget)
     relay(progress, 10_000)
-    assert progress.lost == TOO_LONG and budget.kept == 0
+    assert progress.lost == TOO_LONG and budget.held == 0
 
 
 def test_an_undecodable_answer_ends_the_following_not_the_stream() -> None:
@@ -80,5 +80,5 @@ def test_an_undecodable_answer_ends_the_following_not_the_stream() -> None:
     relay(progress, 2_000)
     progress.pending += b"\xff\xff\xff"
     progress.read()  # no raise: the relay goes on
-    assert progress.lost == UNDECODABLE and budget.kept == 0 and not progress.pending
+    assert progress.lost == UNDECODABLE and budget.held == 0 and not progress.pending
     assert budget.unfollowed == {UNDECODABLE: 1}
