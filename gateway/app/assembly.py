@@ -65,6 +65,7 @@ from gateway.state.budgets import TenantBudgets
 from gateway.state.routes import RouteWriter
 from gateway.state.sessions import SharedSessions
 from gateway.state.store import Store
+from gateway.upstream.latency import lesson
 from gateway.upstream.manager import Fleet
 
 
@@ -148,9 +149,15 @@ class Parts:
         return Reconfigured(policies, routes)
 
     def observe(self, record: CallRecord) -> None:
-        """An engine call ended: counted in the metrics and in the load reports."""
+        """An engine call ended: counted in the metrics and in the load reports, and
+        learned from by its worker's latency model."""
         self.metrics.observe(record)
         self.reporter.observe(record)
+        learned = lesson(record)
+        if learned is not None:
+            worker = self.fleet.registry.get(learned[0])
+            if worker is not None:
+                worker.latency.observe(*learned[1:])
 
     def front_prefixes(self) -> tuple[str, ...]:
         """The engine services' method prefixes (`/sglang.runtime.v1.SglangScheduler/`)."""

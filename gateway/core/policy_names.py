@@ -36,6 +36,7 @@ BUILT_IN: tuple[EntryPoint, ...] = tuple(
         ("consistent_hash", "consistent_hash:ConsistentHash"),
         ("manual", "manual:Manual"),
         ("cache_aware", "cache_aware:CacheAware"),
+        ("predicted_latency", "predicted_latency:PredictedLatency"),
     )
 )
 POLICIES: tuple[str, ...] = tuple(ep.name for ep in BUILT_IN)  # the built-in names

@@ -37,6 +37,7 @@ class CallRecord:
     handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
     prompt_tokens: int = 0  # Generate: the prompt's length
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
+    placed_load: float | None = None  # the worker's load when placed (latency learning)
     # Generate: what its engine reported in its closing answers (completion tokens summed
     # over the choices; cached tokens are the prompt's, the most any choice reported).
     completion_tokens: int | None = None

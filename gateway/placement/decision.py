@@ -38,6 +38,7 @@ class Decision:
     expected_cached_tokens: int | None = None
     policy: str = ""
     candidates: int = 0  # the workers that could take the prompt-receiving leg (traces)
+    placed_load: float | None = None  # a regular leg's load at placement (latency learning)
 
     @property
     def primary(self) -> Worker:
@@ -71,6 +72,7 @@ class Decision:
             expected_cached_tokens=self.expected_cached_tokens,
             policy=self.policy,
             candidates=self.candidates,
+            placed_load=self.placed_load,
         )
 
     def rank_of(self, worker: Worker) -> int | None:

@@ -257,9 +257,10 @@ class Call:
         self.placements.append(reserved)
         record = self.record
         record.attempts += 1
-        expected = reserved.decision.expected_cached_tokens
-        if expected is not None:
-            record.expected_cached_tokens = expected
+        decision = reserved.decision
+        if decision.expected_cached_tokens is not None:
+            record.expected_cached_tokens = decision.expected_cached_tokens
+            record.placed_load = decision.placed_load
         if retry:
             record.retries += 1
 

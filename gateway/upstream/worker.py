@@ -19,6 +19,7 @@ from gateway.config import ProbeConfig, WorkerSpec
 from gateway.core.roles import Role, Runtime
 from gateway.observability.metrics.calls import INTER_TOKEN_BUCKETS, TTFT_BUCKETS
 from gateway.upstream.call_stats import CallStats
+from gateway.upstream.latency import LatencyModel
 from gateway.upstream.signals.load import LoadReport
 from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.signals.probe import ProbeResult, ProbeState, judge
@@ -93,6 +94,8 @@ class Worker:
     removing: bool = False  # on its way out (RemoveWorker, or its source let it go)
     # The calls it answered, as clients saw them (per-worker series; the metrics write it).
     calls: CallStats = field(default_factory=lambda: CallStats(TTFT_BUCKETS, INTER_TOKEN_BUCKETS))
+    # What its time to first token costs (`latency_learn` writes it; policies predict).
+    latency: LatencyModel = field(default_factory=LatencyModel)
     # Its address, built once (the spec is frozen): a call's path reads it many times.
     id: str = field(init=False)
     # Who hears its status change (its registry, while it holds the worker).

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Self, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Self, cast
 
 from gateway.config import KvConfig
 from gateway.kv.index import KvIndex
@@ -42,6 +43,9 @@ from gateway.placement.policies.base import (
     rotate_after,
 )
 from gateway.upstream.worker import Worker
+
+if TYPE_CHECKING:
+    from gateway.kv.prefix import Prefix
 
 
 def load_of(worker: Worker, now: float, stale_after_s: float) -> float:
@@ -83,6 +87,20 @@ def cheapest(
     return best[1]
 
 
+@dataclass(frozen=True, slots=True)
+class View:
+    """One placement's candidates as cache-aware placement weighs them."""
+
+    workers: Sequence[Worker]
+    prefix: Prefix | None
+    now: float
+    matched: dict[str, tuple[int, int]]  # worker -> (tokens cached, rank)
+    loads: list[float]
+    uncached: list[int]
+    order: list[int]  # tie-break order, best first
+    shares: list[float]
+
+
 class CacheAware(Policy):
     name = "cache_aware"
 
@@ -109,6 +127,12 @@ class CacheAware(Policy):
     def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
         if not candidates:
             return None
+        view = self.view(candidates, hints)
+        return self.commit(view, self.best(view))
+
+    def view(self, candidates: Sequence[C], hints: Hints) -> View:
+        """What the placement weighs, per candidate: its load, its uncached prompt
+        tokens, its recent share, and the order ties go in."""
         workers = cast("Sequence[Worker]", candidates)  # placement's candidates are workers
         now = time.monotonic()
         prefix = hints.prefix
@@ -129,12 +153,22 @@ class CacheAware(Policy):
             start = rotate_after(ids, self.last)
             order = [*range(start, len(ids)), *range(start)]
         shares = [self.index.share(i, now) for i in ids]  # every gateway's, with a store
-        pick = cheapest(loads, uncached, self.settings, order, shares)
-        chosen = workers[pick]
+        return View(workers, prefix, now, matched, loads, uncached, order, shares)
+
+    def best(self, view: View) -> int:
+        """The index of the candidate to place on: the cheapest within the guard."""
+        return cheapest(view.loads, view.uncached, self.settings, view.order, view.shares)
+
+    def commit(self, view: View, pick: int) -> Choice[C]:
+        """The placement made: remembered by the index (assumed cached there, counted in
+        the shares), and what the call should know of it."""
+        chosen = view.workers[pick]
+        now, prefix, matched = view.now, view.prefix, view.matched
         self.last = chosen.id
         self.index.placed(chosen.id, now)
+        load = view.loads[pick]
         if prefix is None:
-            return Choice(cast("C", chosen))
+            return Choice(cast("C", chosen), load=load)
         hit = matched.get(chosen.id)
         # What the worker holds of it before this placement adds it.
         expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
@@ -147,4 +181,4 @@ class CacheAware(Policy):
         on_rank = None
         if hit is not None and (hit[1] > 0 or self.index.ranks(chosen.id) > 1):
             on_rank = hit[1]
-        return Choice(cast("C", chosen), on_rank, expected)
+        return Choice(cast("C", chosen), on_rank, expected, load)
