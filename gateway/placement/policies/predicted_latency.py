@@ -1,8 +1,10 @@
 """Predicted-latency placement: each candidate's time to first token predicted by its
 worker's own model (`gateway.upstream.latency`: learned online from the gateway's
-observations of that worker, by uncached prompt tokens and load), the least wins. A hit
-on a slow or saturated worker loses to a miss on an idle fast one, which cache-aware
-placement, weighing every worker alike, cannot see.
+observations of that worker, by uncached prompt tokens and load). Cache-aware's choice
+stands unless another candidate is predicted clearly faster (`worth_it`): then that one
+wins. A hit on a slow or saturated worker loses to a miss on an idle fast one, which
+cache-aware placement, weighing every worker alike, cannot see; on a fleet of like
+workers it places as cache-aware does.
 
 Cold start: while any candidate's model has too few observations (a new worker, a fresh
 gateway), the call is placed as `cache_aware` places it, so the models learn from
@@ -19,6 +21,8 @@ from gateway.kv.index import KvIndex
 from gateway.placement.policies.cache_aware import CacheAware, View
 
 EXPLORE_EVERY = 20  # one placement in this many goes by cache_aware's choice
+GAIN_RATIO = 1.25  # cache_aware's choice is left only when predicted this much slower
+GAIN_SLACK_S = 0.005  # ... plus this
 
 
 class PredictedLatency(CacheAware):
@@ -30,10 +34,19 @@ class PredictedLatency(CacheAware):
 
     def best(self, view: View) -> int:
         self._turn = (self._turn + 1) % EXPLORE_EVERY
+        usual = super().best(view)
         predictions = predicted(view)
         if predictions is None or self._turn == 0:
-            return super().best(view)
-        return min(view.order, key=lambda i: predictions[i])
+            return usual
+        fastest = min(view.order, key=lambda i: predictions[i])
+        return fastest if worth_it(predictions[usual], predictions[fastest]) else usual
+
+
+def worth_it(usual_s: float, fastest_s: float) -> bool:
+    """Leave cache-aware's choice only for a clear gain: its predicted time past
+    GAIN_RATIO x the fastest's plus GAIN_SLACK_S (on a fleet of like workers the models
+    agree within their error, and cache-aware's balance is kept)."""
+    return usual_s > GAIN_RATIO * fastest_s + GAIN_SLACK_S
 
 
 def predicted(view: View) -> list[float] | None:
