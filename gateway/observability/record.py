@@ -38,6 +38,7 @@ class CallRecord:
     prompt_tokens: int = 0  # Generate: the prompt's length
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
     placed_load: float | None = None  # the worker's load when placed (latency learning)
+    predicted_first_message_s: float | None = None  # what predicted_latency expected
     # Generate: what its engine reported in its closing answers (completion tokens summed
     # over the choices; cached tokens are the prompt's, the most any choice reported).
     completion_tokens: int | None = None
@@ -96,6 +97,11 @@ class CallRecord:
             "request_id": self.request_id or None,
             "rooms": self.rooms or None,
             "expected_cached_tokens": self.expected_cached_tokens,
+            "predicted_first_message_ms": (
+                round(self.predicted_first_message_s * 1000, 3)
+                if self.predicted_first_message_s is not None
+                else None
+            ),
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "migrations": self.continued,

@@ -39,6 +39,7 @@ class Decision:
     policy: str = ""
     candidates: int = 0  # the workers that could take the prompt-receiving leg (traces)
     placed_load: float | None = None  # a regular leg's load at placement (latency learning)
+    predicted_first_message_s: float | None = None  # ... and its predicted time, if any
 
     @property
     def primary(self) -> Worker:
@@ -73,6 +74,7 @@ class Decision:
             policy=self.policy,
             candidates=self.candidates,
             placed_load=self.placed_load,
+            predicted_first_message_s=self.predicted_first_message_s,
         )
 
     def rank_of(self, worker: Worker) -> int | None:

@@ -301,6 +301,7 @@ class Placer:
             self._cluster(model, runtime, receiving_leg).policy.name,
             len(fitting[receiving_leg]),
             receiver.load if receiving_leg is Role.REGULAR else None,
+            receiver.predicted_s if receiving_leg is Role.REGULAR else None,
         )
 
     def _pair(

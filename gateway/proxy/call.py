@@ -261,8 +261,8 @@ class Call:
         if decision.expected_cached_tokens is not None:
             record.expected_cached_tokens = decision.expected_cached_tokens
             record.placed_load = decision.placed_load
-        if retry:
-            record.retries += 1
+            record.predicted_first_message_s = decision.predicted_first_message_s
+        record.retries += retry
 
     def called(self, leg: Role, worker: str, *, answers: bool) -> None:
         """A leg's upstream call goes to `worker` (`answers`: its stream is the client's)."""

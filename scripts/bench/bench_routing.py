@@ -94,6 +94,8 @@ class Outcome:
     restarted_at: float | None = None
     reported: dict[str, int] = field(default_factory=dict)  # request id -> engine's cached
     expected: dict[str, int] = field(default_factory=dict)  # request id -> gateway's expected
+    # request id -> (predicted, observed) ms to the first message (predicted_latency's)
+    predicted: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def recovery(self, seconds: int = 8) -> str:
         """Hit rate per second after the restart (by request start time)."""
@@ -124,6 +126,15 @@ class Outcome:
             f"expected {expected} / engine-reported {reported} cached tokens = {ratio:.3f} "
             f"over {len(both)} requests ({over} over, {under} under)"
         )
+
+    def prediction_error(self) -> str:
+        """Median |predicted - observed| / observed time to first message, over the calls
+        placed with a prediction (after each worker's model warmed up)."""
+        errors = sorted(abs(p - o) / o for p, o in self.predicted.values() if o > 0)
+        if not errors:
+            return ""
+        median = errors[len(errors) // 2]
+        return f"prediction error: median {median:.0%} over {len(errors)} calls"
 
     @property
     def hit_rate(self) -> float:
@@ -263,7 +274,7 @@ async def run_policy(
     with tempfile.TemporaryFile("w+") as log:  # the request log: expected cached tokens
         await serve_trace(args, policy, events, trace, outcome, log, picker, front)
         log.seek(0)
-        outcome.expected = expected_cached(log)
+        read_log(log, outcome)
     return outcome
 
 
@@ -375,17 +386,21 @@ def start_envoy_front(ports: list[int], directory: Path) -> Child:
     return envoy.start_envoy(binary, ports, directory, weighted=False)
 
 
-def expected_cached(log: IO[str]) -> dict[str, int]:
-    """Request id -> the gateway's expected cached tokens, from its JSON request log."""
-    expected = {}
+def read_log(log: IO[str], outcome: Outcome) -> None:
+    """From the gateway's JSON request log: each call's expected cached tokens, and its
+    predicted time to first message beside the observed one."""
     for line in log:
         try:
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("event") == "request" and entry.get("expected_cached_tokens") is not None:
-            expected[entry["request_id"]] = entry["expected_cached_tokens"]
-    return expected
+        if entry.get("event") != "request":
+            continue
+        if entry.get("expected_cached_tokens") is not None:
+            outcome.expected[entry["request_id"]] = entry["expected_cached_tokens"]
+        predicted, observed = entry.get("predicted_first_message_ms"), entry.get("first_message_ms")
+        if predicted is not None and observed is not None:
+            outcome.predicted[entry["request_id"]] = (predicted, observed)
 
 
 def main() -> None:
@@ -505,6 +520,8 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
             f"{r.quantile(0.9):7.1f}ms {r.quantile(0.99):7.1f}ms "
             f"{r.quantile(0.9, r.itl):7.1f}ms {r.failures:5d}"
         )
+        if r.predicted:
+            print(f"  {r.policy} at {load:.2f}: {r.prediction_error()}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ class Choice(Generic[W]):
     rank: int | None = None  # the data-parallel rank to run on (None: the engine's choice)
     expected_cached: int | None = None  # prompt tokens the index expects cached there
     load: float | None = None  # the worker's load as the policy saw it (latency learning)
+    predicted_s: float | None = None  # its predicted time to first message, if predicted
 
 
 def rotate_after(ids: Sequence[str], last: str | None) -> int:
