@@ -38,6 +38,7 @@ class CallRecord:
     prompt_tokens: int = 0  # Generate: the prompt's length
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
     placed_load: float | None = None  # the worker's load when placed (latency learning)
+    placed_backlog: int | None = None  # ... and its prefill backlog (tokens)
     predicted_first_message_s: float | None = None  # what predicted_latency expected
     # Generate: what its engine reported in its closing answers (completion tokens summed
     # over the choices; cached tokens are the prompt's, the most any choice reported).

@@ -40,6 +40,7 @@ class Decision:
     candidates: int = 0  # the workers that could take the prompt-receiving leg (traces)
     placed_load: float | None = None  # a regular leg's load at placement (latency learning)
     predicted_first_message_s: float | None = None  # ... and its predicted time, if any
+    backlog: int | None = None  # ... and its worker's prefill backlog then (tokens)
 
     @property
     def primary(self) -> Worker:
@@ -75,6 +76,7 @@ class Decision:
             candidates=self.candidates,
             placed_load=self.placed_load,
             predicted_first_message_s=self.predicted_first_message_s,
+            backlog=self.backlog,
         )
 
     def rank_of(self, worker: Worker) -> int | None:

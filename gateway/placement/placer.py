@@ -302,6 +302,7 @@ class Placer:
             len(fitting[receiving_leg]),
             receiver.load if receiving_leg is Role.REGULAR else None,
             receiver.predicted_s if receiving_leg is Role.REGULAR else None,
+            receiver.backlog if receiving_leg is Role.REGULAR else None,
         )
 
     def _pair(

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import grpc
 import structlog
@@ -35,6 +35,7 @@ from gateway.observability.record import CallRecord
 from gateway.observability.tracing import CallTrace
 from gateway.placement.decision import Decision
 from gateway.placement.policies import Hints
+from gateway.proxy.backlog import PrefillHold
 from gateway.proxy.context import Context, LoadTrailed
 from gateway.proxy.failures import UpstreamFailure, clients_deadline
 from gateway.proxy.metadata import Metadata, RequestMeta
@@ -44,12 +45,7 @@ from gateway.proxy.status import abort_with_verdict
 Place = Callable[[Collection[str]], Decision | Verdict]  # an attempt's placement, given who failed
 
 log = structlog.get_logger("gateway.proxy")
-requests = structlog.get_logger("gateway.request")
 USAGE_LINES = Throttle(1.0, 5)  # worker_usage_rejected lines: a worker may cause one a call
-# Request lines of calls refused UNAUTHENTICATED, per process: 10 a second after a burst
-# of 20; the next line says how many were held back (every refusal is counted in
-# gateway_auth_failures_total, and gateway.security.auth logs them by address).
-REFUSED_LINES = Throttle(10.0, 20)
 NO_HINTS = Hints()  # a call that names no hints (a frozen value, shared)
 
 
@@ -64,6 +60,7 @@ class Downstream:
         "_record",
         "_tally",
         "delivered",
+        "on_first",
     )
 
     def __init__(self, context: Context, record: CallRecord, tally: Tally | None = None) -> None:
@@ -79,6 +76,7 @@ class Downstream:
         self._last: bytes | None = None
         self._headers_sent = False
         self.delivered = False
+        self.on_first: Callable[[], None] | None = None  # told of the first message
 
     async def headers(self, metadata: Metadata, *, always: bool = False) -> None:
         if self._headers_sent or not (metadata or always):
@@ -93,6 +91,8 @@ class Downstream:
         if not self.delivered:
             self.delivered = True
             record.first_message_s = time.perf_counter() - record.started
+            if self.on_first is not None:
+                self.on_first()
         record.messages += 1
         if self._every is not None:
             self._every.see(message)
@@ -154,6 +154,12 @@ def _usage_rejected(record: CallRecord) -> None:
         )
 
 
+class Teller(Protocol):
+    """Who tells of a call as it ends (gateway.proxy.call_log's `CallLog`)."""
+
+    def ended(self, call: Call) -> None: ...
+
+
 @dataclass(slots=True)
 class Call:
     spec: RpcSpec
@@ -180,7 +186,8 @@ class Call:
     reply: bytes | None = None  # a unary call's answer (`dispatch`)
     downstream: Downstream | None = None  # the client side, once dispatch starts
     orca: LoadTrailed | None = None  # ORCA trailers on: the context that adds the report
-    call_log: CallLog | None = None  # its door's: metrics, trace and log as it ends
+    hold: PrefillHold | None = None  # its tokens in its worker's prefill backlog
+    call_log: Teller | None = None  # its door's (`CallLog`): metrics, trace, log as it ends
     ending: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # `on_end`'s
     told: bool = False  # its status came from whoever answered the client (`ended_with`)
     handed: bool = False  # sent whole to the relay, which tells of it (`handed_over`)
@@ -260,9 +267,19 @@ class Call:
         decision = reserved.decision
         if decision.expected_cached_tokens is not None:
             record.expected_cached_tokens = decision.expected_cached_tokens
-            record.placed_load = decision.placed_load
+            record.placed_load, record.placed_backlog = decision.placed_load, decision.backlog
             record.predicted_first_message_s = decision.predicted_first_message_s
+        self._answered()  # an attempt before this one: its prefill is no longer ahead
+        if decision.placed_load is not None:
+            uncached = max(0, record.prompt_tokens - (decision.expected_cached_tokens or 0))
+            self.hold = PrefillHold(decision.primary, uncached)
+            self.on_end(self.hold.done)
         record.retries += retry
+
+    def _answered(self) -> None:
+        """Its first message came (or another attempt starts): out of the backlog."""
+        if self.hold is not None:
+            self.hold.done()
 
     def called(self, leg: Role, worker: str, *, answers: bool) -> None:
         """A leg's upstream call goes to `worker` (`answers`: its stream is the client's)."""
@@ -311,6 +328,7 @@ class Call:
     def answer_began(self) -> None:
         """The worker's answer began (its headers), relayed by someone else (Envoy)."""
         self.record.first_message_s = time.perf_counter() - self.record.started
+        self._answered()
 
     def ended_with(self, code: str) -> None:
         """The status its answer ended with, sent by someone else (Envoy relayed the
@@ -322,6 +340,7 @@ class Call:
         """The call's client side, made once (`tally`: Generate's usage, read as it ends)."""
         if self.downstream is None:
             self.downstream = Downstream(self.context, self.record, tally)
+            self.downstream.on_first = self._answered
             self.on_end(self.downstream.tally)
         return self.downstream
 
@@ -366,32 +385,6 @@ class Call:
         finally:
             if self.call_log is not None:
                 self.call_log.ended(self)
-
-
-class CallLog:
-    """How a door tells of its calls as they end: observed (metrics, load reports), the
-    trace finished, and a request line at the info level, those of calls refused
-    UNAUTHENTICATED at a bounded rate (a client may send them at any rate). A call
-    handed whole to the relay is the relay's to tell of."""
-
-    __slots__ = ("_lines", "observe")
-
-    def __init__(self, observe: Callable[[CallRecord], None], log_level: str) -> None:
-        self.observe = observe
-        self._lines = log_level in ("debug", "info")
-
-    def ended(self, call: Call) -> None:
-        if call.handed:
-            return
-        record, trace = call.record, call.trace
-        if trace is not None:
-            trace.finish(record)
-        self.observe(record)
-        if not self._lines:  # below the log level: its fields are not even built
-            return
-        if record.code == "UNAUTHENTICATED" and not call.logged(REFUSED_LINES):
-            return
-        requests.info("request", **record.log_fields())
 
 
 async def abort_with_failure(context: Context, failure: UpstreamFailure) -> NoReturn:

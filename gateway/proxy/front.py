@@ -23,7 +23,8 @@ from gateway.observability.record import CallRecord
 from gateway.observability.tracing import TRACE_KEYS, Tracing
 from gateway.proxy import stages
 from gateway.proxy.aborts import AbortPeers, Aborts
-from gateway.proxy.call import Call, CallLog
+from gateway.proxy.call import Call
+from gateway.proxy.call_log import CallLog
 from gateway.proxy.context import Context
 from gateway.proxy.env import Entrance, Routing, StageEnv
 from gateway.proxy.fleet_calls import FleetCalls

@@ -96,6 +96,8 @@ class Worker:
     calls: CallStats = field(default_factory=lambda: CallStats(TTFT_BUCKETS, INTER_TOKEN_BUCKETS))
     # What its time to first token costs (`latency_learn` writes it; policies predict).
     latency: LatencyModel = field(default_factory=LatencyModel)
+    # Uncached prompt tokens of its calls not yet at their first message (proxy.backlog's).
+    prefill_backlog: int = 0
     # Its address, built once (the spec is frozen): a call's path reads it many times.
     id: str = field(init=False)
     # Who hears its status change (its registry, while it holds the worker).

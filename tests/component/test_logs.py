@@ -17,7 +17,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from structlog.testing import capture_logs
 
 from gateway.observability.logs import Throttle
-from gateway.proxy import call as calls
+from gateway.proxy import call_log as calls
 from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.extproc import headers_part, process
 from tests.support.inproc import client, gateway, sim

@@ -64,6 +64,7 @@ class Choice(Generic[W]):
     expected_cached: int | None = None  # prompt tokens the index expects cached there
     load: float | None = None  # the worker's load as the policy saw it (latency learning)
     predicted_s: float | None = None  # its predicted time to first message, if predicted
+    backlog: int | None = None  # its prefill backlog (tokens) as the policy saw it
 
 
 def rotate_after(ids: Sequence[str], last: str | None) -> int:

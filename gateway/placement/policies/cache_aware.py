@@ -99,6 +99,7 @@ class View:
     uncached: list[int]
     order: list[int]  # tie-break order, best first
     shares: list[float]
+    backlogs: list[int]  # uncached tokens placed there, not yet at their first message
 
 
 class CacheAware(Policy):
@@ -153,7 +154,8 @@ class CacheAware(Policy):
             start = rotate_after(ids, self.last)
             order = [*range(start, len(ids)), *range(start)]
         shares = [self.index.share(i, now) for i in ids]  # every gateway's, with a store
-        return View(workers, prefix, now, matched, loads, uncached, order, shares)
+        backlogs = [w.prefill_backlog for w in workers]
+        return View(workers, prefix, now, matched, loads, uncached, order, shares, backlogs)
 
     def best(self, view: View) -> int:
         """The index of the candidate to place on: the cheapest within the guard."""
@@ -166,9 +168,9 @@ class CacheAware(Policy):
         now, prefix, matched = view.now, view.prefix, view.matched
         self.last = chosen.id
         self.index.placed(chosen.id, now)
-        load = view.loads[pick]
+        load, backlog = view.loads[pick], view.backlogs[pick]
         if prefix is None:
-            return Choice(cast("C", chosen), load=load)
+            return Choice(cast("C", chosen), load=load, backlog=backlog)
         hit = matched.get(chosen.id)
         # What the worker holds of it before this placement adds it.
         expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
@@ -181,4 +183,4 @@ class CacheAware(Policy):
         on_rank = None
         if hit is not None and (hit[1] > 0 or self.index.ranks(chosen.id) > 1):
             on_rank = hit[1]
-        return Choice(cast("C", chosen), on_rank, expected, load)
+        return Choice(cast("C", chosen), on_rank, expected, load, backlog=backlog)

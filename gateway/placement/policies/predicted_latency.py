@@ -14,7 +14,7 @@ holds none of the prompts), else as `cache_aware` would place it (a worker the
 predictions avoid still gets observations, so its model does not keep an old
 picture). Ties go to the prompt's rendezvous order, as cache-aware ones do. The cost
 per placement is cache-aware's plus one prediction per candidate (a dot product of
-three)."""
+four)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ class PredictedLatency(CacheAware):
             return None
         view = self.view(candidates, hints)
         pick = self.best(view)
-        predicted_s = view.workers[pick].latency.predict(view.uncached[pick], view.loads[pick])
+        model = view.workers[pick].latency
+        predicted_s = model.predict(view.uncached[pick], view.backlogs[pick], view.loads[pick])
         return replace(self.commit(view, pick), predicted_s=predicted_s)
 
     def best(self, view: View) -> int:
@@ -72,8 +73,9 @@ def worth_it(usual_s: float, fastest_s: float) -> bool:
 def predicted(view: View) -> list[float] | None:
     """Each candidate's predicted seconds to its first message; None while any is cold."""
     found = []
-    for worker, uncached, load in zip(view.workers, view.uncached, view.loads, strict=True):
-        seconds = worker.latency.predict(uncached, load)
+    rows = zip(view.workers, view.uncached, view.backlogs, view.loads, strict=True)
+    for worker, uncached, backlog, load in rows:
+        seconds = worker.latency.predict(uncached, backlog, load)
         if seconds is None:
             return None
         found.append(seconds)

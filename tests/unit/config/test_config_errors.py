@@ -46,7 +46,7 @@ from tests.support.config_errors import error_of, yaml_file
         (
             {"models": {"llama": {"policy": "fastest"}}},
             "models.llama.policy: unknown policy 'fastest' (expected round_robin|random|"
-            "power_of_two|least_inflight|consistent_hash|manual|cache_aware)",
+            "power_of_two|least_inflight|consistent_hash|manual|cache_aware|predicted_latency)",
         ),
         (
             {"models": {"qwen2.5:7b": {"max_token_usage": 1.5}}},

@@ -161,7 +161,7 @@ def test_each_bad_configuration_is_exit_status_2_and_one_clear_line(
             ["--config", policy],
             "models.m.policy: unknown policy 'fastest' "
             "(expected round_robin|random|power_of_two|least_inflight|consistent_hash|manual"
-            "|cache_aware)",
+            "|cache_aware|predicted_latency)",
         ),
         (
             ["--config", broken],

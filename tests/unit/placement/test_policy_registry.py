@@ -22,7 +22,10 @@ from gateway.placement.policies.registry import leg_policy
 from tests.support.policies import C, cli_policy_choices
 from tests.support.policy_plugin import LAST_ID, write_plugin
 
-BUILT_IN = "round_robin|random|power_of_two|least_inflight|consistent_hash|manual|cache_aware"
+BUILT_IN = (
+    "round_robin|random|power_of_two|least_inflight|consistent_hash|manual|cache_aware"
+    "|predicted_latency"
+)
 MODULES = ("last_id_policy", "broken_policy", "not_a_class")
 
 

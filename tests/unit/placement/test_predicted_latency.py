@@ -18,7 +18,7 @@ from tests.support.factories import worker_on
 def warmed(worker: Worker, base_s: float, per_token_s: float) -> None:
     for i in range(MIN_SEEN * 4):
         uncached = (i % 8) * 256
-        worker.latency.observe(uncached, i % 3, base_s + per_token_s * uncached)
+        worker.latency.observe(uncached, (i % 5) * 100, i % 3, base_s + per_token_s * uncached)
 
 
 def test_cold_models_place_as_cache_aware_then_predictions_decide() -> None:

@@ -17,7 +17,8 @@ from grpc import aio
 from gateway.engines import engine_adapters
 from gateway.observability.record import CallRecord
 from gateway.picker.context import PickerContext
-from gateway.proxy.call import Call, CallLog
+from gateway.proxy.call import Call
+from gateway.proxy.call_log import CallLog
 from gateway.proxy.context import Context
 from gateway.proxy.metadata import UNREAD
 from gateway.proxy.reporting import OrcaContext

@@ -12,50 +12,58 @@ from gateway.observability.record import CallRecord
 from gateway.upstream.latency import MIN_SEEN, LatencyModel, lesson
 
 
-def ttft(uncached: int, load: float, speed: float = 1.0) -> float:
-    """20 ms, plus 80 us per uncached token and 15 ms per call ahead, at `speed`."""
-    return (0.020 + 80e-6 * uncached + 0.015 * load) / speed
+def ttft(uncached: int, load: float, speed: float = 1.0, backlog: int = 0) -> float:
+    """20 ms, plus 80 us per uncached token (its own and those ahead) and 5 ms per call in
+    flight, at `speed`."""
+    return (0.020 + 80e-6 * (uncached + backlog) + 0.005 * load) / speed
 
 
 def taught(model: LatencyModel, count: int, speed: float = 1.0, seed: int = 1) -> None:
     draw = random.Random(seed)
     for _ in range(count):
         uncached, load = draw.randrange(0, 4000), draw.randrange(0, 12)
-        model.observe(uncached, load, ttft(uncached, load, speed) * draw.uniform(0.95, 1.05))
+        backlog = draw.randrange(0, 8000)
+        seconds = ttft(uncached, load, speed, backlog) * draw.uniform(0.95, 1.05)
+        model.observe(uncached, backlog, load, seconds)
 
 
 def test_cold_until_enough_observations() -> None:
     model = LatencyModel()
     taught(model, MIN_SEEN - 1)
-    assert model.predict(1000, 2) is None
+    assert model.predict(1000, 0, 2) is None
     taught(model, 1)
-    assert model.predict(1000, 2) is not None
+    assert model.predict(1000, 0, 2) is not None
 
 
-@pytest.mark.parametrize(("uncached", "load"), [(0, 0), (1000, 2), (3500, 10), (200, 8)])
-def test_it_recovers_the_costs_it_is_shown(uncached: int, load: int) -> None:
+@pytest.mark.parametrize(
+    ("uncached", "backlog", "load"), [(500, 500, 1), (1000, 0, 2), (3500, 6000, 10), (200, 3000, 8)]
+)
+def test_it_recovers_the_costs_it_is_shown(uncached: int, backlog: int, load: int) -> None:
     model = LatencyModel()
     taught(model, 200)
-    predicted = model.predict(uncached, load)
+    predicted = model.predict(uncached, backlog, load)
+    expected = ttft(uncached, load, backlog=backlog)
     assert predicted is not None
-    assert abs(predicted - ttft(uncached, load)) / ttft(uncached, load) < 0.1
+    assert abs(predicted - expected) / expected < 0.1
 
 
 def test_it_follows_a_worker_that_slows_down() -> None:
     model = LatencyModel()
     taught(model, 200)
     taught(model, 150, speed=0.5, seed=2)  # the worker now runs at half speed
-    predicted = model.predict(2000, 4)
+    predicted = model.predict(2000, 1000, 4)
+    expected = ttft(2000, 4, 0.5, 1000)
     assert predicted is not None
-    assert abs(predicted - ttft(2000, 4, 0.5)) / ttft(2000, 4, 0.5) < 0.1
+    assert abs(predicted - expected) / expected < 0.1
 
 
 def test_what_is_no_time_to_first_token_is_not_learned() -> None:
     model = LatencyModel()
     for bad in (-1.0, float("nan"), 1e9):
-        model.observe(100, 1, bad)
-    model.observe(100, float("inf"), 0.1)
-    model.observe(-5, 1, 0.1)
+        model.observe(100, 0, 1, bad)
+    model.observe(100, 0, float("inf"), 0.1)
+    model.observe(-5, 0, 1, 0.1)
+    model.observe(5, -1, 1, 0.1)
     assert model.seen == 0 and model.weights is None
 
 
@@ -63,7 +71,8 @@ def test_a_lesson_comes_only_from_a_plain_successful_placed_call() -> None:
     record = CallRecord(rpc="Generate", service="s")
     record.worker, record.code, record.prompt_tokens = "w:1", "OK", 1000
     record.expected_cached_tokens, record.placed_load, record.first_message_s = 600, 3.0, 0.05
-    assert lesson(record) == ("w:1", 400, 3.0, 0.05)
+    record.placed_backlog = 900
+    assert lesson(record) == ("w:1", 400, 900, 3.0, 0.05)
     record.retries = 1
     assert lesson(record) is None
     record.retries, record.code = 0, "UNAVAILABLE"
