@@ -7,14 +7,13 @@ changes nothing (logged, the config in force serves on)."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
 from gateway.config import ConfigError, GatewayConfig
 from gateway.config.reload import Reload, reload
+from gateway.core.files import stamp
 from gateway.core.tasks import TaskScope
 
 log = structlog.get_logger("gateway")
@@ -79,14 +78,14 @@ class Reloader:
         return done
 
     async def watch(self, path: str, interval_s: float = WATCH_INTERVAL_S) -> None:
-        """Until cancelled: a reload each time the file at `path` changes (its size,
-        modification time or inode: an editor's or a ConfigMap's replacement too)."""
-        seen = _stamp(path)
+        """Until cancelled: a reload each time the file at `path` changes (its `stamp`:
+        an edit in place, an editor's or a ConfigMap's replacement)."""
+        seen = stamp(path)
         while True:
             await asyncio.sleep(interval_s)
-            stamp = _stamp(path)
-            if stamp != seen and stamp is not None:
-                seen = stamp
+            now = stamp(path)
+            if now != seen and now is not None:
+                seen = now
                 log.info("config_file_changed", path=path)
                 self.request()
 
@@ -95,12 +94,3 @@ class Reloader:
 
     async def close(self) -> None:
         await self._scope.close()
-
-
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    """What tells one version of the file from the next (None: it is not there now)."""
-    try:
-        found = os.stat(Path(path))
-    except OSError:
-        return None
-    return found.st_ino, found.st_size, found.st_mtime_ns

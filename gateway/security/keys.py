@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import time
 from typing import Protocol
 
 import structlog
 
 from gateway.config import ConfigError
+from gateway.core.files import Stamp, stamp
 
 log = structlog.get_logger("gateway.security.auth")
 
@@ -85,23 +85,15 @@ class ApiKeys:
         return self._by_digest.get(_digest(given))
 
 
-Stamp = tuple[int, int, int, int, int] | None
-Read = tuple[Stamp, ApiKeys | ConfigError]  # the file's stat before it was read, and what read
+# The file's stamp before it was read, and what reading it gave.
+Read = tuple[Stamp | None, ApiKeys | ConfigError]
 
 
-def _changed_lately(stamp: Stamp) -> bool:
+def _changed_lately(seen: Stamp | None) -> bool:
     """Changed within the last RACY_NS: a second change within the same timestamp tick,
     at the same size, would leave the stat as it is; such a file is read again at the
     next poll."""
-    return stamp is not None and time.time_ns() - stamp[3] < RACY_NS
-
-
-def _stamp(path: str) -> Stamp:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return seen is not None and time.time_ns() - seen.mtime_ns < RACY_NS
 
 
 class KeyFile:
@@ -110,17 +102,17 @@ class KeyFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp = _stamp(path)
+        self._stamp = stamp(path)
         self._racy = _changed_lately(self._stamp)
         self.keys = ApiKeys.load(path)  # a bad file stops start-up
-        self._failed: tuple[Stamp, str] | None = None
+        self._failed: tuple[Stamp | None, str] | None = None
 
     def name_of(self, given: str | None) -> str | None:
         return self.keys.name_of(given)
 
     def due(self) -> bool:
         """Its stat changed since it was read (or it was read right after a change)."""
-        return self._racy or _stamp(self.path) != self._stamp
+        return self._racy or stamp(self.path) != self._stamp
 
     def poll(self) -> None:
         """Read the file again if it is `due`."""
@@ -139,11 +131,11 @@ class KeyFile:
             self._apply(await asyncio.to_thread(self._read), quiet=not asked)
 
     def _read(self) -> Read:
-        stamp = _stamp(self.path)  # before reading: a change meanwhile is seen next
+        found = stamp(self.path)  # before reading: a change meanwhile is seen next
         try:
-            return stamp, ApiKeys.load(self.path)
+            return found, ApiKeys.load(self.path)
         except ConfigError as exc:
-            return stamp, exc
+            return found, exc
 
     def _apply(self, read: Read, quiet: bool) -> bool:
         self._stamp, keys = read
