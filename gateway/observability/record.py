@@ -16,6 +16,17 @@ from gateway.core.roles import Role
 from gateway.core.verdicts import Verdict
 
 
+@dataclass(frozen=True, slots=True)
+class PlacedOn:
+    """What a cache-aware policy saw of the worker it placed a regular leg on, for that
+    worker's latency model (`gateway.upstream.latency`): its load, its prefill backlog
+    (tokens), and the time to first message `predicted_latency` predicted there."""
+
+    load: float
+    backlog: int
+    predicted_s: float | None = None
+
+
 @dataclass(slots=True)
 class CallRecord:
     rpc: str
@@ -37,9 +48,7 @@ class CallRecord:
     handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
     prompt_tokens: int = 0  # Generate: the prompt's length
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
-    placed_load: float | None = None  # the worker's load when placed (latency learning)
-    placed_backlog: int | None = None  # ... and its prefill backlog (tokens)
-    predicted_first_message_s: float | None = None  # what predicted_latency expected
+    placed_on: PlacedOn | None = None  # its worker as a cache-aware policy saw it
     # Generate: what its engine reported in its closing answers (completion tokens summed
     # over the choices; cached tokens are the prompt's, the most any choice reported).
     completion_tokens: int | None = None
@@ -99,8 +108,8 @@ class CallRecord:
             "rooms": self.rooms or None,
             "expected_cached_tokens": self.expected_cached_tokens,
             "predicted_first_message_ms": (
-                round(self.predicted_first_message_s * 1000, 3)
-                if self.predicted_first_message_s is not None
+                round(self.placed_on.predicted_s * 1000, 3)
+                if self.placed_on is not None and self.placed_on.predicted_s is not None
                 else None
             ),
             "cached_tokens": self.cached_tokens,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gateway.core.roles import Role
+from gateway.observability.record import PlacedOn
 from gateway.placement.policies import Choice
 from gateway.upstream.worker import Worker
 
@@ -38,9 +39,7 @@ class Decision:
     expected_cached_tokens: int | None = None
     policy: str = ""
     candidates: int = 0  # the workers that could take the prompt-receiving leg (traces)
-    placed_load: float | None = None  # a regular leg's load at placement (latency learning)
-    predicted_first_message_s: float | None = None  # ... and its predicted time, if any
-    backlog: int | None = None  # ... and its worker's prefill backlog then (tokens)
+    placed_on: PlacedOn | None = None  # a regular leg's worker as its policy saw it
 
     @property
     def primary(self) -> Worker:
@@ -74,9 +73,7 @@ class Decision:
             expected_cached_tokens=self.expected_cached_tokens,
             policy=self.policy,
             candidates=self.candidates,
-            placed_load=self.placed_load,
-            predicted_first_message_s=self.predicted_first_message_s,
-            backlog=self.backlog,
+            placed_on=self.placed_on,
         )
 
     def rank_of(self, worker: Worker) -> int | None:

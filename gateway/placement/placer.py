@@ -300,9 +300,7 @@ class Placer:
             receiver.expected_cached,
             self._cluster(model, runtime, receiving_leg).policy.name,
             len(fitting[receiving_leg]),
-            receiver.load if receiving_leg is Role.REGULAR else None,
-            receiver.predicted_s if receiving_leg is Role.REGULAR else None,
-            receiver.backlog if receiving_leg is Role.REGULAR else None,
+            receiver.placed_on if receiving_leg is Role.REGULAR else None,
         )
 
     def _pair(

@@ -267,10 +267,9 @@ class Call:
         decision = reserved.decision
         if decision.expected_cached_tokens is not None:
             record.expected_cached_tokens = decision.expected_cached_tokens
-            record.placed_load, record.placed_backlog = decision.placed_load, decision.backlog
-            record.predicted_first_message_s = decision.predicted_first_message_s
+            record.placed_on = decision.placed_on
         self._answered()  # an attempt before this one: its prefill is no longer ahead
-        if decision.placed_load is not None:
+        if decision.placed_on is not None:
             uncached = max(0, record.prompt_tokens - (decision.expected_cached_tokens or 0))
             self.hold = PrefillHold(decision.primary, uncached)
             self.on_end(self.hold.done)

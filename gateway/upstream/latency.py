@@ -92,14 +92,14 @@ def solve(a: list[list[float]], b: list[float]) -> Weights | None:
 
 def lesson(record: CallRecord) -> tuple[str, int, int, float, float] | None:
     """What one finished call teaches its worker's model: (worker, uncached tokens, its
-    backlog and load at placement, seconds to its first message); None for a call placed
-    without a load (no cache-aware policy placed it), one without a first message, or
-    one that failed (its time says nothing of the worker's speed)."""
-    load, first = record.placed_load, record.first_message_s
+    backlog and load at placement, seconds to its first message); None for a call no
+    cache-aware policy placed, one without a first message, or one that failed (its
+    time says nothing of the worker's speed)."""
+    seen, first = record.placed_on, record.first_message_s
     expected, worker = record.expected_cached_tokens, record.worker
-    if load is None or first is None or expected is None or worker is None:
+    if seen is None or first is None or expected is None or worker is None:
         return None
     if record.code != "OK" or record.retries or record.continued:
         return None
-    backlog = record.placed_backlog or 0
-    return worker, max(0, record.prompt_tokens - expected), backlog, load, first
+    uncached = max(0, record.prompt_tokens - expected)
+    return worker, uncached, seen.backlog, seen.load, first

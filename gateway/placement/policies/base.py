@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
+from gateway.observability.record import PlacedOn
 from gateway.upstream.cluster import PolicyContext
 
 if TYPE_CHECKING:
@@ -62,9 +63,7 @@ class Choice(Generic[W]):
     worker: W
     rank: int | None = None  # the data-parallel rank to run on (None: the engine's choice)
     expected_cached: int | None = None  # prompt tokens the index expects cached there
-    load: float | None = None  # the worker's load as the policy saw it (latency learning)
-    predicted_s: float | None = None  # its predicted time to first message, if predicted
-    backlog: int | None = None  # its prefill backlog (tokens) as the policy saw it
+    placed_on: PlacedOn | None = None  # the worker as it saw it (latency learning)
 
 
 def rotate_after(ids: Sequence[str], last: str | None) -> int:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Self, cast
 
 from gateway.config import KvConfig
 from gateway.kv.index import KvIndex
+from gateway.observability.record import PlacedOn
 from gateway.placement.policies.base import (
     C,
     Choice,
@@ -168,9 +169,9 @@ class CacheAware(Policy):
         now, prefix, matched = view.now, view.prefix, view.matched
         self.last = chosen.id
         self.index.placed(chosen.id, now)
-        load, backlog = view.loads[pick], view.backlogs[pick]
+        seen = PlacedOn(view.loads[pick], view.backlogs[pick])
         if prefix is None:
-            return Choice(cast("C", chosen), load=load, backlog=backlog)
+            return Choice(cast("C", chosen), placed_on=seen)
         hit = matched.get(chosen.id)
         # What the worker holds of it before this placement adds it.
         expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
@@ -183,4 +184,4 @@ class CacheAware(Policy):
         on_rank = None
         if hit is not None and (hit[1] > 0 or self.index.ranks(chosen.id) > 1):
             on_rank = hit[1]
-        return Choice(cast("C", chosen), on_rank, expected, load, backlog=backlog)
+        return Choice(cast("C", chosen), on_rank, expected, seen)

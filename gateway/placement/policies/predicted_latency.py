@@ -48,7 +48,9 @@ class PredictedLatency(CacheAware):
         pick = self.best(view)
         model = view.workers[pick].latency
         predicted_s = model.predict(view.uncached[pick], view.backlogs[pick], view.loads[pick])
-        return replace(self.commit(view, pick), predicted_s=predicted_s)
+        chosen: Choice[C] = self.commit(view, pick)
+        assert chosen.placed_on is not None  # cache-aware's commit always says
+        return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
 
     def best(self, view: View) -> int:
         self._turn = (self._turn + 1) % EXPLORE_EVERY

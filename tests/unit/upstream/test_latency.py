@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from gateway.observability.record import CallRecord
+from gateway.observability.record import CallRecord, PlacedOn
 from gateway.upstream.latency import MIN_SEEN, LatencyModel, lesson
 
 
@@ -70,12 +70,12 @@ def test_what_is_no_time_to_first_token_is_not_learned() -> None:
 def test_a_lesson_comes_only_from_a_plain_successful_placed_call() -> None:
     record = CallRecord(rpc="Generate", service="s")
     record.worker, record.code, record.prompt_tokens = "w:1", "OK", 1000
-    record.expected_cached_tokens, record.placed_load, record.first_message_s = 600, 3.0, 0.05
-    record.placed_backlog = 900
+    record.expected_cached_tokens, record.first_message_s = 600, 0.05
+    record.placed_on = PlacedOn(load=3.0, backlog=900)
     assert lesson(record) == ("w:1", 400, 900, 3.0, 0.05)
     record.retries = 1
     assert lesson(record) is None
     record.retries, record.code = 0, "UNAVAILABLE"
     assert lesson(record) is None
-    record.code, record.placed_load = "OK", None
+    record.code, record.placed_on = "OK", None
     assert lesson(record) is None
