@@ -60,7 +60,13 @@ class IdleWatch:
         limit.reschedule(None)
         self._streams[limit] = _Seen(record, loop.time())
         if self._looking is None:
-            self._looking = loop.call_later((self.idle_s or 1.0) / 2, self._look)
+            self._looking = loop.call_later(self._period_s, self._look)
+
+    @property
+    def _period_s(self) -> float:
+        """How often the watched streams are looked at: half the idle timeout (a second's
+        half while a reload has turned it off and streams are still watched)."""
+        return (self.idle_s or 1.0) / 2
 
     def forget(self, limit: asyncio.Timeout) -> None:
         self._streams.pop(limit, None)
@@ -89,7 +95,7 @@ class IdleWatch:
         if self._due:
             self._looking = loop.call_soon(self._slice)
         elif streams:
-            self._looking = loop.call_later((self.idle_s or 1.0) / 2, self._look)
+            self._looking = loop.call_later(self._period_s, self._look)
         else:
             self._looking = None
 
