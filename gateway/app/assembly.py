@@ -15,9 +15,8 @@ from gateway.config import (
     Declared,
     GatewayConfig,
     declared_models,
-    named_models,
+    route_targets,
     routes_of,
-    served_models,
     usable_cores,
 )
 from gateway.core.current import Current
@@ -125,12 +124,8 @@ class Parts:
         policies = self.fleet.configure(config)
         self.declared = declared_models(config)
         self.placer.configure(config.model, config.retry_after_ms, config.lora, self.declared)
-        served = served_models(config)
         routes = self.route_writer.configure(
-            routes_of(before.models),
-            routes_of(config.models),
-            named_models(config.models, served),
-            served,
+            routes_of(before.models), routes_of(config.models), *route_targets(config)
         )
         if self.rooms is not None and config.flow is not None:
             self.rooms.configure(config.flow, config.retry_after_ms)
@@ -203,8 +198,8 @@ def assemble(
         fleet.lora_watch,
         declared,
     )
-    served = served_models(config)  # model aliases: changed by the admin API only
-    routes = RouteTable(routes_of(config.models), named_models(config.models, served), served)
+    # Model aliases: changed by the admin API and reloads only.
+    routes = RouteTable(routes_of(config.models), *route_targets(config))
     # What every replica shares, with `state:`: budgets, routes and session bindings.
     store = Store(config.state) if config.state.enabled else None
     sessions = None

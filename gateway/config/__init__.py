@@ -53,7 +53,7 @@ from gateway.config.observability import (
 from gateway.config.picker import DESTINATION_HEADER, PickerConfig, picker_tls
 from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
-from gateway.config.served import Declared, declared_models, served_models
+from gateway.config.served import Declared, declared_models, route_targets, served_models
 from gateway.config.state import StateConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
 from gateway.config.workers import WORKER_URL_KEYS, WorkerSpec
@@ -108,6 +108,7 @@ __all__ = [
     "parse_worker_url",
     "picker_tls",
     "route_problem",
+    "route_targets",
     "routes_of",
     "served_models",
     "usable_cores",

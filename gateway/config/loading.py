@@ -19,9 +19,9 @@ from gateway.config.discovery import DISCOVERY_TAGS
 from gateway.config.errors import ConfigError, show
 from gateway.config.flow import check_tenant_classes
 from gateway.config.gateway import SECTIONS, GatewayConfig
-from gateway.config.models import ModelSettings, named_models, route_problem, routes_of
+from gateway.config.models import ModelSettings, route_problem, routes_of
 from gateway.config.picker import picker_tls
-from gateway.config.served import served_models
+from gateway.config.served import route_targets
 from gateway.config.workers import MAX_URL, WorkerEntry, WorkerSpec, check_workers
 from gateway.core.policy_names import policy_names
 
@@ -391,9 +391,7 @@ def check_across(config: GatewayConfig) -> None:
 
 def _check_routes(config: GatewayConfig) -> None:
     """Aliases (`models.<name>.route`) send only to models the config names."""
-    served = served_models(config)
-    named = named_models(config.models, served)
-    problem = route_problem(routes_of(config.models), named, served)
+    problem = route_problem(routes_of(config.models), *route_targets(config))
     if problem is not None:
         where, message = problem
         raise ConfigError(f"{_path(('models', *where))}: {message}")

@@ -19,6 +19,13 @@ def served_models(config: GatewayConfig) -> frozenset[str]:
     return frozenset(m for m in found if m)
 
 
+def route_targets(config: GatewayConfig) -> tuple[frozenset[str], frozenset[str]]:
+    """What the config allows a route to send to (`route_problem`'s `named` and
+    `served`): the `models:` that are no alias with the served models, and the served."""
+    served = served_models(config)
+    return named_models(config.models, served), served
+
+
 Declared = Mapping[str, frozenset[Runtime] | None]
 
 
