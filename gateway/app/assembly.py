@@ -64,7 +64,7 @@ from gateway.state.budgets import TenantBudgets
 from gateway.state.routes import RouteWriter
 from gateway.state.sessions import SharedSessions
 from gateway.state.store import Store
-from gateway.upstream.latency import lesson
+from gateway.upstream.latency import learn, lesson
 from gateway.upstream.manager import Fleet
 
 
@@ -148,11 +148,11 @@ class Parts:
         learned from by its worker's latency model."""
         self.metrics.observe(record)
         self.reporter.observe(record)
-        learned = lesson(record)
-        if learned is not None:
-            worker = self.fleet.registry.get(learned[0])
+        taught = lesson(record)
+        if taught is not None:
+            worker = self.fleet.registry.get(taught.worker)
             if worker is not None:
-                worker.latency.observe(*learned[1:])
+                learn(worker.latency, taught)
 
     def front_prefixes(self) -> tuple[str, ...]:
         """The engine services' method prefixes (`/sglang.runtime.v1.SglangScheduler/`)."""

@@ -23,11 +23,11 @@ from gateway.config import DEFAULT_TENANT_LABELS, parse_address
 from gateway.discovery.metrics import DiscoveryCollector
 from gateway.discovery.source import SourceStats
 from gateway.flow.metrics import FlowCollector, FlowQueues, FlowSeries
-from gateway.observability.metrics.calls import STREAMING_RPC, CallSeries, mean_gap
+from gateway.observability.metrics.calls import STREAMING_RPC, CallSeries
 from gateway.observability.metrics.counts import RelayedMetadataCollector, TracingCollector
 from gateway.observability.metrics.migration import KeptTokens, MigrationCollector
 from gateway.observability.metrics.process import build_series, process_series
-from gateway.observability.record import CallRecord
+from gateway.observability.record import CallRecord, mean_gap
 from gateway.placement.affinity import Affinity
 from gateway.placement.metrics import AffinityCollector
 from gateway.state.metrics import StoreCollector

@@ -47,6 +47,7 @@ class CallRecord:
     rooms: list[int] = field(default_factory=list)  # SGLang PD bootstrap rooms, per choice
     handoff_failure: str = ""  # why a PD hand-off failed, for metrics (missing_kv_params)
     prompt_tokens: int = 0  # Generate: the prompt's length
+    choices: int = 1  # Generate: the choices it asked for (n)
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
     placed_on: PlacedOn | None = None  # its worker as a cache-aware policy saw it
     # Generate: what its engine reported in its closing answers (completion tokens summed
@@ -135,3 +136,12 @@ class CallRecord:
                 queued_ms=round((self.queued_s or 0.0) * 1000, 3),
             )
         return fields
+
+
+def mean_gap(duration_s: float, first_message_s: float, messages: int) -> float | None:
+    """The mean time between a stream's messages after the first (its end counts as the
+    last message's time), or None under 2 messages: one figure per call, so relaying a
+    message costs nothing more."""
+    if messages < 2:
+        return None
+    return max(0.0, duration_s - first_message_s) / (messages - 1)

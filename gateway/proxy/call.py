@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import NoReturn, Protocol
 
@@ -221,9 +221,8 @@ class Call:
         self.hints = self.meta.hints
         if info is not None:
             self.info, self.record.request_id = info, info.request_id
-            hints = self.hints
-            prefix = Prefix(info.tokens, info.namespace)
-            self.hints = Hints(hints.routing_key, hints.target_worker, prefix)
+            self.record.choices = info.n
+            self.hints = replace(self.hints, prefix=Prefix(info.tokens, info.namespace))
 
     def named(self, request_ids: str) -> None:
         """The request ids it names (an Abort)."""

@@ -1,46 +1,84 @@
-"""What a worker's time to first token costs, learned online from the gateway's own
-observations: TTFT ~ w0 + w1 * the call's uncached prompt tokens + w2 * the worker's
-prefill backlog (uncached tokens of its calls not yet at their first message; both in
-thousands) + w3 * load (calls in flight there, the gateway's and others' as the worker
-last reported), by least squares with exponential forgetting (old observations fade,
-so a worker that slows down or speeds up is followed within some tens of calls).
+"""What a worker's time to first token and pace of tokens cost, learned online from the
+gateway's own observations, by least squares with exponential forgetting (old
+observations fade, so a worker that slows down or speeds up is followed within some tens
+of calls):
 
-Bounded by construction: four weights and the sums of one 4x4 system, whatever the
-traffic; an observation or a prediction is a few dozen float operations. No sidecar, no
-training service. Kept on the worker (`Worker.latency`); its one writer is the call
-observer (`learn`), its readers the policies that predict."""
+- time to first token ~ w0 + w1 * the call's uncached prompt tokens + w2 * the worker's
+  prefill backlog (uncached tokens of its calls not yet at their first message; both in
+  thousands) + w3 * load (calls in flight there, the gateway's and others' as the worker
+  last reported);
+- time per output token (the mean gap between a stream's messages after the first) ~
+  w0 + w1 * load: a decode step costs more the larger the running batch.
+
+Bounded by construction: a few weights and the sums of one small system per model,
+whatever the traffic; an observation or a prediction is a few dozen float operations. No
+sidecar, no training service. Kept on the worker (`Worker.latency`); its one writer is the
+call observer (`learn`), its readers the policies that predict."""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
-from gateway.observability.record import CallRecord
+from gateway.observability.record import CallRecord, mean_gap
 
 FORGET = 0.97  # each observation's weight against the one after it (~33 calls of memory)
 MIN_SEEN = 8  # observations before a prediction is given (cold: None)
 RIDGE = 1e-3  # keeps the system solvable while the features barely vary
 PER_TOKENS = 1000.0  # uncached tokens are counted in thousands (weights of like size)
 MAX_TTFT_S = 600.0  # an observation past this is no time to first token worth learning
+MAX_PACE_S = 60.0  # nor is a gap past this a decode step
 
-
-N = 4  # features: 1, uncached, backlog, load
 Weights = tuple[float, ...]
 
 
-def features(uncached: int, backlog: int, load: float) -> tuple[float, ...]:
+class Fit:
+    """Online least squares of `n` features with forgetting: y ~ w . x."""
+
+    __slots__ = ("_a", "_b", "seen", "weights")
+
+    def __init__(self, n: int) -> None:
+        self._a = [[0.0] * n for _ in range(n)]  # the decayed sum of x x^T
+        self._b = [0.0] * n  # the decayed sum of x y
+        self.seen = 0
+        self.weights: Weights | None = None
+
+    def observe(self, x: tuple[float, ...], y: float) -> None:
+        a, b = self._a, self._b
+        for i, xi in enumerate(x):
+            b[i] = b[i] * FORGET + xi * y
+            row = a[i]
+            for j, xj in enumerate(x):
+                row[j] = row[j] * FORGET + xi * xj
+        self.seen += 1
+        self.weights = solve(a, b)
+
+    def predict(self, x: tuple[float, ...]) -> float | None:
+        """w . x (never below 0); None until MIN_SEEN observations."""
+        weights = self.weights
+        if weights is None or self.seen < MIN_SEEN:
+            return None
+        return max(0.0, sum(w * v for w, v in zip(weights, x, strict=True)))
+
+
+def ttft_features(uncached: int, backlog: int, load: float) -> tuple[float, ...]:
     return (1.0, uncached / PER_TOKENS, backlog / PER_TOKENS, load)
 
 
 class LatencyModel:
-    """One worker's TTFT model (see the module)."""
+    """One worker's models: time to first token and time per output token (see the
+    module)."""
 
-    __slots__ = ("_a", "_b", "seen", "weights")
+    __slots__ = ("_pace", "_ttft")
 
     def __init__(self) -> None:
-        self._a = [[0.0] * N for _ in range(N)]  # the decayed sum of x x^T
-        self._b = [0.0] * N  # the decayed sum of x y
-        self.seen = 0
-        self.weights: Weights | None = None
+        self._ttft = Fit(4)
+        self._pace = Fit(2)
+
+    @property
+    def seen(self) -> int:
+        """Observations of time to first token (the model placement waits on)."""
+        return self._ttft.seen
 
     def observe(self, uncached: int, backlog: int, load: float, ttft_s: float) -> None:
         """One call's time to first message, with what it was placed on."""
@@ -48,24 +86,21 @@ class LatencyModel:
             return
         if not math.isfinite(load):
             return
-        x = features(uncached, backlog, load)
-        a, b = self._a, self._b
-        for i in range(N):
-            b[i] = b[i] * FORGET + x[i] * ttft_s
-            row = a[i]
-            for j in range(N):
-                row[j] = row[j] * FORGET + x[i] * x[j]
-        self.seen += 1
-        self.weights = solve(a, b)
+        self._ttft.observe(ttft_features(uncached, backlog, load), ttft_s)
 
     def predict(self, uncached: int, backlog: int, load: float) -> float | None:
         """Seconds to the first message of a call with `uncached` prompt tokens placed
         behind `backlog` tokens at `load`; None until MIN_SEEN observations."""
-        weights = self.weights
-        if weights is None or self.seen < MIN_SEEN:
-            return None
-        x = features(uncached, backlog, load)
-        return max(0.0, sum(w * v for w, v in zip(weights, x, strict=True)))
+        return self._ttft.predict(ttft_features(uncached, backlog, load))
+
+    def observe_pace(self, load: float, pace_s: float) -> None:
+        """One stream's mean time per message after the first, placed at `load`."""
+        if 0.0 <= pace_s <= MAX_PACE_S and math.isfinite(load):
+            self._pace.observe((1.0, load), pace_s)
+
+    def predict_pace(self, load: float) -> float | None:
+        """Seconds per output token of a stream running at `load`; None while cold."""
+        return self._pace.predict((1.0, load))
 
 
 def solve(a: list[list[float]], b: list[float]) -> Weights | None:
@@ -90,16 +125,35 @@ def solve(a: list[list[float]], b: list[float]) -> Weights | None:
     return tuple(w)
 
 
-def lesson(record: CallRecord) -> tuple[str, int, int, float, float] | None:
-    """What one finished call teaches its worker's model: (worker, uncached tokens, its
-    backlog and load at placement, seconds to its first message); None for a call no
-    cache-aware policy placed, one without a first message, or one that failed (its
-    time says nothing of the worker's speed)."""
+class Lesson(NamedTuple):
+    """What one finished call teaches its worker's model."""
+
+    worker: str
+    uncached: int  # its prompt tokens the index expected uncached there
+    backlog: int  # the worker's prefill backlog at placement
+    load: float  # the worker's load at placement
+    ttft_s: float  # seconds to its first message
+    pace_s: float | None  # mean seconds per message after the first (a stream of 2 or more)
+
+
+def lesson(record: CallRecord) -> Lesson | None:
+    """What one finished call teaches its worker's model; None for a call no cache-aware
+    policy placed, one that did not stream (its one message comes at the end: no time to
+    first token), or one that failed or was retried (its time says nothing of the
+    worker's speed). Its pace only for a single-choice call (n > 1 interleaves)."""
     seen, first = record.placed_on, record.first_message_s
     expected, worker = record.expected_cached_tokens, record.worker
     if seen is None or first is None or expected is None or worker is None:
         return None
-    if record.code != "OK" or record.retries or record.continued:
+    if record.code != "OK" or record.retries or record.continued or record.messages < 2:
         return None
     uncached = max(0, record.prompt_tokens - expected)
-    return worker, uncached, seen.backlog, seen.load, first
+    pace = mean_gap(record.duration_s(), first, record.messages) if record.choices == 1 else None
+    return Lesson(worker, uncached, seen.backlog, seen.load, first, pace)
+
+
+def learn(model: LatencyModel, taught: Lesson) -> None:
+    """The lesson put into the worker's models."""
+    model.observe(taught.uncached, taught.backlog, taught.load, taught.ttft_s)
+    if taught.pace_s is not None:
+        model.observe_pace(taught.load, taught.pace_s)

@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.core.verdicts import Reason
-from gateway.observability.record import CallRecord
+from gateway.observability.record import CallRecord, mean_gap
 
 # Time to first message of an LLM stream: prefill of a short prompt on an idle GPU is a few
 # milliseconds; long prompts, queueing and PD handoff take seconds.
@@ -242,15 +242,6 @@ class CallSeries:
             self._migrations.labels(model, cause, outcome).inc()
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
-
-
-def mean_gap(duration_s: float, first_message_s: float, messages: int) -> float | None:
-    """The mean time between a stream's messages after the first (its end counts as the
-    last message's time), or None under 2 messages: one figure per call, so relaying a
-    message costs nothing more."""
-    if messages < 2:
-        return None
-    return max(0.0, duration_s - first_message_s) / (messages - 1)
 
 
 def child(cache: dict[tuple[str, ...], Any], metric: Any, key: tuple[str, ...]) -> Any:

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from gateway.app.metrics import Metrics
 from gateway.core import verdicts
-from gateway.observability.metrics.calls import DURATION_BUCKETS, INTER_TOKEN_BUCKETS, mean_gap
-from gateway.observability.record import CallRecord
+from gateway.observability.metrics.calls import DURATION_BUCKETS, INTER_TOKEN_BUCKETS
+from gateway.observability.record import CallRecord, mean_gap
 from tests.support.factories import make_registry
 
 SGL = "sglang.grpc.scheduler.SglangScheduler"

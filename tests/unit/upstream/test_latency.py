@@ -5,6 +5,7 @@ refuses what no time to first token is."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -64,7 +65,12 @@ def test_what_is_no_time_to_first_token_is_not_learned() -> None:
     model.observe(100, 0, float("inf"), 0.1)
     model.observe(-5, 0, 1, 0.1)
     model.observe(5, -1, 1, 0.1)
-    assert model.seen == 0 and model.weights is None
+    model.observe_pace(float("nan"), 0.02)
+    for bad_pace in (-1.0, float("nan"), 1e9):
+        model.observe_pace(1, bad_pace)
+    assert model.seen == 0
+    taught(model, MIN_SEEN)
+    assert model.predict_pace(1) is None  # no pace was learned
 
 
 def test_a_lesson_comes_only_from_a_plain_successful_placed_call() -> None:
@@ -72,10 +78,30 @@ def test_a_lesson_comes_only_from_a_plain_successful_placed_call() -> None:
     record.worker, record.code, record.prompt_tokens = "w:1", "OK", 1000
     record.expected_cached_tokens, record.first_message_s = 600, 0.05
     record.placed_on = PlacedOn(load=3.0, backlog=900)
-    assert lesson(record) == ("w:1", 400, 900, 3.0, 0.05)
+    assert lesson(record) is None  # one message: not streamed, the first is the last
+    record.messages, record.started = 11, time.perf_counter() - 0.55  # 50 ms a message
+    taught = lesson(record)
+    assert taught is not None and taught[:5] == ("w:1", 400, 900, 3.0, 0.05)
+    assert taught.pace_s is not None and 0.05 <= taught.pace_s < 0.06
+    record.choices = 2  # its messages interleave two streams: no pace
+    assert lesson(record) == (*taught[:5], None)
+    record.choices = 1
     record.retries = 1
     assert lesson(record) is None
     record.retries, record.code = 0, "UNAVAILABLE"
     assert lesson(record) is None
     record.code, record.placed_on = "OK", None
     assert lesson(record) is None
+
+
+def test_the_pace_follows_the_running_batch() -> None:
+    """Time per output token = 17.69 ms + 0.841 ms x calls running (a published fit)."""
+    model = LatencyModel()
+    draw = random.Random(3)
+    for _ in range(100):
+        load = draw.randrange(0, 60)
+        model.observe_pace(load, (0.01769 + 0.000841 * load) * draw.uniform(0.97, 1.03))
+    for load in (1, 20, 50):
+        predicted = model.predict_pace(load)
+        assert predicted is not None
+        assert abs(predicted - (0.01769 + 0.000841 * load)) / predicted < 0.05
