@@ -160,6 +160,10 @@ class Metrics:
                 if first is not None:
                     gap = mean_gap(record.duration_s(), first, record.messages)
                 worker.calls.answered(record.code, first, gap)
+                seen = record.placed_on
+                predicted = seen.predicted_s if seen is not None else None
+                if predicted is not None and first is not None and gap is not None:
+                    worker.calls.predicted(predicted, first)  # a stream: its first message
         if record.priority is not None or record.tenant is not None:
             self._flow.observe(record)  # flow control or rate limits on
 

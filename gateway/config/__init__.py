@@ -54,6 +54,7 @@ from gateway.config.picker import DESTINATION_HEADER, PickerConfig, picker_tls
 from gateway.config.processes import parse_processes, usable_cores
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
 from gateway.config.served import Declared, declared_models, route_targets, served_models
+from gateway.config.slo import DEFAULT_PRIORITY_HEADER, SloConfig
 from gateway.config.state import StateConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
 from gateway.config.workers import WORKER_URL_KEYS, WorkerSpec
@@ -61,6 +62,7 @@ from gateway.core.policy_names import POLICIES  # the built-in policies (plugins
 
 __all__ = [
     "DEFAULT_COST_TOKENS",
+    "DEFAULT_PRIORITY_HEADER",
     "DEFAULT_TENANT_LABELS",
     "DESTINATION_HEADER",
     "LOG_FORMATS",
@@ -91,6 +93,7 @@ __all__ = [
     "PickerConfig",
     "ProbeConfig",
     "Route",
+    "SloConfig",
     "StateConfig",
     "TenantConfig",
     "TlsConfig",

@@ -39,6 +39,7 @@ from gateway.config.observability import (
 from gateway.config.picker import PickerConfig
 from gateway.config.processes import Processes
 from gateway.config.security import AuthConfig, TlsConfig, UpstreamTlsConfig
+from gateway.config.slo import SloConfig
 from gateway.config.state import StateConfig
 from gateway.config.upstream import LoadsConfig, OutlierDetectionConfig, ProbeConfig, UpstreamConfig
 from gateway.config.workers import WorkerEntry
@@ -205,6 +206,7 @@ class GatewayConfig:
     auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
     kv: KvConfig = dataclasses.field(default_factory=KvConfig)
     affinity: AffinityConfig = dataclasses.field(default_factory=AffinityConfig)
+    slo: SloConfig = dataclasses.field(default_factory=SloConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     admin: AdminConfig = dataclasses.field(default_factory=AdminConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
@@ -245,6 +247,7 @@ SECTIONS: dict[str, type] = {
     "auth": AuthConfig,
     "kv": KvConfig,
     "affinity": AffinityConfig,
+    "slo": SloConfig,
     "lora": LoraConfig,
     "admin": AdminConfig,
     "metrics": MetricsConfig,

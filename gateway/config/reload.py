@@ -38,6 +38,7 @@ RELOADABLE: frozenset[str] = frozenset(
         "flow.trust_tenant_header",
         "flow.tenant_header",
         "flow.cost_tokens",
+        "slo",
         "affinity.header",
         "affinity.ttl_s",
         "affinity.max_sessions",

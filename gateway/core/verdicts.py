@@ -12,6 +12,8 @@ from enum import Enum
 
 import grpc
 
+from gateway.core.slo import MAX_SLO_MS, Slo
+
 
 class Reason(Enum):
     # (gRPC code, HTTP status, HTTP error code, retryable, grpc-retry-pushback-ms)
@@ -32,6 +34,7 @@ class Reason(Enum):
     RATE_LIMITED = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limited", True, True)
     ADAPTER_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, 404, "adapter_not_found", False, False)
     ADAPTER_LOAD_FAILED = (grpc.StatusCode.UNAVAILABLE, 503, "adapter_load_failed", True, True)
+    SLO_UNATTAINABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "slo_unattainable", True, True)
 
     def __init__(
         self, code: grpc.StatusCode, http_status: int, error_code: str, retryable: bool, push: bool
@@ -211,6 +214,40 @@ def bad_metadata(key: str) -> Verdict:
         "allowed, except in keys ending in -bin",
         extra={"key": key},
         violation=(key, "must be printable ASCII (binary values go in keys ending in -bin)"),
+    )
+
+
+def bad_slo(key: str) -> Verdict:
+    """A latency objective header that names no time: refused, not guessed at."""
+    key = shown(key)
+    return Verdict(
+        Reason.BAD_METADATA,
+        f"Metadata '{key}' must be a positive number of milliseconds, at most "
+        f"{MAX_SLO_MS:.0f} (an hour)",
+        extra={"key": key},
+        violation=(key, f"must be a positive number of milliseconds up to {MAX_SLO_MS:.0f}"),
+    )
+
+
+def slo_unattainable(
+    model: str, leg: str, slo: Slo, ttft_s: float, tpot_s: float | None, retry_after_ms: int
+) -> Verdict:
+    """A sheddable call no worker is predicted to serve within its latency objectives
+    (`ttft_s`, `tpot_s`: the best predictions against them)."""
+    best = []
+    if slo.ttft_s is not None:
+        best.append(f"time to first token {ttft_s * 1000:.0f} ms for {slo.ttft_s * 1000:g} ms")
+    if slo.tpot_s is not None and tpot_s is not None:
+        best.append(f"time per output token {tpot_s * 1000:.1f} ms for {slo.tpot_s * 1000:g} ms")
+    return Verdict(
+        Reason.SLO_UNATTAINABLE,
+        f"No {leg} worker for model '{model}' is predicted to meet this call's latency "
+        f"objectives (the best: {', '.join(best)}); it is sheddable, so it is refused "
+        "rather than served late",
+        model=model,
+        leg=leg,
+        extra={"predicted_ttft_ms": f"{ttft_s * 1000:.0f}"},
+        retry_after_ms=retry_after_ms,
     )
 
 

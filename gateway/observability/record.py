@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from gateway.core.roles import Role
+from gateway.core.slo import Slo
 from gateway.core.verdicts import Verdict
 
 
@@ -63,6 +64,10 @@ class CallRecord:
     priority: str | None = None
     lowered: bool = False  # asked for a class above its tenant's max_class
     queued_s: float | None = None
+    # Latency objectives it stated (`x-slo-ttft-ms`, `x-slo-tpot-ms`), and its class as
+    # their metrics name it (flow control's; without it, a sheddable class it named).
+    slo: Slo | None = None
+    slo_class: str = ""
     trace_id: str | None = None  # tracing on: the call's trace, to find it from its log line
     # Streams whose worker failed after tokens reached the client: (cause, outcome) each,
     # outcome `continued` (on another worker) or why not; and the tokens re-sent for them.

@@ -10,6 +10,7 @@ it happen without another request in between. A call's attempts are placed throu
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
@@ -25,7 +26,7 @@ from gateway.placement.affinity import NO_BINDING, Affinity
 from gateway.placement.decision import Decision, ranks
 from gateway.placement.legs import PD_LEGS, classify_leg, demanded_legs, most_permanent
 from gateway.placement.lora import Holding, adapter_of, preferred
-from gateway.placement.policies import Choice, Hints, Policy, rendezvous_pick
+from gateway.placement.policies import Choice, Hints, Policy, Unattainable, rendezvous_pick
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.placement.policies.round_robin import RoundRobin
 from gateway.upstream.cluster import Cluster
@@ -351,7 +352,8 @@ class Placer:
     ) -> Choice[Worker] | Verdict:
         """The policy's choice among the candidates; the bound worker's when it is one of
         them and the policy, offered it alone, takes it (so a cache-aware policy still
-        picks its rank and remembers the prompt there)."""
+        picks its rank and remembers the prompt there); SLO_UNATTAINABLE for a sheddable
+        call the policy predicts no candidate serves within its objectives."""
         # Every cluster's policy was built by placement (the fleet's `build_policy`).
         policy = cast("Policy", self._cluster(model, runtime, leg).policy)
         picked = None
@@ -359,10 +361,14 @@ class Placer:
         if kept_id is not None:
             kept = [w for w in candidates if w.id == kept_id]
             picked = policy.choose(kept, hints) if kept else None
-        if picked is None:
+        if not isinstance(picked, Choice):  # not kept, or not in time: any candidate
             picked = policy.choose(candidates, hints)
         if picked is None:
             return verdicts.policy_declined(model, leg.value, policy.name, self._retry_after_ms)
+        if isinstance(picked, Unattainable):
+            retry_ms = max(self._retry_after_ms, math.ceil(picked.late_s() * 1000))
+            slo, ttft_s, tpot_s = picked.slo, picked.ttft_s, picked.tpot_s
+            return verdicts.slo_unattainable(model, leg.value, slo, ttft_s, tpot_s, retry_ms)
         return picked
 
     def _cluster(self, model: str, runtime: Runtime, leg: Role) -> Cluster:

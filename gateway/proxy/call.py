@@ -26,6 +26,7 @@ import grpc
 import structlog
 
 from gateway.core.roles import Role
+from gateway.core.slo import Slo
 from gateway.core.verdicts import Verdict
 from gateway.engines import GenerateInfo, RpcSpec
 from gateway.engines.usage import Tally
@@ -223,6 +224,12 @@ class Call:
             self.info, self.record.request_id = info, info.request_id
             self.record.choices = info.n
             self.hints = replace(self.hints, prefix=Prefix(info.tokens, info.namespace))
+
+    def aimed(self, slo: Slo, klass: str) -> None:
+        """Its latency objectives, for placement and for the metrics of their attainment
+        (`klass`: its class as those name it)."""
+        self.hints = replace(self.hints, slo=slo)
+        self.record.slo, self.record.slo_class = slo, klass
 
     def named(self, request_ids: str) -> None:
         """The request ids it names (an Abort)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from gateway.core.slo import parse_ms
 from gateway.observability.logs import Throttle
 from gateway.placement.affinity import session_key
 from gateway.placement.policies import Hints
@@ -71,6 +72,8 @@ class RequestMeta:
     bearer: str | None = None  # X of `authorization: Bearer X` (the API key), never forwarded
     flow: tuple[str | None, str | None] = (None, None)  # (priority class, tenant) asked for
     session: str | None = None  # the session it belongs to (affinity on; see `session_key`)
+    slo: tuple[float | None, float | None] = (None, None)  # seconds: (to first, per token)
+    bad_slo: str | None = None  # the objective header whose value is no such time
 
 
 UNREAD = RequestMeta(model=None, hints=Hints(), forward=())  # a call's, before `open` reads it
@@ -84,14 +87,19 @@ def read_request_meta(
     private_keys: frozenset[str] = frozenset(),
     flow_headers: tuple[str, str] = ("", ""),
     session_header: str = "",
+    slo_headers: tuple[str, str] = ("", ""),
 ) -> RequestMeta:
     """Routing hints, the caller's bearer token, and what goes upstream: forwardable keys
     but `private_keys` (the caller's own credentials, which are the gateway's business,
     not the workers'). `flow_headers`: the priority and tenant headers (flow control).
     `session_header` (affinity on): the header naming the call's session, which is also
     its routing key when it has none of its own (so `consistent_hash` places a session's
-    first call alike in every serving process and replica)."""
+    first call alike in every serving process and replica). `slo_headers`: the headers
+    of the call's latency objectives (time to first token, per output token)."""
     priority_header, tenant_header = flow_headers
+    ttft_header, tpot_header = slo_headers
+    slo: list[float | None] = [None, None]
+    bad_slo: str | None = None
     priority: str | None = None
     tenant: str | None = None
     model: str | None = None
@@ -126,6 +134,11 @@ def read_request_meta(
             priority = value
         elif key == tenant_header and tenant is None:
             tenant = value
+        elif key in (ttft_header, tpot_header):
+            seconds = parse_ms(value)
+            if seconds is None:
+                bad_slo = bad_slo or key
+            slo[key == tpot_header] = seconds
     return RequestMeta(
         model=model or None,
         hints=Hints(
@@ -136,6 +149,8 @@ def read_request_meta(
         bearer=token,
         flow=(priority, tenant),
         session=session,
+        slo=(slo[0], slo[1]),
+        bad_slo=bad_slo,
     )
 
 

@@ -20,11 +20,13 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from gateway.config import DEFAULT_PRIORITY_HEADER
 from gateway.core.address import peer_host
 from gateway.core.roles import Role, Runtime
 from gateway.core.verdicts import (
     Verdict,
     bad_metadata,
+    bad_slo,
     caller_over_share,
     gateway_overloaded,
     out_of_vocabulary,
@@ -90,15 +92,16 @@ async def open_call(env: StageEnv, call: Call) -> None:
     value no worker channel would accept refused (BAD_METADATA), before anything is read
     or placed."""
     config, context = env.config, call.context
-    flow = config.flow
+    flow, slo = config.flow, config.slo
     meta = read_request_meta(
         context.invocation_metadata(),
         config.model_headers,
         config.routing_key_header,
         config.target_worker_header,
         env.private_keys,
-        (flow.priority_header, flow.tenant_header) if flow else ("", ""),
+        (flow.priority_header, flow.tenant_header) if flow else (DEFAULT_PRIORITY_HEADER, ""),
         config.affinity.header or "",
+        (slo.ttft_header, slo.tpot_header),
     )
     peer = context.peer()
     call.came_from(peer)
@@ -107,6 +110,8 @@ async def open_call(env: StageEnv, call: Call) -> None:
     call.opened(meta, principal, caller)
     if meta.bad_key is not None:
         await call.refuse(bad_metadata(meta.bad_key))
+    if meta.bad_slo is not None:
+        await call.refuse(bad_slo(meta.bad_slo))
 
 
 async def admit(env: StageEnv, call: Call) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from gateway.core.slo import Slo
 from gateway.core.verdicts import rate_limited, shown
 from gateway.flow.budget import Charge, OverBudget
 from gateway.proxy.call import Call
@@ -24,7 +25,7 @@ async def classify(env: StageEnv, call: Call) -> None:
     `default`), its class with flow control (the one it asks for, lowered to its
     tenant's `max_class`), and its cost in tokens: the prompt, plus what its choices may
     generate. Tenant and class go into the record when flow control or rate limits are
-    on."""
+    on; its latency objectives, if it states any, into its hints."""
     flow, record, info = env.config.flow, call.record, call.info
     cost = record.prompt_tokens
     if info is not None:
@@ -38,6 +39,8 @@ async def classify(env: StageEnv, call: Call) -> None:
     if flow is None:
         rates = env.door.rates
         call.classified(tenant, cost, shown=rates is not None and rates.active)
+        named = asked_class or ""  # named only if sheddable: a client's names are not labels
+        _objectives(env, call, named if named in env.config.slo.sheddable else "")
         return
     klass = flow.index(asked_class) if asked_class is not None else None
     if klass is None:
@@ -50,6 +53,15 @@ async def classify(env: StageEnv, call: Call) -> None:
         klass, lowered = ceiling, True
     priority = flow.classes[klass].name
     call.classified(tenant, cost, klass, shown=True, priority=priority, lowered=lowered)
+    _objectives(env, call, priority)
+
+
+def _objectives(env: StageEnv, call: Call, klass: str) -> None:
+    """The latency objectives its headers state, if any: sheddable when its class is
+    one of `slo.sheddable` (flow control's class; without it, the class it asked for)."""
+    ttft_s, tpot_s = call.meta.slo
+    if ttft_s is not None or tpot_s is not None:
+        call.aimed(Slo(ttft_s, tpot_s, klass in env.config.slo.sheddable), klass)
 
 
 async def charge(env: StageEnv, call: Call) -> None:

@@ -35,6 +35,11 @@ class Buckets:
         return shown
 
 
+# A prediction's error relative to what was observed: within 5% is very good, past 1
+# (off by more than the time itself) is no prediction.
+ERROR_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
 @dataclass(slots=True)
 class CallStats:
     """One worker's answered calls (written by the metrics' call observer only)."""
@@ -44,10 +49,12 @@ class CallStats:
     codes: dict[str, int] = field(default_factory=dict)
     first: Buckets = field(init=False)
     gaps: Buckets = field(init=False)
+    errors: Buckets = field(init=False)  # |predicted - observed| / observed first message
 
     def __post_init__(self) -> None:
         self.first = Buckets(self.first_bounds)
         self.gaps = Buckets(self.gap_bounds)
+        self.errors = Buckets(ERROR_BOUNDS)
 
     def answered(self, code: str, first_message_s: float | None, gap_s: float | None) -> None:
         self.codes[code] = self.codes.get(code, 0) + 1
@@ -55,3 +62,8 @@ class CallStats:
             self.first.observe(first_message_s)
         if gap_s is not None:
             self.gaps.observe(gap_s)
+
+    def predicted(self, predicted_s: float, observed_s: float) -> None:
+        """A first message's predicted time beside the observed one."""
+        if observed_s > 0:
+            self.errors.observe(abs(predicted_s - observed_s) / observed_s)

@@ -98,6 +98,12 @@ class FleetCollector(Collector):
                 "between messages after the first, one observation per call",
                 labels=["worker"],
             ),
+            HistogramMetricFamily(
+                "gateway_worker_ttft_prediction_error",
+                "Generate streams the predicted_latency policy placed on the worker: "
+                "|predicted - observed| / observed time to first message, one per call",
+                labels=["worker"],
+            ),
             CounterMetricFamily(
                 "gateway_worker_load_rejected",
                 "load figures of the worker's reports ignored as out of range (not "
@@ -121,6 +127,7 @@ class FleetCollector(Collector):
         requests: CounterMetricFamily,
         first: HistogramMetricFamily,
         gaps: HistogramMetricFamily,
+        errors: HistogramMetricFamily,
         rejected: CounterMetricFamily,
     ) -> None:
         wid, current, load = worker.id, worker.status, worker.load  # one read of each
@@ -148,6 +155,8 @@ class FleetCollector(Collector):
             requests.add_metric([wid, code], float(count))
         first.add_metric([wid], calls.first.cumulative(), calls.first.total)
         gaps.add_metric([wid], calls.gaps.cumulative(), calls.gaps.total)
+        if any(calls.errors.counts):  # none predicted there: absent
+            errors.add_metric([wid], calls.errors.cumulative(), calls.errors.total)
         if load is not None or worker.loras_rejected:
             reported = load.rejected if load is not None else 0
             rejected.add_metric([wid], float(reported + worker.loras_rejected))

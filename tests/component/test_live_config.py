@@ -263,6 +263,18 @@ CASES: dict[str, tuple[dict[str, Any], Check]] = {
         lambda g: env(g).config.affinity.header == "x-conversation",
     ),
     "affinity.ttl_s": ({"affinity.ttl_s": 12}, lambda g: table(g).ttl_s == 12),
+    "slo.ttft_header": (
+        {"slo.ttft_header": "x-ttft"},
+        lambda g: env(g).config.slo.ttft_header == "x-ttft",
+    ),
+    "slo.tpot_header": (
+        {"slo.tpot_header": "x-tpot"},
+        lambda g: env(g).config.slo.tpot_header == "x-tpot",
+    ),
+    "slo.sheddable": (
+        {"slo.sheddable": ["standard", "batch"]},
+        lambda g: env(g).config.slo.sheddable == ("standard", "batch"),
+    ),
     "affinity.max_sessions": ({"affinity.max_sessions": 13}, lambda g: table(g).max_sessions == 13),
     "lora.adapters": (
         {"lora.adapters": {"a2": "/adapters/a2"}},

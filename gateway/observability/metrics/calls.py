@@ -185,6 +185,15 @@ class CallSeries:
             ["alias", "target"],
             registry=prometheus,
         )
+        self._slo = Counter(
+            "gateway_slo_calls",
+            "Generate calls that stated latency objectives (x-slo-ttft-ms, x-slo-tpot-ms), "
+            "by class (flow control's) and outcome: met (every objective stated), missed, "
+            "shed (refused SLO_UNATTAINABLE: sheddable, predicted to miss), failed",
+            ["model", "class", "outcome"],
+            registry=prometheus,
+        )
+        self._slo_children: dict[tuple[str, ...], Any] = {}
         self._route_children: dict[tuple[str, ...], Any] = {}
         self._prompt_children: dict[tuple[str, ...], Any] = {}
         self._hit_children: dict[tuple[str, ...], Any] = {}
@@ -242,6 +251,24 @@ class CallSeries:
             self._migrations.labels(model, cause, outcome).inc()
         if record.handoff_failure:
             self._handoff_failures.labels(model, record.handoff_failure).inc()
+        if record.slo is not None:
+            fared = slo_outcome(record, duration)
+            if fared is not None:
+                key = (model, record.slo_class, fared)
+                child(self._slo_children, self._slo, key).inc()
+
+
+def slo_outcome(record: CallRecord, duration_s: float) -> str | None:
+    """How a call with latency objectives fared: met, missed, shed or failed; None when
+    an objective it stated was not observed (a pace, in a stream of one message)."""
+    assert record.slo is not None
+    if record.verdict is not None and record.verdict.reason is Reason.SLO_UNATTAINABLE:
+        return "shed"
+    first = record.first_message_s
+    if record.code != "OK" or first is None:
+        return "failed"
+    met = record.slo.met(first, mean_gap(duration_s, first, record.messages))
+    return None if met is None else ("met" if met else "missed")
 
 
 def child(cache: dict[tuple[str, ...], Any], metric: Any, key: tuple[str, ...]) -> Any:

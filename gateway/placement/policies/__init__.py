@@ -13,6 +13,7 @@ from gateway.placement.policies.base import (
     Hints,
     Policy,
     PolicyContext,
+    Unattainable,
     rendezvous_pick,
     rotate_after,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "Hints",
     "Policy",
     "PolicyContext",
+    "Unattainable",
     "build_policy",
     "policy_class",
     "rendezvous_pick",

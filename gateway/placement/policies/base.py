@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
+from gateway.core.slo import Slo
 from gateway.observability.record import PlacedOn
 from gateway.upstream.cluster import PolicyContext
 
@@ -28,9 +29,29 @@ __all__ = [
     "Hints",
     "Policy",
     "PolicyContext",
+    "Unattainable",
     "rendezvous_pick",
     "rotate_after",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Unattainable:
+    """A policy's answer for a sheddable call that no candidate is predicted to serve
+    within its latency objectives: the best predictions it had against them."""
+
+    slo: Slo
+    ttft_s: float  # the best predicted time to first token
+    tpot_s: float | None  # the best predicted time per output token (if it could say)
+
+    def late_s(self) -> float:
+        """How far the best prediction is past the objectives (when to try again)."""
+        late = 0.0
+        if self.slo.ttft_s is not None:
+            late = max(late, self.ttft_s - self.slo.ttft_s)
+        if self.slo.tpot_s is not None and self.tpot_s is not None:
+            late = max(late, self.tpot_s - self.slo.tpot_s)
+        return late
 
 
 class Candidate(Protocol):
@@ -52,6 +73,7 @@ class Hints:
     routing_key: str | None = None
     target_worker: str | None = None
     prefix: Prefix | None = None  # the prompt, for cache-aware placement
+    slo: Slo | None = None  # its latency objectives, if it states any
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +131,8 @@ class Policy:
     def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
         raise NotImplementedError
 
-    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
-        """The pick as a `Choice` (a policy that learns more says so by overriding this)."""
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | Unattainable | None:
+        """The pick as a `Choice` (a policy that learns more says so by overriding this);
+        `Unattainable` for a sheddable call it predicts none can serve in time."""
         picked = self.pick(candidates, hints)
         return None if picked is None else Choice(picked)

@@ -40,6 +40,7 @@ from gateway.placement.policies.base import (
     Hints,
     Policy,
     PolicyContext,
+    Unattainable,
     rendezvous_order,
     rotate_after,
 )
@@ -124,9 +125,9 @@ class CacheAware(Policy):
 
     def pick(self, candidates: Sequence[C], hints: Hints) -> C | None:
         chosen = self.choose(candidates, hints)
-        return None if chosen is None else chosen.worker
+        return chosen.worker if isinstance(chosen, Choice) else None
 
-    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | Unattainable | None:
         if not candidates:
             return None
         view = self.view(candidates, hints)

@@ -1,29 +1,38 @@
-"""Predicted-latency placement: each candidate's time to first token predicted by its
-worker's own model (`gateway.upstream.latency`: learned online from the gateway's
-observations of that worker, by uncached prompt tokens and load). Cache-aware's choice
-stands unless another candidate is predicted clearly faster (`worth_it`): then that one
-wins. A hit on a slow or saturated worker loses to a miss on an idle fast one, which
-cache-aware placement, weighing every worker alike, cannot see; on a fleet of like
-workers it places as cache-aware does.
+"""Predicted-latency placement: each candidate's time to first token (and, for a call
+with a pace objective, time per output token) predicted by its worker's own model
+(`gateway.upstream.latency`: learned online from the gateway's observations of that
+worker, by uncached prompt tokens and load). Cache-aware's choice stands unless another
+candidate is predicted clearly faster (`worth_it`): then that one wins. A hit on a slow
+or saturated worker loses to a miss on an idle fast one, which cache-aware placement,
+weighing every worker alike, cannot see; on a fleet of like workers it places as
+cache-aware does.
+
+Latency objectives (`x-slo-ttft-ms`, `x-slo-tpot-ms`: `Hints.slo`): a choice predicted
+to miss them gives way to the candidate with the most headroom (the smallest fraction of
+an objective left, the largest first). If even that one is predicted to miss and the call
+is sheddable, the answer is `Unattainable` (the call is refused SLO_UNATTAINABLE); any
+other call goes where it has the most headroom.
 
 Cold start: while any candidate's model has too few observations (a new worker, a fresh
 gateway), the call is placed as `cache_aware` places it, so the models learn from
-placements that make sense. One call in `EXPLORE_EVERY` explores: it goes to a cold
-candidate if there is one (cache-aware affinity alone would never warm a worker that
-holds none of the prompts), else as `cache_aware` would place it (a worker the
-predictions avoid still gets observations, so its model does not keep an old
-picture). Ties go to the prompt's rendezvous order, as cache-aware ones do. The cost
-per placement is cache-aware's plus one prediction per candidate (a dot product of
-four)."""
+placements that make sense (and no call is refused for its objectives: nothing is
+predicted). One call in `EXPLORE_EVERY` explores: it goes to a cold candidate if there is
+one (cache-aware affinity alone would never warm a worker that holds none of the
+prompts), else as `cache_aware` would place it (a worker the predictions avoid still gets
+observations, so its model does not keep an old picture). Ties go to the prompt's
+rendezvous order, as cache-aware ones do. The cost per placement is cache-aware's plus
+one or two predictions per candidate (a dot product of four, and one of two)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 from gateway.config import KvConfig
+from gateway.core.slo import Slo
 from gateway.kv.index import KvIndex
-from gateway.placement.policies.base import C, Choice, Hints
+from gateway.placement.policies.base import C, Choice, Hints, Unattainable
 from gateway.placement.policies.cache_aware import CacheAware, View
 from gateway.upstream.latency import MIN_SEEN
 
@@ -39,30 +48,40 @@ class PredictedLatency(CacheAware):
         super().__init__(index, settings, stale_after_s)
         self._turn = 0
 
-    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | None:
-        """Cache-aware's choice or a clearly faster one, with its predicted time (logged
-        beside the observed one: how good the predictions are)."""
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | Unattainable | None:
+        """Cache-aware's choice, a clearly faster one, or the one with the most headroom
+        for the call's objectives, with its predicted time (logged beside the observed
+        one: how good the predictions are)."""
         if not candidates:
             return None
         view = self.view(candidates, hints)
-        pick = self.best(view)
-        model = view.workers[pick].latency
-        predicted_s = model.predict(view.uncached[pick], view.backlogs[pick], view.loads[pick])
+        usual = self.best(view)
+        ttfts = predicted(view)
+        self._turn = (self._turn + 1) % EXPLORE_EVERY
+        if self._turn == 0:  # explore: a cold worker gets a call, else cache-aware's pick
+            coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
+            pick = coldest if view.workers[coldest].latency.seen < MIN_SEEN else usual
+        elif ttfts is None:
+            pick = usual
+        else:
+            fastest = min(view.order, key=lambda i: ttfts[i])
+            pick = fastest if worth_it(ttfts[usual], ttfts[fastest]) else usual
+            slo = hints.slo
+            if slo is not None:
+                paces = paced(view) if slo.tpot_s is not None else None
+                aimed = within(slo, pick, ttfts, paces, view.order)
+                if isinstance(aimed, Unattainable):
+                    return aimed
+                pick = aimed
+        worker = view.workers[pick]
+        predicted_s = (
+            ttfts[pick]
+            if ttfts is not None
+            else worker.latency.predict(view.uncached[pick], view.backlogs[pick], view.loads[pick])
+        )
         chosen: Choice[C] = self.commit(view, pick)
         assert chosen.placed_on is not None  # cache-aware's commit always says
         return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
-
-    def best(self, view: View) -> int:
-        self._turn = (self._turn + 1) % EXPLORE_EVERY
-        usual = super().best(view)
-        if self._turn == 0:  # explore: a cold worker gets a call, else cache-aware's pick
-            coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
-            return coldest if view.workers[coldest].latency.seen < MIN_SEEN else usual
-        predictions = predicted(view)
-        if predictions is None:
-            return usual
-        fastest = min(view.order, key=lambda i: predictions[i])
-        return fastest if worth_it(predictions[usual], predictions[fastest]) else usual
 
 
 def worth_it(usual_s: float, fastest_s: float) -> bool:
@@ -82,3 +101,44 @@ def predicted(view: View) -> list[float] | None:
             return None
         found.append(seconds)
     return found
+
+
+def paced(view: View) -> list[float] | None:
+    """Each candidate's predicted seconds per output token with the call running there
+    (its load plus this call); None while any is cold."""
+    found = []
+    for worker, load in zip(view.workers, view.loads, strict=True):
+        seconds = worker.latency.predict_pace(load + 1)
+        if seconds is None:
+            return None
+        found.append(seconds)
+    return found
+
+
+def headroom(slo: Slo, ttft_s: float, tpot_s: float | None) -> float:
+    """The smallest fraction of an objective a prediction leaves (below 0: missed); an
+    objective without a prediction (a cold pace model) leaves all of it."""
+    room = math.inf
+    if slo.ttft_s is not None:
+        room = (slo.ttft_s - ttft_s) / slo.ttft_s
+    if slo.tpot_s is not None and tpot_s is not None:
+        room = min(room, (slo.tpot_s - tpot_s) / slo.tpot_s)
+    return room
+
+
+def within(
+    slo: Slo, pick: int, ttfts: Sequence[float], paces: Sequence[float] | None, order: Sequence[int]
+) -> int | Unattainable:
+    """`pick` if it is predicted to meet the objectives; else the candidate with the most
+    headroom (ties in `order`), or `Unattainable` when even it misses and the call is
+    sheddable."""
+
+    def room(i: int) -> float:
+        return headroom(slo, ttfts[i], paces[i] if paces is not None else None)
+
+    if room(pick) >= 0:
+        return pick
+    most = max(order, key=room)  # the first of equals in order
+    if room(most) < 0 and slo.sheddable:
+        return Unattainable(slo, ttfts[most], paces[most] if paces is not None else None)
+    return most

@@ -101,6 +101,7 @@ SECTION_DEFAULTS = {
         resubscribe_max_s=8.0,
     ),
     "affinity": dict(header=None, ttl_s=600.0, max_sessions=100_000),
+    "slo": dict(ttft_header="x-slo-ttft-ms", tpot_header="x-slo-tpot-ms", sheddable=("batch",)),
     "lora": dict(
         adapters={},
         max_loaded_per_worker=4,

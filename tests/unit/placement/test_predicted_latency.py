@@ -4,11 +4,21 @@ rather than to a cached copy on a slow one; one placement in EXPLORE_EVERY explo
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from gateway.config import KvConfig
+from gateway.core.slo import Slo
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.placement.policies import Hints
-from gateway.placement.policies.predicted_latency import EXPLORE_EVERY, PredictedLatency
+from gateway.placement.policies import Hints, Unattainable
+from gateway.placement.policies.predicted_latency import (
+    EXPLORE_EVERY,
+    PredictedLatency,
+    headroom,
+    within,
+)
 from gateway.upstream.latency import MIN_SEEN
 from gateway.upstream.worker import Worker
 from tests.support.cache_aware import PROMPT
@@ -37,3 +47,38 @@ def test_cold_models_place_as_cache_aware_then_predictions_decide() -> None:
     hints = Hints(prefix=Prefix(PROMPT))
     picks = [policy.pick([fast, slow], hints) for _ in range(EXPLORE_EVERY)]
     assert picks.count(other) >= EXPLORE_EVERY - 1  # one placement may explore
+
+
+def test_objectives_keep_a_choice_that_meets_them_else_take_the_most_headroom() -> None:
+    ttfts, paces, order = [0.30, 0.10, 0.20], [0.02, 0.05, 0.03], [0, 1, 2]
+    assert within(Slo(ttft_s=0.4), 0, ttfts, None, order) == 0  # met: kept
+    assert within(Slo(ttft_s=0.25), 0, ttfts, None, order) == 1  # missed: most headroom
+    # Two objectives: the smaller fraction left counts (1: 60% of TTFT, but 0% of pace).
+    assert within(Slo(ttft_s=0.25, tpot_s=0.05), 0, ttfts, paces, order) == 2
+    # A cold pace model leaves the pace objective out.
+    assert within(Slo(ttft_s=0.25, tpot_s=0.05), 0, ttfts, None, order) == 1
+    assert headroom(Slo(ttft_s=0.2), 0.1, None) == pytest.approx(0.5)
+    assert headroom(Slo(), 5.0, 1.0) == math.inf
+
+
+def test_a_sheddable_call_no_one_can_serve_in_time_is_unattainable() -> None:
+    ttfts, order = [0.30, 0.10, 0.20], [2, 1, 0]
+    missed = within(Slo(ttft_s=0.05, sheddable=True), 0, ttfts, None, order)
+    assert missed == Unattainable(Slo(ttft_s=0.05, sheddable=True), 0.10, None)
+    assert isinstance(missed, Unattainable) and missed.late_s() == pytest.approx(0.05)
+    # Not sheddable: never refused for its objectives, placed where it is least late.
+    assert within(Slo(ttft_s=0.05), 0, ttfts, None, order) == 1
+    # Equal headroom: the first in order.
+    assert within(Slo(ttft_s=0.05), 0, [0.3, 0.3, 0.3], None, order) == 2
+
+
+def test_while_cold_no_call_is_refused_for_its_objectives() -> None:
+    policy = PredictedLatency(KvIndex(), KvConfig(), stale_after_s=3)
+    one, two = worker_on(1), worker_on(2)
+    hints = Hints(prefix=Prefix(PROMPT), slo=Slo(ttft_s=1e-6, sheddable=True))
+    for _ in range(EXPLORE_EVERY):
+        assert policy.pick([one, two], hints) is not None
+    warmed(one, 0.5, 1e-4)
+    warmed(two, 0.5, 1e-4)
+    answers = [policy.choose([one, two], hints) for _ in range(EXPLORE_EVERY)]
+    assert sum(isinstance(a, Unattainable) for a in answers) >= EXPLORE_EVERY - 1

@@ -1,0 +1,134 @@
+"""Latency objectives end to end, in process (`x-slo-ttft-ms`, `x-slo-tpot-ms`): a value
+that names no time is INVALID_ARGUMENT before anything is placed; once the workers'
+models are warm, a sheddable call (class `batch`) no worker is predicted to serve in time
+is refused RESOURCE_EXHAUSTED SLO_UNATTAINABLE with a time to retry, a call of another
+class with the same objective is served, and a call whose objective the fast worker
+meets goes there, even when the slow one holds its prompt; the outcomes are counted, and
+every in-flight count and backlog returns to zero."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc import aio
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
+
+from gateway.upstream.latency import MIN_SEEN
+from gateway_sim.client import collect, model_md, sgl_generate
+from tests.support.helpers import rich_status
+from tests.support.inproc import client, gateway, idle, recorded, sim, worker
+
+
+def slo_md(**headers: str) -> tuple[tuple[str, str], ...]:
+    return (*model_md("m"), *((k.replace("_", "-"), v) for k, v in headers.items()))
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("x-slo-ttft-ms", "0"),
+        ("x-slo-ttft-ms", "-5"),
+        ("x-slo-ttft-ms", "soon"),
+        ("x-slo-ttft-ms", "nan"),
+        ("x-slo-tpot-ms", "inf"),
+        ("x-slo-tpot-ms", "3600001"),
+        ("x-slo-tpot-ms", "1" * 40),
+    ],
+)
+async def test_an_objective_that_names_no_time_is_invalid(header: str, value: str) -> None:
+    async with (
+        sim("--model", "m") as one,
+        gateway(one.url(model="m", runtime="sglang"), default_policy="predicted_latency") as gw,
+        client(gw) as ch,
+    ):
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        records = recorded(gw)
+        _, error = await collect(
+            stub.Generate(sgl_generate("bad"), metadata=(*model_md("m"), (header, value)))
+        )
+        assert isinstance(error, aio.AioRpcError)
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert header in (error.details() or "")
+        _, details = rich_status(error)
+        (violation,) = details["BadRequest"].field_violations
+        assert violation.field == header
+        await idle(gw)
+        assert records[-1].attempts == 0
+
+
+async def test_sheddable_calls_that_cannot_be_served_in_time_are_refused() -> None:
+    async with (
+        sim("--model", "m", "--ttft-ms", "4", "--token-ms", "2") as fast,
+        sim("--model", "m", "--ttft-ms", "4", "--token-ms", "2", "--speed", "0.1") as slow,
+        gateway(
+            fast.url(model="m", runtime="sglang"),
+            slow.url(model="m", runtime="sglang"),
+            default_policy="predicted_latency",
+            retry_after_ms=100,
+        ) as gw,
+        client(gw) as ch,
+    ):
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        records = recorded(gw)
+        calls = 0
+        while min(worker(gw, w).latency.seen for w in (fast, slow)) < MIN_SEEN:
+            assert calls < 20 * MIN_SEEN, "both workers warm within a few explorations"
+            _, error = await collect(stub.Generate(sgl_generate(f"w{calls}"), metadata=slo_md()))
+            assert error is None
+            calls += 1
+        fast_s = worker(gw, fast).latency.predict(3, 0, 0)
+        slow_s = worker(gw, slow).latency.predict(3, 0, 0)
+        assert fast_s is not None and slow_s is not None and slow_s > 3 * fast_s
+        # Shed: a batch call asking for a tenth of what even the fast worker takes.
+        hopeless = f"{fast_s * 100:.3f}"
+        shed = 0
+        for i in range(4):  # one placement in EXPLORE_EVERY may explore instead
+            _, error = await collect(
+                stub.Generate(
+                    sgl_generate(f"s{i}"),
+                    metadata=slo_md(x_slo_ttft_ms=hopeless, x_priority="batch"),
+                )
+            )
+            if error is None:
+                continue
+            shed += 1
+            assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "predicted to meet" in (error.details() or "")
+            _, details = rich_status(error)
+            assert details["ErrorInfo"].reason == "SLO_UNATTAINABLE"
+            assert details["RetryInfo"].retry_delay.ToMilliseconds() >= 100
+        assert shed >= 3
+        # Not sheddable: served (where it has the most headroom), counted as missed.
+        for i in range(3):
+            _, error = await collect(
+                stub.Generate(sgl_generate(f"k{i}"), metadata=slo_md(x_slo_ttft_ms=hopeless))
+            )
+            assert error is None
+        # In reach of the fast worker only: it goes there, and meets it.
+        reachable = f"{(fast_s + slow_s) / 2 * 1000:.3f}"
+        met = []
+        for i in range(6):
+            _, error = await collect(
+                stub.Generate(
+                    sgl_generate(f"f{i}"),
+                    metadata=slo_md(
+                        x_slo_ttft_ms=reachable, x_slo_tpot_ms="1000", x_priority="batch"
+                    ),
+                )
+            )
+            assert error is None
+            met.append(records[-1].worker)
+        assert met.count(fast.address) >= 5  # one may explore
+        await idle(gw)
+        assert worker(gw, fast).prefill_backlog == worker(gw, slow).prefill_backlog == 0
+        sample = gw.parts.metrics.prometheus.get_sample_value
+
+        def counted(klass: str, outcome: str) -> float:
+            labels = {"model": "m", "class": klass, "outcome": outcome}
+            return sample("gateway_slo_calls_total", labels) or 0.0
+
+        assert counted("batch", "shed") == shed
+        assert counted("", "missed") == 3  # not sheddable: served, late
+        assert counted("batch", "met") + counted("batch", "missed") == 6 + 4 - shed
+        assert sample("gateway_worker_ttft_prediction_error_count", {"worker": fast.address})
+        assert all(r.attempts == 0 for r in records if r.verdict is not None)
