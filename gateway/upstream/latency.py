@@ -129,7 +129,7 @@ class Lesson(NamedTuple):
     """What one finished call teaches its worker's model."""
 
     worker: str
-    uncached: int  # its prompt tokens the index expected uncached there
+    uncached: int  # its prompt tokens prefilled there (its engine's count, else expected)
     backlog: int  # the worker's prefill backlog at placement
     load: float  # the worker's load at placement
     ttft_s: float  # seconds to its first message
@@ -147,7 +147,8 @@ def lesson(record: CallRecord) -> Lesson | None:
         return None
     if record.code != "OK" or record.retries or record.continued or record.messages < 2:
         return None
-    uncached = max(0, record.prompt_tokens - expected)
+    cached = record.cached_tokens if record.cached_tokens is not None else expected
+    uncached = max(0, record.prompt_tokens - cached)
     pace = mean_gap(record.duration_s(), first, record.messages) if record.choices == 1 else None
     return Lesson(worker, uncached, seen.backlog, seen.load, first, pace)
 

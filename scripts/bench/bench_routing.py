@@ -50,6 +50,13 @@ for each policy and load:
 
     python scripts/bench/bench_routing.py --timing h100x2-llama3.3-70b --output-tokens 16 \
         --policies round_robin,least_inflight,cache_aware --load 0.5,0.8 --hetero 0.5
+
+`--slo-ttft-x K` (with `--load`) first sends the trace's first calls one at a time through
+a cache_aware gateway on a fresh fleet (an idle fleet's median time to first token), then
+gives every call of the runs `x-slo-ttft-ms` = K x that median, and prints each policy's
+SLO attainment (calls whose first token came within it, of all calls not shed).
+`--sheddable F` marks that fraction of the calls `x-priority: batch` (sheddable:
+predicted_latency refuses those it predicts will miss; counted apart as shed).
 """
 
 from __future__ import annotations
@@ -66,13 +73,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import grpc
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sgl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its trace module, beside it
 
-from routing_trace import VOCAB, Turn, fleet_capacity, make_trace, oracle_hit_rate
+from routing_trace import (
+    VOCAB,
+    Turn,
+    fleet_capacity,
+    make_trace,
+    oracle_hit_rate,
+    unavoidable_misses,
+)
 
 from gateway_sim.launch import Child, start
 from gateway_sim.redis_server import RedisServer
@@ -96,6 +111,16 @@ class Outcome:
     expected: dict[str, int] = field(default_factory=dict)  # request id -> gateway's expected
     # request id -> (predicted, observed) ms to the first message (predicted_latency's)
     predicted: dict[str, tuple[float, float]] = field(default_factory=dict)
+    slo_s: float | None = None  # the calls' x-slo-ttft-ms, if any
+    shed: int = 0  # refused SLO_UNATTAINABLE (also counted in failures)
+
+    def attainment(self) -> float:
+        """Calls whose first token came within the objective, of every call not shed
+        (a failure is a miss)."""
+        goal = self.slo_s
+        assert goal is not None
+        within = sum(1 for t in self.ttft if t <= goal)
+        return within / max(1, len(self.ttft) + self.failures - self.shed)
 
     def recovery(self, seconds: int = 8) -> str:
         """Hit rate per second after the restart (by request start time)."""
@@ -152,7 +177,12 @@ class Outcome:
 
 
 async def send(
-    channel: aio.Channel, turn: Turn, outcome: Outcome, index: int, output_tokens: int = 4
+    channel: aio.Channel,
+    turn: Turn,
+    outcome: Outcome,
+    index: int,
+    output_tokens: int = 4,
+    sheddable: bool = False,
 ) -> None:
     request = sgl.GenerateRequest(
         request_id=f"r{index}",
@@ -161,7 +191,11 @@ async def send(
         stream=True,
         lora_id=turn.lora,
     )
-    metadata = (("x-model-id", "m"), ("x-routing-key", turn.session))
+    metadata: tuple[tuple[str, str], ...] = (("x-model-id", "m"), ("x-routing-key", turn.session))
+    if outcome.slo_s is not None:
+        metadata += (("x-slo-ttft-ms", f"{outcome.slo_s * 1000:.3f}"),)
+    if sheddable:
+        metadata += (("x-priority", "batch"),)
     started = time.perf_counter()
     cached = 0
     call = channel.unary_stream(GENERATE)(
@@ -185,8 +219,12 @@ async def send(
                 outcome.prompt += len(turn.tokens)
         outcome.served[dict(await call.initial_metadata()).get("x-sim-worker", "?")] += 1
         outcome.timeline.append((started, cached, len(turn.tokens)))
-    except aio.AioRpcError:
+    except aio.AioRpcError as error:
         outcome.failures += 1
+        if error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "latency objectives" in (
+            error.details() or ""
+        ):
+            outcome.shed += 1
 
 
 def start_workers(args: argparse.Namespace, events: bool, ports: list[int] | None) -> list[Child]:
@@ -267,10 +305,11 @@ async def run_policy(
     trace: list[Turn],
     picker: bool = False,
     front: Front = Front(),
+    slo_s: float | None = None,
 ) -> Outcome:
     label = f"{policy}{'' if events or policy != 'cache_aware' else ' (no events)'}"
     label += "" if front == Front() else f", {front.label}"
-    outcome = Outcome(label + (" via Envoy + picker" if picker else ""))
+    outcome = Outcome(label + (" via Envoy + picker" if picker else ""), slo_s=slo_s)
     with tempfile.TemporaryFile("w+") as log:  # the request log: expected cached tokens
         await serve_trace(args, policy, events, trace, outcome, log, picker, front)
         log.seek(0)
@@ -326,6 +365,12 @@ async def serve_trace(
         ]
         tasks = []
         began = time.perf_counter()
+        output_tokens = getattr(args, "output_tokens", 4)
+        every = round(1 / args.sheddable) if getattr(args, "sheddable", 0.0) else 0
+        if getattr(args, "one_at_a_time", False):
+            for i, turn in enumerate(trace):
+                await send(channels[0], turn, outcome, i, output_tokens)
+            return
         for i, turn in enumerate(trace):
             delay = began + i / args.rate - time.perf_counter()
             if delay > 0:
@@ -333,8 +378,10 @@ async def serve_trace(
             if i == restart_at:
                 restarting = asyncio.ensure_future(restart(workers, outcome))
             channel = channels[i % len(channels)]
-            output_tokens = getattr(args, "output_tokens", 4)
-            tasks.append(asyncio.ensure_future(send(channel, turn, outcome, i, output_tokens)))
+            shed = bool(every) and i % every == 0
+            tasks.append(
+                asyncio.ensure_future(send(channel, turn, outcome, i, output_tokens, shed))
+            )
         await asyncio.gather(*tasks)
         if restart_at >= 0:
             await restarting
@@ -443,6 +490,16 @@ def main() -> None:
     )
     parser.add_argument("--output-tokens", type=int, default=4, help="tokens each call asks for")
     parser.add_argument(
+        "--slo-ttft-x",
+        type=float,
+        default=None,
+        metavar="K",
+        help="x-slo-ttft-ms on every call: K x an idle fleet's median TTFT (needs --load)",
+    )
+    parser.add_argument(
+        "--sheddable", type=float, default=0.0, metavar="F", help="fraction of calls of class batch"
+    )
+    parser.add_argument(
         "--load",
         default=None,
         metavar="L[,L...]",
@@ -454,6 +511,10 @@ def main() -> None:
         parser.error("--hetero is a fraction of the workers (0..1)")
     if args.load is not None and args.timing is None:
         parser.error("--load needs --timing: the capacity comes from the timing model")
+    if args.slo_ttft_x is not None and args.load is None:
+        parser.error("--slo-ttft-x needs --load")
+    if not 0.0 <= args.sheddable <= 1.0:
+        parser.error("--sheddable is a fraction of the calls (0..1)")
     if args.load is not None:
         main_loads(args, [float(x) for x in args.load.split(",")])
         return
@@ -502,14 +563,26 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
         f"{profile.itl_base_ms:.2f} + {profile.itl_per_seq_ms:.3f} ms x batch, batch "
         f"{profile.max_batch}; estimated capacity {capacity:.1f} calls/s"
     )
+    slo_s = None
+    late = 0
+    if args.slo_ttft_x is not None:
+        idle = idle_median_ttft(args, trace)
+        slo_s = args.slo_ttft_x * idle
+        late = unavoidable_misses(trace, profile, args.block_size, slo_s)
+        print(
+            f"idle median TTFT {idle * 1000:.1f} ms (the first {IDLE_CALLS} calls, one at a "
+            f"time, cache_aware): x-slo-ttft-ms = {args.slo_ttft_x:g} x = {slo_s * 1000:.1f} "
+            f"ms; {late} calls ({late / len(trace):.1%}) cannot meet it under any placement "
+            f"(their unshared prompt's prefill alone takes longer): at most "
+            f"{1 - late / len(trace):.1%} attainable"
+        )
     rows = []
     for name in args.policies.split(","):
         policy, _, variant = name.partition("-")
         for load in loads:
             run = argparse.Namespace(**{**vars(args), "rate": load * capacity})
-            rows.append(
-                (load, run.rate, asyncio.run(run_policy(run, policy, variant != "approx", trace)))
-            )
+            ran = run_policy(run, policy, variant != "approx", trace, slo_s=slo_s)
+            rows.append((load, run.rate, asyncio.run(ran)))
     oracle = oracle_hit_rate(trace, args.kv_blocks * args.workers, args.block_size)
     print(f"\noracle hit rate (one worker, {args.workers}x capacity): {oracle:.1%}")
     header = ("policy", "load", "req/s", "hit", "TTFT p50", "p90", "p99", "ITL p90", "fail")
@@ -522,6 +595,25 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
         )
         if r.predicted:
             print(f"  {r.policy} at {load:.2f}: {r.prediction_error()}")
+        if r.slo_s is not None:
+            attained = r.attainment()
+            possible = 1 - late / len(trace)
+            print(
+                f"  {r.policy} at {load:.2f}: SLO attainment {attained:.1%} "
+                f"(x-slo-ttft-ms {r.slo_s * 1000:.1f}), {attained / possible:.1%} of the "
+                f"attainable; shed {r.shed}"
+            )
+
+
+IDLE_CALLS = 48
+
+
+def idle_median_ttft(args: argparse.Namespace, trace: list[Turn]) -> float:
+    """An idle fleet's median time to first token: the trace's first calls one at a
+    time, through cache_aware, on fresh workers."""
+    run = argparse.Namespace(**{**vars(args), "one_at_a_time": True, "sheddable": 0.0})
+    idle = asyncio.run(run_policy(run, "cache_aware", True, trace[:IDLE_CALLS]))
+    return statistics.median(idle.ttft)
 
 
 if __name__ == "__main__":

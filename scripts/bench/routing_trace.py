@@ -81,3 +81,26 @@ def fleet_capacity(
     held = prefill + max(output_tokens - 1, 0) * profile.itl_s(max_batch)
     per_worker = min(1.0 / prefill, max_batch / held)
     return float(sum(speed * per_worker for speed in speeds))
+
+
+def unavoidable_misses(trace: list[Turn], profile: Profile, block_size: int, slo_s: float) -> int:
+    """Calls no placement could serve within `slo_s`: even on an idle full-speed worker
+    that holds every earlier prompt of the trace (an unbounded cache), prefilling what no
+    earlier prompt shares with it takes longer (a tenant's first system prompt)."""
+    seen: set[int] = set()
+    late = 0
+    for turn in trace:
+        parent = hash(("root", turn.lora))
+        shared = 0
+        hashes = []
+        for i in range(0, len(turn.tokens) - block_size + 1, block_size):
+            parent = hash((parent, *turn.tokens[i : i + block_size]))
+            hashes.append(parent)
+        for h in hashes:
+            if h not in seen:
+                break
+            shared += 1
+        if profile.prefill_s(len(turn.tokens) - shared * block_size) > slo_s:
+            late += 1
+        seen.update(hashes)
+    return late

@@ -56,7 +56,8 @@ class PredictedLatency(CacheAware):
             return None
         view = self.view(candidates, hints)
         usual = self.best(view)
-        ttfts = predicted(view)
+        uncached = self.uncached(view)
+        ttfts = predicted(view, uncached)
         self._turn = (self._turn + 1) % EXPLORE_EVERY
         if self._turn == 0:  # explore: a cold worker gets a call, else cache-aware's pick
             coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
@@ -77,11 +78,28 @@ class PredictedLatency(CacheAware):
         predicted_s = (
             ttfts[pick]
             if ttfts is not None
-            else worker.latency.predict(view.uncached[pick], view.backlogs[pick], view.loads[pick])
+            else worker.latency.predict(uncached[pick], view.backlogs[pick], view.loads[pick])
         )
         chosen: Choice[C] = self.commit(view, pick)
         assert chosen.placed_on is not None  # cache-aware's commit always says
         return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
+
+
+    def uncached(self, view: View) -> list[int]:
+        """Each candidate's prompt tokens to prefill: the prompt less what the worker is
+        seen to store of it. Not cache-aware's uncached tokens, which count placements
+        not yet prefilled as cached (they steer a session back to its worker; for time,
+        a prompt still in its prefill there saves nothing: it is computed again)."""
+        prefix = view.prefix
+        if prefix is None:
+            return view.uncached
+        total, index = len(prefix), self.index
+        found = []
+        for worker in view.workers:
+            hit = view.matched.get(worker.id)
+            stored = index.stored_tokens(prefix, (worker.id, hit[1]), hit[0]) if hit else 0
+            found.append(total - stored)
+        return found
 
 
 def worth_it(usual_s: float, fastest_s: float) -> bool:
@@ -91,12 +109,13 @@ def worth_it(usual_s: float, fastest_s: float) -> bool:
     return usual_s > GAIN_RATIO * fastest_s + GAIN_SLACK_S
 
 
-def predicted(view: View) -> list[float] | None:
-    """Each candidate's predicted seconds to its first message; None while any is cold."""
+def predicted(view: View, uncached: Sequence[int]) -> list[float] | None:
+    """Each candidate's predicted seconds to its first message (`uncached`: its prompt
+    tokens to prefill there); None while any is cold."""
     found = []
-    rows = zip(view.workers, view.uncached, view.backlogs, view.loads, strict=True)
-    for worker, uncached, backlog, load in rows:
-        seconds = worker.latency.predict(uncached, backlog, load)
+    rows = zip(view.workers, uncached, view.backlogs, view.loads, strict=True)
+    for worker, tokens, backlog, load in rows:
+        seconds = worker.latency.predict(tokens, backlog, load)
         if seconds is None:
             return None
         found.append(seconds)
