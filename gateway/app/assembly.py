@@ -64,7 +64,7 @@ from gateway.state.budgets import TenantBudgets
 from gateway.state.routes import RouteWriter
 from gateway.state.sessions import SharedSessions
 from gateway.state.store import Store
-from gateway.upstream.latency import learn, lesson
+from gateway.upstream.latency import learn, lessons
 from gateway.upstream.manager import Fleet
 
 
@@ -148,8 +148,7 @@ class Parts:
         learned from by its worker's latency model."""
         self.metrics.observe(record)
         self.reporter.observe(record)
-        taught = lesson(record)
-        if taught is not None:
+        for taught in lessons(record):
             worker = self.fleet.registry.get(taught.worker)
             if worker is not None:
                 learn(worker.latency, taught)

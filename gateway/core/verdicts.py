@@ -230,12 +230,12 @@ def bad_slo(key: str) -> Verdict:
 
 
 def slo_unattainable(
-    model: str, leg: str, slo: Slo, ttft_s: float, tpot_s: float | None, retry_after_ms: int
+    model: str, leg: str, slo: Slo, ttft_s: float | None, tpot_s: float | None, retry_after_ms: int
 ) -> Verdict:
     """A sheddable call no worker is predicted to serve within its latency objectives
     (`ttft_s`, `tpot_s`: the best predictions against them)."""
     best = []
-    if slo.ttft_s is not None:
+    if slo.ttft_s is not None and ttft_s is not None:
         best.append(f"time to first token {ttft_s * 1000:.0f} ms for {slo.ttft_s * 1000:g} ms")
     if slo.tpot_s is not None and tpot_s is not None:
         best.append(f"time per output token {tpot_s * 1000:.1f} ms for {slo.tpot_s * 1000:g} ms")
@@ -246,7 +246,7 @@ def slo_unattainable(
         "rather than served late",
         model=model,
         leg=leg,
-        extra={"predicted_ttft_ms": f"{ttft_s * 1000:.0f}"},
+        extra={} if ttft_s is None else {"predicted_ttft_ms": f"{ttft_s * 1000:.0f}"},
         retry_after_ms=retry_after_ms,
     )
 

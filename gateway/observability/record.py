@@ -19,9 +19,9 @@ from gateway.core.verdicts import Verdict
 
 @dataclass(frozen=True, slots=True)
 class PlacedOn:
-    """What a cache-aware policy saw of the worker it placed a regular leg on, for that
-    worker's latency model (`gateway.upstream.latency`): its load, its prefill backlog
-    (tokens), and the time to first message `predicted_latency` predicted there."""
+    """What a policy saw of the worker it placed a leg on, for that worker's latency
+    model (`gateway.upstream.latency`): its load, its prefill backlog (tokens), and the
+    time to first message `predicted_latency` predicted there."""
 
     load: float
     backlog: int
@@ -50,7 +50,8 @@ class CallRecord:
     prompt_tokens: int = 0  # Generate: the prompt's length
     choices: int = 1  # Generate: the choices it asked for (n)
     expected_cached_tokens: int | None = None  # cache-aware placement's expected hit
-    placed_on: PlacedOn | None = None  # its worker as a cache-aware policy saw it
+    placed_on: PlacedOn | None = None  # its prompt's worker as a cache-aware policy saw it
+    paced_on: PlacedOn | None = None  # its decode worker (PD) as predicted_latency saw it
     # Generate: what its engine reported in its closing answers (completion tokens summed
     # over the choices; cached tokens are the prompt's, the most any choice reported).
     completion_tokens: int | None = None

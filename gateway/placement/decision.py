@@ -39,7 +39,8 @@ class Decision:
     expected_cached_tokens: int | None = None
     policy: str = ""
     candidates: int = 0  # the workers that could take the prompt-receiving leg (traces)
-    placed_on: PlacedOn | None = None  # a regular leg's worker as its policy saw it
+    placed_on: PlacedOn | None = None  # the prompt-receiving leg's worker as its policy saw it
+    paced_on: PlacedOn | None = None  # the decode leg's worker as its policy saw it
 
     @property
     def primary(self) -> Worker:

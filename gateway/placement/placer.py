@@ -301,7 +301,8 @@ class Placer:
             receiver.expected_cached,
             self._cluster(model, runtime, receiving_leg).policy.name,
             len(fitting[receiving_leg]),
-            receiver.placed_on if receiving_leg is Role.REGULAR else None,
+            receiver.placed_on,
+            chosen[Role.DECODE].placed_on if Role.DECODE in chosen else None,
         )
 
     def _pair(

@@ -274,10 +274,11 @@ class Call:
         if decision.expected_cached_tokens is not None:
             record.expected_cached_tokens = decision.expected_cached_tokens
             record.placed_on = decision.placed_on
+        record.paced_on = decision.paced_on
         self._answered()  # an attempt before this one: its prefill is no longer ahead
         if decision.placed_on is not None:
             uncached = max(0, record.prompt_tokens - (decision.expected_cached_tokens or 0))
-            self.hold = PrefillHold(decision.primary, uncached)
+            self.hold = PrefillHold(decision.receiver, uncached)
             self.on_end(self.hold.done)
         record.retries += retry
 

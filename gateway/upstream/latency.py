@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from gateway.core.roles import Role
 from gateway.observability.record import CallRecord, mean_gap
 
 FORGET = 0.97  # each observation's weight against the one after it (~33 calls of memory)
@@ -126,35 +127,45 @@ def solve(a: list[list[float]], b: list[float]) -> Weights | None:
 
 
 class Lesson(NamedTuple):
-    """What one finished call teaches its worker's model."""
+    """What one finished call teaches one worker's model."""
 
     worker: str
     uncached: int  # its prompt tokens prefilled there (its engine's count, else expected)
     backlog: int  # the worker's prefill backlog at placement
     load: float  # the worker's load at placement
-    ttft_s: float  # seconds to its first message
-    pace_s: float | None  # mean seconds per message after the first (a stream of 2 or more)
+    ttft_s: float | None  # seconds to its first message (its prompt's worker)
+    pace_s: float | None  # mean seconds per message after the first (its decoding worker)
 
 
-def lesson(record: CallRecord) -> Lesson | None:
-    """What one finished call teaches its worker's model; None for a call no cache-aware
-    policy placed, one that did not stream (its one message comes at the end: no time to
-    first token), or one that failed or was retried (its time says nothing of the
-    worker's speed). Its pace only for a single-choice call (n > 1 interleaves)."""
-    seen, first = record.placed_on, record.first_message_s
-    expected, worker = record.expected_cached_tokens, record.worker
+def lessons(record: CallRecord) -> tuple[Lesson, ...]:
+    """What one finished call teaches its workers' models: its time to first message to
+    the worker that took its prompt (a regular one, or the prefill of a PD pair), its
+    pace to the one that decoded it (the same regular one, or the decode). None from a
+    call no cache-aware policy placed, one that did not stream (its one message comes at
+    the end: no time to first token), or one that failed or was retried (its time says
+    nothing of the worker's speed); no pace from an n > 1 call (its streams interleave)."""
+    seen, first, worker = record.placed_on, record.first_message_s, record.worker
+    expected = record.expected_cached_tokens
     if seen is None or first is None or expected is None or worker is None:
-        return None
+        return ()
     if record.code != "OK" or record.retries or record.continued or record.messages < 2:
-        return None
+        return ()
     cached = record.cached_tokens if record.cached_tokens is not None else expected
     uncached = max(0, record.prompt_tokens - cached)
     pace = mean_gap(record.duration_s(), first, record.messages) if record.choices == 1 else None
-    return Lesson(worker, uncached, seen.backlog, seen.load, first, pace)
+    prefills = record.legs.get(Role.PREFILL)
+    if not prefills:
+        return (Lesson(worker, uncached, seen.backlog, seen.load, first, pace),)
+    taught = [Lesson(prefills[-1], uncached, seen.backlog, seen.load, first, None)]
+    decoded = record.paced_on
+    if decoded is not None and pace is not None:
+        taught.append(Lesson(worker, 0, 0, decoded.load, None, pace))
+    return tuple(taught)
 
 
 def learn(model: LatencyModel, taught: Lesson) -> None:
     """The lesson put into the worker's models."""
-    model.observe(taught.uncached, taught.backlog, taught.load, taught.ttft_s)
+    if taught.ttft_s is not None:
+        model.observe(taught.uncached, taught.backlog, taught.load, taught.ttft_s)
     if taught.pace_s is not None:
         model.observe_pace(taught.load, taught.pace_s)

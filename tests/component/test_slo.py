@@ -13,10 +13,12 @@ import pytest
 from grpc import aio
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
+from gateway.core.roles import Role
+from gateway.placement.policies.predicted_latency import EXPLORE_EVERY
 from gateway.upstream.latency import MIN_SEEN
 from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.helpers import rich_status
-from tests.support.inproc import client, gateway, idle, recorded, sim, worker
+from tests.support.inproc import client, gateway, idle, pd_urls, recorded, sim, worker
 
 
 def slo_md(**headers: str) -> tuple[tuple[str, str], ...]:
@@ -132,3 +134,59 @@ async def test_sheddable_calls_that_cannot_be_served_in_time_are_refused() -> No
         assert counted("batch", "met") + counted("batch", "missed") == 6 + 4 - shed
         assert sample("gateway_worker_ttft_prediction_error_count", {"worker": fast.address})
         assert all(r.attempts == 0 for r in records if r.verdict is not None)
+
+
+async def test_pd_legs_go_by_time_to_first_token_and_by_pace() -> None:
+    """Two prefills (one ten times slower) and two decodes (one ten times slower per
+    token): once warm, the prefill leg goes where the first token comes sooner and the
+    decode leg where tokens come faster; a sheddable call asking a pace no decode is
+    predicted to keep is refused on the decode leg."""
+    async with (
+        sim("--role", "prefill", "--model", "m", "--ttft-ms", "3") as fast_p,
+        sim("--role", "prefill", "--model", "m", "--ttft-ms", "3", "--speed", "0.1") as slow_p,
+        sim("--role", "decode", "--model", "m", "--token-ms", "2") as fast_d,
+        sim("--role", "decode", "--model", "m", "--token-ms", "2", "--speed", "0.1") as slow_d,
+        gateway(
+            *pd_urls(fast_p, fast_d),
+            *pd_urls(slow_p, slow_d),
+            default_policy="predicted_latency",
+        ) as gw,
+        client(gw) as ch,
+    ):
+        stub = sgl_grpc.SglangSchedulerStub(ch)
+        records = recorded(gw)
+        models = [worker(gw, w).latency for w in (fast_p, slow_p, fast_d, slow_d)]
+        calls = 0
+        while min(m.seen for m in models[:2]) < MIN_SEEN or any(
+            m.predict_pace(1) is None for m in models[2:]
+        ):
+            assert calls < 40 * MIN_SEEN, "every worker warm within a few explorations"
+            request = sgl_generate(f"w{calls}", tokens=6)
+            _, error = await collect(stub.Generate(request, metadata=slo_md()))
+            assert error is None
+            calls += 1
+        warm = len(records)
+        for i in range(EXPLORE_EVERY):
+            request = sgl_generate(f"r{i}", tokens=6)
+            _, error = await collect(stub.Generate(request, metadata=slo_md()))
+            assert error is None
+        legs = [r.legs for r in records[warm:]]
+        assert sum(leg[Role.PREFILL] == [fast_p.address] for leg in legs) >= EXPLORE_EVERY - 2
+        assert sum(leg[Role.DECODE] == [fast_d.address] for leg in legs) >= EXPLORE_EVERY - 2
+        fast_pace, slow_pace = models[2].predict_pace(1), models[3].predict_pace(1)
+        assert fast_pace is not None and slow_pace is not None and slow_pace > 3 * fast_pace
+        hopeless = f"{fast_pace * 100:.3f}"  # a tenth of the fast decode's pace
+        shed = 0
+        for i in range(4):
+            request = sgl_generate(f"s{i}", tokens=6)
+            md = slo_md(x_slo_tpot_ms=hopeless, x_priority="batch")
+            _, error = await collect(stub.Generate(request, metadata=md))
+            if error is not None:
+                assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                _, details = rich_status(error)
+                assert details["ErrorInfo"].reason == "SLO_UNATTAINABLE"
+                assert details["ErrorInfo"].metadata["leg"] == "decode"
+                shed += 1
+        assert shed >= 3
+        await idle(gw)
+        assert all(worker(gw, w).prefill_backlog == 0 for w in (fast_p, slow_p, fast_d, slow_d))

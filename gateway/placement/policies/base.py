@@ -41,13 +41,13 @@ class Unattainable:
     within its latency objectives: the best predictions it had against them."""
 
     slo: Slo
-    ttft_s: float  # the best predicted time to first token
+    ttft_s: float | None  # the best predicted time to first token (the leg's, if it says)
     tpot_s: float | None  # the best predicted time per output token (if it could say)
 
     def late_s(self) -> float:
         """How far the best prediction is past the objectives (when to try again)."""
         late = 0.0
-        if self.slo.ttft_s is not None:
+        if self.slo.ttft_s is not None and self.ttft_s is not None:
             late = max(late, self.ttft_s - self.slo.ttft_s)
         if self.slo.tpot_s is not None and self.tpot_s is not None:
             late = max(late, self.tpot_s - self.slo.tpot_s)

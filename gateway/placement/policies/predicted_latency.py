@@ -26,15 +26,20 @@ one or two predictions per candidate (a dot product of four, and one of two)."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Self, cast
 
 from gateway.config import KvConfig
 from gateway.core.slo import Slo
 from gateway.kv.index import KvIndex
-from gateway.placement.policies.base import C, Choice, Hints, Unattainable
-from gateway.placement.policies.cache_aware import CacheAware, View
+from gateway.observability.record import PlacedOn
+from gateway.placement.policies.base import C, Choice, Hints, Policy, PolicyContext, Unattainable
+from gateway.placement.policies.cache_aware import CacheAware, View, load_of
+from gateway.placement.policies.least_inflight import LeastInflight
 from gateway.upstream.latency import MIN_SEEN
+from gateway.upstream.worker import Worker
 
 EXPLORE_EVERY = 20  # one placement in this many goes by cache_aware's choice
 GAIN_RATIO = 1.25  # cache_aware's choice is left only when predicted this much slower
@@ -83,7 +88,6 @@ class PredictedLatency(CacheAware):
         chosen: Choice[C] = self.commit(view, pick)
         assert chosen.placed_on is not None  # cache-aware's commit always says
         return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
-
 
     def uncached(self, view: View) -> list[int]:
         """Each candidate's prompt tokens to prefill: the prompt less what the worker is
@@ -158,6 +162,52 @@ def within(
     if room(pick) >= 0:
         return pick
     most = max(order, key=room)  # the first of equals in order
-    if room(most) < 0 and slo.sheddable:
+    if room(most) >= 0:
+        return most
+    if slo.sheddable:
         return Unattainable(slo, ttfts[most], paces[most] if paces is not None else None)
     return most
+
+
+class PacedDecode(Policy):
+    """A `predicted_latency` model's decode leg: the decode worker predicted to give the
+    call the shortest time per output token (its pace model, at its load plus this call),
+    a `tpot` objective met where it can be (a sheddable call none is predicted to meet:
+    `Unattainable`). Cold models, and one placement in EXPLORE_EVERY, go by the least
+    in flight, as a cache-aware model's decode leg does (the prompt's cache is the
+    prefill's; time to first token is the prefill leg's)."""
+
+    name = "predicted_pace"
+
+    def __init__(self, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self.fallback = LeastInflight()
+        self._turn = 0
+
+    @classmethod
+    def build(cls, context: PolicyContext) -> Self:
+        return cls(context.stale_after_s)
+
+    def choose(self, candidates: Sequence[C], hints: Hints) -> Choice[C] | Unattainable | None:
+        if not candidates:
+            return None
+        workers = cast("Sequence[Worker]", candidates)  # placement's candidates are workers
+        now = time.monotonic()
+        loads = [load_of(w, now, self.stale_after_s) for w in workers]
+        self._turn = (self._turn + 1) % EXPLORE_EVERY
+        paces = [w.latency.predict_pace(load + 1) for w, load in zip(workers, loads, strict=True)]
+        known = [p for p in paces if p is not None]
+        pick: int
+        if self._turn == 0 or len(known) < len(paces):
+            chosen = self.fallback.pick(candidates, hints)
+            if chosen is None:
+                return None
+            pick = list(candidates).index(chosen)
+        else:
+            order = range(len(known))
+            pick = min(order, key=lambda i: (known[i], loads[i]))
+            slo = hints.slo
+            late = slo is not None and slo.tpot_s is not None and known[pick] > slo.tpot_s
+            if late and slo is not None and slo.sheddable:
+                return Unattainable(slo, None, known[pick])
+        return Choice(candidates[pick], placed_on=PlacedOn(loads[pick], 0))

@@ -14,6 +14,7 @@ from gateway.core.roles import Role
 from gateway.placement.policies.base import Policy, PolicyContext
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.placement.policies.least_inflight import LeastInflight
+from gateway.placement.policies.predicted_latency import PacedDecode, PredictedLatency
 
 
 def policy_class(name: str) -> type[Policy]:
@@ -23,14 +24,17 @@ def policy_class(name: str) -> type[Policy]:
     return cast("type[Policy]", policy_names.load(name))
 
 
-def leg_policy(name: str, role: Role) -> str:
+def leg_policy(name: str, role: Role) -> type[Policy]:
     """The policy a leg of a model with policy `name` goes by: a cache-aware model's
-    decode leg goes by load (the prompt's cache is the prefill's)."""
-    if name == CacheAware.name and role is Role.DECODE:
-        return LeastInflight.name
-    return name
+    decode leg goes by load (the prompt's cache is the prefill's), a predicted-latency
+    model's by its workers' predicted time per output token."""
+    if role is Role.DECODE and name == CacheAware.name:
+        return LeastInflight
+    if role is Role.DECODE and name == PredictedLatency.name:
+        return PacedDecode
+    return policy_class(name)
 
 
 def build_policy(name: str, role: Role, context: PolicyContext) -> Policy:
     """A new policy for one cluster (the fleet's `PolicyBuilder`)."""
-    return policy_class(leg_policy(name, role)).build(context)
+    return leg_policy(name, role).build(context)

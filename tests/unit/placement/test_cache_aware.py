@@ -12,7 +12,7 @@ from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.placement.policies import Choice, Hints
+from gateway.placement.policies import Choice, Hints, Unattainable
 from gateway.placement.policies.base import rendezvous_order
 from gateway.placement.policies.cache_aware import CacheAware, cheapest
 from gateway.upstream.load.kv_batches import Gap
@@ -22,9 +22,10 @@ from tests.support.factories import worker_on
 SETTINGS = KvConfig()  # 0.01 per uncached token, balance 1.5 x lowest + 4
 
 
-def said(choice: Choice[Any] | None) -> Choice[Any] | None:
+def said(choice: Choice[Any] | Unattainable | None) -> Choice[Any] | None:
     """The choice's worker, rank and expected hit (what these tests are about), without
     the load and backlog it carries for latency learning."""
+    assert not isinstance(choice, Unattainable)  # cache-aware predicts nothing
     return None if choice is None else Choice(choice.worker, choice.rank, choice.expected_cached)
 
 

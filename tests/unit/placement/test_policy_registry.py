@@ -18,6 +18,7 @@ from gateway.kv.index import KvIndex
 from gateway.placement.policies import Hints, PolicyContext, build_policy, policy_class
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.placement.policies.least_inflight import LeastInflight
+from gateway.placement.policies.predicted_latency import PacedDecode, PredictedLatency
 from gateway.placement.policies.registry import leg_policy
 from tests.support.policies import C, cli_policy_choices
 from tests.support.policy_plugin import LAST_ID, write_plugin
@@ -138,9 +139,11 @@ def test_a_plugin_cannot_take_a_built_in_name(plugins: Path) -> None:
 
 
 def test_a_cache_aware_models_decode_leg_goes_by_load() -> None:
-    assert leg_policy("cache_aware", Role.DECODE) == "least_inflight"
-    assert leg_policy("cache_aware", Role.PREFILL) == "cache_aware"
-    assert leg_policy("round_robin", Role.DECODE) == "round_robin"
+    assert leg_policy("cache_aware", Role.DECODE) is LeastInflight
+    assert leg_policy("cache_aware", Role.PREFILL) is CacheAware
+    assert leg_policy("round_robin", Role.DECODE).name == "round_robin"
+    assert leg_policy("predicted_latency", Role.DECODE) is PacedDecode
+    assert leg_policy("predicted_latency", Role.PREFILL) is PredictedLatency
     context = PolicyContext(KvIndex(), KvConfig(), 3.0)
     assert type(build_policy("cache_aware", Role.DECODE, context)) is LeastInflight
     aware = build_policy("cache_aware", Role.REGULAR, context)

@@ -10,7 +10,12 @@ import time
 import pytest
 
 from gateway.observability.record import CallRecord, PlacedOn
-from gateway.upstream.latency import MIN_SEEN, LatencyModel, lesson
+from gateway.upstream.latency import MIN_SEEN, LatencyModel, Lesson, lessons
+
+
+def lesson(record: CallRecord) -> Lesson | None:
+    (taught,) = lessons(record) or (None,)
+    return taught
 
 
 def ttft(uncached: int, load: float, speed: float = 1.0, backlog: int = 0) -> float:
