@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.observability.metrics.calls import mean_gap
+from gateway.observability.record import mean_gap
 from gateway_sim.client import collect, model_md, sgl_generate, sgl_grpc
 from tests.support.inproc import client, gateway, idle, recorded, sim
 from tests.support.waits import until

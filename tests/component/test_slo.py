@@ -21,7 +21,7 @@ from tests.support.helpers import rich_status
 from tests.support.inproc import client, gateway, idle, pd_urls, recorded, sim, worker
 
 
-def slo_md(**headers: str) -> tuple[tuple[str, str], ...]:
+def slo_md(**headers: str) -> tuple[tuple[str, str | bytes], ...]:
     return (*model_md("m"), *((k.replace("_", "-"), v) for k, v in headers.items()))
 
 

@@ -23,7 +23,7 @@ from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex, StoredBlock
 from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, root
 from gateway.kv.walk import STRIDE
-from gateway.placement.policies import Hints
+from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.upstream.load.kv_batches import CHUNK_BYTES, TooLarge
 from gateway.upstream.load.kv_events import Backoff, KvFollower
@@ -353,7 +353,7 @@ def test_placement_hashes_each_block_size_once_ahead_of_the_pick() -> None:
     asyncio.run(prefix.prepare(policy.block_sizes(), Offload()))
     assert set(prefix._hashes) == {16}
     chosen = policy.choose([a], Hints(prefix=prefix))
-    assert chosen is not None and (chosen.worker, chosen.rank, chosen.expected_cached) == (
+    assert isinstance(chosen, Choice) and (chosen.worker, chosen.rank, chosen.expected_cached) == (
         a,
         None,
         16,
