@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 
 from gateway.kv.prefix import DEPTH_BITS
-from gateway.kv.slots import SHARD_BITS, Sharded, Slot, SlotState
+from gateway.kv.slots import SHARD_BITS, Expiry, Sharded, Slot, SlotState
 
 # A cleared slot's keys unheld at once, or per `purge` step (well under 1 ms of work).
 PURGE_STEP = 512
@@ -19,7 +19,8 @@ class Holders:
     """The key -> holders map and the slot ids its masks are made of: an id is reused
     only once no key holds its bit any more."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity  # assumed blocks per slot
         self.keys = Sharded(SHARD_BITS)  # own key -> bitmask of slot ids
         self.by_id: list[SlotState | None] = []
         self.free: list[int] = []
@@ -35,7 +36,7 @@ class Holders:
         else:
             sid = len(self.by_id)
             self.by_id.append(None)
-        state = SlotState(slot, sid, 1 << sid, block_size, exact)
+        state = SlotState(slot, sid, 1 << sid, block_size, exact, Expiry(self.capacity))
         self.by_id[sid] = state
         return state
 
@@ -98,35 +99,37 @@ class Holders:
             else:
                 del self.keys[own]
 
-    def assume(
-        self, state: SlotState, hashes: Sequence[int], expires: float, capacity: int
-    ) -> None:
+    def assume(self, state: SlotState, hashes: Sequence[int], expires: float) -> None:
         """The slot holds `hashes` until `expires` (those it stores aside), at most
-        `capacity` assumed blocks (the oldest out)."""
+        `capacity` assumed blocks (the oldest out, per part of its expiry map)."""
         expiry, bit = state.expiry, state.bit
+        expiry_parts, expiry_mask = expiry.parts, expiry.mask
         copy_parts, copy_mask = state.copies.parts, state.copies.mask
         holder_parts, holder_mask = self.keys.parts, self.keys.mask
         for own in hashes:
             mixed = own >> DEPTH_BITS
             if own in copy_parts[mixed & copy_mask]:
                 continue
-            if own in expiry:
-                expiry.move_to_end(own)
+            part = expiry_parts[mixed & expiry_mask]
+            if own in part:
+                part.move_to_end(own)
             else:
                 holder_part = holder_parts[mixed & holder_mask]
                 holder_part[own] = holder_part.get(own, 0) | bit
-            expiry[own] = expires
-        while len(expiry) > capacity:
-            self.forget(state, next(iter(expiry)))
+            part[own] = expires
+        share = expiry.share
+        for part in expiry_parts:
+            while len(part) > share:
+                self.forget(state, next(iter(part)))
 
     def sweep(self, state: SlotState, now: float) -> None:
         """Expired assumptions go (the oldest expire first: one TTL per slot)."""
-        expiry = state.expiry
-        while expiry:
-            own, expires = next(iter(expiry.items()))
-            if expires >= now:
-                return
-            self.forget(state, own)
+        for part in state.expiry.parts:
+            while part:
+                own, expires = next(iter(part.items()))
+                if expires >= now:
+                    break
+                self.forget(state, own)
 
     def forget(self, state: SlotState, own: int) -> None:
         del state.expiry[own]

@@ -88,7 +88,7 @@ class KvIndex(KvLookup):
         self.max_blocks = max_blocks
         self.max_ranks = max_ranks
         self.max_block_sizes = max_block_sizes
-        self._holders = Holders()  # own key -> bitmask of slot ids, and the slot ids
+        self._holders = Holders(capacity)  # own key -> bitmask of slot ids, and the slot ids
         self._slots: dict[Slot, SlotState] = {}
         self._workers: dict[str, dict[int, SlotState]] = {}  # worker -> rank -> slot
         self._stored: dict[str, int] = {}  # worker -> stored entries (engine hashes)
@@ -372,6 +372,6 @@ class KvIndex(KvLookup):
         self, state: SlotState, hashes: Sequence[int], now: float, kv_tokens: int | None
     ) -> None:
         expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
-        self._holders.assume(state, hashes, expires, self.capacity)
+        self._holders.assume(state, hashes, expires)
         if not state.exact and kv_tokens:
             state.model(hashes, min(self.capacity, kv_tokens // state.block_size))

@@ -122,6 +122,28 @@ def test_blocks_per_worker_are_capped_oldest_first_copies_included() -> None:
     assert 199 in index._slots[A].engine_to_own
 
 
+def test_assumed_blocks_are_kept_in_parts_that_never_grow_past_their_share() -> None:
+    """A slot's assumptions (up to `capacity` blocks) sit in sixteen ordered maps, so no
+    one map grows, and is rebuilt at once, past a sixteenth of them; the oldest go first
+    from each. A small capacity keeps one map, oldest first exactly."""
+    index = KvIndex(capacity=32_768)
+    rng = np.random.default_rng(5)
+    for n in range(24):  # 24 prompts of 2,048 blocks: 49,152 assumed, 32,768 kept
+        tokens = rng.integers(0, 30_000, 16 * 2048).tolist()
+        index.assume(A, Prefix(tokens), now=float(n))
+    expiry = index._slots[A].expiry
+    assert len(expiry.parts) == 16 and expiry.share == 2048
+    assert all(len(part) <= 2048 for part in expiry.parts)
+    assert 0.9 * 32_768 <= len(expiry) <= 32_768
+    oldest = min(next(iter(part.values())) for part in expiry.parts)
+    assert oldest >= 7.0 + index.ttl_s  # the first prompts went
+    small = KvIndex(capacity=12)
+    for n in range(3):
+        small.assume(A, Prefix(PROMPT[: 16 * 5] if n < 2 else PROMPT), now=float(n))
+    (part,) = small._slots[A].expiry.parts
+    assert len(part) == 10 and set(part.values()) == {2.0 + small.ttl_s}
+
+
 def test_the_total_cap_evicts_from_the_largest_worker() -> None:
     index = KvIndex(max_blocks_per_worker=10_000, max_blocks=320)
     small = [StoredBlock(i, [i] * 16) for i in range(40)]
