@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, islice
+from typing import Generic, TypeVar
 
 from gateway.kv.prefix import DEPTH_BITS
 
@@ -19,18 +20,37 @@ Slot = tuple[str, int]  # (worker id, DP rank)
 SHARD_BITS = 6  # the index's key -> holders map
 SLOT_SHARD_BITS = 4  # a slot's maps
 SPREAD = secrets.randbits(32) | 1
+D = TypeVar("D", bound=dict[int, int] | dict[int, float])
 
 
-class Sharded:
+class Parts(Generic[D]):
+    """Int keys kept in several dicts (`parts`): their length, truth and keys as one."""
+
+    __slots__ = ("mask", "parts")
+
+    def __init__(self, parts: list[D]) -> None:
+        self.mask = len(parts) - 1
+        self.parts = parts
+
+    def __len__(self) -> int:
+        return sum(map(len, self.parts))
+
+    def __bool__(self) -> bool:
+        return any(self.parts)
+
+    def __iter__(self) -> Iterator[int]:
+        return chain.from_iterable(self.parts)
+
+
+class Sharded(Parts[dict[int, int]]):
     """A dict of int keys in 2**bits dicts; insertion order is kept per shard. Own keys
     (the gateway's hashes: random bits above the depth) pick their shard by those bits;
     `salted` maps (a worker's engine hashes) by a secret multiplier."""
 
-    __slots__ = ("mask", "parts", "salted")
+    __slots__ = ("salted",)
 
     def __init__(self, bits: int, salted: bool = False) -> None:
-        self.mask = (1 << bits) - 1
-        self.parts: list[dict[int, int]] = [{} for _ in range(1 << bits)]
+        super().__init__([{} for _ in range(1 << bits)])
         self.salted = salted
 
     def part(self, key: int) -> dict[int, int]:
@@ -56,15 +76,6 @@ class Sharded:
     def pop(self, key: int, default: int | None = None) -> int | None:
         return self.part(key).pop(key, default)
 
-    def __len__(self) -> int:
-        return sum(map(len, self.parts))
-
-    def __bool__(self) -> bool:
-        return any(self.parts)
-
-    def __iter__(self) -> Iterator[int]:
-        return chain.from_iterable(self.parts)
-
     def oldest(self, count: int) -> list[int]:
         """About `count` of the oldest keys: the oldest of every shard in turn."""
         each = -(-count // len(self.parts))
@@ -74,7 +85,7 @@ class Sharded:
 MIN_SHARE = 1024  # a slot's assumed blocks are split when each part holds this many
 
 
-class Expiry:
+class Expiry(Parts["OrderedDict[int, float]"]):
     """A slot's assumed blocks: own key -> when the assumption expires, oldest (= soonest
     to expire: one TTL per slot) first, in 2**SLOT_SHARD_BITS ordered maps by the key's bits,
     each holding at most its `share` of the capacity. One ordered map of 100,000 keys
@@ -83,12 +94,11 @@ class Expiry:
     the depth are random), so each map's oldest are about the slot's oldest; a small
     capacity keeps one map, its order exact."""
 
-    __slots__ = ("mask", "parts", "share")
+    __slots__ = ("share",)
 
     def __init__(self, capacity: int) -> None:
         bits = SLOT_SHARD_BITS if capacity >= MIN_SHARE << SLOT_SHARD_BITS else 0
-        self.mask = (1 << bits) - 1
-        self.parts: list[OrderedDict[int, float]] = [OrderedDict() for _ in range(1 << bits)]
+        super().__init__([OrderedDict() for _ in range(1 << bits)])
         self.share = -(-capacity // len(self.parts))
 
     def part(self, own: int) -> OrderedDict[int, float]:
@@ -99,15 +109,6 @@ class Expiry:
 
     def __delitem__(self, own: int) -> None:
         del self.part(own)[own]
-
-    def __len__(self) -> int:
-        return sum(map(len, self.parts))
-
-    def __bool__(self) -> bool:
-        return any(self.parts)
-
-    def __iter__(self) -> Iterator[int]:
-        return chain.from_iterable(self.parts)
 
 
 @dataclass(eq=False, slots=True)

@@ -11,6 +11,7 @@ from gateway.placement.policies.predicted_latency import EXPLORE_EVERY
 from gateway.upstream.latency import MIN_SEEN
 from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.inproc import client, gateway, idle, recorded, sim, worker
+from tests.support.latency import warm_up
 
 
 async def test_calls_go_where_the_first_token_comes_sooner() -> None:
@@ -26,14 +27,8 @@ async def test_calls_go_where_the_first_token_comes_sooner() -> None:
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         records = recorded(gw)
-        calls = 0
-        while min(worker(gw, w).latency.seen for w in (fast, slow)) < MIN_SEEN:
-            assert calls < 20 * MIN_SEEN, "both workers warm within a few explorations"
-            _, error = await collect(
-                stub.Generate(sgl_generate(f"w{calls}"), metadata=model_md("m"))
-            )
-            assert error is None
-            calls += 1
+        models = [worker(gw, w).latency for w in (fast, slow)]
+        await warm_up(stub, lambda: min(m.seen for m in models) >= MIN_SEEN, 20 * MIN_SEEN)
         warm = len(records)
         for i in range(2 * EXPLORE_EVERY):
             _, error = await collect(stub.Generate(sgl_generate(f"r{i}"), metadata=model_md("m")))

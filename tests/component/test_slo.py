@@ -19,6 +19,7 @@ from gateway.upstream.latency import MIN_SEEN
 from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.helpers import rich_status
 from tests.support.inproc import client, gateway, idle, pd_urls, recorded, sim, worker
+from tests.support.latency import warm_up
 
 
 def slo_md(**headers: str) -> tuple[tuple[str, str | bytes], ...]:
@@ -72,12 +73,8 @@ async def test_sheddable_calls_that_cannot_be_served_in_time_are_refused() -> No
     ):
         stub = sgl_grpc.SglangSchedulerStub(ch)
         records = recorded(gw)
-        calls = 0
-        while min(worker(gw, w).latency.seen for w in (fast, slow)) < MIN_SEEN:
-            assert calls < 20 * MIN_SEEN, "both workers warm within a few explorations"
-            _, error = await collect(stub.Generate(sgl_generate(f"w{calls}"), metadata=slo_md()))
-            assert error is None
-            calls += 1
+        models = [worker(gw, w).latency for w in (fast, slow)]
+        await warm_up(stub, lambda: min(m.seen for m in models) >= MIN_SEEN, 20 * MIN_SEEN)
         fast_s = worker(gw, fast).latency.predict(3, 0, 0)
         slow_s = worker(gw, slow).latency.predict(3, 0, 0)
         assert fast_s is not None and slow_s is not None and slow_s > 3 * fast_s
@@ -156,15 +153,14 @@ async def test_pd_legs_go_by_time_to_first_token_and_by_pace() -> None:
         stub = sgl_grpc.SglangSchedulerStub(ch)
         records = recorded(gw)
         models = [worker(gw, w).latency for w in (fast_p, slow_p, fast_d, slow_d)]
-        calls = 0
-        while min(m.seen for m in models[:2]) < MIN_SEEN or any(
-            m.predict_pace(1) is None for m in models[2:]
-        ):
-            assert calls < 40 * MIN_SEEN, "every worker warm within a few explorations"
-            request = sgl_generate(f"w{calls}", tokens=6)
-            _, error = await collect(stub.Generate(request, metadata=slo_md()))
-            assert error is None
-            calls += 1
+        await warm_up(
+            stub,
+            lambda: (
+                min(m.seen for m in models[:2]) >= MIN_SEEN
+                and all(m.predict_pace(1) is not None for m in models[2:])
+            ),
+            40 * MIN_SEEN,
+        )
         warm = len(records)
         for i in range(EXPLORE_EVERY):
             request = sgl_generate(f"r{i}", tokens=6)
