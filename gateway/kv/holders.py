@@ -4,6 +4,7 @@ off its keys, at once or in steps (`purge`)."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
@@ -117,6 +118,7 @@ class Holders:
                 holder_part = holder_parts[mixed & holder_mask]
                 holder_part[own] = holder_part.get(own, 0) | bit
             part[own] = expires
+        expiry.oldest = min(expiry.oldest, expires)  # what it held expires sooner, if any
         share = expiry.share
         for part in expiry_parts:
             while len(part) > share:
@@ -124,12 +126,16 @@ class Holders:
 
     def sweep(self, state: SlotState, now: float) -> None:
         """Expired assumptions go (the oldest expire first: one TTL per slot)."""
-        for part in state.expiry.parts:
+        expiry = state.expiry
+        oldest = math.inf
+        for part in expiry.parts:
             while part:
                 own, expires = next(iter(part.items()))
                 if expires >= now:
+                    oldest = min(oldest, expires)
                     break
                 self.forget(state, own)
+        expiry.oldest = oldest
 
     def forget(self, state: SlotState, own: int) -> None:
         del state.expiry[own]

@@ -46,7 +46,7 @@ class KvLookup:
             if not slots:
                 continue
             for state in slots.values():
-                if state.expiry:
+                if state.expiry.due(now):
                     self._holders.sweep(state, now)
                 wanted[state.block_size] = wanted.get(state.block_size, 0) | state.bit
         matched: dict[Slot, int] = {}

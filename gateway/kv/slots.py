@@ -3,6 +3,7 @@ and the sharded dicts it and the index's holders map are made of."""
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -94,12 +95,19 @@ class Expiry(Parts["OrderedDict[int, float]"]):
     the depth are random), so each map's oldest are about the slot's oldest; a small
     capacity keeps one map, its order exact."""
 
-    __slots__ = ("share",)
+    __slots__ = ("oldest", "share")
 
     def __init__(self, capacity: int) -> None:
         bits = SLOT_SHARD_BITS if capacity >= MIN_SHARE << SLOT_SHARD_BITS else 0
         super().__init__([OrderedDict() for _ in range(1 << bits)])
         self.share = -(-capacity // len(self.parts))
+        # At most the soonest expiry held (none: inf), so a lookup that finds nothing due
+        # costs one comparison, not a look at every part.
+        self.oldest = math.inf
+
+    def due(self, now: float) -> bool:
+        """Whether some assumption may have expired by `now`."""
+        return self.oldest < now
 
     def part(self, own: int) -> OrderedDict[int, float]:
         return self.parts[(own >> DEPTH_BITS) & self.mask]

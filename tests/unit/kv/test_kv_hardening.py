@@ -137,6 +137,11 @@ def test_assumed_blocks_are_kept_in_parts_that_never_grow_past_their_share() -> 
     assert 0.9 * 32_768 <= len(expiry) <= 32_768
     oldest = min(next(iter(part.values())) for part in expiry.parts)
     assert oldest >= 7.0 + index.ttl_s  # the first prompts went
+    assert expiry.oldest <= oldest and not expiry.due(0.0)  # a bound: nothing due yet
+    index.matched_tokens(Prefix(PROMPT), ["a:1"], now=oldest + 0.5)  # a lookup sweeps
+    assert expiry.oldest > oldest and all(
+        next(iter(part.values())) > oldest for part in expiry.parts if part
+    )
     small = KvIndex(capacity=12)
     for n in range(3):
         small.assume(A, Prefix(PROMPT[: 16 * 5] if n < 2 else PROMPT), now=float(n))
