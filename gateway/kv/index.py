@@ -317,16 +317,24 @@ class KvIndex(KvLookup):
         now: float,
         kv_tokens: int | None = None,
         block_size: int | None = None,
+        stored: int = 0,
     ) -> None:
         """The prompt's blocks will be cached on the slot: the gateway just sent it there.
         Until the worker's events say so (or for good, if it has none). `kv_tokens`: the
         worker's cache size, if it reports one (see `stored_tokens`); `block_size`: its
-        block size, if it reports one (else `kv.block_size`). `on_assume` hears it, on a
-        worker without KV events."""
+        block size, if it reports one (else `kv.block_size`); `stored`: the prompt's
+        tokens `stored_tokens` found stored there (a slot with events: those blocks are
+        not walked again, its events keep them). `on_assume` hears it, on a worker
+        without KV events."""
         state = self._assumable(slot, block_size)
         if state is None:
             return
-        hashes = prefix.hashes(state.block_size)[: min(self.capacity, ASSUME_BLOCKS)]
+        limit = min(self.capacity, ASSUME_BLOCKS)
+        if state.exact and stored:
+            skip = min(stored // state.block_size, limit)
+            self._assume(state, prefix.hashes(state.block_size)[skip:limit], now, kv_tokens)
+            return
+        hashes = prefix.hashes(state.block_size)[:limit]
         self._assume(state, hashes, now, kv_tokens)
         if self.on_assume is not None and hashes and not state.exact:
             # Workers with KV events tell every gateway themselves, within milliseconds.

@@ -91,8 +91,14 @@ class LatencyModel:
 
     def predict(self, uncached: int, backlog: int, load: float) -> float | None:
         """Seconds to the first message of a call with `uncached` prompt tokens placed
-        behind `backlog` tokens at `load`; None until MIN_SEEN observations."""
-        return self._ttft.predict(ttft_features(uncached, backlog, load))
+        behind `backlog` tokens at `load`; None until MIN_SEEN observations. (The dot
+        product written out: placement predicts every candidate, every call.)"""
+        fit = self._ttft
+        weights = fit.weights
+        if weights is None or fit.seen < MIN_SEEN:
+            return None
+        w0, w1, w2, w3 = weights
+        return max(0.0, w0 + (w1 * uncached + w2 * backlog) / PER_TOKENS + w3 * load)
 
     def observe_pace(self, load: float, pace_s: float) -> None:
         """One stream's mean time per message after the first, placed at `load`."""

@@ -178,7 +178,7 @@ class CacheAware(Policy):
         expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
         kv_tokens = chosen.load.kv_tokens if chosen.load is not None else None
         slot = (chosen.id, hit[1] if hit else 0)
-        self.index.assume(slot, prefix, now, kv_tokens, chosen.block_size)
+        self.index.assume(slot, prefix, now, kv_tokens, chosen.block_size, expected)
         # A data-parallel worker: name the rank whose cache holds the prompt, rather than
         # leave it to the engine's own balancing (a hit on a rank past 0 says the worker
         # has ranks, even before its other ranks sent their first batch: live only).
