@@ -111,3 +111,18 @@ def test_the_pace_follows_the_running_batch() -> None:
         predicted = model.predict_pace(load)
         assert predicted is not None
         assert abs(predicted - (0.01769 + 0.000841 * load)) / predicted < 0.05
+
+
+def test_stalls_the_features_do_not_explain_leave_the_usual_time() -> None:
+    """One call in five stalls at ten times its time (a core taken, an engine hiccup):
+    fitted by relative error, the prediction stays near the usual time, where the median
+    of the observations is."""
+    model = LatencyModel()
+    draw = random.Random(4)
+    for i in range(200):
+        uncached, load = draw.randrange(0, 2000), draw.randrange(0, 4)
+        seconds = ttft(uncached, load) * (10.0 if i % 5 == 0 else draw.uniform(0.95, 1.05))
+        model.observe(uncached, 0, load, seconds)
+    predicted = model.predict(1000, 0, 2)
+    assert predicted is not None
+    assert abs(predicted - ttft(1000, 2)) / ttft(1000, 2) < 0.25
