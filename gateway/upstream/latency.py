@@ -14,9 +14,9 @@ Time to first token is fitted by its relative error (each observation weighted b
 1/observed^2), not its absolute one: a worker's times have a heavy tail its features do
 not explain (a call that waited for a core, a scheduling stall of the engine), and in
 plain least squares one stall ten times the usual time pulled every prediction up by a
-good part of it (on real vLLM workers on CPU, calls of a usual 10-30 ms with one in five
-stalled at 100-300 ms were predicted at some 60 ms: a median error over 100%; weighted,
-some 40%: see tests/engines/test_predicted_latency.py). The prediction is the usual time,
+good part of it (a real vLLM worker on CPU, calls of a usual 10-30 ms with one in six
+stalled at 70-300 ms: a median error of 46-126% fitted plainly, 18-24% weighted, on a
+quiet machine: see tests/engines/test_predicted_latency.py). The prediction is the usual time,
 what a stall does not move; a worker slower on every call moves it as before, a little
 later when it slows down (its older, faster observations weigh more: a twofold slowdown
 is followed in some 50 calls instead of 25) and sooner when it speeds up.
