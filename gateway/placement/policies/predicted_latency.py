@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Self, cast
 
@@ -76,7 +76,7 @@ class PredictedLatency(CacheAware):
             pick = usual if ttfts[usual] <= ttfts[fastest] else fastest
             slo = hints.slo
             if slo is not None:
-                paces = paced(view) if slo.tpot_s is not None else None
+                paces = paced(view.workers, view.loads) if slo.tpot_s is not None else None
                 aimed = within(slo, pick, ttfts, paces, view.order)
                 if isinstance(aimed, Unattainable):
                     return aimed
@@ -111,26 +111,20 @@ class PredictedLatency(CacheAware):
 def predicted(view: View, uncached: Sequence[int]) -> list[float] | None:
     """Each candidate's predicted seconds to its first message (`uncached`: its prompt
     tokens to prefill there); None while any is cold."""
-    found = []
     rows = zip(view.workers, uncached, view.backlogs, view.loads, strict=True)
-    for worker, tokens, backlog, load in rows:
-        seconds = worker.latency.predict(tokens, backlog, load)
-        if seconds is None:
-            return None
-        found.append(seconds)
-    return found
+    return every(w.latency.predict(tokens, backlog, load) for w, tokens, backlog, load in rows)
 
 
-def paced(view: View) -> list[float] | None:
+def paced(workers: Sequence[Worker], loads: Sequence[float]) -> list[float] | None:
     """Each candidate's predicted seconds per output token with the call running there
     (its load plus this call); None while any is cold."""
-    found = []
-    for worker, load in zip(view.workers, view.loads, strict=True):
-        seconds = worker.latency.predict_pace(load + 1)
-        if seconds is None:
-            return None
-        found.append(seconds)
-    return found
+    return every(w.latency.predict_pace(load + 1) for w, load in zip(workers, loads, strict=True))
+
+
+def every(predictions: Iterable[float | None]) -> list[float] | None:
+    """The predictions, or None if a model was cold for any of them."""
+    found = list(predictions)
+    return None if None in found else cast("list[float]", found)
 
 
 def headroom(slo: Slo, ttft_s: float, tpot_s: float | None) -> float:
@@ -190,19 +184,16 @@ class PacedDecode(Policy):
         now = time.monotonic()
         loads = [load_of(w, now, self.stale_after_s) for w in workers]
         self._turn = (self._turn + 1) % EXPLORE_EVERY
-        paces = [w.latency.predict_pace(load + 1) for w, load in zip(workers, loads, strict=True)]
-        known = [p for p in paces if p is not None]
+        paces = paced(workers, loads)
         pick: int
-        if self._turn == 0 or len(known) < len(paces):
+        if self._turn == 0 or paces is None:
             chosen = self.fallback.pick(candidates, hints)
             if chosen is None:
                 return None
             pick = list(candidates).index(chosen)
         else:
-            order = range(len(known))
-            pick = min(order, key=lambda i: (known[i], loads[i]))
-            slo = hints.slo
-            late = slo is not None and slo.tpot_s is not None and known[pick] > slo.tpot_s
-            if late and slo is not None and slo.sheddable:
-                return Unattainable(slo, None, known[pick])
+            pick = min(range(len(paces)), key=lambda i: (paces[i], loads[i]))
+            slo, pace = hints.slo, paces[pick]
+            if slo is not None and slo.sheddable and slo.tpot_s is not None and pace > slo.tpot_s:
+                return Unattainable(slo, None, pace)
         return Choice(candidates[pick], placed_on=PlacedOn(loads[pick], 0))
