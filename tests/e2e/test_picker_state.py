@@ -217,7 +217,7 @@ def bench_routing() -> Any:
 
 async def test_cache_aware_hits_as_much_through_envoy_as_through_the_relay() -> None:
     """The routing benchmark's multi-turn trace (smaller), sent through the relay and
-    through Envoy + picker with cache_aware: the workers' own hit rates agree within 5
+    through Envoy + picker with cache_aware: the workers' own hit rates agree within 10
     points (the same placement rules on the same index)."""
     bench = bench_routing()
     args = argparse.Namespace(
@@ -232,12 +232,12 @@ async def test_cache_aware_hits_as_much_through_envoy_as_through_the_relay() -> 
     picked = await bench.run_policy(args, "cache_aware", True, trace, picker=True)
     assert relay.failures == picked.failures == 0
     assert relay.hit_rate > 0.5
-    # At least as much, within 5 points (2 while ties went by rotation): ties now go to
-    # the prompt's own rendezvous order (alike on every gateway), and where the balance
-    # guard steps in follows each mode's timing (measured 2-7 points either way on a busy
-    # machine). A picker that placed otherwise (an index it does not teach) falls far
-    # below: 0.3 or so. One-sided, as the test's name says.
-    assert picked.hit_rate >= relay.hit_rate - 0.05
+    # At least as much, within 10 points: ties go to the prompt's own rendezvous order
+    # (alike on every gateway), but where the balance guard steps in follows each mode's
+    # timing (measured 2-7 points either way on a busy machine, so 5 was too tight). A
+    # picker that placed otherwise (an index it does not teach) falls far below: 0.3 or
+    # so. One-sided, as the test's name says.
+    assert picked.hit_rate >= relay.hit_rate - 0.10
 
 
 async def test_serving_processes_share_the_picker_port(
