@@ -101,7 +101,7 @@ async def test_hosts_that_leave_take_what_they_cost_with_them(tmp_path: Path) ->
                 try:
                     await until(lambda: len(asyncio.all_tasks()) <= costs[0].tasks)
                 except AssertionError:
-                    left = sorted(t.get_coro().__qualname__ for t in asyncio.all_tasks())
+                    left = sorted(repr(t.get_coro()) for t in asyncio.all_tasks())
                     raise AssertionError(f"{costs[0].tasks} tasks before, now: {left}") from None
                 costs.append(Cost.now())
 
