@@ -332,7 +332,8 @@ class KvIndex(KvLookup):
         limit = min(self.capacity, ASSUME_BLOCKS)
         if state.exact and stored:
             skip = min(stored // state.block_size, limit)
-            self._assume(state, prefix.hashes(state.block_size)[skip:limit], now, kv_tokens)
+            hashes = prefix.hashes(state.block_size)[skip:limit]
+            self._assume(state, hashes, now, kv_tokens, past_stored=True)
             return
         hashes = prefix.hashes(state.block_size)[:limit]
         self._assume(state, hashes, now, kv_tokens)
@@ -377,9 +378,14 @@ class KvIndex(KvLookup):
         return state
 
     def _assume(
-        self, state: SlotState, hashes: Sequence[int], now: float, kv_tokens: int | None
+        self,
+        state: SlotState,
+        hashes: Sequence[int],
+        now: float,
+        kv_tokens: int | None,
+        past_stored: bool = False,
     ) -> None:
         expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
-        self._holders.assume(state, hashes, expires)
+        self._holders.assume(state, hashes, expires, past_stored)
         if not state.exact and kv_tokens:
             state.model(hashes, min(self.capacity, kv_tokens // state.block_size))

@@ -28,7 +28,7 @@ time other processes took the core (a placement of a millisecond on a busy 2-cor
 machine often waits out another's 4 ms time slice) nor a collector's pass (it runs on
 whichever allocation crosses its threshold, and a full one walks the whole heap, this
 script's too: printed apart). Then the ratios predicted_latency / cache_aware, and
-PASS/FAIL against the issue's limits: predicted_latency's p99 at 16 workers under 0.2
+PASS/FAIL against the issue's limits: predicted_latency's median and p99 at 16 workers under 0.2
 ms, and its longest (CPU, less the collector) at the largest fleet under 5 ms. A fixed
 piece of work (~0.1 ms) is timed after every placement: its max is the machine's own
 floor (other processes, the host), to read the wall maxima against.
@@ -68,7 +68,7 @@ POLICIES = ("round_robin", "least_inflight", "cache_aware", "predicted_latency")
 # discovery sources add up); 256 is a discovery source's default `max_hosts`.
 LARGEST = 256
 SIZES = (2, 4, 8, 16, 64, LARGEST)
-P99_LIMIT_US = 200.0  # predicted_latency's p99 at 16 workers (the target)
+P99_LIMIT_US = 200.0  # predicted_latency's median and p99 at 16 workers (the target)
 P99_AT = 16
 STALL_LIMIT_US = 5000.0  # one placement's longest stall of the loop, at the largest fleet
 VOCAB = 150_000
@@ -461,12 +461,13 @@ def verdicts(results: list[Result]) -> list[str]:
     if at16 is None or "predicted_latency" not in at16.choose:
         lines.append(f"p99 at {P99_AT} workers: not measured (--sizes, --policies)")
     else:
-        p99 = at16.choose["predicted_latency"].p99
-        verdict = "PASS" if p99 <= P99_LIMIT_US else "FAIL"
-        lines.append(
-            f"{verdict}: predicted_latency p99 at {P99_AT} workers {p99:.1f} us "
-            f"({p99 / P99_LIMIT_US:.2f}x the {P99_LIMIT_US:.0f} us limit)"
-        )
+        at = at16.choose["predicted_latency"]
+        for label, us in (("median", at.median), ("p99", at.p99)):
+            verdict = "PASS" if us <= P99_LIMIT_US else "FAIL"
+            lines.append(
+                f"{verdict}: predicted_latency {label} at {P99_AT} workers {us:.1f} us "
+                f"({us / P99_LIMIT_US:.2f}x the {P99_LIMIT_US:.0f} us limit)"
+            )
     largest = max(results, key=lambda r: r.size)
     if "predicted_latency" in largest.choose:
         s = largest.choose["predicted_latency"]

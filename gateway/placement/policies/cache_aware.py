@@ -163,9 +163,10 @@ class CacheAware(Policy):
         """The index of the candidate to place on: the cheapest within the guard."""
         return cheapest(view.loads, view.uncached, self.settings, view.order, view.shares)
 
-    def commit(self, view: View, pick: int) -> Choice[C]:
+    def commit(self, view: View, pick: int, stored: int | None = None) -> Choice[C]:
         """The placement made: remembered by the index (assumed cached there, counted in
-        the shares), and what the call should know of it."""
+        the shares), and what the call should know of it. `stored`: what the chosen
+        worker is seen to store of the prompt, if the caller has found it already."""
         chosen = view.workers[pick]
         now, prefix, matched = view.now, view.prefix, view.matched
         self.last = chosen.id
@@ -175,7 +176,10 @@ class CacheAware(Policy):
             return Choice(cast("C", chosen), placed_on=seen)
         hit = matched.get(chosen.id)
         # What the worker holds of it before this placement adds it.
-        expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
+        if stored is not None:
+            expected = stored
+        else:
+            expected = self.index.stored_tokens(prefix, (chosen.id, hit[1]), hit[0]) if hit else 0
         kv_tokens = chosen.load.kv_tokens if chosen.load is not None else None
         slot = (chosen.id, hit[1] if hit else 0)
         self.index.assume(slot, prefix, now, kv_tokens, chosen.block_size, expected)

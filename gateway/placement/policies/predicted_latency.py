@@ -87,7 +87,8 @@ class PredictedLatency(CacheAware):
             if ttfts is not None
             else worker.latency.predict(uncached[pick], view.backlogs[pick], view.loads[pick])
         )
-        chosen: Choice[C] = self.commit(view, pick)
+        stored = len(view.prefix) - uncached[pick] if view.prefix is not None else None
+        chosen: Choice[C] = self.commit(view, pick, stored)
         assert chosen.placed_on is not None  # cache-aware's commit always says
         return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
 

@@ -117,7 +117,7 @@ def test_events_take_over_from_assumptions() -> None:
 
 def test_the_stored_part_of_a_match_is_found_in_long_prompts_too() -> None:
     index = KvIndex(pending_ttl_s=5)
-    long = list(range(10_000, 10_000 + 300 * 16))  # 300 blocks: past 2 x STRIDE
+    long = list(range(10_000, 10_000 + 300 * 16))  # 300 blocks: past two strides
     index.store(A, stored(long[: 200 * 16], 1), None)
     index.assume(A, Prefix(long), now=0)
     assert index.matched_tokens(Prefix(long), ["a:1"], 1) == {A: 300 * 16}
