@@ -124,6 +124,33 @@ class Outcome:
         counted = [t for i, t in self.firsts.items() if i >= after and i not in self.shed_calls]
         return sum(1 for t in counted if t is not None and t <= goal) / max(1, len(counted))
 
+    def misses(self, after: int = 0, before: int | None = None) -> str:
+        """The calls (from the `after`-th, before the `before`-th; not shed) that missed
+        the objective, by what the gateway predicted for them: within it (mispredicted),
+        past it already (no worker predicted in time), or nothing (cold models, exploring,
+        failed)."""
+        goal = self.slo_s
+        assert goal is not None
+        within, past, unknown = [], [], 0
+        for i, first in self.firsts.items():
+            if i < after or (before is not None and i >= before) or i in self.shed_calls:
+                continue
+            if first is not None and first <= goal:
+                continue
+            guess = self.predicted.get(f"r{i}")
+            if guess is None:
+                unknown += 1
+            elif guess[0] / 1000 <= goal:
+                within.append(guess)
+            else:
+                past.append(guess)
+        ratio = statistics.median(o / p for p, o in within) if within else float("nan")
+        return (
+            f"missed {len(within) + len(past) + unknown}: {len(within)} predicted within it "
+            f"(observed / predicted, median {ratio:.2f}x), {len(past)} predicted past it, "
+            f"{unknown} without a prediction"
+        )
+
     def recovery(self, seconds: int = 8) -> str:
         """Hit rate per second after the restart (by request start time)."""
         if self.restarted_at is None:
@@ -569,17 +596,19 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
         f"{profile.max_batch}; estimated capacity {capacity:.1f} calls/s"
     )
     slo_s = None
-    late = 0
+    unmet: list[int] = []
     if args.slo_ttft_x is not None:
         idle = idle_median_ttft(args, trace)
         slo_s = args.slo_ttft_x * idle
-        late = unavoidable_misses(trace, profile, args.block_size, slo_s)
+        unmet = unavoidable_misses(trace, profile, args.block_size, slo_s)
+        late = len(unmet)
         print(
             f"idle median TTFT {idle * 1000:.1f} ms (the first {IDLE_CALLS} calls, one at a "
             f"time, cache_aware): x-slo-ttft-ms = {args.slo_ttft_x:g} x = {slo_s * 1000:.1f} "
             f"ms; {late} calls ({late / len(trace):.1%}) cannot meet it under any placement "
             f"(their unshared prompt's prefill alone takes longer): at most "
-            f"{1 - late / len(trace):.1%} attainable"
+            f"{1 - late / len(trace):.1%} attainable ({sum(i < IDLE_CALLS for i in unmet)} of "
+            f"them in the first {IDLE_CALLS})"
         )
     rows = []
     for name in args.policies.split(","):
@@ -602,12 +631,16 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
             print(f"  {r.policy} at {load:.2f}: {r.prediction_error()}")
         if r.slo_s is not None:
             attained = r.attainment()
-            possible = 1 - late / len(trace)
+            possible = 1 - len(unmet) / len(trace)
             print(
                 f"  {r.policy} at {load:.2f}: SLO attainment {attained:.1%} "
                 f"(x-slo-ttft-ms {r.slo_s * 1000:.1f}), {attained / possible:.1%} of the "
                 f"attainable; after the first {IDLE_CALLS} calls (warm-up) "
                 f"{r.attainment(IDLE_CALLS):.1%}; shed {r.shed}"
+            )
+            print(
+                f"  {r.policy} at {load:.2f}: in the warm-up {r.misses(0, IDLE_CALLS)}; "
+                f"after it {r.misses(IDLE_CALLS)}"
             )
 
 

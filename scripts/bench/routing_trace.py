@@ -83,13 +83,16 @@ def fleet_capacity(
     return float(sum(speed * per_worker for speed in speeds))
 
 
-def unavoidable_misses(trace: list[Turn], profile: Profile, block_size: int, slo_s: float) -> int:
-    """Calls no placement could serve within `slo_s`: even on an idle full-speed worker
+def unavoidable_misses(
+    trace: list[Turn], profile: Profile, block_size: int, slo_s: float
+) -> list[int]:
+    """The calls (their places in the trace) no placement could serve within `slo_s`:
+    even on an idle full-speed worker
     that holds every earlier prompt of the trace (an unbounded cache), prefilling what no
     earlier prompt shares with it takes longer (a tenant's first system prompt)."""
     seen: set[int] = set()
-    late = 0
-    for turn in trace:
+    late = []
+    for n, turn in enumerate(trace):
         parent = hash(("root", turn.lora))
         shared = 0
         hashes = []
@@ -101,6 +104,6 @@ def unavoidable_misses(trace: list[Turn], profile: Profile, block_size: int, slo
                 break
             shared += 1
         if profile.prefill_s(len(turn.tokens) - shared * block_size) > slo_s:
-            late += 1
+            late.append(n)
         seen.update(hashes)
     return late

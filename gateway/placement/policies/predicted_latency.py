@@ -22,7 +22,8 @@ placements that make sense (and no call is refused for its objectives: nothing i
 predicted). One call in `EXPLORE_EVERY` explores: it goes to a cold candidate if there is
 one (cache-aware affinity alone would never warm a worker that holds none of the
 prompts), else as `cache_aware` would place it (a worker the predictions avoid still gets
-observations, so its model does not keep an old picture). Ties go to the prompt's
+observations, so its model does not keep an old picture), unless that is predicted to
+miss the call's objective: then the next call explores. Ties go to the prompt's
 rendezvous order, as cache-aware ones do. The cost per placement is cache-aware's plus,
 per candidate, what the worker is seen to store of the prompt (a bisection of the
 index) and one or two predictions (a dot product of four, and one of two)."""
@@ -66,15 +67,15 @@ class PredictedLatency(CacheAware):
         uncached = self.uncached(view)
         ttfts = predicted(view, uncached)
         self._turn = (self._turn + 1) % EXPLORE_EVERY
-        if self._turn == 0:  # explore: a cold worker gets a call, else cache-aware's pick
-            coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
-            pick = coldest if view.workers[coldest].latency.seen < MIN_SEEN else usual
+        slo = hints.slo
+        explored = self.explore(view, usual, ttfts, slo) if self._turn == 0 else None
+        if explored is not None:
+            pick = explored
         elif ttfts is None:
             pick = usual
         else:
             fastest = min(view.order, key=lambda i: ttfts[i])
             pick = usual if ttfts[usual] <= ttfts[fastest] else fastest
-            slo = hints.slo
             if slo is not None:
                 paces = paced(view.workers, view.loads) if slo.tpot_s is not None else None
                 aimed = within(slo, pick, ttfts, paces, view.order)
@@ -91,6 +92,21 @@ class PredictedLatency(CacheAware):
         chosen: Choice[C] = self.commit(view, pick, stored)
         assert chosen.placed_on is not None  # cache-aware's commit always says
         return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
+
+    def explore(
+        self, view: View, usual: int, ttfts: Sequence[float] | None, slo: Slo | None
+    ) -> int | None:
+        """This turn's exploring placement: a cold worker if there is one, else
+        cache-aware's choice, unless that is predicted to miss the call's time-to-first-
+        token objective (None: the next call explores instead, so exploring never costs
+        a call its objective)."""
+        coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
+        if view.workers[coldest].latency.seen < MIN_SEEN:
+            return coldest
+        if ttfts is None or slo is None or headroom(slo, ttfts[usual], None) >= 0:
+            return usual
+        self._turn = EXPLORE_EVERY - 1
+        return None
 
     def uncached(self, view: View) -> list[int]:
         """Each candidate's prompt tokens to prefill: the prompt less what the worker is

@@ -82,3 +82,24 @@ def test_while_cold_no_call_is_refused_for_its_objectives() -> None:
     warmed(two, 0.5, 1e-4)
     answers = [policy.choose([one, two], hints) for _ in range(EXPLORE_EVERY)]
     assert sum(isinstance(a, Unattainable) for a in answers) >= EXPLORE_EVERY - 1
+
+
+def test_exploring_never_costs_a_call_its_objective() -> None:
+    """With every model warm, the exploring turn goes to cache-aware's choice only when
+    that is predicted to meet the call's objective; otherwise the next call explores."""
+    index = KvIndex()
+    policy = PredictedLatency(index, KvConfig(), stale_after_s=3)
+    fast, slow = worker_on(1), worker_on(2)
+    cached = policy.pick([fast, slow], Hints(prefix=Prefix(PROMPT)))  # cold: cache-aware's
+    assert cached is not None
+    other = slow if cached is fast else fast
+    warmed(cached, 0.5, 1e-4)  # the worker holding the prompt takes half a second
+    warmed(other, 0.01, 1e-4)
+    tight = Hints(prefix=Prefix(PROMPT), slo=Slo(ttft_s=0.2))
+    picks = [policy.pick([fast, slow], tight) for _ in range(3 * EXPLORE_EVERY)]
+    assert picks.count(cached) == 0  # every exploring turn deferred
+    # A call without an objective takes the deferred turn: it explores cache-aware's pick.
+    assert policy.pick([fast, slow], Hints(prefix=Prefix(PROMPT))) is cached
+    loose = Hints(prefix=Prefix(PROMPT), slo=Slo(ttft_s=2.0))  # met anywhere: explores
+    picks = [policy.pick([fast, slow], loose) for _ in range(EXPLORE_EVERY)]
+    assert picks.count(cached) == 1
