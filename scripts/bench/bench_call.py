@@ -194,7 +194,7 @@ async def main_async(args: argparse.Namespace) -> None:
         else:
             raise SystemExit("the simulated worker did not become ready")
         messages = answer_messages(args.tokens)
-        gw.parts.fleet.method = lambda worker, path, streaming: (  # type: ignore[method-assign]
+        gw.parts.fleet.method = lambda worker, path, streaming: (  # type: ignore[method-assign,misc]
             lambda request, metadata, timeout: FakeStream(messages)
         )
         front = next(f for f in gw.parts.fronts if f.adapter.service_name.startswith("sglang"))

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gateway.config import StateConfig
 from gateway.kv.index import KvIndex
-from gateway.kv.prefix import Prefix
-from gateway.state.assumptions import HEAD, SharedAssumptions, seed_tag
+from gateway.kv.prefix import Prefix, seed_tag
+from gateway.state.assumptions import HEAD, SharedAssumptions
 from gateway.state.store import Store
 
 WORKERS = [f"10.0.0.{i}:30000" for i in range(16)]

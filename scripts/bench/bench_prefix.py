@@ -28,7 +28,7 @@ from gateway.core.offload import Offload
 from gateway.core.roles import Runtime
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.placement.policies import Hints
+from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.upstream.signals.outlier import OutlierDetector
 from gateway.upstream.worker import Worker
@@ -73,7 +73,7 @@ async def place_128k(rounds: int) -> float:
         start = time.perf_counter()
         chosen = policy.choose(hosts, Hints(prefix=prefix))
         times.append(time.perf_counter() - start)
-        assert chosen is not None and chosen.expected_cached == 128 * 1024
+        assert isinstance(chosen, Choice) and chosen.expected_cached == 128 * 1024
     return statistics.median(times)
 
 
