@@ -10,6 +10,7 @@ A plugin policy subclasses `Policy` the same way (see `registry`).
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +65,9 @@ class Candidate(Protocol):
 
 C = TypeVar("C", bound=Candidate)
 W = TypeVar("W")
+# Tie orders kept (a prompt's anchor and its candidates): a client choosing prompts only
+# churns them, a few hundred bytes each.
+RENDEZVOUS_ORDERS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +114,18 @@ def rendezvous_pick(candidates: Sequence[C], key: str) -> C:
     return max(candidates, key=lambda c: rendezvous_weight(key, c.id))
 
 
-def rendezvous_order(ids: Sequence[str], key: str) -> list[int]:
+def rendezvous_order(ids: Sequence[str], key: str) -> Sequence[int]:
     """The candidates' indices in `rendezvous_pick`'s order for `key`, best first (so
     gateways that see the same prompt break ties alike, and different prompts spread)."""
-    return sorted(range(len(ids)), key=lambda i: rendezvous_weight(key, ids[i]), reverse=True)
+    return _rendezvous_order(tuple(ids), key)
+
+
+@functools.lru_cache(maxsize=RENDEZVOUS_ORDERS)
+def _rendezvous_order(ids: tuple[str, ...], key: str) -> tuple[int, ...]:
+    """A hot prompt's candidates come again and again: a hash per candidate and a sort
+    (~12 us at 16 candidates, measured) kept for the most recent ones."""
+    ranked = sorted(range(len(ids)), key=lambda i: rendezvous_weight(key, ids[i]), reverse=True)
+    return tuple(ranked)
 
 
 class Policy:

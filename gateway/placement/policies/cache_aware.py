@@ -99,7 +99,7 @@ class View:
     matched: dict[str, tuple[int, int]]  # worker -> (tokens cached, rank)
     loads: list[float]
     uncached: list[int]
-    order: list[int]  # tie-break order, best first
+    order: Sequence[int]  # tie-break order, best first
     shares: list[float]
     backlogs: list[int]  # uncached tokens placed there, not yet at their first message
 
