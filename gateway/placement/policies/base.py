@@ -65,9 +65,10 @@ class Candidate(Protocol):
 
 C = TypeVar("C", bound=Candidate)
 W = TypeVar("W")
-# Tie orders kept (a prompt's anchor and its candidates): a client choosing prompts only
-# churns them, a few hundred bytes each.
-RENDEZVOUS_ORDERS = 4096
+# Tie orders kept (a prompt's anchor and its candidates): ~0.4 KB each at 16 candidates,
+# ~4 KB at 256 (at most ~4 MB); a client choosing prompts only churns them. A fleet's hot
+# prompts (a tenant's system prompt) are far fewer.
+RENDEZVOUS_ORDERS = 1024
 
 
 @dataclass(frozen=True, slots=True)
