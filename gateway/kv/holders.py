@@ -109,14 +109,13 @@ class Holders:
         not looked up among its stored blocks (a cold read each, a third of the cost): one
         stored past a gap is then remembered as placed too, which only keeps it held until
         the assumption expires."""
-        skip_stored = not past_stored
         expiry, bit = state.expiry, state.bit
         expiry_parts, expiry_mask = expiry.parts, expiry.mask
         copy_parts, copy_mask = state.copies.parts, state.copies.mask
         holder_parts, holder_mask = self.keys.parts, self.keys.mask
         for own in hashes:
             mixed = own >> DEPTH_BITS
-            if skip_stored and own in copy_parts[mixed & copy_mask]:
+            if not past_stored and own in copy_parts[mixed & copy_mask]:
                 continue
             part = expiry_parts[mixed & expiry_mask]
             if own in part:

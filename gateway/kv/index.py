@@ -330,13 +330,9 @@ class KvIndex(KvLookup):
         if state is None:
             return
         limit = min(self.capacity, ASSUME_BLOCKS)
-        if state.exact and stored:
-            skip = min(stored // state.block_size, limit)
-            hashes = prefix.hashes(state.block_size)[skip:limit]
-            self._assume(state, hashes, now, kv_tokens, past_stored=True)
-            return
-        hashes = prefix.hashes(state.block_size)[:limit]
-        self._assume(state, hashes, now, kv_tokens)
+        skip = min(stored // state.block_size, limit) if state.exact else 0
+        hashes = prefix.hashes(state.block_size)[skip:limit]
+        self._assume(state, hashes, now, kv_tokens, past_stored=skip > 0)
         if self.on_assume is not None and hashes and not state.exact:
             # Workers with KV events tell every gateway themselves, within milliseconds.
             self.on_assume(slot, state.block_size, hashes, kv_tokens)

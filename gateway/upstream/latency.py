@@ -72,10 +72,14 @@ class Fit:
         # The ridge at the scale of the weights (RIDGE itself when every weight is 1).
         self.weights = solve(a, b, RIDGE * self._mass / self._count)
 
+    def ready(self) -> Weights | None:
+        """The weights, once MIN_SEEN observations are in (cold: None)."""
+        return self.weights if self.seen >= MIN_SEEN else None
+
     def predict(self, x: tuple[float, ...]) -> float | None:
         """w . x (never below 0); None until MIN_SEEN observations."""
-        weights = self.weights
-        if weights is None or self.seen < MIN_SEEN:
+        weights = self.ready()
+        if weights is None:
             return None
         return max(0.0, sum(w * v for w, v in zip(weights, x, strict=True)))
 
@@ -112,10 +116,10 @@ class LatencyModel:
     def predict(self, uncached: int, backlog: int, load: float) -> float | None:
         """Seconds to the first message of a call with `uncached` prompt tokens placed
         behind `backlog` tokens at `load`; None until MIN_SEEN observations. (The dot
-        product written out: placement predicts every candidate, every call.)"""
-        fit = self._ttft
-        weights = fit.weights
-        if weights is None or fit.seen < MIN_SEEN:
+        product of `ttft_features` written out: placement predicts every candidate, every
+        call.)"""
+        weights = self._ttft.ready()
+        if weights is None:
             return None
         w0, w1, w2, w3 = weights
         return max(0.0, w0 + (w1 * uncached + w2 * backlog) / PER_TOKENS + w3 * load)

@@ -87,9 +87,9 @@ def unavoidable_misses(
     trace: list[Turn], profile: Profile, block_size: int, slo_s: float
 ) -> list[int]:
     """The calls (their places in the trace) no placement could serve within `slo_s`:
-    even on an idle full-speed worker
-    that holds every earlier prompt of the trace (an unbounded cache), prefilling what no
-    earlier prompt shares with it takes longer (a tenant's first system prompt)."""
+    even on an idle full-speed worker that holds every earlier prompt of the trace (an
+    unbounded cache), prefilling what no earlier prompt shares with it takes longer (a
+    tenant's first system prompt)."""
     seen: set[int] = set()
     late = []
     for n, turn in enumerate(trace):

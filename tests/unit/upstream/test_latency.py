@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gateway.observability.record import CallRecord, PlacedOn
-from gateway.upstream.latency import MIN_SEEN, LatencyModel, Lesson, lessons
+from gateway.upstream.latency import MIN_SEEN, LatencyModel, Lesson, lessons, ttft_features
 
 
 def lesson(record: CallRecord) -> Lesson | None:
@@ -126,3 +126,21 @@ def test_stalls_the_features_do_not_explain_leave_the_usual_time() -> None:
     predicted = model.predict(1000, 0, 2)
     assert predicted is not None
     assert abs(predicted - ttft(1000, 2)) / ttft(1000, 2) < 0.25
+
+
+def test_the_written_out_prediction_is_the_fits_over_the_features() -> None:
+    """`LatencyModel.predict` writes the dot product out for speed: it stays the fit's own
+    prediction over `ttft_features`, cold and warm."""
+    model = LatencyModel()
+    draw = random.Random(7)
+    for i in range(3 * MIN_SEEN):
+        uncached, backlog, load = draw.randrange(0, 4000), draw.randrange(0, 8000), i % 5
+        written, fitted = (
+            model.predict(uncached, backlog, load),
+            model._ttft.predict(ttft_features(uncached, backlog, load)),
+        )
+        if i < MIN_SEEN:
+            assert written is None and fitted is None
+        else:
+            assert written is not None and written == pytest.approx(fitted, rel=1e-12)
+        model.observe(uncached, backlog, load, ttft(uncached, load, backlog=backlog))
