@@ -14,9 +14,11 @@ import structlog
 from gateway.admin.client import add_workers_arguments, run_workers
 from gateway.admin.text import format_table
 from gateway.admin.v1 import admin_pb2 as pb
+from gateway.upstream.worker import WorkerStatus
 from gateway_sim.client import free_port
 from tests.support import admin_server
 from tests.support.admin_server import TOKEN, Admin, start, stop
+from tests.support.waits import until
 
 admin = admin_server.admin  # the fixture (tests/support/admin_server.py)
 
@@ -48,19 +50,26 @@ async def test_cli_verbs(admin: Admin, capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert out == f"added {worker_id} (model m, runtime sglang, role regular): pending\n"
 
+    # Nothing listens there: its first probe fails and it settles not_ready. Wait for that,
+    # so both listings below see one status (listing while it moves raced: CI saw it move).
+    worker = admin.fleet.registry.get(worker_id)
+    assert worker is not None
+    await until(lambda: worker.status is WorkerStatus.NOT_READY, what="first probe failed")
+    capsys.readouterr()  # the fleet's own log line of it
+
     assert await cli("list", *at) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header.split()[:8] == [
         "WORKER", "MODEL", "RUNTIME", "ROLE", "SOURCE", "STATUS", "INFLIGHT", "OUTLIER"
     ]  # fmt: skip
     assert row.split()[:8] == [
-        worker_id, "m", "sglang", "regular", "admin", "pending", "0", "closed"
+        worker_id, "m", "sglang", "regular", "admin", "not_ready", "0", "closed"
     ]  # fmt: skip
 
     assert await cli("list", "--json", *at) == 0
     (line,) = capsys.readouterr().out.splitlines()
     listed = json.loads(line)
-    assert (listed["id"], listed["status"]) == (worker_id, "WORKER_STATUS_PENDING")
+    assert (listed["id"], listed["status"]) == (worker_id, "WORKER_STATUS_NOT_READY")
     assert listed["inflight"] == 0  # zero values are printed, not left out
 
     assert await cli("watch", "--count", "1", *at) == 0
