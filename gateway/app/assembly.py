@@ -61,7 +61,6 @@ from gateway.security.tls import CertificateFiles, channel_credentials
 from gateway.services.health import HealthService
 from gateway.state.assumptions import SharedAssumptions
 from gateway.state.budgets import TenantBudgets
-from gateway.state.latency import SharedLatency
 from gateway.state.routes import RouteWriter
 from gateway.state.sessions import SharedSessions
 from gateway.state.store import Store
@@ -90,7 +89,6 @@ class Parts:
     store: Store | None
     sessions: SharedSessions | None
     assumptions: SharedAssumptions | None
-    latencies: SharedLatency | None
     budgets: TenantBudgets
     upstreams: Upstreams
     rooms: WaitingRooms | None
@@ -211,8 +209,6 @@ def assemble(
         assumptions = SharedAssumptions(
             fleet.kv_index, store, lambda worker: fleet.registry.get(worker) is not None
         )
-    # What the workers' latency models learned: a starting gateway predicts from its first call.
-    latencies = SharedLatency(store, lambda: fleet.registry) if store is not None else None
     upstream = config.upstream
     relay = MetadataRelay(
         upstream.max_relayed_metadata_bytes, upstream.max_relayed_metadata_entries
@@ -278,7 +274,6 @@ def assemble(
         store=store,
         sessions=sessions,
         assumptions=assumptions,
-        latencies=latencies,
         budgets=budgets(current, store),
         upstreams=upstreams,
         rooms=rooms,

@@ -133,9 +133,6 @@ class Gateway:
             if parts.assumptions is not None:
                 parts.store.spawn(parts.assumptions.publish(), "kv_share_publish")
                 parts.store.spawn(parts.assumptions.follow(), "kv_share_follow")
-            if parts.latencies is not None:
-                parts.fleet.registry.subscribe(parts.latencies.on_fleet_event, frozenset({"added"}))
-                parts.store.spawn(parts.latencies.run(), "latency_share")
         await parts.fleet.start(self.config.workers)
         await self._discover()
         for worker_id in drained:

@@ -21,26 +21,15 @@ what a stall does not move; a worker slower on every call moves it as before, a 
 later when it slows down (its older, faster observations weigh more: a twofold slowdown
 is followed in some 50 calls instead of 25) and sooner when it speeds up.
 
-A worker's model predicts once it has MIN_SEEN observations of its own. Until then it
-predicts by its peers' (`Peers`): one model per served model and role, taught every
-observation of each of their workers, so a fresh gateway or a new worker predicts after
-the fleet's first MIN_SEEN calls instead of each worker's (at 4 workers, some 8 calls
-instead of 32, the calls a cold start placed without predictions). A peer model is the
-fleet's average worker: right for like workers, a start for a slow or fast one, whose own
-model takes over after its first MIN_SEEN calls.
-
 Bounded by construction: a few weights and the sums of one small system per model,
 whatever the traffic; an observation or a prediction is a few dozen float operations. No
-sidecar, no training service. Kept on the worker (`Worker.latency`); its writers are the
-call observer (`learn`, which teaches the peers' model through it) and, while it is cold,
-the store (`adopt`: what another gateway learned of the worker, gateway.state.latency),
-its readers the policies that predict."""
+sidecar, no training service. Kept on the worker (`Worker.latency`); its one writer is the
+call observer (`learn`), its readers the policies that predict."""
 
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
-from weakref import WeakValueDictionary
 
 from gateway.core.roles import Role
 from gateway.observability.record import CallRecord, mean_gap
@@ -53,19 +42,7 @@ MAX_TTFT_S = 600.0  # an observation past this is no time to first token worth l
 MAX_PACE_S = 60.0  # nor is a gap past this a decode step
 FLOOR_S = 0.001  # a time to first token's weight (1/t^2) counts it as at least this
 
-MAX_SEEN = 2**31  # an adopted fit's count of observations, bounded
-
 Weights = tuple[float, ...]
-
-
-class FitState(NamedTuple):
-    """A fit's sums (`Fit.export`), as shared through the store."""
-
-    a: tuple[tuple[float, ...], ...]
-    b: tuple[float, ...]
-    counted: float  # the decayed count of observations
-    mass: float  # the decayed sum of their weights
-    seen: int
 
 
 class Fit:
@@ -95,31 +72,6 @@ class Fit:
         # The ridge at the scale of the weights (RIDGE itself when every weight is 1).
         self.weights = solve(a, b, RIDGE * self._mass / self._count)
 
-    def export(self) -> FitState:
-        """What it has learned, for another process's model of the same worker."""
-        a = tuple(tuple(row) for row in self._a)
-        return FitState(a, tuple(self._b), self._count, self._mass, self.seen)
-
-    def adopt(self, state: FitState) -> bool:
-        """Start from `state` (another process's fit of the same features); False, and
-        nothing changed, if it is no such fit: other sizes, a value not finite, counts
-        or a diagonal below zero, or a system that cannot be solved."""
-        n = len(self._b)
-        values = [*state.b, state.counted, state.mass, *(v for row in state.a for v in row)]
-        if len(state.a) != n or any(len(row) != n for row in state.a) or len(state.b) != n:
-            return False
-        if not all(math.isfinite(v) for v in values) or not 0 <= state.seen <= MAX_SEEN:
-            return False
-        if state.counted <= 0 or state.mass <= 0 or any(state.a[i][i] < 0 for i in range(n)):
-            return False
-        a, b = [list(row) for row in state.a], list(state.b)
-        weights = solve(a, b, RIDGE * state.mass / state.counted)
-        if weights is None or not all(math.isfinite(w) for w in weights):
-            return False
-        self._a, self._b, self._count, self._mass = a, b, state.counted, state.mass
-        self.seen, self.weights = state.seen, weights
-        return True
-
     def ready(self) -> Weights | None:
         """The weights, once MIN_SEEN observations are in (cold: None)."""
         return self.weights if self.seen >= MIN_SEEN else None
@@ -138,24 +90,18 @@ def ttft_features(uncached: int, backlog: int, load: float) -> tuple[float, ...]
 
 class LatencyModel:
     """One worker's models: time to first token and time per output token (see the
-    module), and its peers' (`Peers`), which predict while its own are cold."""
+    module)."""
 
-    __slots__ = ("__weakref__", "_pace", "_ttft", "peers")
+    __slots__ = ("_pace", "_ttft")
 
-    def __init__(self, peers: LatencyModel | None = None) -> None:
+    def __init__(self) -> None:
         self._ttft = Fit(4)
         self._pace = Fit(2)
-        self.peers = peers  # taught all it is taught; predicts while this one is cold
 
     @property
     def seen(self) -> int:
-        """Its own observations of time to first token (the model placement waits on)."""
+        """Observations of time to first token (the model placement waits on)."""
         return self._ttft.seen
-
-    @property
-    def warm(self) -> bool:
-        """Its own model of time to first token predicts (MIN_SEEN observations in)."""
-        return self._ttft.ready() is not None
 
     def observe(self, uncached: int, backlog: int, load: float, ttft_s: float) -> None:
         """One call's time to first message, with what it was placed on."""
@@ -165,23 +111,16 @@ class LatencyModel:
             return
         # Weighted by 1/t^2: least squares of the relative error (see the module).
         weight = 1.0 / max(ttft_s, FLOOR_S) ** 2
-        x = ttft_features(uncached, backlog, load)
-        self._ttft.observe(x, ttft_s, weight)
-        if self.peers is not None:
-            self.peers._ttft.observe(x, ttft_s, weight)
+        self._ttft.observe(ttft_features(uncached, backlog, load), ttft_s, weight)
 
     def predict(self, uncached: int, backlog: int, load: float) -> float | None:
         """Seconds to the first message of a call with `uncached` prompt tokens placed
-        behind `backlog` tokens at `load`, by its own model, else its peers'; None while
-        both are cold. (The dot product of `ttft_features` written out: placement
-        predicts every candidate, every call.)"""
+        behind `backlog` tokens at `load`; None until MIN_SEEN observations. (The dot
+        product of `ttft_features` written out: placement predicts every candidate, every
+        call.)"""
         weights = self._ttft.ready()
         if weights is None:
-            if self.peers is None:
-                return None
-            weights = self.peers._ttft.ready()
-            if weights is None:
-                return None
+            return None
         w0, w1, w2, w3 = weights
         return max(0.0, w0 + (w1 * uncached + w2 * backlog) / PER_TOKENS + w3 * load)
 
@@ -189,55 +128,10 @@ class LatencyModel:
         """One stream's mean time per message after the first, placed at `load`."""
         if 0.0 <= pace_s <= MAX_PACE_S and math.isfinite(load):
             self._pace.observe((1.0, load), pace_s)
-            if self.peers is not None:
-                self.peers._pace.observe((1.0, load), pace_s)
 
     def predict_pace(self, load: float) -> float | None:
-        """Seconds per output token of a stream running at `load`, by its own model, else
-        its peers'; None while both are cold."""
-        own = self._pace.predict((1.0, load))
-        if own is not None or self.peers is None:
-            return own
-        return self.peers._pace.predict((1.0, load))
-
-    def export(self) -> tuple[FitState, FitState] | None:
-        """Its own fits (time to first token, pace), once the first predicts; else None."""
-        if not self.warm:
-            return None
-        return self._ttft.export(), self._pace.export()
-
-    def adopt(self, ttft: FitState, pace: FitState) -> bool:
-        """Start from another process's fits of the same worker (`export`), if its own
-        model of time to first token is still cold; False if it is not, or if either
-        state is no fit (then nothing changed). What it observes from then on fades
-        what it adopted, as it fades its own older observations."""
-        if self.warm:
-            return False
-        ttft_fit, pace_fit = Fit(4), self._pace
-        if not (ttft_fit.adopt(ttft) and ttft_fit.ready() is not None):
-            return False
-        if pace.seen:  # else its own pace model stays
-            pace_fit = Fit(2)
-            if not pace_fit.adopt(pace):
-                return False
-        self._ttft, self._pace = ttft_fit, pace_fit
-        return True
-
-
-class Peers:
-    """One peer model per (served model, role): what a new worker's model predicts by
-    while its own is cold. Held weakly: a peer model lives while a worker's does (one
-    per model and role the fleet serves, however many come and go)."""
-
-    def __init__(self) -> None:
-        self._models: WeakValueDictionary[tuple[str, Role], LatencyModel] = WeakValueDictionary()
-
-    def model_for(self, model: str, role: Role) -> LatencyModel:
-        """A new worker's latency model, with its model's and role's peers."""
-        peers = self._models.get((model, role))
-        if peers is None:
-            peers = self._models[(model, role)] = LatencyModel()
-        return LatencyModel(peers)
+        """Seconds per output token of a stream running at `load`; None while cold."""
+        return self._pace.predict((1.0, load))
 
 
 def solve(a: list[list[float]], b: list[float], ridge: float = RIDGE) -> Weights | None:

@@ -41,7 +41,6 @@ from gateway.upstream.cluster import ClusterMaker, PolicyBuilder, PolicyContext
 from gateway.upstream.health.active import ProbeLoop
 from gateway.upstream.health.connection import watch_connection
 from gateway.upstream.identify import DiscoveryError, discover
-from gateway.upstream.latency import Peers
 from gateway.upstream.load.kv_events import KvFollower
 from gateway.upstream.load.lora import AdapterWatch
 from gateway.upstream.loops import load_loop, probe_loop
@@ -80,7 +79,6 @@ class Fleet:
             stale_saturates=settings.flow is not None,
         )
         self.registry = Registry(self._clusters)
-        self.peers = Peers()  # each model's and role's latency model: a new worker's prior
         self.registry.subscribe(self._log_event)
         self._channels: dict[Worker, aio.Channel] = {}
         # Each worker's callables, one per method path and shape: grpc builds a new one
@@ -311,15 +309,13 @@ class Fleet:
             raise
         finally:
             self.registry.identified(spec.address)
-        role = spec.role or facts.role or Role.REGULAR
         worker = Worker(
             spec=spec,
             model=model,
             runtime=runtime,
             outlier=OutlierDetector(self.settings.outlier_detection),
             sources=sources,
-            role=role,
-            latency=self.peers.model_for(model, role),
+            role=spec.role or facts.role or Role.REGULAR,
             bootstrap_port=spec.bootstrap_port or facts.bootstrap_port,
             pairing=facts.pairing,
             block_size=facts.block_size,

@@ -55,10 +55,6 @@ for each policy and load:
 a cache_aware gateway on a fresh fleet (an idle fleet's median time to first token), then
 gives every call of the runs `x-slo-ttft-ms` = K x that median, and prints each policy's
 SLO attainment (calls whose first token came within it, of all calls not shed).
-`--restarted` (with `--load`) runs each policy's trace once unmeasured through a gateway
-with a store (a real redis-server), then, measured, through a new gateway on the same
-store in front of the workers restarted empty on the same ports: a gateway that starts
-with what another learned (for predicted_latency, its workers' latency models).
 `--sheddable F` marks that fraction of the calls `x-priority: batch` (sheddable:
 predicted_latency refuses those it predicts will miss; counted apart as shed).
 """
@@ -67,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import statistics
 import sys
@@ -94,7 +89,6 @@ from routing_trace import (
     unavoidable_misses,
 )
 
-from gateway_sim.client import free_port
 from gateway_sim.launch import Child, start
 from gateway_sim.redis_server import RedisServer
 from gateway_sim.timing import PROFILES
@@ -344,31 +338,14 @@ async def run_policy(
     picker: bool = False,
     front: Front = Front(),
     slo_s: float | None = None,
-    restarted: bool = False,
 ) -> Outcome:
-    """The trace through `policy`; `restarted`: first once unmeasured through a gateway
-    with a store, then, measured, through a new gateway on that store in front of the
-    workers restarted empty on the same ports (what it learned kept only in the store)."""
     label = f"{policy}{'' if events or policy != 'cache_aware' else ' (no events)'}"
     label += "" if front == Front() else f", {front.label}"
-    label += ", restarted" if restarted else ""
     outcome = Outcome(label + (" via Envoy + picker" if picker else ""), slo_s=slo_s)
-    with contextlib.ExitStack() as stack:
-        store, ports = None, None
-        if restarted:
-            store = stack.enter_context(RedisServer())
-            ports = [free_port() for _ in range(args.workers)]
-            with tempfile.TemporaryFile("w+") as log:
-                learned = Outcome(label + " (learning)")
-                await serve_trace(
-                    args, policy, events, trace, learned, log, store=store, ports=ports
-                )
-        with tempfile.TemporaryFile("w+") as log:  # the request log: expected cached tokens
-            await serve_trace(
-                args, policy, events, trace, outcome, log, picker, front, store, ports
-            )
-            log.seek(0)
-            read_log(log, outcome)
+    with tempfile.TemporaryFile("w+") as log:  # the request log: expected cached tokens
+        await serve_trace(args, policy, events, trace, outcome, log, picker, front)
+        log.seek(0)
+        read_log(log, outcome)
     return outcome
 
 
@@ -381,17 +358,13 @@ async def serve_trace(
     log: IO[str],
     picker: bool = False,
     front: Front = Front(),
-    store: RedisServer | None = None,
-    ports: list[int] | None = None,
 ) -> None:
-    """Workers (on `ports` if given) and the gateways (their logs to `log`), the trace sent
-    through them (`picker`: through Envoy, the gateway its endpoint picker; `store`: a
-    running one for them, kept, else one of their own if `front` shares one)."""
-    workers = start_workers(args, events, ports)
-    own_store = RedisServer() if front.store and store is None else None
-    if own_store is not None:
-        own_store.start()
-        store = own_store
+    """Workers and the gateways (their logs to `log`), the trace sent through them
+    (`picker`: through Envoy, the gateway its endpoint picker)."""
+    workers = start_workers(args, events, None)
+    store = RedisServer() if front.store else None
+    if store is not None:
+        store.start()
     config = Path(tempfile.mkdtemp(prefix="bench-routing-")) / "gateway.yaml"
     config.write_text(json.dumps({"state": {"url": store.url}} if store is not None else {}))
     gateways = [
@@ -453,8 +426,8 @@ async def serve_trace(
             gateway.stop()
         for worker in workers:
             worker.stop()
-        if own_store is not None:
-            own_store.stop()
+        if store is not None:
+            store.stop()
 
 
 def start_gateway(
@@ -559,13 +532,6 @@ def main() -> None:
         "--sheddable", type=float, default=0.0, metavar="F", help="fraction of calls of class batch"
     )
     parser.add_argument(
-        "--restarted",
-        action="store_true",
-        help="with --load: each run after an unmeasured one, through a new gateway on the "
-        "first one's store, the workers restarted empty (what the gateway learned kept only "
-        "in the store)",
-    )
-    parser.add_argument(
         "--load",
         default=None,
         metavar="L[,L...]",
@@ -579,8 +545,6 @@ def main() -> None:
         parser.error("--load needs --timing: the capacity comes from the timing model")
     if args.slo_ttft_x is not None and args.load is None:
         parser.error("--slo-ttft-x needs --load")
-    if args.restarted and args.load is None:
-        parser.error("--restarted needs --load")
     if not 0.0 <= args.sheddable <= 1.0:
         parser.error("--sheddable is a fraction of the calls (0..1)")
     if args.load is not None:
@@ -651,9 +615,7 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
         policy, _, variant = name.partition("-")
         for load in loads:
             run = argparse.Namespace(**{**vars(args), "rate": load * capacity})
-            ran = run_policy(
-                run, policy, variant != "approx", trace, slo_s=slo_s, restarted=args.restarted
-            )
+            ran = run_policy(run, policy, variant != "approx", trace, slo_s=slo_s)
             rows.append((load, run.rate, asyncio.run(ran)))
     oracle = oracle_hit_rate(trace, args.kv_blocks * args.workers, args.block_size)
     print(f"\noracle hit rate (one worker, {args.workers}x capacity): {oracle:.1%}")

@@ -1,32 +1,36 @@
 """A worker's TTFT model (gateway.upstream.latency) on synthetic data: it recovers the
-costs it is shown, follows a worker that slows down, stays silent while it and its peers
-are cold (predicts by its peers' model while only it is), and refuses what no time to
-first token is."""
+costs it is shown, follows a worker that slows down, stays silent while cold, and
+refuses what no time to first token is."""
 
 from __future__ import annotations
 
-import gc
 import random
 import time
 
 import pytest
 
-from gateway.core.roles import Role
 from gateway.observability.record import CallRecord, PlacedOn
-from gateway.upstream.latency import (
-    MIN_SEEN,
-    LatencyModel,
-    Lesson,
-    Peers,
-    lessons,
-    ttft_features,
-)
-from tests.support.latency import taught, ttft
+from gateway.upstream.latency import MIN_SEEN, LatencyModel, Lesson, lessons, ttft_features
 
 
 def lesson(record: CallRecord) -> Lesson | None:
     (taught,) = lessons(record) or (None,)
     return taught
+
+
+def ttft(uncached: int, load: float, speed: float = 1.0, backlog: int = 0) -> float:
+    """20 ms, plus 80 us per uncached token (its own and those ahead) and 5 ms per call in
+    flight, at `speed`."""
+    return (0.020 + 80e-6 * (uncached + backlog) + 0.005 * load) / speed
+
+
+def taught(model: LatencyModel, count: int, speed: float = 1.0, seed: int = 1) -> None:
+    draw = random.Random(seed)
+    for _ in range(count):
+        uncached, load = draw.randrange(0, 4000), draw.randrange(0, 12)
+        backlog = draw.randrange(0, 8000)
+        seconds = ttft(uncached, load, speed, backlog) * draw.uniform(0.95, 1.05)
+        model.observe(uncached, backlog, load, seconds)
 
 
 def test_cold_until_enough_observations() -> None:
@@ -35,37 +39,6 @@ def test_cold_until_enough_observations() -> None:
     assert model.predict(1000, 0, 2) is None
     taught(model, 1)
     assert model.predict(1000, 0, 2) is not None
-
-
-def test_a_cold_worker_predicts_by_its_peers_until_its_own_model_is_warm() -> None:
-    peers = Peers()
-    fast, fresh = peers.model_for("m", Role.REGULAR), peers.model_for("m", Role.REGULAR)
-    other = peers.model_for("m", Role.PREFILL)  # another role: other peers
-    assert fresh.predict(1000, 0, 2) is None
-    for seed in range(MIN_SEEN):  # the fleet's first calls, each on some worker
-        taught(fast, 1, seed=seed)
-        fast.observe_pace(2, 0.01)
-    assert fresh.seen == 0
-    by_peers = fresh.predict(1000, 0, 2)
-    assert by_peers is not None
-    assert by_peers == pytest.approx(fast.predict(1000, 0, 2))  # the peers saw only these
-    assert fresh.predict_pace(2) == pytest.approx(0.01, rel=1e-3)
-    assert other.predict(1000, 0, 2) is None and other.predict_pace(2) is None
-
-    taught(fresh, MIN_SEEN, speed=0.5, seed=99)  # the new worker turns out to be slow
-    own = fresh.predict(1000, 0, 2)
-    assert own is not None
-    assert own > 1.5 * by_peers  # its own model now, not the peers' average
-
-
-def test_peer_models_live_while_a_worker_model_does() -> None:
-    peers = Peers()
-    first = peers.model_for("m", Role.REGULAR)
-    assert peers.model_for("m", Role.REGULAR).peers is first.peers  # one per model and role
-    assert peers.model_for("n", Role.REGULAR).peers is not first.peers
-    del first
-    gc.collect()  # every model of "m" is gone: so is its peer model
-    assert not peers._models
 
 
 @pytest.mark.parametrize(
