@@ -54,7 +54,12 @@ for each policy and load:
 `--slo-ttft-x K` (with `--load`) first sends the trace's first calls one at a time through
 a cache_aware gateway on a fresh fleet (an idle fleet's median time to first token), then
 gives every call of the runs `x-slo-ttft-ms` = K x that median, and prints each policy's
-SLO attainment (calls whose first token came within it, of all calls not shed).
+SLO attainment (calls whose first token came within it, of all calls not shed), in all,
+after the first 48 calls, and in each quarter of the trace (does it hold up as the run
+goes on?), with the misses broken down by what the gateway predicted for them.
+`--restart-fleet` (with `--load`) sends the trace once unmeasured, restarts every worker
+empty on its port behind the same gateway, and sends it again, measured: the gateway's
+models warm, the fleet's caches cold.
 `--sheddable F` marks that fraction of the calls `x-priority: batch` (sheddable:
 predicted_latency refuses those it predicts will miss; counted apart as shed).
 """
@@ -116,12 +121,16 @@ class Outcome:
     firsts: dict[int, float | None] = field(default_factory=dict)  # call -> TTFT (None: failed)
     shed_calls: set[int] = field(default_factory=set)
 
-    def attainment(self, after: int = 0) -> float:
-        """Calls (from the `after`-th on) whose first token came within the objective, of
-        every one not shed (a failure is a miss)."""
+    def attainment(self, after: int = 0, before: int | None = None) -> float:
+        """Calls (from the `after`-th, before the `before`-th) whose first token came
+        within the objective, of every one not shed (a failure is a miss)."""
         goal = self.slo_s
         assert goal is not None
-        counted = [t for i, t in self.firsts.items() if i >= after and i not in self.shed_calls]
+        counted = [
+            t
+            for i, t in self.firsts.items()
+            if after <= i and (before is None or i < before) and i not in self.shed_calls
+        ]
         return sum(1 for t in counted if t is not None and t <= goal) / max(1, len(counted))
 
     def misses(self, after: int = 0, before: int | None = None) -> str:
@@ -403,6 +412,24 @@ async def serve_trace(
             for i, turn in enumerate(trace):
                 await send(channels[0], turn, outcome, i, output_tokens)
             return
+        if getattr(args, "restart_fleet", False):  # the trace once, unmeasured
+            before = Outcome(outcome.policy + " (before)", slo_s=outcome.slo_s)
+            for i, turn in enumerate(trace):
+                delay = began + i / args.rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                channel = channels[i % len(channels)]
+                # (request ids past the measured pass's: the log tells the passes apart)
+                sent = send(channel, turn, before, len(trace) + i, output_tokens)
+                tasks.append(asyncio.ensure_future(sent))
+            await asyncio.gather(*tasks)
+            tasks = []
+            for i, worker in enumerate(workers):  # each empty again, on its own port
+                worker.kill()
+                again = ["sim", "--listen", f"127.0.0.1:{worker.port}", *worker.args[3:]]
+                workers[i] = await asyncio.to_thread(start, again)
+            await asyncio.sleep(2.0)  # the gateway sees them back (probes, KV event streams)
+            began = time.perf_counter()
         for i, turn in enumerate(trace):
             delay = began + i / args.rate - time.perf_counter()
             if delay > 0:
@@ -532,6 +559,13 @@ def main() -> None:
         "--sheddable", type=float, default=0.0, metavar="F", help="fraction of calls of class batch"
     )
     parser.add_argument(
+        "--restart-fleet",
+        action="store_true",
+        help="with --load: the trace once unmeasured, then every worker restarted empty on "
+        "its port behind the same gateway (its models warm, the caches cold), then the "
+        "trace again, measured",
+    )
+    parser.add_argument(
         "--load",
         default=None,
         metavar="L[,L...]",
@@ -547,6 +581,8 @@ def main() -> None:
         parser.error("--slo-ttft-x needs --load")
     if not 0.0 <= args.sheddable <= 1.0:
         parser.error("--sheddable is a fraction of the calls (0..1)")
+    if args.restart_fleet and args.load is None:
+        parser.error("--restart-fleet needs --load")
     if args.load is not None:
         main_loads(args, [float(x) for x in args.load.split(",")])
         return
@@ -641,6 +677,13 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
             print(
                 f"  {r.policy} at {load:.2f}: in the warm-up {r.misses(0, IDLE_CALLS)}; "
                 f"after it {r.misses(IDLE_CALLS)}"
+            )
+            quarters = [
+                r.attainment(q * len(trace) // 4, (q + 1) * len(trace) // 4) for q in range(4)
+            ]
+            print(
+                f"  {r.policy} at {load:.2f}: SLO attainment by quarter of the trace: "
+                + " ".join(f"{a:.1%}" for a in quarters)
             )
 
 

@@ -23,7 +23,8 @@ predicted). One call in `EXPLORE_EVERY` explores: it goes to a cold candidate if
 one (cache-aware affinity alone would never warm a worker that holds none of the
 prompts), else as `cache_aware` would place it (a worker the predictions avoid still gets
 observations, so its model does not keep an old picture), unless that is predicted to
-miss the call's objective: then the next call explores. Ties go to the prompt's
+miss the call's objective where another candidate would meet it: then the next call
+explores. Ties go to the prompt's
 rendezvous order, as cache-aware ones do. The cost per placement is cache-aware's plus,
 per candidate, what the worker is seen to store of the prompt (a bisection of the
 index) and one or two predictions (a dot product of four, and one of two)."""
@@ -98,12 +99,18 @@ class PredictedLatency(CacheAware):
     ) -> int | None:
         """This turn's exploring placement: a cold worker if there is one, else
         cache-aware's choice, unless that is predicted to miss the call's time-to-first-
-        token objective (None: the next call explores instead, so exploring never costs
-        a call its objective)."""
+        token objective where another candidate is predicted to meet it (None: the next
+        call explores instead, so exploring never costs a call its objective). A call
+        predicted late everywhere explores: it loses nothing, and a worker the
+        predictions avoid (a slow one, while prompts no worker holds come) still gets
+        placements, and the prefixes that make it the faster choice for their next
+        turns."""
         coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
         if view.workers[coldest].latency.seen < MIN_SEEN:
             return coldest
         if ttfts is None or slo is None or headroom(slo, ttfts[usual], None) >= 0:
+            return usual
+        if all(headroom(slo, t, None) < 0 for t in ttfts):
             return usual
         self._turn = EXPLORE_EVERY - 1
         return None

@@ -85,8 +85,9 @@ def test_while_cold_no_call_is_refused_for_its_objectives() -> None:
 
 
 def test_exploring_never_costs_a_call_its_objective() -> None:
-    """With every model warm, the exploring turn goes to cache-aware's choice only when
-    that is predicted to meet the call's objective; otherwise the next call explores."""
+    """With every model warm, the exploring turn goes to cache-aware's choice unless that
+    is predicted to miss the call's objective where another worker is predicted to meet
+    it; then the next call explores."""
     index = KvIndex()
     policy = PredictedLatency(index, KvConfig(), stale_after_s=3)
     fast, slow = worker_on(1), worker_on(2)
@@ -102,4 +103,9 @@ def test_exploring_never_costs_a_call_its_objective() -> None:
     assert policy.pick([fast, slow], Hints(prefix=Prefix(PROMPT))) is cached
     loose = Hints(prefix=Prefix(PROMPT), slo=Slo(ttft_s=2.0))  # met anywhere: explores
     picks = [policy.pick([fast, slow], loose) for _ in range(EXPLORE_EVERY)]
+    assert picks.count(cached) == 1
+    # Late anywhere (even the fast one takes ~0.01 s + the prompt): exploring costs the
+    # call nothing, so it explores, and the avoided worker still gets its placements.
+    hopeless = Hints(prefix=Prefix(PROMPT), slo=Slo(ttft_s=1e-4))
+    picks = [policy.pick([fast, slow], hopeless) for _ in range(EXPLORE_EVERY)]
     assert picks.count(cached) == 1
