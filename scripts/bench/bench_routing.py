@@ -74,6 +74,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -300,13 +301,50 @@ def speeds(args: argparse.Namespace) -> list[float]:
     return [1.0] * (args.workers - slow) + [0.5] * slow
 
 
+async def restarted(worker: Child) -> Child:
+    """The worker killed and a new one started on its port (an empty cache, new
+    sequences)."""
+    worker.kill()
+    args = ["sim", "--listen", f"127.0.0.1:{worker.port}", *worker.args[3:]]
+    return await asyncio.to_thread(start, args)
+
+
 async def restart(workers: list[Child], outcome: Outcome) -> None:
-    """Kill worker 0 and start a new one on its port (an empty cache, new sequences)."""
-    victim = workers[0]
-    victim.kill()
-    args = ["sim", "--listen", f"127.0.0.1:{victim.port}", *victim.args[3:]]
-    workers[0] = await asyncio.to_thread(start, args)
+    """Worker 0 restarted mid-run (`restarted`), and when."""
+    workers[0] = await restarted(workers[0])
     outcome.restarted_at = time.perf_counter()
+
+
+async def send_trace(
+    trace: list[Turn],
+    channels: list[aio.Channel],
+    outcome: Outcome,
+    rate: float,
+    output_tokens: int,
+    *,
+    first_id: int = 0,
+    every: int = 0,
+    midway: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """The trace at `rate` calls per second over `channels` in turn, into `outcome`
+    (request ids from `first_id`; each `every`-th call sheddable; `midway` run from the
+    trace's middle on, alongside)."""
+    began = time.perf_counter()
+    tasks = []
+    beside = None
+    for i, turn in enumerate(trace):
+        delay = began + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if midway is not None and i == len(trace) // 2:
+            beside = asyncio.ensure_future(midway())
+        channel = channels[i % len(channels)]
+        shed = bool(every) and i % every == 0
+        sent = send(channel, turn, outcome, first_id + i, output_tokens, shed)
+        tasks.append(asyncio.ensure_future(sent))
+    await asyncio.gather(*tasks)
+    if beside is not None:
+        await beside
 
 
 @dataclass(frozen=True)
@@ -380,7 +418,6 @@ async def serve_trace(
         start_gateway(config, policy, workers, front.processes, picker, log)
         for _ in range(front.replicas)
     ]
-    restart_at = len(trace) // 2 if args.restart else -1
     envoy = None
     channels: list[aio.Channel] = []
     try:
@@ -404,8 +441,6 @@ async def serve_trace(
             for _ in range(1 if front.processes == 1 else 2 * front.processes)
             for address in addresses
         ]
-        tasks = []
-        began = time.perf_counter()
         output_tokens = getattr(args, "output_tokens", 4)
         every = round(1 / args.sheddable) if getattr(args, "sheddable", 0.0) else 0
         if getattr(args, "one_at_a_time", False):
@@ -414,36 +449,15 @@ async def serve_trace(
             return
         if getattr(args, "restart_fleet", False):  # the trace once, unmeasured
             before = Outcome(outcome.policy + " (before)", slo_s=outcome.slo_s)
-            for i, turn in enumerate(trace):
-                delay = began + i / args.rate - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                channel = channels[i % len(channels)]
-                # (request ids past the measured pass's: the log tells the passes apart)
-                sent = send(channel, turn, before, len(trace) + i, output_tokens)
-                tasks.append(asyncio.ensure_future(sent))
-            await asyncio.gather(*tasks)
-            tasks = []
+            # (request ids past the measured pass's: the log tells the passes apart)
+            await send_trace(trace, channels, before, args.rate, output_tokens, first_id=len(trace))
             for i, worker in enumerate(workers):  # each empty again, on its own port
-                worker.kill()
-                again = ["sim", "--listen", f"127.0.0.1:{worker.port}", *worker.args[3:]]
-                workers[i] = await asyncio.to_thread(start, again)
+                workers[i] = await restarted(worker)
             await asyncio.sleep(2.0)  # the gateway sees them back (probes, KV event streams)
-            began = time.perf_counter()
-        for i, turn in enumerate(trace):
-            delay = began + i / args.rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if i == restart_at:
-                restarting = asyncio.ensure_future(restart(workers, outcome))
-            channel = channels[i % len(channels)]
-            shed = bool(every) and i % every == 0
-            tasks.append(
-                asyncio.ensure_future(send(channel, turn, outcome, i, output_tokens, shed))
-            )
-        await asyncio.gather(*tasks)
-        if restart_at >= 0:
-            await restarting
+        midway = (lambda: restart(workers, outcome)) if args.restart else None
+        await send_trace(
+            trace, channels, outcome, args.rate, output_tokens, every=every, midway=midway
+        )
     finally:
         for channel in channels:
             await channel.close()

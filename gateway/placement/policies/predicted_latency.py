@@ -108,9 +108,10 @@ class PredictedLatency(CacheAware):
         coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
         if view.workers[coldest].latency.seen < MIN_SEEN:
             return coldest
-        if ttfts is None or slo is None or headroom(slo, ttfts[usual], None) >= 0:
+        if ttfts is None or slo is None:
             return usual
-        if all(headroom(slo, t, None) < 0 for t in ttfts):
+        rooms = [headroom(slo, t, None) for t in ttfts]
+        if rooms[usual] >= 0 or max(rooms) < 0:  # met there, or missed everywhere
             return usual
         self._turn = EXPLORE_EVERY - 1
         return None
