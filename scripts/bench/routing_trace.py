@@ -19,6 +19,7 @@ class Turn:
     session: str
     lora: str
     tokens: list[int]
+    tenant: int = 0
 
 
 def make_trace(args: argparse.Namespace) -> list[Turn]:
@@ -38,33 +39,68 @@ def make_trace(args: argparse.Namespace) -> list[Turn]:
         for index in order:
             name, tenant, history = sessions[index]
             history += [rng.randrange(VOCAB) for _ in range(args.turn_tokens)]
-            trace.append(Turn(name, loras[tenant], list(history)))
+            trace.append(Turn(name, loras[tenant], list(history), tenant))
     return trace
 
 
-def oracle_hit_rate(trace: list[Turn], capacity_blocks: int, block_size: int) -> float:
-    """One worker with all the capacity: an LRU over chained blocks, namespace-aware."""
+def chain(turn: Turn, block_size: int) -> list[int]:
+    """The turn's block hashes, each chained to its parent (namespaced by its adapter)."""
+    parent = hash(("root", turn.lora))
+    hashes = []
+    for i in range(0, len(turn.tokens) - block_size + 1, block_size):
+        parent = hash((parent, *turn.tokens[i : i + block_size]))
+        hashes.append(parent)
+    return hashes
+
+
+def lru_hits(turns: list[Turn], capacity_blocks: int, block_size: int) -> list[int]:
+    """Each turn's cached prompt tokens on one LRU cache of `capacity_blocks` that
+    serves every turn (the simulator's eviction: least recently used first)."""
     cache: OrderedDict[int, None] = OrderedDict()
-    cached = prompt = 0
-    for turn in trace:
-        parent = hash(("root", turn.lora))
-        hashes = []
-        for i in range(0, len(turn.tokens) - block_size + 1, block_size):
-            parent = hash((parent, *turn.tokens[i : i + block_size]))
-            hashes.append(parent)
+    cached = []
+    for turn in turns:
+        hashes = chain(turn, block_size)
         hit = 0
         for h in hashes:
             if h not in cache:
                 break
             hit += 1
-        cached += hit * block_size
-        prompt += len(turn.tokens)
+        cached.append(hit * block_size)
         for h in hashes:
             cache[h] = None
             cache.move_to_end(h)
         while len(cache) > capacity_blocks:
             cache.popitem(last=False)
-    return cached / prompt
+    return cached
+
+
+def oracle_hit_rate(trace: list[Turn], capacity_blocks: int, block_size: int) -> float:
+    """One worker with all the capacity: an LRU over chained blocks, namespace-aware."""
+    cached = lru_hits(trace, capacity_blocks, block_size)
+    return sum(cached) / sum(len(turn.tokens) for turn in trace)
+
+
+def partitioned_hit_rates(
+    trace: list[Turn], workers: int, capacity_blocks: int, block_size: int, parts: int = 4
+) -> list[float]:
+    """The hit rate in each of `parts` stretches of the trace when every tenant lives on
+    one worker (tenants dealt round the workers, each worker an LRU of
+    `capacity_blocks`): no prefix is held twice, no session moves. What a policy loses
+    late in the trace that this loses too is the caches' size, not the placement."""
+    served: dict[int, list[tuple[int, Turn]]] = {}
+    for n, turn in enumerate(trace):
+        served.setdefault(turn.tenant % workers, []).append((n, turn))
+    cached = [0] * len(trace)
+    for turns in served.values():
+        hits = lru_hits([turn for _, turn in turns], capacity_blocks, block_size)
+        for (n, _), hit in zip(turns, hits, strict=True):
+            cached[n] = hit
+    rates = []
+    for part in range(parts):
+        lo, hi = part * len(trace) // parts, (part + 1) * len(trace) // parts
+        prompt = sum(len(turn.tokens) for turn in trace[lo:hi])
+        rates.append(sum(cached[lo:hi]) / max(1, prompt))
+    return rates
 
 
 def fleet_capacity(
@@ -93,12 +129,8 @@ def unavoidable_misses(
     seen: set[int] = set()
     late = []
     for n, turn in enumerate(trace):
-        parent = hash(("root", turn.lora))
         shared = 0
-        hashes = []
-        for i in range(0, len(turn.tokens) - block_size + 1, block_size):
-            parent = hash((parent, *turn.tokens[i : i + block_size]))
-            hashes.append(parent)
+        hashes = chain(turn, block_size)
         for h in hashes:
             if h not in seen:
                 break

@@ -66,14 +66,15 @@ class PredictedLatency(CacheAware):
         view = self.view(candidates, hints)
         usual = self.best(view)
         uncached = self.uncached(view)
-        ttfts = predicted(view, uncached)
+        guesses = guessed(view, uncached)
+        ttfts = every(guesses)
         self._turn = (self._turn + 1) % EXPLORE_EVERY
         slo = hints.slo
-        explored = self.explore(view, usual, ttfts, slo) if self._turn == 0 else None
+        explored = self.explore(view, usual, uncached, ttfts, slo) if self._turn == 0 else None
         if explored is not None:
             pick = explored
         elif ttfts is None:
-            pick = usual
+            pick = warm_faster(usual, guesses, view.order)
         else:
             fastest = min(view.order, key=lambda i: ttfts[i])
             pick = usual if ttfts[usual] <= ttfts[fastest] else fastest
@@ -83,36 +84,45 @@ class PredictedLatency(CacheAware):
                 if isinstance(aimed, Unattainable):
                     return aimed
                 pick = aimed
-        worker = view.workers[pick]
-        predicted_s = (
-            ttfts[pick]
-            if ttfts is not None
-            else worker.latency.predict(uncached[pick], view.backlogs[pick], view.loads[pick])
-        )
+        predicted_s = guesses[pick]
         stored = len(view.prefix) - uncached[pick] if view.prefix is not None else None
         chosen: Choice[C] = self.commit(view, pick, stored)
         assert chosen.placed_on is not None  # cache-aware's commit always says
         return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
 
     def explore(
-        self, view: View, usual: int, ttfts: Sequence[float] | None, slo: Slo | None
+        self,
+        view: View,
+        usual: int,
+        uncached: Sequence[int],
+        ttfts: Sequence[float] | None,
+        slo: Slo | None,
     ) -> int | None:
-        """This turn's exploring placement: a cold worker if there is one, else
-        cache-aware's choice, unless that is predicted to miss the call's time-to-first-
-        token objective where another candidate is predicted to meet it (None: the next
-        call explores instead, so exploring never costs a call its objective). A call
-        predicted late everywhere explores: it loses nothing, and a worker the
-        predictions avoid (a slow one, while prompts no worker holds come) still gets
-        placements, and the prefixes that make it the faster choice for their next
-        turns."""
+        """This turn's exploring placement, or None: the next call explores instead, so
+        exploring never costs a call what it would cost elsewhere.
+
+        - A cold worker, if there is one and the call has no more to prefill there than
+          at cache-aware's choice (a prompt no worker holds, or one the cold worker
+          holds too). Sending it a prompt another worker holds made the call prefill it
+          all, and every call behind it in that worker's queue wait: on a fresh mixed
+          fleet, a tenant's system prompt explored onto a cold half-speed worker took
+          190 ms and the next call there missed its objective too.
+        - Else cache-aware's choice, unless that is predicted to miss the call's time-
+          to-first-token objective where another candidate is predicted to meet it. A
+          call predicted late everywhere explores: it loses nothing, and a worker the
+          predictions avoid (a slow one, while prompts no worker holds come) still gets
+          placements, and the prefixes that make it the faster choice for their next
+          turns."""
         coldest = min(view.order, key=lambda i: view.workers[i].latency.seen)
         if view.workers[coldest].latency.seen < MIN_SEEN:
-            return coldest
-        if ttfts is None or slo is None:
+            if uncached[coldest] <= uncached[usual]:
+                return coldest
+        elif ttfts is None or slo is None:
             return usual
-        rooms = [headroom(slo, t, None) for t in ttfts]
-        if rooms[usual] >= 0 or max(rooms) < 0:  # met there, or missed everywhere
-            return usual
+        else:
+            rooms = [headroom(slo, t, None) for t in ttfts]
+            if rooms[usual] >= 0 or max(rooms) < 0:  # met there, or missed everywhere
+                return usual
         self._turn = EXPLORE_EVERY - 1
         return None
 
@@ -133,11 +143,26 @@ class PredictedLatency(CacheAware):
         return found
 
 
-def predicted(view: View, uncached: Sequence[int]) -> list[float] | None:
+def guessed(view: View, uncached: Sequence[int]) -> list[float | None]:
     """Each candidate's predicted seconds to its first message (`uncached`: its prompt
-    tokens to prefill there); None while any is cold."""
+    tokens to prefill there); None for a cold one."""
     rows = zip(view.workers, uncached, view.backlogs, view.loads, strict=True)
-    return every(w.latency.predict(tokens, backlog, load) for w, tokens, backlog, load in rows)
+    return [w.latency.predict(tokens, backlog, load) for w, tokens, backlog, load in rows]
+
+
+def warm_faster(usual: int, guesses: Sequence[float | None], order: Sequence[int]) -> int:
+    """While some candidate is cold: cache-aware's choice, unless it is warm and another
+    warm candidate is predicted to answer sooner (the first of equals in `order`). A
+    cold candidate is never judged, so cache-aware's choice alone warms it; a warm one
+    is not sent a prompt it must prefill whole, beside a worker predicted to serve it
+    from its cache (cache-aware's balance guard moves calls so, and on a fresh mixed
+    fleet two of the first 48 calls missed their objective by it: 103 and 105 ms)."""
+    there = guesses[usual]
+    if there is None:
+        return usual
+    warm = [i for i in order if guesses[i] is not None]
+    fastest = min(warm, key=lambda i: cast("float", guesses[i]))
+    return fastest if cast("float", guesses[fastest]) < there else usual
 
 
 def paced(workers: Sequence[Worker], loads: Sequence[float]) -> list[float] | None:

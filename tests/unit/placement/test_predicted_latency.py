@@ -17,6 +17,7 @@ from gateway.placement.policies.predicted_latency import (
     EXPLORE_EVERY,
     PredictedLatency,
     headroom,
+    warm_faster,
     within,
 )
 from gateway.upstream.latency import MIN_SEEN
@@ -109,3 +110,39 @@ def test_exploring_never_costs_a_call_its_objective() -> None:
     hopeless = Hints(prefix=Prefix(PROMPT), slo=Slo(ttft_s=1e-4))
     picks = [policy.pick([fast, slow], hopeless) for _ in range(EXPLORE_EVERY)]
     assert picks.count(cached) == 1
+
+
+def test_a_cold_worker_explores_only_with_a_call_that_costs_no_more_there() -> None:
+    """A cold worker's exploring placement waits for a call with no more to prefill there
+    than at cache-aware's choice (here a prompt no worker holds): exploring it with a
+    prompt another worker holds would make it prefill the whole prompt."""
+    policy = PredictedLatency(KvIndex(), KvConfig(balance_ratio=1000), stale_after_s=3)
+    one, two, cold = worker_on(1), worker_on(2), worker_on(3)
+    holder = policy.pick([one, two], Hints(prefix=Prefix(PROMPT)))
+    assert holder is not None
+    warmed(one, 0.01, 1e-4)
+    warmed(two, 0.01, 1e-4)
+    picks = [policy.pick([one, two, cold], Hints(prefix=Prefix(PROMPT))) for _ in range(40)]
+    assert cold not in picks  # every exploring turn deferred: the cold one holds nothing
+    fresh = Hints(prefix=Prefix([7, *PROMPT]))  # held nowhere: the same cost anywhere
+    assert policy.pick([one, two, cold], fresh) is cold
+
+
+def test_while_one_is_cold_a_warm_choice_gives_way_to_a_warm_one_predicted_sooner() -> None:
+    """Cold start goes by cache-aware's choice; but where that is a warm worker and
+    another warm one is predicted to answer sooner, the sooner one takes the call. A cold
+    cache-aware choice is kept (nothing judges it)."""
+    policy = PredictedLatency(KvIndex(), KvConfig(), stale_after_s=3)
+    fast, slow, cold = worker_on(1), worker_on(2), worker_on(3)
+    warmed(fast, 0.01, 1e-5)
+    warmed(slow, 0.5, 1e-4)
+    # A prompt no worker holds: cache-aware's choice is the rendezvous order's first.
+    hints = Hints(prefix=Prefix(PROMPT))
+    view = policy.view([fast, slow, cold], hints)
+    usual = view.workers[policy.best(view)]
+    chosen = policy.pick([fast, slow, cold], hints)
+    assert chosen is (usual if usual is not slow else fast)
+    guesses: list[float | None] = [0.5, 0.1, None]
+    assert warm_faster(0, guesses, [0, 1, 2]) == 1
+    assert warm_faster(2, guesses, [0, 1, 2]) == 2  # cold: kept
+    assert warm_faster(1, guesses, [0, 1, 2]) == 1  # already the soonest
