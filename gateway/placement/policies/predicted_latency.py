@@ -18,16 +18,22 @@ other call goes where it has the most headroom.
 
 Cold start: while any candidate's model has too few observations (a new worker, a fresh
 gateway), the call is placed as `cache_aware` places it, so the models learn from
-placements that make sense (and no call is refused for its objectives: nothing is
-predicted). One call in `EXPLORE_EVERY` explores: it goes to a cold candidate if there is
-one (cache-aware affinity alone would never warm a worker that holds none of the
-prompts), else as `cache_aware` would place it (a worker the predictions avoid still gets
-observations, so its model does not keep an old picture), unless that is predicted to
-miss the call's objective where another candidate would meet it: then the next call
-explores. Ties go to the prompt's
-rendezvous order, as cache-aware ones do. The cost per placement is cache-aware's plus,
-per candidate, what the worker is seen to store of the prompt (a bisection of the
-index) and one or two predictions (a dot product of four, and one of two)."""
+placements that make sense (and no call is refused for its objectives: not every
+candidate is predicted), unless that choice is warm and another warm candidate is
+predicted to answer sooner.
+
+Exploring, one call in `EXPLORE_EVERY`: while a candidate is cold, the call goes to the
+coldest if it has no more to prefill there than at cache-aware's choice (cache-aware
+affinity alone would never warm a worker that holds none of the prompts; a prompt another
+worker holds would be prefilled whole there). Once every model is warm, it goes where
+`cache_aware` would place it (a worker the predictions avoid still gets observations, so
+its model does not keep an old picture), unless that is predicted to miss the call's
+objective where another candidate would meet it. A turn not taken passes to the next
+call. Ties go to the prompt's rendezvous order, as cache-aware ones do.
+
+The cost per placement is cache-aware's plus, per candidate, what the worker is seen to
+store of the prompt (a bisection of the index) and one or two predictions (a dot product
+of four, and one of two)."""
 
 from __future__ import annotations
 
