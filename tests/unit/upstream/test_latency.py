@@ -1,6 +1,6 @@
 """A worker's TTFT model (gateway.upstream.latency) on synthetic data: it recovers the
-costs it is shown, follows a worker that slows down, stays silent while cold, and
-refuses what no time to first token is."""
+costs it is shown, follows a worker that slows down, keeps a cost recent calls no longer
+show, stays silent while cold, and refuses what no time to first token is."""
 
 from __future__ import annotations
 
@@ -61,6 +61,26 @@ def test_it_follows_a_worker_that_slows_down() -> None:
     expected = ttft(2000, 4, 0.5, 1000)
     assert predicted is not None
     assert abs(predicted - expected) / expected < 0.1
+
+
+def test_a_cost_recent_calls_no_longer_show_is_kept_not_forgotten() -> None:
+    """A worker that for hundreds of calls is sent only cache hits (the same few uncached
+    tokens each) shows nothing of what a miss costs: its old observations fade, and the
+    fit must keep the per-token cost it learned, not let it fade to 0. (It faded: after
+    400 such calls a 1,408-token miss was predicted at 23 ms against a true 129, and the
+    worker was sent whole prompts as if they were hits.)"""
+    model = LatencyModel()
+    taught(model, 40)
+    draw = random.Random(3)
+    for _ in range(400):
+        load, backlog = draw.randrange(0, 8), draw.randrange(0, 200)
+        model.observe(64, backlog, load, ttft(64, load, backlog=backlog))
+    predicted = model.predict(1408, 0, 4)
+    expected = ttft(1408, 4)
+    assert predicted is not None
+    assert abs(predicted - expected) / expected < 0.15
+    hit = model.predict(64, 100, 4)
+    assert hit is not None and abs(hit - ttft(64, 4, backlog=100)) / ttft(64, 4, backlog=100) < 0.1
 
 
 def test_what_is_no_time_to_first_token_is_not_learned() -> None:
