@@ -116,7 +116,8 @@ class Outcome:
     itl: list[float] = field(default_factory=list)  # gaps between a stream's chunks
     served: Counter[str] = field(default_factory=Counter)
     failures: int = 0
-    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, cached, prompt)
+    # call -> (when it started, cached tokens, prompt tokens), for the calls that ended OK
+    timeline: dict[int, tuple[float, int, int]] = field(default_factory=dict)
     restarted_at: float | None = None
     reported: dict[str, int] = field(default_factory=dict)  # request id -> engine's cached
     expected: dict[str, int] = field(default_factory=dict)  # request id -> gateway's expected
@@ -125,14 +126,13 @@ class Outcome:
     slo_s: float | None = None  # the calls' x-slo-ttft-ms, if any
     shed: int = 0  # refused SLO_UNATTAINABLE (also counted in failures)
     firsts: dict[int, float | None] = field(default_factory=dict)  # call -> TTFT (None: failed)
-    hits: dict[int, tuple[int, int]] = field(default_factory=dict)  # call -> (cached, prompt)
     workers: dict[int, str] = field(default_factory=dict)  # call -> the worker that served it
     shed_calls: set[int] = field(default_factory=set)
 
     def hit_rate_of(self, after: int, before: int) -> float:
         """The engines' cached share of the prompt tokens of calls `after`..`before`."""
-        pairs = [h for i, h in self.hits.items() if after <= i < before]
-        return sum(c for c, _ in pairs) / max(1, sum(p for _, p in pairs))
+        calls = [c for i, c in self.timeline.items() if after <= i < before]
+        return sum(c for _, c, _ in calls) / max(1, sum(p for _, _, p in calls))
 
     def attainment(self, after: int = 0, before: int | None = None) -> float:
         """Calls (from the `after`-th, before the `before`-th) whose first token came
@@ -180,10 +180,10 @@ class Outcome:
         rates = []
         for second in range(seconds):
             lo, hi = self.restarted_at + second, self.restarted_at + second + 1
-            cached = sum(c for t, c, _ in self.timeline if lo <= t < hi)
-            prompt = sum(p for t, _, p in self.timeline if lo <= t < hi)
+            cached = sum(c for t, c, _ in self.timeline.values() if lo <= t < hi)
+            prompt = sum(p for t, _, p in self.timeline.values() if lo <= t < hi)
             rates.append(f"{cached / prompt:.0%}" if prompt else "-")
-        before = [(c, p) for t, c, p in self.timeline if t < self.restarted_at]
+        before = [(c, p) for t, c, p in self.timeline.values() if t < self.restarted_at]
         base = sum(c for c, _ in before) / max(1, sum(p for _, p in before))
         return f"before the restart {base:.0%}; each second after: {' '.join(rates)}"
 
@@ -272,8 +272,7 @@ async def send(
         worker = dict(await call.initial_metadata()).get("x-sim-worker", "?")
         outcome.served[worker] += 1
         outcome.workers[index] = str(worker)
-        outcome.timeline.append((started, cached, len(turn.tokens)))
-        outcome.hits[index] = (cached, len(turn.tokens))
+        outcome.timeline[index] = (started, cached, len(turn.tokens))
     except aio.AioRpcError as error:
         outcome.failures += 1
         outcome.firsts.setdefault(index, None)
@@ -756,7 +755,7 @@ def dump(path: Path, trace: list[Turn], outcomes: list[Outcome]) -> None:
     with path.open("w") as out:
         for r in outcomes:
             for i, turn in enumerate(trace):
-                cached, prompt = r.hits.get(i, (None, len(turn.tokens)))
+                _, cached, prompt = r.timeline.get(i, (None, None, len(turn.tokens)))
                 guess = r.predicted.get(f"r{i}")
                 first = r.firsts.get(i)
                 record = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import random
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass
 
 from gateway_sim.timing import Profile
@@ -53,6 +54,16 @@ def chain(turn: Turn, block_size: int) -> list[int]:
     return hashes
 
 
+def held_run(hashes: list[int], held: Container[int]) -> int:
+    """How many of the chain's first blocks are all in `held`."""
+    run = 0
+    for h in hashes:
+        if h not in held:
+            break
+        run += 1
+    return run
+
+
 def lru_hits(turns: list[Turn], capacity_blocks: int, block_size: int) -> list[int]:
     """Each turn's cached prompt tokens on one LRU cache of `capacity_blocks` that
     serves every turn (the simulator's eviction: least recently used first)."""
@@ -60,12 +71,7 @@ def lru_hits(turns: list[Turn], capacity_blocks: int, block_size: int) -> list[i
     cached = []
     for turn in turns:
         hashes = chain(turn, block_size)
-        hit = 0
-        for h in hashes:
-            if h not in cache:
-                break
-            hit += 1
-        cached.append(hit * block_size)
+        cached.append(held_run(hashes, cache) * block_size)
         for h in hashes:
             cache[h] = None
             cache.move_to_end(h)
@@ -129,12 +135,8 @@ def unavoidable_misses(
     seen: set[int] = set()
     late = []
     for n, turn in enumerate(trace):
-        shared = 0
         hashes = chain(turn, block_size)
-        for h in hashes:
-            if h not in seen:
-                break
-            shared += 1
+        shared = held_run(hashes, seen)
         if profile.prefill_s(len(turn.tokens) - shared * block_size) > slo_s:
             late.append(n)
         seen.update(hashes)

@@ -79,12 +79,9 @@ class PredictedLatency(CacheAware):
         explored = self.explore(view, usual, uncached, ttfts, slo) if self._turn == 0 else None
         if explored is not None:
             pick = explored
-        elif ttfts is None:
-            pick = warm_faster(usual, guesses, view.order)
         else:
-            fastest = min(view.order, key=lambda i: ttfts[i])
-            pick = usual if ttfts[usual] <= ttfts[fastest] else fastest
-            if slo is not None:
+            pick = sooner(usual, guesses, view.order)
+            if ttfts is not None and slo is not None:
                 paces = paced(view.workers, view.loads) if slo.tpot_s is not None else None
                 aimed = within(slo, pick, ttfts, paces, view.order)
                 if isinstance(aimed, Unattainable):
@@ -156,13 +153,14 @@ def guessed(view: View, uncached: Sequence[int]) -> list[float | None]:
     return [w.latency.predict(tokens, backlog, load) for w, tokens, backlog, load in rows]
 
 
-def warm_faster(usual: int, guesses: Sequence[float | None], order: Sequence[int]) -> int:
-    """While some candidate is cold: cache-aware's choice, unless it is warm and another
-    warm candidate is predicted to answer sooner (the first of equals in `order`). A
-    cold candidate is never judged, so cache-aware's choice alone warms it; a warm one
-    is not sent a prompt it must prefill whole, beside a worker predicted to serve it
-    from its cache (cache-aware's balance guard moves calls so, and on a fresh mixed
-    fleet two of the first 48 calls missed their objective by it: 103 and 105 ms)."""
+def sooner(usual: int, guesses: Sequence[float | None], order: Sequence[int]) -> int:
+    """Cache-aware's choice, unless it is warm and another warm candidate is predicted to
+    answer sooner (the first of equals in `order`). With every model warm that is the
+    fastest; while some are cold, a cold candidate is never judged, so cache-aware's
+    choice alone warms it, and a warm one is not sent a prompt it must prefill whole
+    beside a warm worker predicted to serve it from its cache (cache-aware's balance
+    guard moves calls so: on a fresh mixed fleet two of the first 48 calls missed their
+    objective by it, at 103 and 105 ms)."""
     there = guesses[usual]
     if there is None:
         return usual

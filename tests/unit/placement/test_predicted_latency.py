@@ -17,7 +17,7 @@ from gateway.placement.policies.predicted_latency import (
     EXPLORE_EVERY,
     PredictedLatency,
     headroom,
-    warm_faster,
+    sooner,
     within,
 )
 from gateway.upstream.latency import MIN_SEEN
@@ -143,6 +143,6 @@ def test_while_one_is_cold_a_warm_choice_gives_way_to_a_warm_one_predicted_soone
     chosen = policy.pick([fast, slow, cold], hints)
     assert chosen is (usual if usual is not slow else fast)
     guesses: list[float | None] = [0.5, 0.1, None]
-    assert warm_faster(0, guesses, [0, 1, 2]) == 1
-    assert warm_faster(2, guesses, [0, 1, 2]) == 2  # cold: kept
-    assert warm_faster(1, guesses, [0, 1, 2]) == 1  # already the soonest
+    assert sooner(0, guesses, [0, 1, 2]) == 1
+    assert sooner(2, guesses, [0, 1, 2]) == 2  # cold: kept
+    assert sooner(1, guesses, [0, 1, 2]) == 1  # already the soonest
