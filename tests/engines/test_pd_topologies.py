@@ -8,7 +8,10 @@ needs a second worker on a leg:
   again, with the tokens so far) and equals the uninterrupted greedy run;
 - a leg that loses one of its two workers keeps serving with no client error (a failure
   before the first byte is retried on another pair), and the worker, started again on its
-  address, rejoins and takes traffic.
+  address, rejoins and takes traffic;
+- `predicted_latency` learns both legs from the calls' own times (the prefill's time to
+  first token, the decode's pace) and refuses a sheddable call no worker of a leg is
+  predicted to serve in time.
 
 The module is run once per engine; its four workers are the tier's four, so the session's
 shared workers are stopped first (the next test that asks for one starts it again). The
@@ -40,6 +43,7 @@ from tests.support.engines import (
     sglang_greedy,
     streamed,
 )
+from tests.support.helpers import rich_status
 from tests.support.launch import Launcher
 
 LEGS = ("prefill", "decode")
@@ -47,6 +51,9 @@ LEGS = ("prefill", "decode")
 # now and then every hand-off with it then waits on both legs (test_sglang_pd.py has the
 # evidence). The bound answers such a call UNAVAILABLE, or places it again elsewhere.
 SGLANG_BOUND_S = 10.0
+# predicted_latency's warm-up: MIN_SEEN (8) lessons for each of a leg's two workers, and
+# room for cold placements that fall unevenly.
+WARM_CALLS = 28
 
 
 @dataclass(frozen=True)
@@ -103,10 +110,10 @@ def two_by_two(request: pytest.FixtureRequest, engines: Engines) -> Iterator[Two
         yield TwoByTwo(request.param, engine, legs)
 
 
-async def gateway_on(gateway: Launcher, tmp_path: Path, fleet: TwoByTwo) -> Any:
+async def gateway_on(gateway: Launcher, tmp_path: Path, fleet: TwoByTwo, **more: Any) -> Any:
     """A gateway told the four addresses (it finds each one's role itself), every one
-    ready."""
-    settings = {"models": {"tiny": {"vocab_size": VOCAB}}, **fleet.engine.settings}
+    ready; `more`: settings beside the engine's."""
+    settings = {"models": {"tiny": {"vocab_size": VOCAB}}, **fleet.engine.settings, **more}
     flags = ["--config", write_config(tmp_path, settings)]
     for worker in fleet.workers:
         flags += ["--worker", worker.url]
@@ -222,3 +229,57 @@ async def rejoined(gw: Any, fleet: TwoByTwo, leg: str, back: EngineWorker) -> No
     else:
         raise AssertionError(f"{back.address} took no call after it came back")
     print(f"\n[{fleet.name} {leg} back on its address] {stranded} calls stranded")
+
+
+async def test_predicted_latency_learns_both_legs_and_sheds_what_neither_can_meet(
+    two_by_two: TwoByTwo, gateway: Launcher, tmp_path: Path
+) -> None:
+    """`predicted_latency` on a PD model: the prefill leg placed by predicted time to
+    first token, the decode leg by predicted time per output token, each learned from the
+    calls' own times on real engines. Once every worker's models are warm (a prediction
+    needs every candidate's: `every`), the prefill leg's predictions reach the log, and
+    a sheddable call asking a time to first token, or a pace, that no worker of that leg
+    is predicted to meet is refused SLO_UNATTAINABLE (a cold model would place it)."""
+    gw = await gateway_on(gateway, tmp_path, two_by_two, default_policy="predicted_latency")
+    # Cold models place as cache_aware (prefill) and least in flight (decode), each
+    # worker of a leg in turn: WARM_CALLS give every one MIN_SEEN lessons and more.
+    for i in range(WARM_CALLS):
+        tokens_in = prompt(48 + 40 * (i % 6), 100 + i)
+        tokens, error = await streamed(gw.address, two_by_two.request(f"pl-{i}", tokens_in), "tiny")
+        assert error is None and len(tokens) == 8, error
+    lines = [logged(gw.log_path, f"pl-{i}") for i in range(WARM_CALLS)]
+    assert all(line["code"] == "OK" for line in lines)
+    late = [line for line in lines[-8:] if line["predicted_first_message_ms"] is not None]
+    assert late, "the prefill leg's models never warmed"
+    errors = sorted(
+        abs(line["predicted_first_message_ms"] - line["first_message_ms"])
+        / line["first_message_ms"]
+        for line in late
+    )
+    for leg in LEGS:  # both workers of each leg took calls
+        placed = {line["legs"][leg][-1] for line in lines}
+        assert placed == {w.address for w in two_by_two.legs[leg]}, (leg, placed)
+    shed = {}
+    for header in ("x-slo-ttft-ms", "x-slo-tpot-ms"):
+        shed[header] = 0
+        for i in range(3):  # one placement in EXPLORE_EVERY per leg explores instead
+            req = two_by_two.request(f"{header}-{i}", prompt(64, 200 + i))
+            md = (*model_md("tiny"), (header, "0.01"), ("x-priority", "batch"))
+            async with channel(gw.address) as ch:
+                call = engine_stub(ch, req).Generate(req, metadata=md, timeout=120)
+                try:
+                    async for _ in call:
+                        pass
+                except grpc.aio.AioRpcError as error:
+                    assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+                    _, details = rich_status(error)
+                    assert details["ErrorInfo"].reason == "SLO_UNATTAINABLE"
+                    shed[header] += 1
+        assert shed[header] >= 2, (header, shed)
+    observed = sorted(line["first_message_ms"] for line in late)
+    print(
+        f"\n[{two_by_two.name} 2p2d predicted_latency] prefill predictions in the last 8 "
+        f"calls: {len(late)}, error median {errors[len(errors) // 2]:.0%} (first message "
+        f"{observed[0]:.0f}-{observed[-1]:.0f} ms, median {observed[len(observed) // 2]:.0f}); "
+        f"shed {shed}"
+    )

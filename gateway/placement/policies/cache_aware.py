@@ -163,15 +163,18 @@ class CacheAware(Policy):
         """The index of the candidate to place on: the cheapest within the guard."""
         return cheapest(view.loads, view.uncached, self.settings, view.order, view.shares)
 
-    def commit(self, view: View, pick: int, stored: int | None = None) -> Choice[C]:
+    def commit(
+        self, view: View, pick: int, stored: int | None = None, predicted_s: float | None = None
+    ) -> Choice[C]:
         """The placement made: remembered by the index (assumed cached there, counted in
         the shares), and what the call should know of it. `stored`: what the chosen
-        worker is seen to store of the prompt, if the caller has found it already."""
+        worker is seen to store of the prompt, if the caller has found it already;
+        `predicted_s`: its predicted time to first message, if the caller predicted it."""
         chosen = view.workers[pick]
         now, prefix, matched = view.now, view.prefix, view.matched
         self.last = chosen.id
         self.index.placed(chosen.id, now)
-        seen = PlacedOn(view.loads[pick], view.backlogs[pick])
+        seen = PlacedOn(view.loads[pick], view.backlogs[pick], predicted_s)
         if prefix is None:
             return Choice(cast("C", chosen), placed_on=seen)
         hit = matched.get(chosen.id)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Self, cast
 
 from gateway.config import KvConfig
@@ -87,11 +86,8 @@ class PredictedLatency(CacheAware):
                 if isinstance(aimed, Unattainable):
                     return aimed
                 pick = aimed
-        predicted_s = guesses[pick]
         stored = len(view.prefix) - uncached[pick] if view.prefix is not None else None
-        chosen: Choice[C] = self.commit(view, pick, stored)
-        assert chosen.placed_on is not None  # cache-aware's commit always says
-        return replace(chosen, placed_on=replace(chosen.placed_on, predicted_s=predicted_s))
+        return self.commit(view, pick, stored, guesses[pick])
 
     def explore(
         self,
