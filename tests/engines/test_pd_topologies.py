@@ -39,6 +39,7 @@ from tests.support.engines import (
     engine_stub,
     greedy,
     logged,
+    prediction_errors,
     prompt,
     sglang_greedy,
     streamed,
@@ -251,11 +252,7 @@ async def test_predicted_latency_learns_both_legs_and_sheds_what_neither_can_mee
     assert all(line["code"] == "OK" for line in lines)
     late = [line for line in lines[-8:] if line["predicted_first_message_ms"] is not None]
     assert late, "the prefill leg's models never warmed"
-    errors = sorted(
-        abs(line["predicted_first_message_ms"] - line["first_message_ms"])
-        / line["first_message_ms"]
-        for line in late
-    )
+    errors = sorted(prediction_errors(late))
     for leg in LEGS:  # both workers of each leg took calls
         placed = {line["legs"][leg][-1] for line in lines}
         assert placed == {w.address for w in two_by_two.legs[leg]}, (leg, placed)
@@ -264,17 +261,13 @@ async def test_predicted_latency_learns_both_legs_and_sheds_what_neither_can_mee
         shed[header] = 0
         for i in range(3):  # one placement in EXPLORE_EVERY per leg explores instead
             req = two_by_two.request(f"{header}-{i}", prompt(64, 200 + i))
-            md = (*model_md("tiny"), (header, "0.01"), ("x-priority", "batch"))
-            async with channel(gw.address) as ch:
-                call = engine_stub(ch, req).Generate(req, metadata=md, timeout=120)
-                try:
-                    async for _ in call:
-                        pass
-                except grpc.aio.AioRpcError as error:
-                    assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
-                    _, details = rich_status(error)
-                    assert details["ErrorInfo"].reason == "SLO_UNATTAINABLE"
-                    shed[header] += 1
+            asked = ((header, "0.01"), ("x-priority", "batch"))
+            _, error = await streamed(gw.address, req, "tiny", asked)
+            if error is not None:
+                assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+                _, details = rich_status(error)
+                assert details["ErrorInfo"].reason == "SLO_UNATTAINABLE"
+                shed[header] += 1
         assert shed[header] >= 2, (header, shed)
     observed = sorted(line["first_message_ms"] for line in late)
     print(

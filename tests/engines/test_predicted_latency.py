@@ -38,7 +38,15 @@ from typing import Any
 from gateway_sim.client import admin_address, channel, model_md, vllm_grpc, write_config
 from scripts.engines.worker import EngineWorker
 from tests.support.availability import is_ready, wait_worker
-from tests.support.engines import VOCAB, WAIT_S, greedy, log_of, logged, wait_idle
+from tests.support.engines import (
+    VOCAB,
+    WAIT_S,
+    greedy,
+    log_of,
+    logged,
+    prediction_errors,
+    wait_idle,
+)
 from tests.support.helpers import request_events
 from tests.support.launch import Launcher
 
@@ -119,16 +127,6 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def errors(lines: Sequence[dict[str, Any]]) -> list[float]:
-    """|predicted - observed| / observed of each line with a prediction."""
-    return [
-        abs(line["predicted_first_message_ms"] - line["first_message_ms"])
-        / line["first_message_ms"]
-        for line in lines
-        if line["predicted_first_message_ms"] is not None
-    ]
-
-
 async def test_predicted_time_to_first_token_is_within_a_quarter_of_the_observed(
     engine: EngineWorker, gateway: Launcher, tmp_path: Path
 ) -> None:
@@ -154,10 +152,10 @@ async def test_predicted_time_to_first_token_is_within_a_quarter_of_the_observed
     ]
     assert len(lines) == MEASURED and all(line["code"] == "OK" for line in lines)
 
-    found = errors(lines)
+    found = prediction_errors(lines)
     observed = [line["first_message_ms"] for line in lines]
     median = statistics.median(observed)
-    constant = errors([{**line, "predicted_first_message_ms": median} for line in lines])
+    constant = prediction_errors([{**line, "predicted_first_message_ms": median} for line in lines])
     hits = sum(1 for line in lines if line["expected_cached_tokens"])
     misread = sum(1 for line in lines if line["expected_cached_tokens"] != line["cached_tokens"])
     print(

@@ -1,6 +1,7 @@
 """What the real-engine tests share (tests/engines): prompts over the tiny model's
 vocabulary, greedy requests of either engine and the token ids a call generated, an
-engine's own load, a worker's log, and the gateway's request line of one call."""
+engine's own load, a worker's log, the gateway's request line of one call, and how far
+`predicted_latency`'s predictions on those lines fell from what was observed."""
 
 from __future__ import annotations
 
@@ -64,24 +65,24 @@ def engine_stub(ch: aio.Channel, req: Any) -> Any:
 
 
 async def streamed(
-    address: str, req: Any, model: str = ""
+    address: str, req: Any, model: str = "", headers: Sequence[tuple[str, str]] = ()
 ) -> tuple[list[int], aio.AioRpcError | None]:
     """The token ids a Generate of either engine got (of choice 0 with n > 1: `choices`),
     in order, and its error if it failed: its chunks' ids, or an unstreamed call's
     Complete's (a streamed Complete repeats ids the chunks had)."""
-    by_choice, error = await choices(address, req, model)
+    by_choice, error = await choices(address, req, model, headers)
     return by_choice.get(0, []), error
 
 
 async def choices(
-    address: str, req: Any, model: str = ""
+    address: str, req: Any, model: str = "", headers: Sequence[tuple[str, str]] = ()
 ) -> tuple[dict[int, list[int]], aio.AioRpcError | None]:
-    """The token ids of each choice (by index) a Generate got, and its error if it failed."""
+    """The token ids of each choice (by index) a Generate got, and its error if it failed;
+    `headers`: request metadata beside the model's."""
     tokens: dict[int, list[int]] = {}
+    metadata = (*(model_md(model) if model else ()), *headers)
     async with channel(address) as ch:
-        call = engine_stub(ch, req).Generate(
-            req, metadata=model_md(model) if model else None, timeout=120
-        )
+        call = engine_stub(ch, req).Generate(req, metadata=metadata or None, timeout=120)
         try:
             async for reply in call:
                 if reply.HasField("chunk"):
@@ -210,3 +211,14 @@ async def cancelled(address: str, req: Any, when: str) -> None:
             if reply.HasField("chunk"):
                 call.cancel()
                 return
+
+
+def prediction_errors(lines: Sequence[dict[str, Any]]) -> list[float]:
+    """|predicted - observed| / observed time to first message of each request line with
+    a prediction (`predicted_latency`'s)."""
+    return [
+        abs(line["predicted_first_message_ms"] - line["first_message_ms"])
+        / line["first_message_ms"]
+        for line in lines
+        if line["predicted_first_message_ms"] is not None
+    ]
