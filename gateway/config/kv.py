@@ -20,9 +20,10 @@ class KvConfig:
     most `balance_ratio` x the mean share + 1, compete: affinity never piles requests on
     one worker. Workers without KV events are indexed from the gateway's own placements
     for `assume_ttl_s`, at most `assume_capacity` blocks each; on workers with events,
-    where a prompt was placed is remembered for `pending_ttl_s` beside what the events say
-    (also after the worker evicted it: sending it back keeps affinity, which measured
-    better than moving it). A worker not ready for `grace_s` loses its entries."""
+    where a prompt was placed is remembered for `pending_ttl_s` beside what the events say,
+    up to 32 blocks past what they show stored (also after the worker evicted it: sending
+    it back keeps affinity, which measured better than moving it). A worker not ready for
+    `grace_s` loses its entries."""
 
     events: Flag = Field(
         default=True,
@@ -51,7 +52,11 @@ class KvConfig:
         default=100_000, description="... at most this many blocks a worker"
     )
     pending_ttl_s: Seconds = Field(
-        default=120.0, description="workers with KV events: a placement remembered this long"
+        default=120.0,
+        description=(
+            "workers with KV events: a placement remembered this long (up to 32 blocks"
+            " past what the events show stored)"
+        ),
     )
     grace_s: Seconds = Field(
         default=10.0, description="a worker not ready this long loses its index entries"

@@ -55,6 +55,13 @@ if TYPE_CHECKING:
 # A placement remembers at most this many of the prompt's first blocks where it went
 # (loop time per placement stays ~1-2 ms however long the prompt is).
 ASSUME_BLOCKS = 4096
+# On a slot with KV events, at most this many past what its events show stored: they say
+# the rest within milliseconds. The memory steers a burst sharing a new prefix in that
+# window, and keeps a session where it went after an eviction; 32 blocks of a new prefix
+# (512 tokens of 16) set that worker apart from every other, which holds none of them.
+# Each block remembered is a write into two big maps (~2 us on a slow host): a prompt of
+# 121 new blocks spent ~290 us remembering them, a placement's slowest part by far.
+PENDING_BLOCKS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,14 +331,16 @@ class KvIndex(KvLookup):
         worker's cache size, if it reports one (see `stored_tokens`); `block_size`: its
         block size, if it reports one (else `kv.block_size`); `stored`: the prompt's
         tokens `stored_tokens` found stored there (a slot with events: those blocks are
-        not walked again, its events keep them). `on_assume` hears it, on a worker
+        not walked again, its events keep them, and at most PENDING_BLOCKS past them are
+        remembered). `on_assume` hears it, on a worker
         without KV events."""
         state = self._assumable(slot, block_size)
         if state is None:
             return
         limit = min(self.capacity, ASSUME_BLOCKS)
         skip = min(stored // state.block_size, limit) if state.exact else 0
-        hashes = prefix.hashes(state.block_size)[skip:limit]
+        end = min(limit, skip + PENDING_BLOCKS) if state.exact else limit
+        hashes = prefix.hashes(state.block_size)[skip:end]
         self._assume(state, hashes, now, kv_tokens, past_stored=skip > 0)
         if self.on_assume is not None and hashes and not state.exact:
             # Workers with KV events tell every gateway themselves, within milliseconds.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.kv.holders import PURGE_STEP
-from gateway.kv.index import KvIndex, StoredBlock
+from gateway.kv.index import PENDING_BLOCKS, KvIndex, StoredBlock
 from gateway.kv.prefix import Prefix, block_hashes
 
 A, B = ("a:1", 0), ("b:1", 0)
@@ -119,9 +119,10 @@ def test_the_stored_part_of_a_match_is_found_in_long_prompts_too() -> None:
     index = KvIndex(pending_ttl_s=5)
     long = list(range(10_000, 10_000 + 300 * 16))  # 300 blocks: past two strides
     index.store(A, stored(long[: 200 * 16], 1), None)
-    index.assume(A, Prefix(long), now=0)
-    assert index.matched_tokens(Prefix(long), ["a:1"], 1) == {A: 300 * 16}
-    assert index.stored_tokens(Prefix(long), A, 300 * 16) == 200 * 16
+    index.assume(A, Prefix(long), now=0, stored=200 * 16)
+    # Placed on a slot with events: remembered up to PENDING_BLOCKS past what it stores.
+    assert index.matched_tokens(Prefix(long), ["a:1"], 1) == {A: (200 + PENDING_BLOCKS) * 16}
+    assert index.stored_tokens(Prefix(long), A, (200 + PENDING_BLOCKS) * 16) == 200 * 16
     assert index.stored_tokens(Prefix(long), A, 150 * 16) == 150 * 16  # at most the match
     # Without KV events the placements are all there is; the block holding the prompt's
     # last token is computed again by the engine, whatever is cached.
