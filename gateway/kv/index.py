@@ -332,14 +332,15 @@ class KvIndex(KvLookup):
         block size, if it reports one (else `kv.block_size`); `stored`: the prompt's
         tokens `stored_tokens` found stored there (a slot with events: those blocks are
         not walked again, its events keep them, and at most PENDING_BLOCKS past them are
-        remembered). `on_assume` hears it, on a worker
-        without KV events."""
+        remembered). `on_assume` hears it, on a worker without KV events."""
         state = self._assumable(slot, block_size)
         if state is None:
             return
         limit = min(self.capacity, ASSUME_BLOCKS)
-        skip = min(stored // state.block_size, limit) if state.exact else 0
-        end = min(limit, skip + PENDING_BLOCKS) if state.exact else limit
+        skip, end = 0, limit
+        if state.exact:
+            skip = min(stored // state.block_size, limit)
+            end = min(limit, skip + PENDING_BLOCKS)
         hashes = prefix.hashes(state.block_size)[skip:end]
         self._assume(state, hashes, now, kv_tokens, past_stored=skip > 0)
         if self.on_assume is not None and hashes and not state.exact:
