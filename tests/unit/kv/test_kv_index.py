@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pydantic.fields import FieldInfo
+
+from gateway.config import KvConfig
 from gateway.kv.holders import PURGE_STEP
 from gateway.kv.index import PENDING_BLOCKS, KvIndex, StoredBlock
 from gateway.kv.prefix import Prefix, block_hashes
@@ -113,6 +116,15 @@ def test_events_take_over_from_assumptions() -> None:
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 2) == {A: 48}
     assert index.stored_tokens(Prefix(PROMPT), A, 48) == 16
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 6) == {A: 16}  # facts remain
+
+
+def test_the_settings_text_names_the_pending_cap() -> None:
+    """The config layer sits below the index and cannot import the cap, so its text (and
+    the generated configuration reference) writes the number out: kept equal here."""
+    text = f"up to {PENDING_BLOCKS} blocks"
+    assert text in (KvConfig.__doc__ or "")
+    fields: dict[str, FieldInfo] = getattr(KvConfig, "__pydantic_fields__")  # noqa: B009
+    assert text in (fields["pending_ttl_s"].description or "")
 
 
 def test_the_stored_part_of_a_match_is_found_in_long_prompts_too() -> None:
