@@ -15,10 +15,10 @@ A slot is (worker id, DP rank). Its blocks come two ways:
 
 Layout, so that a lookup costs O(blocks of the prompt), never O(slots) or O(block sizes):
 every slot has a small integer id and a bit; the index maps each block key to the bitmask
-of the slots holding it. A lookup follows the prompt's keys through that map, ANDing the
-masks (in C: map + accumulate + takewhile), once per distinct block size of the candidate
-workers' slots, then finds each slot's depth by bisection. Per-worker slot lists keep
-`ranks`, `size` and `exact` to the worker's own slots.
+of the slots holding it. A lookup reads the prompt's first key in that map, then finds each
+candidate slot's depth by a bisection shared until the slots part (`walk`), once per
+distinct block size of the candidate workers' slots. Per-worker slot lists keep `ranks`,
+`size` and `exact` to the worker's own slots.
 
 Worker input is bounded: at most `max_ranks` slots and `max_block_sizes` distinct block
 sizes per worker (`admit` says why not), at most `max_blocks_per_worker` stored blocks per

@@ -22,7 +22,6 @@ from gateway.core.roles import Runtime
 from gateway.engines import engine_adapters
 from gateway.kv.index import KvIndex, StoredBlock
 from gateway.kv.prefix import MAX_DEPTH, Prefix, block_hashes, chain, extend, root
-from gateway.kv.walk import stride_for
 from gateway.placement.policies import Choice, Hints
 from gateway.placement.policies.cache_aware import CacheAware
 from gateway.upstream.load.kv_batches import CHUNK_BYTES, TooLarge
@@ -83,25 +82,20 @@ def test_a_long_prompt_is_hashed_in_a_thread_with_the_same_result() -> None:
 # -- index layout, caps ----------------------------------------------------------------
 
 
-def test_long_prompts_match_to_the_exact_block_through_the_strided_walk() -> None:
+def test_long_prompts_match_to_the_exact_block_through_the_walk() -> None:
     blocks = 327
-    stride = stride_for(blocks)
-    assert 5 * stride < 300  # the walk samples
     tokens = list(range(16 * blocks))
     index = KvIndex()
     index.store(A, [StoredBlock(i, tokens[i * 16 : (i + 1) * 16]) for i in range(300)], None)
     index.store(("b:1", 0), [StoredBlock(i, tokens[i * 16 : (i + 1) * 16]) for i in range(3)], None)
     matched = index.matched_tokens(Prefix(tokens), ["a:1", "b:1"], 0)
     assert matched == {A: 300 * 16, ("b:1", 0): 48}
-    index.remove(
-        A, list(range(280, 300))
-    )  # a tail cut in a later stride (engines evict tails first)
-    assert index.matched_tokens(Prefix(tokens), ["a:1"], 0) == {A: 280 * 16}
-    sampled = 5 * stride - 1
-    index.remove(A, [sampled])  # a cut at a sampled depth is seen as well
-    assert index.matched_tokens(Prefix(tokens), ["a:1"], 0) == {A: sampled * 16}
-    index.remove(A, [stride // 2])  # and one in the head stride, walked block by block
-    assert index.matched_tokens(Prefix(tokens), ["a:1"], 0) == {A: stride // 2 * 16}
+    # Engines evict a chain from its tail: every cut is seen to the block.
+    for cut in (280, 163, 41, 7, 1):
+        index.remove(A, list(range(cut, 300)))
+        assert index.matched_tokens(Prefix(tokens), ["a:1"], 0) == {A: cut * 16}
+    index.remove(A, [0])  # the root gone: nothing matches, whatever else is held
+    assert index.matched_tokens(Prefix(tokens), ["a:1", "b:1"], 0) == {("b:1", 0): 48}
 
 
 def test_ranks_and_block_sizes_per_worker_are_capped() -> None:

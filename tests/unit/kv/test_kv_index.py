@@ -51,7 +51,9 @@ def test_a_child_stored_later_chains_on_its_parent_engine_hash() -> None:
 def test_removal_by_engine_hash_cuts_the_prefix_there() -> None:
     index = KvIndex()
     index.store(A, stored(PROMPT, 10), None)
-    assert index.remove(A, [11]) == 1  # the second block
+    assert index.remove(A, [12]) == 1  # the last block (engines evict from the tail)
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 32}
+    assert index.remove(A, [11]) == 1  # then the one before it
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 0) == {A: 16}
     assert index.remove(A, [11, 999]) == 0
 
