@@ -212,6 +212,42 @@ class Outcome:
         median = errors[len(errors) // 2]
         return f"prediction error: median {median:.0%} over {len(errors)} calls"
 
+    def tail(self, trace: list[Turn], slow: set[str], turn_tokens: int) -> str:
+        """The calls past the TTFT p90, by where their session's previous turn went: a
+        session's first turn; moved to another worker; a hit on the same worker (on a
+        slow one); the same worker, its history evicted there (over two turns' tokens to
+        prefill again; in the trace's last turn). What fills the tail says what would
+        shorten it (docs/benchmarks.md, "What the tail is made of")."""
+        done = {i: t for i, t in self.firsts.items() if t is not None}
+        if not done:
+            return ""
+        line = sorted(done.values())[int(0.9 * len(done))]
+        last: dict[str, str] = {}
+        causes: Counter[str] = Counter()
+        final = len(trace) - len({t.session for t in trace})  # the last turns start here
+        for i, turn in enumerate(trace):
+            worker = self.workers.get(i)
+            if worker is None or i not in self.timeline:
+                continue
+            before, last[turn.session] = last.get(turn.session), worker
+            if done[i] <= line:
+                continue
+            _, cached, prompt = self.timeline[i]
+            if before is None:
+                causes["first turns"] += 1
+            elif before != worker:
+                causes["moved"] += 1
+            elif prompt - cached > 2 * turn_tokens:
+                causes["history evicted"] += 1
+                causes["history evicted, in the last turn"] += i >= final
+            else:
+                causes["hits"] += 1
+                causes["hits on a slow worker"] += worker in slow
+        order = ("first turns", "moved", "hits", "hits on a slow worker", "history evicted")
+        shown = [f"{name} {causes[name]}" for name in order]
+        shown.append(f"of them in the last turn {causes['history evicted, in the last turn']}")
+        return f"TTFT past the p90 ({line * 1000:.1f} ms): " + ", ".join(shown)
+
     @property
     def hit_rate(self) -> float:
         return self.cached / max(self.prompt, 1)
@@ -715,6 +751,7 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
         "each tenant on one worker (no prefix held twice, no session moved): hit rate by "
         "quarter of the trace " + " ".join(f"{rate:.1%}" for rate in parted)
     )
+    slow = {f"w{i}" for i, speed in enumerate(fleet) if speed < max(fleet)}
     header = ("policy", "load", "req/s", "hit", "TTFT p50", "p90", "p99", "ITL p90", "fail")
     print("\n{:28} {:>5} {:>6} {:>6} {:>10} {:>9} {:>9} {:>9} {:>5}".format(*header))
     for load, rate, r in rows:
@@ -725,6 +762,7 @@ def main_loads(args: argparse.Namespace, loads: list[float]) -> None:
         )
         if r.predicted:
             print(f"  {r.policy} at {load:.2f}: {r.prediction_error()}")
+        print(f"  {r.policy} at {load:.2f}: {r.tail(trace, slow, args.turn_tokens)}")
         if r.slo_s is not None:
             attained = r.attainment()
             possible = 1 - len(unmet) / len(trace)
