@@ -54,3 +54,28 @@ def test_slots_outside_the_mask_or_without_the_root_are_not_found() -> None:
     assert dict(walk(lambda k: masks.get(k, 0), keys, 0b11)) == {0: 10}
     assert dict(walk(lambda k: masks.get(k, 0), keys, 0b10)) == {}
     assert list(walk(lambda k: 0b1, [], 0b1)) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(masks=st.lists(st.integers(min_value=0, max_value=0b1111), min_size=1, max_size=200))
+def test_any_holdings_end_at_a_real_edge_within_the_blocks_reads(masks: list[int]) -> None:
+    """Whatever a worker's events make of its chains (holes anywhere), the walk ends: at
+    most one read a block, each depth an edge of what the slot holds (its block before
+    held, its block at the depth not, or the prompt's end), every slot of the root's
+    mask found once."""
+    blocks = len(masks)
+    keys = list(range(blocks))
+    looked: list[int] = []
+
+    def get(key: int) -> int:
+        looked.append(key)
+        return masks[key]
+
+    found = list(walk(get, keys, 0b1111))
+    assert len(looked) <= blocks and len(set(looked)) == len(looked)
+    slots = [slot for slot, _ in found]
+    assert sorted(slots) == [s for s in range(4) if masks[0] >> s & 1]
+    for slot, depth in found:
+        assert 1 <= depth <= blocks
+        assert masks[depth - 1] >> slot & 1
+        assert depth == blocks or not masks[depth] >> slot & 1
