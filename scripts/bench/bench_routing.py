@@ -221,7 +221,7 @@ class Outcome:
         done = {i: t for i, t in self.firsts.items() if t is not None}
         if not done:
             return ""
-        line = sorted(done.values())[int(0.9 * len(done))]
+        line = self.quantile(0.9, list(done.values())) / 1000
         last: dict[str, str] = {}
         causes: Counter[str] = Counter()
         final = len(trace) - len({t.session for t in trace})  # the last turns start here
