@@ -100,29 +100,25 @@ class Holders:
             else:
                 del self.keys[own]
 
-    def assume(
-        self, state: SlotState, hashes: Sequence[int], expires: float, past_stored: bool = False
-    ) -> None:
-        """The slot holds `hashes` until `expires` (those it stores aside), at most
-        `capacity` assumed blocks (the oldest out, per part of its expiry map).
-        `past_stored`: the hashes follow the run the slot is seen to store, so they are
-        not looked up among its stored blocks (a cold read each, a third of the cost): one
-        stored past a gap is then remembered as placed too, which only keeps it held until
-        the assumption expires."""
+    def assume(self, state: SlotState, hashes: Sequence[int], expires: float) -> None:
+        """The slot holds `hashes` until `expires`, at most `capacity` assumed blocks (the
+        oldest out, per part of its expiry map). A block the slot's events show stored is
+        remembered as placed too (looking it up among the stored blocks would cost a cold
+        read a block, a third of the cost): that only keeps it held until the assumption
+        expires. A key is in the expiry map only while the slot's bit is in its mask, so a
+        key without the bit is new there: one read of the holders' map, not two."""
         expiry, bit = state.expiry, state.bit
         expiry_parts, expiry_mask = expiry.parts, expiry.mask
-        copy_parts, copy_mask = state.copies.parts, state.copies.mask
         holder_parts, holder_mask = self.keys.parts, self.keys.mask
         for own in hashes:
             mixed = own >> DEPTH_BITS
-            if not past_stored and own in copy_parts[mixed & copy_mask]:
-                continue
             part = expiry_parts[mixed & expiry_mask]
-            if own in part:
+            holder_part = holder_parts[mixed & holder_mask]
+            mask = holder_part.get(own, 0)
+            if not mask & bit:
+                holder_part[own] = mask | bit
+            elif own in part:
                 part.move_to_end(own)
-            else:
-                holder_part = holder_parts[mixed & holder_mask]
-                holder_part[own] = holder_part.get(own, 0) | bit
             part[own] = expires
         expiry.oldest = min(expiry.oldest, expires)  # what it held expires sooner, if any
         share = expiry.share

@@ -342,7 +342,7 @@ class KvIndex(KvLookup):
             skip = min(stored // state.block_size, limit)
             end = min(limit, skip + PENDING_BLOCKS)
         hashes = prefix.hashes(state.block_size)[skip:end]
-        self._assume(state, hashes, now, kv_tokens, past_stored=skip > 0)
+        self._assume(state, hashes, now, kv_tokens)
         if self.on_assume is not None and hashes and not state.exact:
             # Workers with KV events tell every gateway themselves, within milliseconds.
             self.on_assume(slot, state.block_size, hashes, kv_tokens)
@@ -389,9 +389,8 @@ class KvIndex(KvLookup):
         hashes: Sequence[int],
         now: float,
         kv_tokens: int | None,
-        past_stored: bool = False,
     ) -> None:
         expires = now + (self.pending_ttl_s if state.exact else self.ttl_s)
-        self._holders.assume(state, hashes, expires, past_stored)
+        self._holders.assume(state, hashes, expires)
         if not state.exact and kv_tokens:
             state.model(hashes, min(self.capacity, kv_tokens // state.block_size))

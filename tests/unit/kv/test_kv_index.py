@@ -120,6 +120,22 @@ def test_events_take_over_from_assumptions() -> None:
     assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 6) == {A: 16}  # facts remain
 
 
+def test_a_placement_remembers_stored_blocks_too_and_a_new_one_renews_the_memory() -> None:
+    """Remembering does not look a block up among the stored ones (a cold read a block):
+    one the events show stored is remembered as placed too, so it stays held after its
+    eviction until the memory expires; placing it again renews the memory."""
+    index = KvIndex(pending_ttl_s=5)
+    index.store(A, stored(PROMPT[:48], 1), None)
+    index.assume(A, Prefix(PROMPT), now=0)
+    index.remove(A, [1, 2, 3])
+    assert index.stored_tokens(Prefix(PROMPT), A, 48) == 0
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 1) == {A: 48}
+    index.assume(A, Prefix(PROMPT), now=4)  # renewed: held until 9, not 5
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 8) == {A: 48}
+    assert index.matched_tokens(Prefix(PROMPT), ["a:1"], 10) == {}
+    assert len(index._holders) == 0  # nothing stored, nothing remembered: all let go
+
+
 def test_the_settings_text_names_the_pending_cap() -> None:
     """The config layer sits below the index and cannot import the cap, so its text (and
     the generated configuration reference) writes the number out: kept equal here."""
