@@ -28,8 +28,10 @@ affinity alone would never warm a worker that holds none of the prompts; a promp
 worker holds would be prefilled whole there). Once every model is warm, it goes where
 `cache_aware` would place it (a worker the predictions avoid still gets observations, so
 its model does not keep an old picture), unless that is predicted to miss the call's
-objective where another candidate would meet it. A turn not taken passes to the next
-call. Ties go to the prompt's rendezvous order, as cache-aware ones do.
+objective where another candidate would meet it. Shedding comes first: a sheddable call
+no candidate is predicted to serve in time is refused on the exploring turn too. A turn
+not taken passes to the next call. Ties go to the prompt's rendezvous order, as
+cache-aware ones do.
 
 The cost per placement is cache-aware's plus, per candidate, what the worker is seen to
 store of the prompt (a bisection of the index) and one or two predictions (a dot product
@@ -75,17 +77,17 @@ class PredictedLatency(CacheAware):
         ttfts = every(guesses)
         self._turn = (self._turn + 1) % EXPLORE_EVERY
         slo = hints.slo
+        pick = sooner(usual, guesses, view.order)
+        if ttfts is not None and slo is not None:
+            paces = paced(view.workers, view.loads) if slo.tpot_s is not None else None
+            aimed = within(slo, pick, ttfts, paces, view.order)
+            if isinstance(aimed, Unattainable):
+                self._turn = passed_on(self._turn)
+                return aimed
+            pick = aimed
         explored = self.explore(view, usual, uncached, ttfts, slo) if self._turn == 0 else None
         if explored is not None:
             pick = explored
-        else:
-            pick = sooner(usual, guesses, view.order)
-            if ttfts is not None and slo is not None:
-                paces = paced(view.workers, view.loads) if slo.tpot_s is not None else None
-                aimed = within(slo, pick, ttfts, paces, view.order)
-                if isinstance(aimed, Unattainable):
-                    return aimed
-                pick = aimed
         stored = len(view.prefix) - uncached[pick] if view.prefix is not None else None
         return self.commit(view, pick, stored, guesses[pick])
 
@@ -108,7 +110,8 @@ class PredictedLatency(CacheAware):
           190 ms and the next call there missed its objective too.
         - Else cache-aware's choice, unless that is predicted to miss the call's time-
           to-first-token objective where another candidate is predicted to meet it. A
-          call predicted late everywhere explores: it loses nothing, and a worker the
+          call predicted late everywhere (and not sheddable: a sheddable one was refused
+          before it came here) explores: it loses nothing, and a worker the
           predictions avoid (a slow one, while prompts no worker holds come) still gets
           placements, and the prefixes that make it the faster choice for their next
           turns."""
@@ -122,7 +125,7 @@ class PredictedLatency(CacheAware):
             rooms = [headroom(slo, t, None) for t in ttfts]
             if rooms[usual] >= 0 or max(rooms) < 0:  # met there, or missed everywhere
                 return usual
-        self._turn = EXPLORE_EVERY - 1
+        self._turn = passed_on(self._turn)
         return None
 
     def uncached(self, view: View) -> list[int]:
@@ -163,6 +166,13 @@ def sooner(usual: int, guesses: Sequence[float | None], order: Sequence[int]) ->
     warm = [i for i in order if guesses[i] is not None]
     fastest = min(warm, key=lambda i: cast("float", guesses[i]))
     return fastest if cast("float", guesses[fastest]) < there else usual
+
+
+def passed_on(turn: int) -> int:
+    """The turn after a call shed: an exploring turn passes to the next call (shedding
+    comes first: a sheddable call no worker is predicted to serve in time is refused on
+    any turn, and exploring with it would place what the fleet cannot serve in time)."""
+    return EXPLORE_EVERY - 1 if turn == 0 else turn
 
 
 def paced(workers: Sequence[Worker], loads: Sequence[float]) -> list[float] | None:
@@ -212,9 +222,9 @@ class PacedDecode(Policy):
     """A `predicted_latency` model's decode leg: the decode worker predicted to give the
     call the shortest time per output token (its pace model, at its load plus this call),
     a `tpot` objective met where it can be (a sheddable call none is predicted to meet:
-    `Unattainable`). Cold models, and one placement in EXPLORE_EVERY, go by the least
-    in flight, as a cache-aware model's decode leg does (the prompt's cache is the
-    prefill's; time to first token is the prefill leg's)."""
+    `Unattainable`, on any turn). Cold models, and one placement in EXPLORE_EVERY, go by
+    the least in flight, as a cache-aware model's decode leg does (the prompt's cache is
+    the prefill's; time to first token is the prefill leg's)."""
 
     name = "predicted_pace"
 
@@ -235,15 +245,16 @@ class PacedDecode(Policy):
         loads = [load_of(w, now, self.stale_after_s) for w in workers]
         self._turn = (self._turn + 1) % EXPLORE_EVERY
         paces = paced(workers, loads)
-        pick: int
+        pick = 0
+        if paces is not None:
+            pick = min(range(len(paces)), key=lambda i: (paces[i], loads[i]))
+            slo, pace = hints.slo, paces[pick]
+            if slo is not None and slo.sheddable and slo.tpot_s is not None and pace > slo.tpot_s:
+                self._turn = passed_on(self._turn)
+                return Unattainable(slo, None, pace)
         if self._turn == 0 or paces is None:
             chosen = self.fallback.pick(candidates, hints)
             if chosen is None:
                 return None
             pick = list(candidates).index(chosen)
-        else:
-            pick = min(range(len(paces)), key=lambda i: (paces[i], loads[i]))
-            slo, pace = hints.slo, paces[pick]
-            if slo is not None and slo.sheddable and slo.tpot_s is not None and pace > slo.tpot_s:
-                return Unattainable(slo, None, pace)
         return Choice(candidates[pick], placed_on=PlacedOn(loads[pick], 0))

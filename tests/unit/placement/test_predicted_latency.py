@@ -12,9 +12,10 @@ from gateway.config import KvConfig
 from gateway.core.slo import Slo
 from gateway.kv.index import KvIndex
 from gateway.kv.prefix import Prefix
-from gateway.placement.policies import Hints, Unattainable
+from gateway.placement.policies import Choice, Hints, Unattainable
 from gateway.placement.policies.predicted_latency import (
     EXPLORE_EVERY,
+    PacedDecode,
     PredictedLatency,
     headroom,
     sooner,
@@ -81,8 +82,45 @@ def test_while_cold_no_call_is_refused_for_its_objectives() -> None:
         assert policy.pick([one, two], hints) is not None
     warmed(one, 0.5, 1e-4)
     warmed(two, 0.5, 1e-4)
-    answers = [policy.choose([one, two], hints) for _ in range(EXPLORE_EVERY)]
-    assert sum(isinstance(a, Unattainable) for a in answers) >= EXPLORE_EVERY - 1
+    answers = [policy.choose([one, two], hints) for _ in range(2 * EXPLORE_EVERY)]
+    assert all(isinstance(a, Unattainable) for a in answers)  # the exploring turns too
+
+
+def test_shedding_comes_before_exploring_and_the_next_call_explores() -> None:
+    """A sheddable call late everywhere is refused on the exploring turn as on any other
+    (exploring with it would place what no worker is predicted to serve in time); the
+    turn passes to the next call, which explores cache-aware's choice."""
+    policy = PredictedLatency(KvIndex(), KvConfig(), stale_after_s=3)
+    fast, slow = worker_on(1), worker_on(2)
+    cached = policy.pick([fast, slow], Hints(prefix=Prefix(PROMPT)))  # cold: cache-aware's
+    assert cached is not None
+    warmed(cached, 0.5, 1e-4)
+    warmed(slow if cached is fast else fast, 0.01, 1e-4)
+    hopeless = Hints(prefix=Prefix(PROMPT), slo=Slo(ttft_s=1e-4, sheddable=True))
+    for _ in range(EXPLORE_EVERY):
+        assert isinstance(policy.choose([fast, slow], hopeless), Unattainable)
+    # One of those calls fell on the exploring turn: the next call takes it.
+    assert policy.pick([fast, slow], Hints(prefix=Prefix(PROMPT))) is cached
+
+
+def test_the_decode_leg_sheds_a_pace_none_can_meet_on_every_turn() -> None:
+    """The decode leg (`PacedDecode`): the worker predicted to pace the call fastest; a
+    sheddable call whose pace objective none is predicted to meet is refused, on the
+    exploring turn too, and the next call explores (the least in flight)."""
+    policy = PacedDecode(stale_after_s=3)
+    quick, slow = worker_on(1), worker_on(2)
+    for load in range(MIN_SEEN * 2):
+        quick.latency.observe_pace(load % 4, 0.01 + 0.001 * (load % 4))
+        slow.latency.observe_pace(load % 4, 0.05 + 0.001 * (load % 4))
+    met = Hints(slo=Slo(tpot_s=0.03, sheddable=True))
+    answers = [policy.choose([slow, quick], met) for _ in range(EXPLORE_EVERY)]
+    picks = [a.worker for a in answers if isinstance(a, Choice)]
+    assert picks.count(quick) >= EXPLORE_EVERY - 1  # one placement explores
+    hopeless = Hints(slo=Slo(tpot_s=0.001, sheddable=True))
+    answers = [policy.choose([slow, quick], hopeless) for _ in range(EXPLORE_EVERY)]
+    assert all(isinstance(a, Unattainable) for a in answers)
+    # Not sheddable: placed, never refused for its objective.
+    assert isinstance(policy.choose([slow, quick], Hints(slo=Slo(tpot_s=0.001))), Choice)
 
 
 def test_exploring_never_costs_a_call_its_objective() -> None:
