@@ -251,6 +251,7 @@ async def test_predicted_latency_learns_both_legs_and_sheds_what_neither_can_mee
     # (`lessons`), so the log counts them: warm-up waits until each worker has MIN_SEEN.
     lines: list[dict[str, Any]] = []
     taught: Counter[str] = Counter()
+    everyone = [w.address for leg in LEGS for w in two_by_two.legs[leg]]
     for i in range(MAX_WARM_CALLS):
         tokens_in = prompt(48 + 40 * (i % 6), 100 + i)
         tokens, error = await streamed(gw.address, two_by_two.request(f"pl-{i}", tokens_in), "tiny")
@@ -259,7 +260,6 @@ async def test_predicted_latency_learns_both_legs_and_sheds_what_neither_can_mee
         assert line["code"] == "OK", line
         if not line["retries"] and not line["migrations"] and line["messages"] >= 2:
             taught.update(line["legs"][leg][-1] for leg in LEGS)
-        everyone = [w.address for leg in LEGS for w in two_by_two.legs[leg]]
         if i + 1 >= WARM_CALLS and min(taught[w] for w in everyone) >= MIN_SEEN:
             break
     else:

@@ -169,9 +169,10 @@ def sooner(usual: int, guesses: Sequence[float | None], order: Sequence[int]) ->
 
 
 def passed_on(turn: int) -> int:
-    """The turn after a call shed: an exploring turn passes to the next call (shedding
-    comes first: a sheddable call no worker is predicted to serve in time is refused on
-    any turn, and exploring with it would place what the fleet cannot serve in time)."""
+    """The turn after an exploring turn not taken (a call shed, or an explore deferred):
+    it passes to the next call. Shedding comes first: a sheddable call no worker is
+    predicted to serve in time is refused on any turn, and exploring with it would place
+    what the fleet cannot serve in time."""
     return EXPLORE_EVERY - 1 if turn == 0 else turn
 
 
