@@ -20,6 +20,7 @@ from gateway_sim.client import collect, model_md, sgl_generate
 from tests.support.helpers import rich_status
 from tests.support.inproc import client, gateway, idle, pd_urls, recorded, sim, worker
 from tests.support.latency import warm_up
+from tests.support.waits import until
 
 
 def slo_md(**headers: str) -> tuple[tuple[str, str | bytes], ...]:
@@ -56,6 +57,9 @@ async def test_an_objective_that_names_no_time_is_invalid(header: str, value: st
         (violation,) = details["BadRequest"].field_violations
         assert violation.field == header
         await idle(gw)
+        # The record is observed after the answer is on its way: wait for it (a clean
+        # clone's run once asserted before it came).
+        await until(lambda: len(records) == 1, what="the refused call's record")
         assert records[-1].attempts == 0
 
 
